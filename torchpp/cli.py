@@ -1,0 +1,49 @@
+"""`torchpp <verb>`: every step of the loop as a command that reads and writes files."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# verb -> (module defining configure(parser), one-line help). Each module's configure()
+# adds its arguments (and sub-verbs) and sets ``func`` to a callable(args) -> exit code.
+VERBS: dict[str, tuple[str, str]] = {
+    "plan": ("torchpp.planner.cli", "make plan.json (even/dp/pp split, or the optimising planner)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="torchpp", description=__doc__)
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    for verb, (module, help_) in VERBS.items():
+        p = sub.add_parser(verb, help=help_, description=help_)
+        importlib.import_module(module).configure(p)
+    return parser
+
+
+class UsageError(ValueError):
+    """Bad user input: printed as one line naming the argument, exit code 2."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as e:
+        print(f"torchpp {args.verb}: error: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError) as e:
+        # Input problems (formats.FormatError is a ValueError) name file, field and expectation.
+        print(f"torchpp {args.verb}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"torchpp {args.verb}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

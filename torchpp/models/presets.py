@@ -1,0 +1,136 @@
+"""Model presets built from config (random init, fixed seed) and local HF checkpoints.
+
+Weights are initialised per parameter from a generator seeded by (seed, parameter name), so a
+rank that materialises only its stage gets exactly the tensors the whole model would have.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+from transformers import AutoConfig, GPT2Config, LlamaConfig, PretrainedConfig, Qwen3Config
+
+from ..formats import ModelInfo
+
+# Real Qwen3-0.6B dimensions (28 layers, tied embeddings, 151,936-token vocabulary).
+_QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                  rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True, attention_dropout=0.0)
+_QWEN3_TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+                   rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=True)
+# Benchmark size used for pipeline comparisons (Qwen3 architecture, hidden 256, 8 layers).
+_QWEN3_SMALL = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=8,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
+                    rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=True)
+_LLAMA_TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                   rms_norm_eps=1e-6, tie_word_embeddings=False)
+_GPT2_TINY = dict(vocab_size=512, n_embd=64, n_layer=4, n_head=4, n_positions=2048,
+                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
+                  bos_token_id=0, eos_token_id=0)
+
+PRESETS: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
+    "qwen3-0.6b": (Qwen3Config, _QWEN3_06B),
+    "qwen3-small": (Qwen3Config, _QWEN3_SMALL),
+    "qwen3-tiny": (Qwen3Config, _QWEN3_TINY),
+    "llama-tiny": (LlamaConfig, _LLAMA_TINY),
+    "gpt2-tiny": (GPT2Config, _GPT2_TINY),
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelSpecError(ValueError):
+    pass
+
+
+def is_preset(name: str) -> bool:
+    return name in PRESETS
+
+
+def load_config(model: str, num_layers: int | None = None) -> PretrainedConfig:
+    """Config of a preset name or a local HF checkpoint directory (never downloads)."""
+    if model in PRESETS:
+        cls, kw = PRESETS[model]
+        cfg = cls(**kw)
+    else:
+        p = Path(model)
+        if not (p.is_dir() and (p / "config.json").is_file()):
+            raise ModelSpecError(f"--model: {model!r} is neither a preset ({', '.join(PRESETS)}) nor a local "
+                                 "checkpoint directory with config.json")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        cfg = AutoConfig.from_pretrained(str(p), local_files_only=True)
+    cfg._attn_implementation = "eager" if getattr(cfg, "model_type", "") == "gpt2" else "sdpa"
+    if num_layers is not None:
+        total = num_hidden_layers(cfg)
+        if not 1 <= num_layers <= total:
+            raise ModelSpecError(f"--layers: expected 1..{total} for {model}, got {num_layers}")
+        set_num_hidden_layers(cfg, num_layers)
+    return cfg
+
+
+def num_hidden_layers(cfg: PretrainedConfig) -> int:
+    return int(getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer"))
+
+
+def set_num_hidden_layers(cfg: PretrainedConfig, n: int) -> None:
+    if getattr(cfg, "model_type", "") == "gpt2":
+        cfg.n_layer = n
+    else:
+        cfg.num_hidden_layers = n
+        if getattr(cfg, "layer_types", None):
+            cfg.layer_types = list(cfg.layer_types)[:n]
+
+
+def hidden_size(cfg: PretrainedConfig) -> int:
+    return int(getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd"))
+
+
+def model_info(cfg: PretrainedConfig, model: str, dtype: str = "float32") -> ModelInfo:
+    return ModelInfo(name=model if model in PRESETS else Path(model).name, source="preset" if model in PRESETS else "path",
+                     num_layers=num_hidden_layers(cfg), hidden_size=hidden_size(cfg), vocab_size=int(cfg.vocab_size),
+                     tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), dtype=dtype,
+                     architecture=str(getattr(cfg, "model_type", "")))
+
+
+def _param_seed(seed: int, name: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+@torch.no_grad()
+def init_parameters(model: torch.nn.Module, seed: int, std: float, names: Iterable[str] | None = None) -> None:
+    """Deterministic per-name init: norms one, biases zero, everything else N(0, std)."""
+    wanted = set(names) if names is not None else None
+    for name, p in model.named_parameters():
+        if wanted is not None and name not in wanted:
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "bias":
+            p.zero_()
+        elif p.dim() == 1:
+            p.fill_(1.0)
+        else:
+            g = torch.Generator().manual_seed(_param_seed(seed, name))
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.dtype) * std)
+
+
+def build_model(model: str, *, seed: int = 0, dtype: str = "float32", num_layers: int | None = None,
+                config: PretrainedConfig | None = None) -> torch.nn.Module:
+    """The whole causal LM: a preset with seeded init, or a local checkpoint's weights."""
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in DTYPES:
+        raise ModelSpecError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    cfg = config or load_config(model, num_layers)
+    if model in PRESETS:
+        m = AutoModelForCausalLM.from_config(cfg, dtype=DTYPES[dtype])
+        init_parameters(m, seed, float(getattr(cfg, "initializer_range", 0.02)))
+        if getattr(cfg, "tie_word_embeddings", False):
+            m.tie_weights()
+    else:
+        m = AutoModelForCausalLM.from_pretrained(model, config=cfg, dtype=DTYPES[dtype], local_files_only=True)
+    m.train()
+    return m

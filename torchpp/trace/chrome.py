@@ -1,0 +1,94 @@
+"""Chrome Trace Event JSON, as torch.profiler writes it (open in Perfetto or chrome://tracing).
+
+One process per rank, one thread row per channel (compute, send, recv, collective, blocks),
+``X`` events in microseconds, ``M`` metadata naming processes and threads, and ``s``/``f`` flow
+events from each send to its receive. Runtime, profiler and simulator all write through
+this class, so one analyser reads measured and predicted timelines alike.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..formats import FormatError, TRACE_KIND, TRACE_VERSION, read_json, write_json
+
+THREADS = {"compute": 0, "send": 1, "recv": 2, "collective": 3, "blocks": 4}
+
+
+@dataclass
+class TraceWriter:
+    """Collects events of one or more ranks; times are given in seconds."""
+
+    world_size: int = 1
+    rank: int | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    _named: set[tuple[int, int | None]] = field(default_factory=set)
+
+    def name_process(self, pid: int, name: str, sort_index: int | None = None) -> None:
+        if (pid, None) in self._named:
+            return
+        self._named.add((pid, None))
+        self.events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
+        self.events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                            "args": {"sort_index": pid if sort_index is None else sort_index}})
+
+    def _thread(self, pid: int, thread: str) -> int:
+        tid = THREADS.get(thread)
+        if tid is None:
+            tid = THREADS[thread] = len(THREADS)
+        if (pid, tid) not in self._named:
+            self._named.add((pid, tid))
+            self.events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": thread}})
+            self.events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                                "args": {"sort_index": tid}})
+        return tid
+
+    def complete(self, pid: int, thread: str, name: str, start_s: float, dur_s: float,
+                 args: dict[str, Any] | None = None, cat: str = "torchpp") -> dict[str, Any]:
+        ev = {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": self._thread(pid, thread),
+              "ts": round(start_s * 1e6, 3), "dur": round(max(dur_s, 0.0) * 1e6, 3), "args": args or {}}
+        self.events.append(ev)
+        return ev
+
+    def flow(self, flow_id: int, src: dict[str, Any], dst: dict[str, Any], name: str = "p2p") -> None:
+        """Arrow from the end of event ``src`` to event ``dst`` (both returned by :meth:`complete`)."""
+        self.events.append({"ph": "s", "id": flow_id, "cat": "p2p", "name": name, "pid": src["pid"],
+                            "tid": src["tid"], "ts": src["ts"] + src["dur"]})
+        self.events.append({"ph": "f", "bp": "e", "id": flow_id, "cat": "p2p", "name": name, "pid": dst["pid"],
+                            "tid": dst["tid"], "ts": dst["ts"] + dst["dur"]})
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"format": f"torchpp.{TRACE_KIND}/{TRACE_VERSION}", "traceEvents": self.events,
+                               "displayTimeUnit": "ms", "metadata": self.metadata}
+        if self.rank is not None:
+            out["distributedInfo"] = {"rank": self.rank, "world_size": self.world_size}
+        return out
+
+    def save(self, path: str | Path) -> Path:
+        return write_json(path, self.to_json())
+
+
+def load_trace(path: str | Path) -> dict[str, Any]:
+    data = read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise FormatError(str(path), "traceEvents", "a list of Chrome trace events")
+    return data
+
+
+def merge(traces: list[dict[str, Any]], offsets_s: list[float] | None = None,
+          metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One timeline from per-rank traces; ``offsets_s[i]`` is added to trace i's clock."""
+    events: list[dict[str, Any]] = []
+    for i, t in enumerate(traces):
+        off_us = (offsets_s[i] if offsets_s else 0.0) * 1e6
+        for ev in t["traceEvents"]:
+            ev = dict(ev)
+            if "ts" in ev:
+                ev["ts"] = round(ev["ts"] + off_us, 3)
+            events.append(ev)
+    world = max((t.get("distributedInfo", {}).get("world_size", 1) for t in traces), default=1)
+    return {"format": f"torchpp.{TRACE_KIND}/{TRACE_VERSION}", "traceEvents": events, "displayTimeUnit": "ms",
+            "metadata": {**(metadata or {}), "merged_ranks": len(traces), "world_size": world,
+                         "clock_offsets_s": list(offsets_s or [0.0] * len(traces))}}
