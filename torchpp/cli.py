@@ -16,10 +16,19 @@ VERBS: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Two-word verbs ("bandwidth parse") become sub-verbs of their first word."""
     parser = argparse.ArgumentParser(prog="torchpp", description=__doc__)
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    groups: dict[str, argparse._SubParsersAction] = {}
     for verb, (module, help_) in VERBS.items():
-        p = sub.add_parser(verb, help=help_, description=help_)
+        head, _, tail = verb.partition(" ")
+        if tail:
+            if head not in groups:
+                groups[head] = sub.add_parser(head, help=f"{head} commands").add_subparsers(
+                    dest="subverb", metavar="SUBVERB", required=True)
+            p = groups[head].add_parser(tail, help=help_, description=help_)
+        else:
+            p = sub.add_parser(verb, help=help_, description=help_)
         importlib.import_module(module).configure(p)
     return parser
 

@@ -1,0 +1,106 @@
+"""Price a schedule: replay each rank's action list against a cost model.
+
+Each rank runs its list in order on one compute thread. A send starts when the sender reaches
+it and does not block the sender (the runtime posts it asynchronously); it occupies the
+directed link (src, dst) for its transfer time. A receive waits for its message. An
+all-reduce starts when its last member arrives. This is the contention-free pricing the
+planner ranks plans with; the event-driven simulator adds shared channels, priorities,
+interference and congestion on top of the same action lists.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..schedules import Action, Kind, Schedule, ScheduleError, format_schedule
+
+
+class CostModel(Protocol):
+    def compute_s(self, rank: int, action: Action) -> float:
+        """Seconds of FORWARD, BACKWARD or OPTIMIZER on this rank."""
+
+    def transfer_s(self, src: int, dst: int, action: Action) -> float:
+        """Seconds a SEND_ACT / SEND_GRAD from src to dst occupies the link."""
+
+    def allreduce_s(self, action: Action) -> float:
+        """Seconds of an ALLREDUCE over action.group."""
+
+
+@dataclass(slots=True)
+class Span:
+    rank: int
+    action: Action
+    start: float
+    end: float
+    ready: float = 0.0
+    """For a receive: when its message arrived (start..ready is waiting)."""
+
+
+@dataclass
+class Timeline:
+    spans: dict[int, list[Span]] = field(default_factory=dict)
+
+    @property
+    def makespan(self) -> float:
+        return max((s.end for ss in self.spans.values() for s in ss), default=0.0)
+
+    def busy(self, rank: int, kinds: tuple[Kind, ...] = (Kind.FORWARD, Kind.BACKWARD)) -> float:
+        return sum(s.end - s.start for s in self.spans[rank] if s.action.kind in kinds)
+
+
+def replay(sched: Schedule, cost: CostModel) -> Timeline:
+    t = {r: 0.0 for r in sched}
+    pos = {r: 0 for r in sched}
+    link_free: dict[tuple[int, int], float] = {}
+    arrived: dict[tuple, float] = {}  # (src, dst, kind-of-recv, mb, samples) -> arrival time
+    out = Timeline({r: [] for r in sched})
+    progress = True
+    while progress:
+        progress = False
+        for r, acts in sched.items():
+            while pos[r] < len(acts):
+                a = acts[pos[r]]
+                if a.kind in (Kind.FORWARD, Kind.BACKWARD, Kind.OPTIMIZER):
+                    d = cost.compute_s(r, a)
+                    out.spans[r].append(Span(r, a, t[r], t[r] + d))
+                    t[r] += d
+                elif a.is_send:
+                    key = (r, a.peer)
+                    start = max(t[r], link_free.get(key, 0.0))
+                    end = start + cost.transfer_s(r, a.peer, a)
+                    link_free[key] = end
+                    arrived[(r, a.peer, a.microbatch, a.samples, a.kind)] = end
+                    out.spans[r].append(Span(r, a, start, end, end))
+                elif a.is_recv:
+                    send_kind = Kind.SEND_ACT if a.kind == Kind.RECV_ACT else Kind.SEND_GRAD
+                    k = (a.peer, r, a.microbatch, a.samples, send_kind)
+                    if k not in arrived:
+                        break
+                    ready = arrived.pop(k)
+                    out.spans[r].append(Span(r, a, t[r], max(t[r], ready), ready))
+                    t[r] = max(t[r], ready)
+                elif a.kind == Kind.ALLREDUCE:
+                    members = a.group or ()
+                    heads = [sched[m][pos[m]] if pos[m] < len(sched[m]) else None for m in members]
+                    if any(_same_collective(h, a) is None for h in heads):
+                        break
+                    start = max(t[m] for m in members)
+                    end = start + cost.allreduce_s(a)
+                    for m in members:
+                        out.spans[m].append(Span(m, sched[m][pos[m]], t[m], end, start))
+                        t[m] = end
+                        pos[m] += 1
+                    progress = True
+                    continue
+                pos[r] += 1
+                progress = True
+    stuck = {r: p for r, p in pos.items() if p < len(sched[r])}
+    if stuck:
+        raise ScheduleError("cannot price a schedule that deadlocks\n" + format_schedule(sched, pos))
+    return out
+
+
+def _same_collective(h: Action | None, a: Action) -> Action | None:
+    if h is not None and h.kind == Kind.ALLREDUCE and h.group == a.group and h.tied == a.tied:
+        return h
+    return None
