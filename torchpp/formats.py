@@ -221,7 +221,106 @@ class ModelInfo:
 # ============================================================================ layers_<host>.json
 # (torchpp profile; fields named as in seed 000 step 1)
 LAYERS_KIND, LAYERS_VERSION = "layers", 1
-# --- layers file dataclasses: owned by the profiling code (issue: foundation) ---
+
+
+@dataclass(kw_only=True)
+class BlockProfile:
+    """Measured cost of one block (embed, a decoder layer, or tail) for ``run.batch`` samples."""
+
+    name: str
+    index: int | None = None
+    """Decoder layer index (None for embed and tail)."""
+    param_bytes: int
+    activation_bytes_per_sample: int
+    """Bytes of the block's output tensor per sample (what crosses a stage boundary after it)."""
+    forward_time_s: float
+    backward_time_s: float
+    forward_samples_s: list[float] = field(default_factory=list)
+    backward_samples_s: list[float] = field(default_factory=list)
+
+    @staticmethod
+    def parse(r: Reader) -> "BlockProfile":
+        b = BlockProfile(
+            name=r.str("name"), index=r.int("index", None, min_value=0),
+            param_bytes=r.int("param_bytes", min_value=0),
+            activation_bytes_per_sample=r.int("activation_bytes_per_sample", min_value=0),
+            forward_time_s=r.float("forward_time_s", positive=True),
+            backward_time_s=r.float("backward_time_s", positive=True),
+            forward_samples_s=r.floats("forward_samples_s", []), backward_samples_s=r.floats("backward_samples_s", []),
+        )
+        for key in ("forward_samples_s", "backward_samples_s"):
+            for i, v in enumerate(getattr(b, key)):
+                if v <= 0:
+                    raise r.fail(f"{key}[{i}]", "a measured time > 0", v)
+        return b
+
+
+@dataclass(kw_only=True)
+class RunInfo:
+    seq_len: int
+    batch: int
+    iters: int
+    warmup: int
+    threads: int
+    torch_version: str
+    timer: str
+    """Which span timer measured the times: "cpp" (torchpp._timer) or "python"."""
+
+    @staticmethod
+    def parse(r: Reader) -> "RunInfo":
+        return RunInfo(seq_len=r.int("seq_len", min_value=1), batch=r.int("batch", min_value=1),
+                       iters=r.int("iters", min_value=1), warmup=r.int("warmup", min_value=0),
+                       threads=r.int("threads", min_value=1), torch_version=r.str("torch_version"),
+                       timer=r.str("timer", choices={"cpp", "python"}))
+
+
+@dataclass(kw_only=True)
+class LayersFile:
+    """layers_<host>.json: what ``torchpp profile`` measured on one host (seed 000 step 1)."""
+
+    host: str
+    model: ModelInfo
+    run: RunInfo
+    embed_param_bytes: int
+    tail_param_bytes: int
+    embed: BlockProfile
+    tail: BlockProfile
+    """Final norm + lm_head + loss."""
+    layers: list[BlockProfile]
+    step_time_s: float
+    """Mean wall time of one profiled forward+backward step (the blocks add up to it)."""
+    peak_rss_bytes: int
+    format: str = f"torchpp.{LAYERS_KIND}/{LAYERS_VERSION}"
+
+    def to_json(self) -> dict[str, Any]:
+        d = to_dict(self)
+        return {"format": d.pop("format"), **d}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return write_json(path, self.to_json())
+
+    @staticmethod
+    def parse(data: Any, source: str) -> "LayersFile":
+        check_format(data, source, LAYERS_KIND, [LAYERS_VERSION])
+        r = Reader(data, source)
+        lf = LayersFile(
+            host=r.str("host"), model=ModelInfo.parse(r.obj("model")), run=RunInfo.parse(r.obj("run")),
+            embed_param_bytes=r.int("embed_param_bytes", min_value=0),
+            tail_param_bytes=r.int("tail_param_bytes", min_value=0),
+            embed=BlockProfile.parse(r.obj("embed")), tail=BlockProfile.parse(r.obj("tail")),
+            layers=[BlockProfile.parse(x) for x in r.objs("layers", min_len=1)],
+            step_time_s=r.float("step_time_s", positive=True), peak_rss_bytes=r.int("peak_rss_bytes", min_value=0),
+        )
+        if len(lf.layers) != lf.model.num_layers:
+            raise FormatError(source, "layers", f"{lf.model.num_layers} entries (model.num_layers)", len(lf.layers))
+        for i, layer in enumerate(lf.layers):
+            if layer.index != i:
+                raise FormatError(source, f"layers[{i}].index", str(i), layer.index)
+        return lf
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "LayersFile":
+        return _load(path, LayersFile.parse)
 
 
 # ============================================================================ plan.json
@@ -415,11 +514,63 @@ def split_samples(total: int, shares: list[float]) -> list[int]:
 
 
 # ============================================================================ capacities / bandwidth / memory model / devices
-# --- owned by the planner (issue: planner) ---
+# --- owned by the planner ---
+BANDWIDTH_KIND, BANDWIDTH_VERSION = "bandwidth", 1
+
+
+@dataclass(kw_only=True)
+class Bandwidth:
+    """bandwidth.json: directed link rates ``"src|dst" -> bytes/s`` (and optional latency)."""
+
+    bytes_per_sec: dict[str, float]
+    latency_s: dict[str, float] = field(default_factory=dict)
+    source: str = ""
+    """Where the numbers came from (an iperf3 CSV, ``torchpp bandwidth probe``, an estimate)."""
+    format: str = f"torchpp.{BANDWIDTH_KIND}/{BANDWIDTH_VERSION}"
+
+    @staticmethod
+    def key(src: str, dst: str) -> str:
+        return f"{src}|{dst}"
+
+    def rate(self, src: str, dst: str) -> float:
+        k = self.key(src, dst)
+        if k not in self.bytes_per_sec:
+            raise KeyError(f"bandwidth: no link {k!r} (known: {', '.join(sorted(self.bytes_per_sec)) or 'none'})")
+        return self.bytes_per_sec[k]
+
+    def latency(self, src: str, dst: str) -> float:
+        return self.latency_s.get(self.key(src, dst), 0.0)
+
+    def hosts(self) -> list[str]:
+        return sorted({h for k in self.bytes_per_sec for h in k.split("|")})
+
+    def to_json(self) -> dict[str, Any]:
+        d = to_dict(self)
+        return {"format": d.pop("format"), **d}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return write_json(path, self.to_json())
+
+    @staticmethod
+    def parse(data: Any, source: str) -> "Bandwidth":
+        check_format(data, source, BANDWIDTH_KIND, [BANDWIDTH_VERSION])
+        r = Reader(data, source)
+        rates, lats = r.obj("bytes_per_sec"), r.obj("latency_s", {})
+        for sub, name, positive in ((rates, "bytes_per_sec", True), (lats, "latency_s", False)):
+            for k in sub.data:
+                if not isinstance(k, str) or k.count("|") != 1 or "" in k.split("|"):
+                    raise FormatError(source, f"{name}.{k}", "a key of the form 'src|dst'")
+                sub.float(k, positive=positive, min_value=None if positive else 0.0)
+        return Bandwidth(bytes_per_sec={k: float(v) for k, v in rates.data.items()},
+                         latency_s={k: float(v) for k, v in lats.data.items()}, source=r.str("source", ""))
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "Bandwidth":
+        return _load(path, Bandwidth.parse)
 
 
 # ============================================================================ simulator configuration
-# --- owned by the simulator (issue: simulator) ---
+# --- owned by the simulator ---
 
 
 # ============================================================================ traces
