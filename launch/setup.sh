@@ -12,7 +12,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 VPY="$VENV/bin/python"
-inputs=$(find requirements.txt setup.py csrc -type f 2>/dev/null | sort)
+inputs=$(find requirements.txt setup.py csrc -type f 2>/dev/null | sort || true)
 stamp="$VENV/.torchpp-setup-$(cat $inputs | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing requirements into $VENV (torch pinned to 2.13.0, CPU build)" >&2
