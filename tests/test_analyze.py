@@ -62,3 +62,39 @@ def test_split_adds_up_with_imbalance_and_comm():
     assert bub["imbalance"] > 0 and bub["communication"] > 0
     assert res.stage_forward_s == pytest.approx([1.0, 1.5, 1.0])
     assert sum(res.critical_path.values()) == pytest.approx(res.step_time_s)
+
+
+def write_trace(path, evs, scale=1.0, ranks_meta=None):
+    from torchpp.trace.chrome import TraceWriter
+
+    tw = TraceWriter(world_size=len({e.rank for e in evs}), metadata={"ranks": ranks_meta or {}})
+    for e in evs:
+        tw.name_process(e.rank, f"rank {e.rank} · stage {e.stage} · host h{e.rank}")
+        name = f"{e.kind}{e.microbatch}" if e.kind in ("F", "B") else e.kind
+        thread = {"send_act": "send", "send_grad": "send", "recv_act": "recv", "recv_grad": "recv",
+                  "allreduce": "collective"}.get(e.kind, "compute")
+        tw.complete(e.rank, thread, name, e.start * scale, e.dur * scale,
+                    {"stage": e.stage, "microbatch": e.microbatch, "peer": e.peer, "bytes": 1024})
+    tw.save(path)
+
+
+def test_analyze_cli_writes_report(tmp_path):
+    import json
+
+    from torchpp.cli import main
+
+    evs = events([1.0, 1.5], [2.0, 3.0], 4, comm=0.1)
+    (tmp_path / "tr").mkdir()
+    meta = {"0": {"peak_rss_bytes": 100 * 2**20}, "1": {"peak_rss_bytes": 120 * 2**20}}
+    write_trace(tmp_path / "tr" / "timeline_step1_all.json", evs, 1.1, meta)  # measured: 10% slower
+    write_trace(tmp_path / "tr" / "timeline_step2_all.json", evs, 1.1, meta)
+    write_trace(tmp_path / "pred.json", evs)
+    assert main(["analyze", str(tmp_path / "tr"), "--predicted", str(tmp_path / "pred.json"),
+                 "--out", str(tmp_path / "rep")]) == 0
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert rep["step_time_error"] == pytest.approx(1 / 1.1 - 1, rel=1e-4)
+    assert rep["stage_errors"][1]["forward_error"] == pytest.approx(1 / 1.1 - 1, rel=1e-4)
+    assert rep["memory"]["1"]["measured_peak_bytes"] == 120 * 2**20
+    for f in ("report.md", "gantt.png", "stages.png"):
+        assert (tmp_path / "rep" / f).stat().st_size > 0
+    assert main(["analyze", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
