@@ -12,6 +12,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # adds its arguments (and sub-verbs) and sets ``func`` to a callable(args) -> exit code.
 VERBS: dict[str, tuple[str, str]] = {
     "plan": ("torchpp.planner.cli", "make plan.json (even/dp/pp split, or the optimising planner)"),
+    "throttle": ("torchpp.cluster.throttle_cli", "limit CPU, memory or a link: cpu|mem|net [-- COMMAND], status, clear"),
+    "cluster": ("torchpp.cluster.cluster_cli", "emulated cluster of namespaces: up -c CONFIG, run -- CMD, down, status"),
+    "bandwidth probe": ("torchpp.cluster.probe", "all-pairs p2p throughput/latency over gloo -> CSV + bandwidth.json"),
 }
 
 
