@@ -16,6 +16,9 @@ VERBS: dict[str, tuple[str, str]] = {
     "bandwidth parse": ("torchpp.planner.bandwidth", "iperf3-style links CSV to bandwidth.json"),
     "calibrate-memory": ("torchpp.planner.calibrate", "fit the memory model from random spans' peak RSS"),
     "analyze": ("torchpp.trace.report", "analyse merged timelines: bubbles, critical path, predicted vs measured"),
+    "throttle": ("torchpp.cluster.throttle_cli", "limit CPU, memory or a link: cpu|mem|net [-- COMMAND], status, clear"),
+    "cluster": ("torchpp.cluster.cluster_cli", "emulated cluster of namespaces: up -c CONFIG, run -- CMD, down, status"),
+    "bandwidth probe": ("torchpp.cluster.probe", "all-pairs p2p throughput/latency over gloo -> CSV + bandwidth.json"),
 }
 
 
