@@ -518,9 +518,16 @@ def split_samples(total: int, shares: list[float]) -> list[int]:
 BANDWIDTH_KIND, BANDWIDTH_VERSION = "bandwidth", 1
 
 
+def _is_link_key(k: Any) -> bool:
+    return isinstance(k, str) and k.count("|") == 1 and "" not in k.split("|")
+
+
 @dataclass(kw_only=True)
 class Bandwidth:
-    """bandwidth.json: directed link rates ``"src|dst" -> bytes/s`` (and optional latency)."""
+    """bandwidth.json: directed link rates ``"src|dst" -> bytes/s`` (and optional latency).
+
+    Also reads seed 000's ``bandwidth_matrix.json`` (a bare ``{"src|dst": bytes_per_sec}`` map).
+    """
 
     bytes_per_sec: dict[str, float]
     latency_s: dict[str, float] = field(default_factory=dict)
@@ -531,6 +538,9 @@ class Bandwidth:
     @staticmethod
     def key(src: str, dst: str) -> str:
         return f"{src}|{dst}"
+
+    def has(self, src: str, dst: str) -> bool:
+        return self.key(src, dst) in self.bytes_per_sec
 
     def rate(self, src: str, dst: str) -> float:
         k = self.key(src, dst)
@@ -544,6 +554,11 @@ class Bandwidth:
     def hosts(self) -> list[str]:
         return sorted({h for k in self.bytes_per_sec for h in k.split("|")})
 
+    def missing_links(self, hosts: Iterable[str]) -> list[str]:
+        """Directed links between distinct ``hosts`` that have no rate."""
+        hs = list(hosts)
+        return [self.key(a, b) for a in hs for b in hs if a != b and not self.has(a, b)]
+
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)
         return {"format": d.pop("format"), **d}
@@ -553,12 +568,15 @@ class Bandwidth:
 
     @staticmethod
     def parse(data: Any, source: str) -> "Bandwidth":
+        if isinstance(data, Mapping) and "format" not in data and data and all(_is_link_key(k) for k in data):
+            data = {"format": f"torchpp.{BANDWIDTH_KIND}/{BANDWIDTH_VERSION}", "bytes_per_sec": dict(data),
+                    "source": "seed bandwidth_matrix.json"}
         check_format(data, source, BANDWIDTH_KIND, [BANDWIDTH_VERSION])
         r = Reader(data, source)
         rates, lats = r.obj("bytes_per_sec"), r.obj("latency_s", {})
         for sub, name, positive in ((rates, "bytes_per_sec", True), (lats, "latency_s", False)):
             for k in sub.data:
-                if not isinstance(k, str) or k.count("|") != 1 or "" in k.split("|"):
+                if not _is_link_key(k):
                     raise FormatError(source, f"{name}.{k}", "a key of the form 'src|dst'")
                 sub.float(k, positive=positive, min_value=None if positive else 0.0)
         return Bandwidth(bytes_per_sec={k: float(v) for k, v in rates.data.items()},
@@ -567,6 +585,210 @@ class Bandwidth:
     @staticmethod
     def load(path: str | os.PathLike) -> "Bandwidth":
         return _load(path, Bandwidth.parse)
+
+
+CAPACITIES_KIND, CAPACITIES_VERSION = "capacities", 1
+
+
+@dataclass(kw_only=True)
+class HostTable:
+    """One host's measured per-block times for ``batch`` samples, blocks ordered embed, layers…, tail."""
+
+    batch: int
+    forward_time_s: list[float]
+    backward_time_s: list[float]
+
+
+@dataclass(kw_only=True)
+class Capacities:
+    """capacities.json (seed 000 step 2): speed of each host relative to ``ref_host``.
+
+    ``capacity[h]`` = median over layers of ref forward time / h's forward time. ``tables`` keeps
+    every measured host's own per-block times, which beat a scaled reference where they exist.
+    """
+
+    ref_host: str
+    capacity: dict[str, float]
+    tables: dict[str, HostTable] = field(default_factory=dict)
+    format: str = f"torchpp.{CAPACITIES_KIND}/{CAPACITIES_VERSION}"
+
+    def to_json(self) -> dict[str, Any]:
+        d = to_dict(self)
+        return {"format": d.pop("format"), **d}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return write_json(path, self.to_json())
+
+    @staticmethod
+    def parse(data: Any, source: str) -> "Capacities":
+        if isinstance(data, Mapping) and "format" not in data and "capacity" in data:
+            data = {**data, "format": f"torchpp.{CAPACITIES_KIND}/{CAPACITIES_VERSION}"}  # seed 000's file
+        check_format(data, source, CAPACITIES_KIND, [CAPACITIES_VERSION])
+        r = Reader(data, source)
+        cap = r.obj("capacity")
+        capacity = {h: cap.float(h, positive=True) for h in cap.data}
+        ref = r.str("ref_host")
+        if ref not in capacity:
+            raise FormatError(source, "ref_host", f"one of the hosts in 'capacity' ({', '.join(sorted(capacity))})", ref)
+        tables = {}
+        tr = r.obj("tables", {})
+        for h in tr.data:
+            t = tr.obj(h)
+            fw, bw = t.floats("forward_time_s"), t.floats("backward_time_s")
+            if len(fw) != len(bw) or len(fw) < 3:
+                raise t.fail("backward_time_s", f"as many entries as forward_time_s ({len(fw)}, at least 3)", len(bw))
+            for key, vals in (("forward_time_s", fw), ("backward_time_s", bw)):
+                for i, v in enumerate(vals):
+                    if v <= 0:
+                        raise t.fail(f"{key}[{i}]", "a measured time > 0", v)
+            tables[h] = HostTable(batch=t.int("batch", min_value=1), forward_time_s=fw, backward_time_s=bw)
+        return Capacities(ref_host=ref, capacity=capacity, tables=tables)
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "Capacities":
+        return _load(path, Capacities.parse)
+
+
+MEMORY_KIND, MEMORY_VERSION = "memory_model", 1
+
+
+@dataclass(kw_only=True)
+class MemorySample:
+    """One calibration span [start, end) of decoder layers and the peak RSS increase it caused."""
+
+    start: int
+    end: int
+    has_embed: bool
+    has_tail: bool
+    weights_bytes: int
+    activation_bytes_per_sample: int
+    batch: int
+    peak_bytes: int
+    predicted_bytes: float = 0.0
+
+
+@dataclass(kw_only=True)
+class MemoryModel:
+    """memory_model.json (seed 000 step 4): ``peak ≈ base + alpha·Σweights + Kp·Σactivation·B``.
+
+    Fitted on one forward+backward+optimizer step per span; a 1F1B stage keeps ``in_flight``
+    micro-batches of activations, so the planner multiplies the activation term by that count.
+    """
+
+    base: float
+    alpha: float
+    Kp: float
+    r2: float = float("nan")
+    residuals: list[float] = field(default_factory=list)
+    samples: list[MemorySample] = field(default_factory=list)
+    host: str = ""
+    model: str = ""
+    microbatch: int = 0
+    format: str = f"torchpp.{MEMORY_KIND}/{MEMORY_VERSION}"
+
+    def predict(self, weights_bytes: float, activation_bytes_per_sample: float, samples: float,
+                in_flight: int = 1) -> float:
+        return self.base + self.alpha * weights_bytes + self.Kp * activation_bytes_per_sample * samples * in_flight
+
+    def to_json(self) -> dict[str, Any]:
+        d = to_dict(self)
+        d = {"format": d.pop("format"), **d}
+        if not math.isfinite(d["r2"]):
+            d["r2"] = None
+        return d
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return write_json(path, self.to_json())
+
+    @staticmethod
+    def parse(data: Any, source: str) -> "MemoryModel":
+        if isinstance(data, Mapping) and "format" not in data and {"base", "alpha", "Kp"} <= set(data):
+            data = {**data, "format": f"torchpp.{MEMORY_KIND}/{MEMORY_VERSION}"}  # seed 000's file
+        check_format(data, source, MEMORY_KIND, [MEMORY_VERSION])
+        r = Reader(data, source)
+        samples = []
+        for sr in r.objs("samples", []):
+            samples.append(MemorySample(
+                start=sr.int("start", min_value=0), end=sr.int("end", min_value=0),
+                has_embed=sr.bool("has_embed", False), has_tail=sr.bool("has_tail", False),
+                weights_bytes=sr.int("weights_bytes", min_value=0),
+                activation_bytes_per_sample=sr.int("activation_bytes_per_sample", min_value=0),
+                batch=sr.int("batch", min_value=1), peak_bytes=sr.int("peak_bytes"),
+                predicted_bytes=sr.float("predicted_bytes", 0.0)))
+        r2 = r.raw("r2", None)
+        return MemoryModel(base=r.float("base"), alpha=r.float("alpha", min_value=0.0), Kp=r.float("Kp", min_value=0.0),
+                           r2=float("nan") if r2 is None else r.float("r2"), residuals=r.floats("residuals", []),
+                           samples=samples, host=r.str("host", ""), model=r.str("model", ""),
+                           microbatch=r.int("microbatch", 0, min_value=0))
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "MemoryModel":
+        return _load(path, MemoryModel.parse)
+
+
+@dataclass(kw_only=True)
+class DeviceInfo:
+    host: str
+    memory_bytes: int
+    address: str = ""
+    rank: int | None = None
+
+
+@dataclass(kw_only=True)
+class Devices:
+    """devices.json: ``{"host": memory_gb}`` (seed 000) or ``{"host": {"memory_gb", "address", "rank"}}``."""
+
+    devices: dict[str, DeviceInfo]
+
+    @property
+    def hosts(self) -> list[str]:
+        return list(self.devices)
+
+    def memory_bytes(self, host: str) -> int:
+        return self.devices[host].memory_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for h, d in self.devices.items():
+            e: dict[str, Any] = {"memory_gb": d.memory_bytes / GB}
+            if d.address:
+                e["address"] = d.address
+            if d.rank is not None:
+                e["rank"] = d.rank
+            out[h] = e
+        return out
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return write_json(path, self.to_json())
+
+    @staticmethod
+    def parse(data: Any, source: str) -> "Devices":
+        r = Reader(data, source)
+        out: dict[str, DeviceInfo] = {}
+        for h, v in r.data.items():
+            if h == "format":
+                continue
+            if isinstance(v, Mapping):
+                dr = r.obj(h)
+                gb = dr.float("memory_gb", positive=True)
+                rank = dr.int("rank", None, min_value=0)
+                out[h] = DeviceInfo(host=h, memory_bytes=int(gb * GB), address=dr.str("address", ""), rank=rank)
+            else:
+                out[h] = DeviceInfo(host=h, memory_bytes=int(r.float(h, positive=True) * GB))
+        if not out:
+            raise FormatError(source, "<root>", "at least one host")
+        ranks = [d.rank for d in out.values() if d.rank is not None]
+        if len(set(ranks)) != len(ranks):
+            raise FormatError(source, "*.rank", "distinct ranks", sorted(ranks))
+        return Devices(devices=out)
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "Devices":
+        return _load(path, Devices.parse)
+
+
+GB = 1 << 30
+"""devices.json counts memory in GiB (seed 000's ``"cpu1": 24``)."""
 
 
 # ============================================================================ simulator configuration
