@@ -73,6 +73,8 @@ class SimResult:
     throttled: set[tuple[int, int]] = field(default_factory=set)
     """(rank, index in the rank's list) of transfers slowed by receiver congestion."""
     events: int = 0
+    rate_log: list[tuple[float, int, int, float]] | None = None
+    """With ``record_rates``: (time, rank, index in the rank's list, new rate) of every transfer."""
 
     @property
     def makespan(self) -> float:
@@ -144,7 +146,8 @@ class Compiled:
             self.coll_members.append(members)
 
 
-def simulate(sched: Schedule | Compiled, cost: CostModel, options: SimOptions | None = None) -> SimResult:
+def simulate(sched: Schedule | Compiled, cost: CostModel, options: SimOptions | None = None, *,
+             record_rates: bool = False) -> SimResult:
     """Price the action lists with ``cost`` under ``options`` (see the module docstring)."""
     c = sched if isinstance(sched, Compiled) else Compiled(sched)
     o = options or SimOptions()
@@ -200,6 +203,7 @@ def simulate(sched: Schedule | Compiled, cost: CostModel, options: SimOptions | 
     seq = 0
     dirty: set[int] = set()
     now = 0.0
+    log: list[tuple[float, int, float]] | None = [] if record_rates else None
 
     def push(t: float, k: int) -> None:
         nonlocal seq
@@ -217,6 +221,8 @@ def simulate(sched: Schedule | Compiled, cost: CostModel, options: SimOptions | 
         last[k] = now
         rate[k] = new
         ver[k] += 1
+        if log is not None:
+            log.append((now, k, new))
         if new > 0:
             push(now + rem[k] / new, k)
 
@@ -486,4 +492,7 @@ def simulate(sched: Schedule | Compiled, cost: CostModel, options: SimOptions | 
                     out_throttled.add((r, c.step[a]))
             else:
                 spans.append(Span(r, acts[a], start[a], end[a], ready_at[a]))
-    return SimResult(timeline=tl, throttled=out_throttled, events=events)
+    rate_log = None
+    if log is not None:
+        rate_log = [(t, ranks[owner[k]], c.step[k], v) for t, k, v in log if code[k] in (_SA, _SG, _AR)]
+    return SimResult(timeline=tl, throttled=out_throttled, events=events, rate_log=rate_log)

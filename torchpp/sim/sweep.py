@@ -19,6 +19,7 @@ from typing import Iterator
 from ..formats import SIM_COMM_TYPES, SIM_PARAMS, ExperimentConfig, FormatError, SimParams, SimSettings
 from .model import Priorities
 from .parametric import completion_time
+from .seed002 import LivelockError
 
 SETTING_COLUMNS = ("policy", "schedule", "congestion", "ideal_sync")
 PRIORITY_COLUMNS = tuple(f"p_{t}" for t in SIM_COMM_TYPES)
@@ -77,9 +78,17 @@ def _init(settings: SimSettings) -> None:
     _settings = settings
 
 
+def _one(p: SimParams, sc: Scenario) -> float:
+    try:
+        return completion_time(p, _settings, sc.priorities)
+    except LivelockError:
+        return float("nan")  # the original never finishes this scenario (seed002 policy only)
+
+
 def _run_chunk(chunk: list[tuple[SimParams, Scenario]]) -> list[float]:
-    assert _settings is not None
-    return [completion_time(p, _settings, sc.priorities) for p, sc in chunk]
+    if _settings is None:
+        raise RuntimeError("sweep worker used before its settings were set")
+    return [_one(p, sc) for p, sc in chunk]
 
 
 def jobs(cfg: ExperimentConfig, step: float | None = None) -> list[tuple[SimParams, Scenario]]:

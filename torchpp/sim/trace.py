@@ -47,6 +47,11 @@ def predicted_trace(plan: Plan, timeline: Timeline, *, bytes_of: Callable[[int, 
                     "layers": list(plan.stages[a.stage].layers)}
             if a.kind == Kind.ALLREDUCE:
                 args["group"] = list(a.group or ())
+                args["tied"] = a.tied
+            elif a.peer is not None:
+                args["peer"] = a.peer
+            if a.samples is not None:
+                args["samples"] = list(a.samples)
             ev = w.complete(r, _THREAD[a.kind], event_name(a), s.start, s.end - s.start, args)
             if a.is_send:
                 sends[(r, a.peer, a.kind, a.microbatch, a.samples)] = ev
