@@ -116,6 +116,22 @@ def _chunks(items: list, size: int) -> Iterator[list]:
         yield items[i:i + size]
 
 
+def map_chunks(chunks: list[list[tuple[SimParams, Scenario]]], settings: SimSettings,
+               workers: int = 1) -> Iterator[list[float]]:
+    """Completion times chunk by chunk, in order, over ``workers`` processes."""
+    if workers <= 1 or len(chunks) <= 1:
+        _init(settings)
+        yield from map(_run_chunk, chunks)
+        return
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    pool = ctx.Pool(workers, initializer=_init, initargs=(settings,))
+    try:
+        yield from pool.imap(_run_chunk, chunks)
+    finally:
+        pool.terminate()
+        pool.join()
+
+
 def run_sweep(cfg: ExperimentConfig, output: str | os.PathLike, *, workers: int | None = None,
               step: float | None = None, settings: SimSettings | None = None, progress: bool = True,
               chunk_size: int = 64) -> dict[str, int]:
@@ -137,14 +153,7 @@ def run_sweep(cfg: ExperimentConfig, output: str | os.PathLike, *, workers: int 
         if new_file:
             w.writerow(COLUMNS)
         chunks = list(_chunks(todo, chunk_size))
-        if workers == 1 or len(chunks) <= 1:
-            _init(settings)
-            results = map(_run_chunk, chunks)
-            pool = None
-        else:
-            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-            pool = ctx.Pool(workers, initializer=_init, initargs=(settings,))
-            results = pool.imap(_run_chunk, chunks)
+        results = map_chunks(chunks, settings, workers)
         try:
             for chunk, times in zip(chunks, results):
                 for (p, sc), t in zip(chunk, times):
@@ -152,9 +161,7 @@ def run_sweep(cfg: ExperimentConfig, output: str | os.PathLike, *, workers: int 
                 f.flush()
                 bar.update(len(chunk))
         finally:
-            if pool is not None:
-                pool.terminate()
-                pool.join()
+            results.close()  # stops the worker pool, also on Ctrl-C
             bar.close()
     return {"rows": total, "computed": len(todo), "skipped": len(done)}
 
