@@ -11,7 +11,7 @@ from torchpp.sim.engine import Compiled, SimOptions, simulate
 from torchpp.sim.model import Priorities, SimError
 from torchpp.sim.parametric import (ParamCost, add_accumulation_syncs, compiled_parametric, completion_time,
                                     parametric_plan, run_params, sync_points)
-from torchpp.sim.replay import replay
+from torchpp.sim.replay import replay, replay_direct
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,8 @@ def spans(tl):
 def test_links_mode_equals_replay_exactly(groups, schedule):
     sched = build(groups, 5, schedule)
     cost = Uneven()
-    assert spans(simulate(sched, cost, SimOptions(comm="links")).timeline) == spans(replay(sched, cost))
+    assert spans(simulate(sched, cost, SimOptions(comm="links")).timeline) == spans(replay_direct(sched, cost))
+    assert spans(replay(sched, cost)) == spans(replay_direct(sched, cost))
 
 
 def test_runtime_hybrid_plan_priced_in_both_models():
@@ -58,7 +59,7 @@ def test_runtime_hybrid_plan_priced_in_both_models():
     sched = S.build(plan)
     cost = Uneven()
     links = simulate(sched, cost, SimOptions(comm="links"))
-    assert spans(links.timeline) == spans(replay(sched, cost))
+    assert spans(links.timeline) == spans(replay_direct(sched, cost))
     shared = simulate(sched, cost, SimOptions(comm="shared"))
     # every action of every rank is priced once, in list order
     for r, acts in sched.items():
@@ -221,3 +222,11 @@ def test_compiled_schedule_reused_gives_same_result():
     b = simulate(Compiled(comp.sched), ParamCost(p), SimOptions(priorities=pr, congestion=True, fwd_impact=0.2,
                                                                 bwd_impact=0.2))
     assert spans(a.timeline) == spans(b.timeline)
+
+
+def test_parametric_bulk_durations_equal_the_cost_model():
+    comp = compiled_parametric(3, 7, 3)
+    cost = ParamCost(SimParams(n=7, stages=3, sync_freq=3, fwd_len=1.5, bwd_len=2.5, prop_len=0.75, sync_base_len=0.4))
+    from torchpp.sim.engine import _durations_generic
+
+    assert cost.durations(comp) == _durations_generic(comp, cost)
