@@ -387,6 +387,9 @@ def _simulate_shared(c: Compiled, dur: list[float], o: SimOptions, record_rates:
     chan: list[list[int]] = [[] for _ in range(R)]
     schan: list[list[int]] = [[] for _ in range(R)] if ideal else chan
     sync_share = [0.0] * R
+    inb = [0.0] * R           # with congestion: inbound base share of each rank
+    contrib = [0.0] * A       # ... and each send's part of it
+    congested = False
     computing = [-1] * R
     throttled: set[int] = set()
     heap: list[tuple[float, int]] = []
@@ -456,8 +459,11 @@ def _simulate_shared(c: Compiled, dur: list[float], o: SimOptions, record_rates:
         for m in tasks:
             out[m] = e
 
-    def congest() -> dict[int, float]:
-        """Final shares of every channel entry with no rank receiving more than ``cap``."""
+    def congest() -> tuple[dict[int, float], bool]:
+        """Final shares of every channel entry with no rank receiving more than ``cap``.
+
+        Also says whether any share was throttled (then the next event checks again in full).
+        """
         final: dict[int, float] = {}
         inbound: dict[int, float] = {}
         for ri in range(R):
@@ -468,7 +474,7 @@ def _simulate_shared(c: Compiled, dur: list[float], o: SimOptions, record_rates:
                     d = peer[m]
                     inbound[d] = inbound.get(d, 0.0) + s
         if all(v <= cap * (1 + 1e-12) for v in inbound.values()):
-            return final
+            return final, False
         fixed: set[int] = set()
         for _ in range(A + 1):
             by_dst: dict[int, list[int]] = {}
@@ -488,7 +494,7 @@ def _simulate_shared(c: Compiled, dur: list[float], o: SimOptions, record_rates:
                         fixed.add(m)
                         throttled.add(m)
             if not over:
-                return final
+                return final, True
             for ri in range(R):
                 tasks = chan[ri]
                 if not any(m in fixed for m in tasks):
@@ -509,7 +515,7 @@ def _simulate_shared(c: Compiled, dur: list[float], o: SimOptions, record_rates:
                 for m in ms:
                     final[m] *= cap / total
                     throttled.add(m)
-        return final
+        return final, True
 
     def _alloc_into(tasks: list[int], budget: float, out: dict[int, float]) -> None:
         scratch = base_scratch
@@ -520,18 +526,35 @@ def _simulate_shared(c: Compiled, dur: list[float], o: SimOptions, record_rates:
     base_scratch = [0.0] * A
 
     def reallocate() -> None:
+        nonlocal congested
         changed: list[int] = []
+        full = False
         for ri in dirty:
             tasks = chan[ri]
             if tasks:
                 allocate(tasks, 1.0, base)
+                if congestion:
+                    for m in tasks:
+                        if code[m] != _AR:
+                            d = base[m] - contrib[m]
+                            if d:
+                                inb[peer[m]] += d
+                                contrib[m] = base[m]
             if ideal and schan[ri]:
                 allocate(schan[ri], 1.0, base)
         if congestion:
-            final = congest()
-            for m, s in final.items():
-                if share[m] != s:
-                    share[m] = s
+            full = congested
+            if not full:
+                lim = cap * (1 + 1e-9)
+                for v in inb:
+                    if v > lim:
+                        full = True
+                        break
+        if full:
+            final, congested = congest()
+            for m, v in final.items():
+                if share[m] != v:
+                    share[m] = v
                     changed.append(m)
             if ideal:
                 for ri in dirty:
@@ -542,15 +565,15 @@ def _simulate_shared(c: Compiled, dur: list[float], o: SimOptions, record_rates:
         else:
             for ri in dirty:
                 for m in chan[ri]:
-                    s = base[m]
-                    if share[m] != s:
-                        share[m] = s
+                    v = base[m]
+                    if share[m] != v:
+                        share[m] = v
                         changed.append(m)
                 if ideal:
                     for m in schan[ri]:
-                        s = base[m]
-                        if share[m] != s:
-                            share[m] = s
+                        v = base[m]
+                        if share[m] != v:
+                            share[m] = v
                             changed.append(m)
         for m in changed:
             k = task_of[m]
@@ -564,17 +587,16 @@ def _simulate_shared(c: Compiled, dur: list[float], o: SimOptions, record_rates:
                         low = share[x]
                 set_rate(k, low)
         if interference:
-            todo = range(R) if congestion else dirty
-            for ri in todo:
-                s = 0.0
+            for ri in (range(R) if full else dirty):
+                v = 0.0
                 for m in chan[ri]:
                     if code[m] == _AR:
-                        s += share[m]
-                if s != sync_share[ri]:
-                    sync_share[ri] = s
+                        v += share[m]
+                if v != sync_share[ri]:
+                    sync_share[ri] = v
                     comp = computing[ri]
                     if comp >= 0:
-                        set_rate(comp, 1.0 - s * impact[code[comp]])
+                        set_rate(comp, 1.0 - v * impact[code[comp]])
         dirty.clear()
 
     def arrive(ri: int) -> None:
@@ -643,6 +665,9 @@ def _simulate_shared(c: Compiled, dur: list[float], o: SimOptions, record_rates:
             end[k] = ready[k] = sent[k] = now
             chan[ri].remove(k)
             share[k] = 0.0
+            if contrib[k]:
+                inb[peer[k]] -= contrib[k]
+                contrib[k] = 0.0
             dirty.add(ri)
             w = waiting[k]
             if w >= 0:
