@@ -26,7 +26,15 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def _command(args: argparse.Namespace) -> list[str]:
+    """The words after `--`; options given between a positional and `--` are parsed first."""
     cmd = list(args.command or [])
+    if cmd and cmd[0].startswith("-") and cmd[0] != "--" and getattr(args, "_opts", None) is not None:
+        head, sep, tail = cmd, [], []
+        if "--" in cmd:
+            k = cmd.index("--")
+            head, sep, tail = cmd[:k], ["--"], cmd[k + 1:]
+        args._opts.parse_args(head, namespace=args)
+        cmd = sep + tail
     return cmd[1:] if cmd[:1] == ["--"] else cmd
 
 
@@ -49,16 +57,20 @@ def configure_throttle(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="what", metavar="WHAT", required=True)
     for name, help_ in (("cpu", "CPU quota in cores for a command or an existing process tree"),
                         ("mem", "memory limit for a command or an existing process tree")):
-        q = sub.add_parser(name, help=help_, description=help_)
+        # Options may follow the positional (`cpu 0.5 --mem 1G -- CMD`); argparse would hand them
+        # to the REMAINDER command, so _throttle_proc re-parses that part with `opts`.
+        opts = argparse.ArgumentParser(add_help=False)
+        if name == "cpu":
+            opts.add_argument("--mem", default=None, help="also limit memory, e.g. 1G")
+        opts.add_argument("--pid", type=int, default=None,
+                          help="limit this running process and its descendants (until `throttle clear`)")
+        q = sub.add_parser(name, help=help_, description=help_, parents=[opts])
         if name == "cpu":
             q.add_argument("cores", type=float, help="quota in cores, e.g. 0.25")
-            q.add_argument("--mem", default=None, help="also limit memory, e.g. 1G")
         else:
             q.add_argument("size", help="limit, e.g. 512M or 2G")
-        q.add_argument("--pid", type=int, default=None,
-                       help="limit this running process and its descendants (until `throttle clear`)")
         q.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND: run it limited, then clean up")
-        q.set_defaults(func=_guard(_throttle_proc))
+        q.set_defaults(func=_guard(_throttle_proc), _opts=opts)
     q = sub.add_parser("net", help="egress rate/delay/loss on an interface",
                        description="Shape what leaves an interface: for the duration of COMMAND, or until "
                                    "`torchpp throttle clear`.")
@@ -85,6 +97,7 @@ def _throttle_proc(args: argparse.Namespace) -> int:
     from . import cgroups
     from .units import parse_size
 
+    cmd = _command(args)  # first: it may parse options written after the positional
     try:
         cpu = getattr(args, "cores", None)
         mem_text = args.size if args.what == "mem" else args.mem
@@ -93,7 +106,6 @@ def _throttle_proc(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     if cpu is not None and not cpu > 0:
         raise UsageError(f"cores: expected a positive number, got {cpu}")
-    cmd = _command(args)
     if bool(cmd) == (args.pid is not None):
         raise UsageError("give either --pid PID or -- COMMAND")
     limits = f"{'cpu ' + format(cpu, 'g') + ' core(s)' if cpu else ''}{' ' if cpu and mem else ''}" \
@@ -197,7 +209,8 @@ def _throttle_clear(args: argparse.Namespace) -> int:
     hier = cgroups.detect()
     groups = [n for n in cgroups.list_groups(hier) if n.split("/")[0].startswith("throttle-")]
     for n in sorted({g.split("/")[0] for g in groups}):
-        cgroups.Cgroup(n, tuple(c for c in ("cpu", "memory") if c in hier), hier).remove()
+        # Processes limited with --pid are the user's: release them, never kill them.
+        cgroups.Cgroup(n, tuple(c for c in ("cpu", "memory") if c in hier), hier).release()
     devs = tc.shaped_devices(args.netns)
     for d in devs:
         tc.clear(d, args.netns)
