@@ -12,6 +12,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # adds its arguments (and sub-verbs) and sets ``func`` to a callable(args) -> exit code.
 VERBS: dict[str, tuple[str, str]] = {
     "plan": ("torchpp.planner.cli", "make plan.json (even/dp/pp split, or the optimising planner)"),
+    "capacities": ("torchpp.planner.capacities", "per-host speed relative to a reference host, from layers files"),
+    "bandwidth parse": ("torchpp.planner.bandwidth", "iperf3-style links CSV to bandwidth.json"),
+    "calibrate-memory": ("torchpp.planner.calibrate", "fit the memory model from random spans' peak RSS"),
+    "analyze": ("torchpp.trace.report", "analyse merged timelines: bubbles, critical path, predicted vs measured"),
     "throttle": ("torchpp.cluster.throttle_cli", "limit CPU, memory or a link: cpu|mem|net [-- COMMAND], status, clear"),
     "cluster": ("torchpp.cluster.cluster_cli", "emulated cluster of namespaces: up -c CONFIG, run -- CMD, down, status"),
     "bandwidth probe": ("torchpp.cluster.probe", "all-pairs p2p throughput/latency over gloo -> CSV + bandwidth.json"),
