@@ -136,3 +136,20 @@ def test_fit_rate_recovers_linear_model():
     pts = [(b, 2 * lat + b / rate) for b in (65536, 2**20, 8 * 2**20)]
     assert fit_rate(pts, 2 * lat) == pytest.approx(rate, rel=1e-9)
     assert fit_rate(pts[:1], 2 * lat) == pytest.approx(rate, rel=1e-9)
+
+
+def test_follower_emits_whole_lines_per_host(tmp_path):
+    from torchpp.cluster.cluster import _Follower
+    paths = {"a": tmp_path / "a.log", "b": tmp_path / "b.log"}
+    got = []
+    f = _Follower(paths, lambda h, line: got.append((h, line)))
+    f.poll()  # files do not exist yet
+    paths["a"].write_bytes(b"one\ntw")
+    f.poll()
+    assert got == [("a", "one")]
+    with open(paths["a"], "ab") as fh:
+        fh.write(b"o\n")
+    paths["b"].write_bytes(b"last, no newline")
+    f.poll()
+    f.poll(final=True)
+    assert got == [("a", "one"), ("a", "two"), ("b", "last, no newline")]

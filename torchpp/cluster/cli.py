@@ -228,8 +228,9 @@ def configure_cluster(p: argparse.ArgumentParser) -> None:
     q.set_defaults(func=_guard(_cluster_up))
     q = sub.add_parser("run", help="run a command once in every host; exit code is the worst host's")
     _name_args(q)
-    q.add_argument("--logs", type=Path, default=None, help="log folder (default cluster-logs/<name>/<time>)")
+    q.add_argument("--logs", type=Path, default=None, help="log folder (default runs/cluster-<name>/<time>)")
     q.add_argument("--timeout", type=float, default=None, help="kill all hosts after this many seconds (exit 124)")
+    q.add_argument("-q", "--quiet", action="store_true", help="do not echo the hosts' output (it is still logged)")
     q.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND (e.g. torchrun ... -m torchpp.train ...)")
     q.set_defaults(func=_guard(_cluster_run))
     q = sub.add_parser("down", help="kill the cluster's processes and remove all it created")
@@ -270,10 +271,12 @@ def _cluster_run(args: argparse.Namespace) -> int:
     if not cmd:
         raise UsageError("give the command after `--`")
     name = _name(args)
-    logs = args.logs or Path("cluster-logs") / name / time.strftime("%Y%m%d-%H%M%S")
+    logs = args.logs or Path("runs") / f"cluster-{name}" / time.strftime("%Y%m%d-%H%M%S")
     print(f"cluster {name}: running `{' '.join(cmd)}` on every host; logs in {logs}", flush=True)
     try:
-        rc, results = cluster.run(name, cmd, logs, timeout=args.timeout)
+        width = 1 + max(len(h["name"]) for h in (cluster.load_state(name) or {}).get("hosts", [{"name": ""}]))
+        echo = None if args.quiet else (lambda host, line: print(f"{host + ':':<{width}} {line}", flush=True))
+        rc, results = cluster.run(name, cmd, logs, timeout=args.timeout, follow=echo)
     except KeyboardInterrupt:
         print(f"cluster {name}: interrupted; all hosts killed", flush=True)
         return 130

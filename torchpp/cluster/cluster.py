@@ -215,12 +215,36 @@ def worst(codes: list[int]) -> int:
     return max(norm, default=0)
 
 
+class _Follower:
+    """Passes each complete new line of the host logs to ``emit(host, line)`` (live progress)."""
+
+    def __init__(self, paths: dict[str, Path], emit):
+        self.paths, self.emit, self.pos, self.partial = paths, emit, {h: 0 for h in paths}, {h: b"" for h in paths}
+
+    def poll(self, final: bool = False) -> None:
+        for host, path in self.paths.items():
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.pos[host])
+                    data = f.read()
+            except OSError:
+                continue
+            self.pos[host] += len(data)
+            *lines, self.partial[host] = (self.partial[host] + data).split(b"\n")
+            if final and self.partial[host]:
+                lines.append(self.partial[host])
+                self.partial[host] = b""
+            for line in lines:
+                self.emit(host, line.decode(errors="replace"))
+
+
 def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None, log=print,
-        grace_s: float = 5.0) -> tuple[int, list[HostResult]]:
+        grace_s: float = 5.0, follow=None) -> tuple[int, list[HostResult]]:
     """Run ``argv`` once in every host (its namespace and cgroup) and wait for all of them.
 
-    Each host's stdout and stderr go to ``log_dir/<host>.log``. On timeout, Ctrl-C or SIGTERM
-    every process of the cluster is killed (SIGTERM, then SIGKILL after ``grace_s``)."""
+    Each host's stdout and stderr go to ``log_dir/<host>.log`` (and, with ``follow``, line by
+    line to ``follow(host, line)``). On timeout, Ctrl-C or SIGTERM every process of the cluster
+    is killed (SIGTERM, then SIGKILL after ``grace_s``)."""
     _require(f"`torchpp cluster run` ({name})")
     state = load_state(name)
     if state is None or state.get("phase") != "up":
@@ -234,6 +258,7 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
         g.controllers = tuple(c for c in g.controllers if g.paths()[c].exists())
     procs: list[subprocess.Popen] = []
     files = []
+    follower = _Follower({h["name"]: log_dir / f"{h['name']}.log" for h in state["hosts"]}, follow) if follow else None
     t0 = time.monotonic()
     ends: dict[int, float] = {}
     codes: dict[int, int] = {}
@@ -257,6 +282,8 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
                     if i not in codes:
                         codes[i], ends[i] = 124, time.monotonic() - t0
                 break
+            if follower:
+                follower.poll()
             time.sleep(0.05)
     except BaseException:
         _kill_all(procs, groups, grace_s)
@@ -264,6 +291,8 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
     finally:
         for f in files:
             f.close()
+        if follower:
+            follower.poll(final=True)
     results = [HostResult(h["name"], codes.get(i, 1), log_dir / f"{h['name']}.log", ends.get(i, 0.0))
                for i, h in enumerate(state["hosts"])]
     write_json(log_dir / "run.json", {"cluster": name, "argv": argv, "timeout_s": timeout,
