@@ -6,6 +6,7 @@ nothing torchpp made is left (namespace, root-namespace link or qdisc, cgroup, s
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -143,6 +144,37 @@ def test_throttle_cli_runs_command_in_group_and_removes_it(clean):
                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr
     assert f"/{PREFIX}/throttle-" in out.stdout
+
+
+def test_throttle_pid_then_clear_releases_without_killing(clean):
+    """`throttle cpu --pid` limits a running process tree; `clear` releases it alive."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    import psutil
+    proc = subprocess.Popen(["sh", "-c", "sleep 60 & wait"])
+    child = None
+    try:
+        deadline = time.monotonic() + 10
+        while not psutil.Process(proc.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        child = psutil.Process(proc.pid).children()[0].pid
+        out = subprocess.run([PY, "-m", "torchpp", "throttle", "cpu", "0.3", "--pid", str(proc.pid)],
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 0 and "2 process(es)" in out.stdout, out.stdout + out.stderr
+        for pid in (proc.pid, child):
+            assert f"/{PREFIX}/throttle-pid{proc.pid}" in Path(f"/proc/{pid}/cgroup").read_text()
+        status = subprocess.run([PY, "-m", "torchpp", "throttle", "status"], capture_output=True, text=True,
+                                timeout=60, env=env).stdout
+        assert f"throttle-pid{proc.pid}: 2 process(es)" in status and "30000" in status, status
+        out = subprocess.run([PY, "-m", "torchpp", "throttle", "clear"], capture_output=True, text=True,
+                             timeout=60, env=env)
+        assert out.returncode == 0, out.stderr
+        assert proc.poll() is None and PREFIX not in Path(f"/proc/{child}/cgroup").read_text()
+    finally:
+        for pid in (child, proc.pid):
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        proc.wait()
 
 
 # ------------------------------------------------------------------------------ clusters

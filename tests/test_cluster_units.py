@@ -61,6 +61,8 @@ def test_hetero4_asymmetric_and_pair_override():
     ({"subnet": "8.8.8.0/24"}, "subnet", "private"),
     ({"links": [{"src": "a", "dst": "zz", "rate": "1mbit"}]}, "links[0].dst", "one of"),
     ({"master_port": 80}, "master_port", ">= 1024"),
+    ({"links": [{"src": "a", "dst": "b"}, {"src": "a", "dst": "b"}]}, "links[1].dst", "twice"),
+    ({"hosts": [{"name": "a", "delay": "soon"}]}, "hosts[0].delay", "duration"),
 ])
 def test_config_errors_name_file_and_field(tmp_path, patch, field, expected):
     data = {"name": "x", "hosts": [{"name": "a"}, {"name": "b"}], **patch}

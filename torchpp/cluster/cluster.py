@@ -106,6 +106,10 @@ def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any
                 f"memory {_gib(h.memory):<8} up: {hosts[i]['uplink']}; down: {hosts[i]['downlink']}")
         for l in cfg.links:
             log(f"  link {l.src} -> {l.dst}: {l.shape.describe()}")
+        total = sum(h.cpu or os.cpu_count() or 1 for h in cfg.hosts)
+        if total > (os.cpu_count() or 1):
+            log(f"  note: the hosts' CPU quotas add up to {total:g} cores on a {os.cpu_count()}-core machine; "
+                f"busy hosts will get less than their quota")
         state["phase"] = "up"
         _save_state(state)
     except BaseException:
