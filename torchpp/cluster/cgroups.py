@@ -221,6 +221,13 @@ def _prune_empty_parents(path: Path) -> None:
         parent = parent.parent
 
 
+def existing(name: str, hier: dict[str, Hierarchy] | None = None) -> Cgroup:
+    """Handle on an existing group, over the controllers in which it has a directory."""
+    hier = detect() if hier is None else hier
+    return Cgroup(name, tuple(c for c in CONTROLLERS if c in hier and (hier[c].mount / PREFIX / name).exists()),
+                  hier)
+
+
 def _rmtree_cgroup(path: Path) -> None:
     """cgroup directories are removed with rmdir (their files are virtual), children first."""
     if not path.exists():

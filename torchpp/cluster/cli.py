@@ -191,8 +191,7 @@ def _throttle_status(args: argparse.Namespace) -> int:
     names = cgroups.list_groups()
     hier = cgroups.detect()
     for n in names:
-        g = cgroups.Cgroup(n, tuple(c for c in ("cpu", "memory") if c in hier), hier)
-        g.controllers = tuple(c for c in g.controllers if g.paths()[c].exists())
+        g = cgroups.existing(n, hier)
         print(f"  torchpp/{n}: {len(g.pids())} process(es) {g.limits()}")
     if not names:
         print("  no torchpp cgroups")
@@ -210,7 +209,7 @@ def _throttle_clear(args: argparse.Namespace) -> int:
     groups = [n for n in cgroups.list_groups(hier) if n.split("/")[0].startswith("throttle-")]
     for n in sorted({g.split("/")[0] for g in groups}):
         # Processes limited with --pid are the user's: release them, never kill them.
-        cgroups.Cgroup(n, tuple(c for c in ("cpu", "memory") if c in hier), hier).release()
+        cgroups.existing(n, hier).release()
     devs = tc.shaped_devices(args.netns)
     for d in devs:
         tc.clear(d, args.netns)

@@ -54,10 +54,6 @@ def _save_state(state: dict[str, Any]) -> None:
 
 def _require(action: str) -> None:
     require_caps(action, CAP_SYS_ADMIN, CAP_NET_ADMIN)
-    hier = cgroups.detect()
-    for c in ("cpu", "memory"):
-        if c not in hier:
-            cgroups._hierarchy(c, hier)  # raises NotPermitted naming the controller
 
 
 def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any]:
@@ -96,7 +92,9 @@ def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any
             for eg in (cfg.uplink(i), cfg.downlink(i)):
                 if not (eg.default.is_noop and not eg.per_dst):
                     tc.apply(eg)
-            ctl = tuple(c for c, v in (("cpu", h.cpu), ("memory", h.memory)) if v is not None) or ("cpu",)
+            # Unlimited hosts still get a group: it is how run/down find every process they started.
+            ctl = (tuple(c for c, v in (("cpu", h.cpu), ("memory", h.memory)) if v is not None)
+                   or tuple(c for c in cgroups.CONTROLLERS if c in cgroups.detect())[:1])
             group = cgroups.Cgroup(cfg.cgroup_name(i), ctl).create()
             if h.cpu is not None:
                 group.set_cpu(h.cpu)
@@ -140,8 +138,7 @@ def down(name: str, log=print) -> dict[str, list[str]]:
     spaces = sorted(set(found["namespaces"]) | {h["netns"] for h in state.get("hosts", [])} |
                     ({state["switch_ns"]} if "switch_ns" in state else set()))
     # Processes first (cgroup members and anything else inside the namespaces), then network.
-    group = cgroups.Cgroup(f"cluster-{name}", ("cpu", "memory"), cgroups.detect())
-    group.remove()
+    cgroups.existing(f"cluster-{name}").remove()
     removed = []
     for ns in spaces:
         if netns.exists(ns):
@@ -180,7 +177,7 @@ def status(name: str) -> str:
     for h in state["hosts"]:
         alive = netns.exists(h["netns"])
         procs = netns.pids(h["netns"]) if alive else []
-        lim = cgroups.Cgroup(h["cgroup"], ("cpu", "memory"), hier).limits() if alive else {}
+        lim = cgroups.existing(h["cgroup"], hier).limits() if alive else {}
         lines.append(f"  {h['name']:<10} {h['address']:<12} netns {'ok' if alive else 'MISSING'}  "
                      f"{len(procs)} process(es)  limits {lim}  up: {h['uplink']}; down: {h['downlink']}")
     return "\n".join(lines)
@@ -257,9 +254,7 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
         raise ClusterError("cluster run: give the command after `--`")
     log_dir.mkdir(parents=True, exist_ok=True)
     hier = cgroups.detect()
-    groups = [cgroups.Cgroup(h["cgroup"], ("cpu", "memory"), hier) for h in state["hosts"]]
-    for g in groups:
-        g.controllers = tuple(c for c in g.controllers if g.paths()[c].exists())
+    groups = [cgroups.existing(h["cgroup"], hier) for h in state["hosts"]]
     procs: list[subprocess.Popen] = []
     files = []
     follower = _Follower({h["name"]: log_dir / f"{h['name']}.log" for h in state["hosts"]}, follow) if follow else None
