@@ -41,6 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=3, help="training steps per run (the first is warm-up)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per training run before it is killed")
     p.add_argument("--out", type=Path, default=ROOT / "out" / "seed003")
+    p.add_argument("--no-probe", action="store_true", help="skip measuring each rate with `torchpp bandwidth probe`")
     p.add_argument("--launcher", choices=["torchrun", "python"], default="torchrun",
                    help="torchrun (as seed 003) or one plain python process per host")
     return p.parse_args(argv)
@@ -93,6 +94,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{'' if netem else ', no delay: this kernel has no netem'})", flush=True)
         cluster.up(cfg)
         try:
+            probed = None
+            if not args.no_probe:
+                pdir = args.out / "probe" / rate_text
+                rc, res = cluster.run(cfg.name, [sys.executable, "-m", "torchpp", "bandwidth", "probe", "--out-dir",
+                                                 str(pdir), "--sizes", "64K,512K,2M,8M"], args.out / "logs" /
+                                      f"probe_{rate_text}", timeout=300)
+                if rc == 0:
+                    from torchpp.formats import Bandwidth
+                    rates = Bandwidth.load(pdir / "bandwidth.json").bytes_per_sec.values()
+                    probed = statistics.median(rates) * 8 / 1e6
+                    print(f"   probe: median link {probed:.1f} Mbit/s", flush=True)
             for mode in ("pp", "dp"):
                 tag = f"{mode}_{rate_text}"
                 trace_dir, logs = args.out / "traces" / tag, args.out / "logs" / tag
@@ -112,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                 measured = [t for s, t in sorted(times.items())][1:] or list(times.values())
                 row = {"mode": mode, "rate_mbit": rate / 1e6, "step_time_s": statistics.median(measured),
                        "min_step_s": min(measured), "steps_used": len(measured), "run_wall_s": round(wall, 1),
+                       "probe_mbit": None if probed is None else round(probed, 2),
                        "delay": "config" if netem else "none (no netem)"}
                 rows.append(row)
                 print(f"   {mode}: step {row['step_time_s']:.3f}s (median of {len(measured)}), "
@@ -140,10 +153,13 @@ def write_outputs(rows: list[dict], args: argparse.Namespace) -> None:
     lines = [f"Seed 003 on `{args.config.name}`: {args.model} ({args.layers} layers), global batch "
              f"{args.global_batch}, seq {args.seq_len}, PP with {args.microbatches} micro-batches; "
              f"median step time over steps 2..{args.steps}.", "",
-             "| link | PP 3-stage step (s) | DP 3-rank step (s) | DP / PP |", "|---|---|---|---|"]
+             "| link | probed (Mbit/s) | PP 3-stage step (s) | DP 3-rank step (s) | DP / PP |",
+             "|---|---|---|---|---|"]
+    probe = {r["rate_mbit"]: r["probe_mbit"] for r in rows}
     for rate in rates:
         pp, dp = by.get(("pp", rate)), by.get(("dp", rate))
-        lines.append(f"| {rate:g} Mbit/s | {pp:.3f} | {dp:.3f} | {dp / pp:.2f} |")
+        pr = "-" if probe.get(rate) is None else f"{probe[rate]:.1f}"
+        lines.append(f"| {rate:g} Mbit/s | {pr} | {pp:.3f} | {dp:.3f} | {dp / pp:.2f} |")
     (args.out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     fig, ax = plt.subplots(figsize=(6, 4))
