@@ -155,3 +155,41 @@ def test_follower_emits_whole_lines_per_host(tmp_path):
     f.poll()
     f.poll(final=True)
     assert got == [("a", "one"), ("a", "two"), ("b", "last, no newline")]
+
+
+def test_probe_needs_a_distributed_environment(monkeypatch, capsys):
+    from torchpp.cli import main
+    for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(v, raising=False)
+    assert main(["bandwidth", "probe"]) == 2
+    assert "RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_probe_on_loopback_writes_both_files(tmp_path):
+    """Two processes on 127.0.0.1 (no privileges needed): every ordered pair, CSV and JSON agree."""
+    import socket
+    import subprocess
+    import sys
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank, host in enumerate(("left", "right")):
+        env = {**__import__("os").environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "HOST": host, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, "-m", "torchpp", "bandwidth", "probe", "--out-dir",
+                                       str(tmp_path), "--sizes", "64K,256K", "--repeats", "2", "--timeout", "60"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    from torchpp.formats import Bandwidth
+    bw = Bandwidth.load(tmp_path / "bandwidth.json")
+    assert set(bw.bytes_per_sec) == {"left|right", "right|left"} and all(v > 0 for v in bw.bytes_per_sec.values())
+    rows = {(s, d): float(g) for s, d, g in (l.split(",") for l in (tmp_path / "bandwidth.csv").read_text().split())}
+    for (s, d), gbps in rows.items():
+        assert gbps == pytest.approx(bw.rate(s, d) * 8 / 1e9, rel=1e-5)
