@@ -15,6 +15,7 @@ reads measured traces from the runtime and predicted traces from the simulator.
 """
 from __future__ import annotations
 
+import bisect
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -37,6 +38,12 @@ class Event:
     bytes: int = 0
     peer: int | None = None
     recompute_s: float = 0.0
+    blocked_s: float | None = None
+    """For a receive: how long compute waited for it (None: the event itself is the wait)."""
+
+    @property
+    def wait_s(self) -> float:
+        return self.dur if self.blocked_s is None else min(self.blocked_s, self.dur)
 
     @property
     def dur(self) -> float:
@@ -58,7 +65,8 @@ def events_from_trace(trace: dict[str, Any]) -> list[Event]:
         start = ev["ts"] * 1e-6
         out.append(Event(rank=int(ev["pid"]), stage=int(args["stage"]), kind=kind, microbatch=mb, start=start,
                          end=start + ev.get("dur", 0.0) * 1e-6, bytes=int(args.get("bytes") or 0),
-                         peer=args.get("peer"), recompute_s=float(args.get("recompute_s") or 0.0)))
+                         peer=args.get("peer"), recompute_s=float(args.get("recompute_s") or 0.0),
+                         blocked_s=float(args["blocked_s"]) if args.get("blocked_s") is not None else None))
     return out
 
 
@@ -115,7 +123,7 @@ def analyze(events: Iterable[Event]) -> StepAnalysis:
             st.backward_s += e.dur
             st.recompute_s += e.recompute_s
         elif e.kind.startswith("recv"):
-            st.recv_wait_s += e.dur
+            st.recv_wait_s += e.wait_s
         elif e.kind.startswith("send"):
             st.send_s += e.dur
         elif e.kind == "allreduce":
@@ -143,34 +151,44 @@ def analyze(events: Iterable[Event]) -> StepAnalysis:
 
 
 def critical_path(evs: list[Event]) -> dict[str, float]:
-    """Seconds per kind along the chain of events that ends last.
+    """Seconds per kind along the chain of work that ends last (they add up to the step time).
 
-    Walk back from the last event: a receive that waited is explained by the matching send
-    on its peer (continue there, before the send); anything else by the previous event on
-    its own rank.
+    Walk back in time from the last event: a receive that made compute wait is explained by
+    the matching send on its peer (continue there, before the send started); anything else
+    by the previous event on its own rank; gaps with no explanation count as ``idle``.
     """
-    by_rank: dict[int, list[Event]] = defaultdict(list)
-    for e in evs:
-        if not e.kind.startswith("send"):
-            by_rank[e.rank].append(e)
-    for lst in by_rank.values():
-        lst.sort(key=lambda e: (e.start, e.end))
-    sends = {(e.rank, e.peer, e.kind[5:], e.microbatch): e for e in evs if e.kind.startswith("send")}
-    path: dict[str, float] = defaultdict(float)
-    if not by_rank:
-        return {}
-    rank = max(by_rank, key=lambda r: by_rank[r][-1].end)
-    i = len(by_rank[rank]) - 1
     eps = 1e-9
-    while i >= 0:
-        cur = by_rank[rank][i]
+    seq: dict[int, list[Event]] = defaultdict(list)
+    for e in evs:
+        if e.kind in ("F", "B", "optimizer", "allreduce"):
+            seq[e.rank].append(e)
+        elif e.kind.startswith("recv") and e.wait_s > eps:  # the part of a receive compute waited for
+            seq[e.rank].append(Event(e.rank, e.stage, e.kind, e.microbatch, e.end - e.wait_s, e.end, e.bytes, e.peer))
+    if not seq:
+        return {}
+    for lst in seq.values():
+        lst.sort(key=lambda e: (e.end, e.start))
+    sends = {(e.rank, e.peer, e.kind[5:], e.microbatch): e for e in evs if e.kind.startswith("send")}
+    t_first = min(e.start for e in evs)
+    rank = max(seq, key=lambda r: seq[r][-1].end)
+    frontier = max(e.end for e in evs)
+    path: dict[str, float] = defaultdict(float)
+    for _ in range(2 * len(evs) + 2):
+        lst = seq[rank]
+        k = bisect.bisect_right([e.end for e in lst], frontier + eps) - 1
+        while k >= 0 and lst[k].start >= frontier - eps and lst[k].dur > eps:
+            k -= 1  # already walked (or starts after the frontier)
+        if k < 0:
+            break
+        cur = lst[k]
+        path["idle"] += max(0.0, frontier - cur.end)
         snd = sends.get((cur.peer, cur.rank, cur.kind[5:], cur.microbatch)) if cur.kind.startswith("recv") else None
-        if snd is not None and cur.dur > eps:
-            path["wait_" + cur.kind[5:]] += cur.end - max(cur.start, snd.start)
-            rank = snd.rank
-            lst = by_rank[rank]
-            i = max((k for k in range(len(lst)) if lst[k].end <= snd.start + eps), default=-1)
+        if snd is not None:
+            t_send = min(max(snd.start, cur.start), cur.end)
+            path[cur.kind.replace("recv", "wait")] += cur.end - t_send
+            rank, frontier = snd.rank, t_send
             continue
-        path[cur.kind] += cur.dur
-        i -= 1
-    return dict(path)
+        path[cur.kind] += min(cur.dur, max(0.0, min(frontier, cur.end) - cur.start))
+        frontier = min(frontier, cur.start)
+    path["idle"] += max(0.0, frontier - t_first)
+    return {k: v for k, v in path.items() if v > 0}

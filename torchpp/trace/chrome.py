@@ -89,6 +89,7 @@ def merge(traces: list[dict[str, Any]], offsets_s: list[float] | None = None,
                 ev["ts"] = round(ev["ts"] + off_us, 3)
             events.append(ev)
     world = max((t.get("distributedInfo", {}).get("world_size", 1) for t in traces), default=1)
+    ranks = {str(t.get("distributedInfo", {}).get("rank", i)): t.get("metadata", {}) for i, t in enumerate(traces)}
     return {"format": f"torchpp.{TRACE_KIND}/{TRACE_VERSION}", "traceEvents": events, "displayTimeUnit": "ms",
             "metadata": {**(metadata or {}), "merged_ranks": len(traces), "world_size": world,
-                         "clock_offsets_s": list(offsets_s or [0.0] * len(traces))}}
+                         "clock_offsets_s": list(offsets_s or [0.0] * len(traces)), "ranks": ranks}}

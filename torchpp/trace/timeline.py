@@ -168,6 +168,7 @@ class StepRecorder:
     def finish(self) -> dict[str, Any]:
         """Lay out the p2p rows without overlap, add flow halves, return the trace JSON."""
         w = self.writer
+        w.metadata["peak_rss_bytes"] = peak_rss_bytes()
         for row in ("send", "recv"):
             recs = sorted((p for p in self._p2p if _P2P_NAMES[p.action.kind][0] == row), key=lambda p: p.done_s)
             prev_end = float("-inf")
@@ -188,6 +189,15 @@ class StepRecorder:
                                      "name": "send_act" if a.kind == Kind.RECV_ACT else "send_grad",
                                      "pid": ev["pid"], "tid": ev["tid"], "ts": ev["ts"] + ev["dur"]})
         return w.to_json()
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far (what the planner's memory model predicts)."""
+    import resource
+    import sys
+
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(kib) if sys.platform == "darwin" else int(kib) * 1024
 
 
 def write_step(trace_dir: str | Path, step: int, rank: int, world_size: int, trace: dict[str, Any],
