@@ -134,3 +134,12 @@ def test_bad_arguments_exit_2_with_one_line(args, arg, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and arg in err, err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_progress_and_summary_are_shown(tmp_path, capsys):
+    _profile(tmp_path, "--iters", "2", "--warmup", "1", model="gpt2-tiny", name="p")
+    cap = capsys.readouterr()
+    lines = [x for x in cap.err.splitlines() if x.startswith("[profile]")]
+    assert [x.split(":")[0] for x in lines] == ["[profile] gpt2-tiny warmup 1/1", "[profile] gpt2-tiny measure 1/2",
+                                               "[profile] gpt2-tiny measure 2/2"]
+    assert "blocks cover" in cap.out and "layer3" in cap.out and f"wrote {tmp_path}" in cap.out
