@@ -12,7 +12,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 VPY="$VENV/bin/python"
-stamp="$VENV/.torchpp-setup-$(cat requirements.txt setup.py csrc/* 2>/dev/null | sha1sum | cut -c1-12)"
+inputs=$(find requirements.txt setup.py csrc -type f 2>/dev/null | sort || true)
+stamp="$VENV/.torchpp-setup-$(cat $inputs | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing requirements into $VENV (torch pinned to 2.13.0, CPU build)" >&2
   "$VPY" -m pip install -q --upgrade pip wheel setuptools >&2

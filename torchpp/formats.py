@@ -232,7 +232,8 @@ class BlockProfile:
     """Decoder layer index (None for embed and tail)."""
     param_bytes: int
     activation_bytes_per_sample: int
-    """Bytes of the block's output tensor per sample (what crosses a stage boundary after it)."""
+    """Bytes of the block's output tensor per sample, measured (what crosses a stage boundary
+    after it; for the tail, the logits)."""
     forward_time_s: float
     backward_time_s: float
     forward_samples_s: list[float] = field(default_factory=list)
@@ -265,13 +266,18 @@ class RunInfo:
     torch_version: str
     timer: str
     """Which span timer measured the times: "cpp" (torchpp._timer) or "python"."""
+    seed: int = 0
+    """Seed of the preset's weights and of the synthetic token ids."""
+    cpu: str = ""
+    """Processor description of the host (informational)."""
 
     @staticmethod
     def parse(r: Reader) -> "RunInfo":
         return RunInfo(seq_len=r.int("seq_len", min_value=1), batch=r.int("batch", min_value=1),
                        iters=r.int("iters", min_value=1), warmup=r.int("warmup", min_value=0),
                        threads=r.int("threads", min_value=1), torch_version=r.str("torch_version"),
-                       timer=r.str("timer", choices={"cpp", "python"}))
+                       timer=r.str("timer", choices={"cpp", "python"}), seed=r.int("seed", 0),
+                       cpu=r.str("cpu", ""))
 
 
 @dataclass(kw_only=True)
@@ -290,6 +296,10 @@ class LayersFile:
     step_time_s: float
     """Mean wall time of one profiled forward+backward step (the blocks add up to it)."""
     peak_rss_bytes: int
+    """Largest resident set size seen during the profiled steps (psutil, sampled after each
+    forward and each backward)."""
+    step_samples_s: list[float] = field(default_factory=list)
+    """Wall time of each counted step."""
     format: str = f"torchpp.{LAYERS_KIND}/{LAYERS_VERSION}"
 
     def to_json(self) -> dict[str, Any]:
@@ -310,6 +320,7 @@ class LayersFile:
             embed=BlockProfile.parse(r.obj("embed")), tail=BlockProfile.parse(r.obj("tail")),
             layers=[BlockProfile.parse(x) for x in r.objs("layers", min_len=1)],
             step_time_s=r.float("step_time_s", positive=True), peak_rss_bytes=r.int("peak_rss_bytes", min_value=0),
+            step_samples_s=r.floats("step_samples_s", []),
         )
         if len(lf.layers) != lf.model.num_layers:
             raise FormatError(source, "layers", f"{lf.model.num_layers} entries (model.num_layers)", len(lf.layers))
@@ -518,9 +529,16 @@ def split_samples(total: int, shares: list[float]) -> list[int]:
 BANDWIDTH_KIND, BANDWIDTH_VERSION = "bandwidth", 1
 
 
+def _is_link_key(k: Any) -> bool:
+    return isinstance(k, str) and k.count("|") == 1 and "" not in k.split("|")
+
+
 @dataclass(kw_only=True)
 class Bandwidth:
-    """bandwidth.json: directed link rates ``"src|dst" -> bytes/s`` (and optional latency)."""
+    """bandwidth.json: directed link rates ``"src|dst" -> bytes/s`` (and optional latency).
+
+    Also reads seed 000's ``bandwidth_matrix.json`` (a bare ``{"src|dst": bytes_per_sec}`` map).
+    """
 
     bytes_per_sec: dict[str, float]
     latency_s: dict[str, float] = field(default_factory=dict)
@@ -531,6 +549,9 @@ class Bandwidth:
     @staticmethod
     def key(src: str, dst: str) -> str:
         return f"{src}|{dst}"
+
+    def has(self, src: str, dst: str) -> bool:
+        return self.key(src, dst) in self.bytes_per_sec
 
     def rate(self, src: str, dst: str) -> float:
         k = self.key(src, dst)
@@ -544,6 +565,11 @@ class Bandwidth:
     def hosts(self) -> list[str]:
         return sorted({h for k in self.bytes_per_sec for h in k.split("|")})
 
+    def missing_links(self, hosts: Iterable[str]) -> list[str]:
+        """Directed links between distinct ``hosts`` that have no rate."""
+        hs = list(hosts)
+        return [self.key(a, b) for a in hs for b in hs if a != b and not self.has(a, b)]
+
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)
         return {"format": d.pop("format"), **d}
@@ -553,12 +579,15 @@ class Bandwidth:
 
     @staticmethod
     def parse(data: Any, source: str) -> "Bandwidth":
+        if isinstance(data, Mapping) and "format" not in data and data and all(_is_link_key(k) for k in data):
+            data = {"format": f"torchpp.{BANDWIDTH_KIND}/{BANDWIDTH_VERSION}", "bytes_per_sec": dict(data),
+                    "source": "seed bandwidth_matrix.json"}
         check_format(data, source, BANDWIDTH_KIND, [BANDWIDTH_VERSION])
         r = Reader(data, source)
         rates, lats = r.obj("bytes_per_sec"), r.obj("latency_s", {})
         for sub, name, positive in ((rates, "bytes_per_sec", True), (lats, "latency_s", False)):
             for k in sub.data:
-                if not isinstance(k, str) or k.count("|") != 1 or "" in k.split("|"):
+                if not _is_link_key(k):
                     raise FormatError(source, f"{name}.{k}", "a key of the form 'src|dst'")
                 sub.float(k, positive=positive, min_value=None if positive else 0.0)
         return Bandwidth(bytes_per_sec={k: float(v) for k, v in rates.data.items()},
@@ -569,8 +598,399 @@ class Bandwidth:
         return _load(path, Bandwidth.parse)
 
 
+CAPACITIES_KIND, CAPACITIES_VERSION = "capacities", 1
+
+
+@dataclass(kw_only=True)
+class HostTable:
+    """One host's measured per-block times for ``batch`` samples, blocks ordered embed, layers…, tail."""
+
+    batch: int
+    forward_time_s: list[float]
+    backward_time_s: list[float]
+
+
+@dataclass(kw_only=True)
+class Capacities:
+    """capacities.json (seed 000 step 2): speed of each host relative to ``ref_host``.
+
+    ``capacity[h]`` = median over layers of ref forward time / h's forward time. ``tables`` keeps
+    every measured host's own per-block times, which beat a scaled reference where they exist.
+    """
+
+    ref_host: str
+    capacity: dict[str, float]
+    tables: dict[str, HostTable] = field(default_factory=dict)
+    format: str = f"torchpp.{CAPACITIES_KIND}/{CAPACITIES_VERSION}"
+
+    def to_json(self) -> dict[str, Any]:
+        d = to_dict(self)
+        return {"format": d.pop("format"), **d}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return write_json(path, self.to_json())
+
+    @staticmethod
+    def parse(data: Any, source: str) -> "Capacities":
+        if isinstance(data, Mapping) and "format" not in data and "capacity" in data:
+            data = {**data, "format": f"torchpp.{CAPACITIES_KIND}/{CAPACITIES_VERSION}"}  # seed 000's file
+        check_format(data, source, CAPACITIES_KIND, [CAPACITIES_VERSION])
+        r = Reader(data, source)
+        cap = r.obj("capacity")
+        capacity = {h: cap.float(h, positive=True) for h in cap.data}
+        ref = r.str("ref_host")
+        if ref not in capacity:
+            raise FormatError(source, "ref_host", f"one of the hosts in 'capacity' ({', '.join(sorted(capacity))})", ref)
+        tables = {}
+        tr = r.obj("tables", {})
+        for h in tr.data:
+            t = tr.obj(h)
+            fw, bw = t.floats("forward_time_s"), t.floats("backward_time_s")
+            if len(fw) != len(bw) or len(fw) < 3:
+                raise t.fail("backward_time_s", f"as many entries as forward_time_s ({len(fw)}, at least 3)", len(bw))
+            for key, vals in (("forward_time_s", fw), ("backward_time_s", bw)):
+                for i, v in enumerate(vals):
+                    if v <= 0:
+                        raise t.fail(f"{key}[{i}]", "a measured time > 0", v)
+            tables[h] = HostTable(batch=t.int("batch", min_value=1), forward_time_s=fw, backward_time_s=bw)
+        return Capacities(ref_host=ref, capacity=capacity, tables=tables)
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "Capacities":
+        return _load(path, Capacities.parse)
+
+
+MEMORY_KIND, MEMORY_VERSION = "memory_model", 1
+
+
+@dataclass(kw_only=True)
+class MemorySample:
+    """One calibration span [start, end) of decoder layers and the peak RSS increase it caused."""
+
+    start: int
+    end: int
+    has_embed: bool
+    has_tail: bool
+    weights_bytes: int
+    activation_bytes_per_sample: int
+    batch: int
+    peak_bytes: int
+    predicted_bytes: float = 0.0
+
+
+@dataclass(kw_only=True)
+class MemoryModel:
+    """memory_model.json (seed 000 step 4): ``peak ≈ base + alpha·Σweights + Kp·Σactivation·B``.
+
+    Fitted on one forward+backward+optimizer step per span; a 1F1B stage keeps ``in_flight``
+    micro-batches of activations, so the planner multiplies the activation term by that count.
+    """
+
+    base: float
+    alpha: float
+    Kp: float
+    r2: float = float("nan")
+    residuals: list[float] = field(default_factory=list)
+    samples: list[MemorySample] = field(default_factory=list)
+    host: str = ""
+    model: str = ""
+    microbatch: int = 0
+    format: str = f"torchpp.{MEMORY_KIND}/{MEMORY_VERSION}"
+
+    def predict(self, weights_bytes: float, activation_bytes_per_sample: float, samples: float,
+                in_flight: int = 1) -> float:
+        return self.base + self.alpha * weights_bytes + self.Kp * activation_bytes_per_sample * samples * in_flight
+
+    def to_json(self) -> dict[str, Any]:
+        d = to_dict(self)
+        d = {"format": d.pop("format"), **d}
+        if not math.isfinite(d["r2"]):
+            d["r2"] = None
+        return d
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return write_json(path, self.to_json())
+
+    @staticmethod
+    def parse(data: Any, source: str) -> "MemoryModel":
+        if isinstance(data, Mapping) and "format" not in data and {"base", "alpha", "Kp"} <= set(data):
+            data = {**data, "format": f"torchpp.{MEMORY_KIND}/{MEMORY_VERSION}"}  # seed 000's file
+        check_format(data, source, MEMORY_KIND, [MEMORY_VERSION])
+        r = Reader(data, source)
+        samples = []
+        for sr in r.objs("samples", []):
+            samples.append(MemorySample(
+                start=sr.int("start", min_value=0), end=sr.int("end", min_value=0),
+                has_embed=sr.bool("has_embed", False), has_tail=sr.bool("has_tail", False),
+                weights_bytes=sr.int("weights_bytes", min_value=0),
+                activation_bytes_per_sample=sr.int("activation_bytes_per_sample", min_value=0),
+                batch=sr.int("batch", min_value=1), peak_bytes=sr.int("peak_bytes"),
+                predicted_bytes=sr.float("predicted_bytes", 0.0)))
+        r2 = r.raw("r2", None)
+        return MemoryModel(base=r.float("base"), alpha=r.float("alpha", min_value=0.0), Kp=r.float("Kp", min_value=0.0),
+                           r2=float("nan") if r2 is None else r.float("r2"), residuals=r.floats("residuals", []),
+                           samples=samples, host=r.str("host", ""), model=r.str("model", ""),
+                           microbatch=r.int("microbatch", 0, min_value=0))
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "MemoryModel":
+        return _load(path, MemoryModel.parse)
+
+
+@dataclass(kw_only=True)
+class DeviceInfo:
+    host: str
+    memory_bytes: int
+    address: str = ""
+    rank: int | None = None
+
+
+@dataclass(kw_only=True)
+class Devices:
+    """devices.json: ``{"host": memory_gb}`` (seed 000) or ``{"host": {"memory_gb", "address", "rank"}}``."""
+
+    devices: dict[str, DeviceInfo]
+
+    @property
+    def hosts(self) -> list[str]:
+        return list(self.devices)
+
+    def memory_bytes(self, host: str) -> int:
+        return self.devices[host].memory_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for h, d in self.devices.items():
+            e: dict[str, Any] = {"memory_gb": d.memory_bytes / GB}
+            if d.address:
+                e["address"] = d.address
+            if d.rank is not None:
+                e["rank"] = d.rank
+            out[h] = e
+        return out
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return write_json(path, self.to_json())
+
+    @staticmethod
+    def parse(data: Any, source: str) -> "Devices":
+        r = Reader(data, source)
+        out: dict[str, DeviceInfo] = {}
+        for h, v in r.data.items():
+            if h == "format":
+                continue
+            if isinstance(v, Mapping):
+                dr = r.obj(h)
+                gb = dr.float("memory_gb", positive=True)
+                rank = dr.int("rank", None, min_value=0)
+                out[h] = DeviceInfo(host=h, memory_bytes=int(gb * GB), address=dr.str("address", ""), rank=rank)
+            else:
+                out[h] = DeviceInfo(host=h, memory_bytes=int(r.float(h, positive=True) * GB))
+        if not out:
+            raise FormatError(source, "<root>", "at least one host")
+        ranks = [d.rank for d in out.values() if d.rank is not None]
+        if len(set(ranks)) != len(ranks):
+            raise FormatError(source, "*.rank", "distinct ranks", sorted(ranks))
+        return Devices(devices=out)
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "Devices":
+        return _load(path, Devices.parse)
+
+
+GB = 1 << 30
+"""devices.json counts memory in GiB (seed 000's ``"cpu1": 24``)."""
+
+
 # ============================================================================ simulator configuration
 # --- owned by the simulator ---
+SIM_PARAMS = ("n", "stages", "sync_freq", "fwd_len", "bwd_len", "prop_len", "sync_base_len", "fwd_impact", "bwd_impact")
+"""The parametric simulator's environment, in the seed's names (plus ``stages``)."""
+SIM_INT_PARAMS = ("n", "stages", "sync_freq")
+SIM_COMM_TYPES = ("fwd_prop", "grad_prop", "grad_sync")
+SIM_POLICIES = ("schedule", "seed002")
+EXPERIMENT_KIND, EXPERIMENT_VERSION = "experiment", 1
+
+
+@dataclass(kw_only=True, frozen=True)
+class SimParams:
+    """One parametric configuration: ``stages`` single-device stages, ``n`` micro-batches.
+
+    Lengths are in arbitrary time units; a transfer's length is its duration when it holds
+    the whole comm channel. ``sync_base_len`` is one micro-batch's share of a gradient
+    all-reduce: a sync after ``sync_freq`` backward passes costs ``sync_base_len × sync_freq``.
+    """
+
+    n: int = 8
+    """Micro-batches per step."""
+    stages: int = 4
+    """Pipeline stages (one device each)."""
+    sync_freq: int = 1
+    """A gradient all-reduce after every ``sync_freq`` backward passes (gradient accumulation)."""
+    fwd_len: float = 1.0
+    bwd_len: float = 2.0
+    prop_len: float = 1.0
+    """Activation and gradient transfer length."""
+    sync_base_len: float = 1.0
+    fwd_impact: float = 0.2
+    """Fraction of forward speed lost while a grad_sync holds the whole comm channel."""
+    bwd_impact: float = 0.2
+
+    def __post_init__(self) -> None:
+        check_sim_params(self.__dict__, "<sim params>")
+
+
+def check_sim_params(values: Mapping[str, Any], source: str, prefix: str = "") -> None:
+    """Reject values the simulator cannot price (the seed divided by zero or ran backwards on these)."""
+    for k in SIM_INT_PARAMS:
+        v = values.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise FormatError(source, prefix + k, "an integer >= 1", v)
+    for k in ("fwd_len", "bwd_len", "prop_len", "sync_base_len"):
+        v = values.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
+            raise FormatError(source, prefix + k, "a length >= 0", v)
+    for k in ("fwd_impact", "bwd_impact"):
+        v = values.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1):
+            raise FormatError(source, prefix + k, "a number in [0, 1) (1 would stall compute during a sync)", v)
+
+
+@dataclass(kw_only=True)
+class SimSettings:
+    """How configurations are priced (the same for every point of a sweep)."""
+
+    policy: str = "schedule"
+    """``schedule``: torchpp's own 1F1B/GPipe action lists; ``seed002``: the original's greedy rules."""
+    schedule: str = "1f1b"
+    congestion: bool = False
+    """Receiver congestion: a device's inbound transfers are throttled to ``recv_capacity``."""
+    recv_capacity: float = 1.0
+    ideal_sync: bool = False
+    """grad_sync on its own channel, never slowing compute (the seed's ``is_ideal``)."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in SIM_POLICIES:
+            raise FormatError("<sim settings>", "policy", f"one of {list(SIM_POLICIES)}", self.policy)
+        if self.schedule not in SCHEDULES:
+            raise FormatError("<sim settings>", "schedule", f"one of {list(SCHEDULES)}", self.schedule)
+        if self.policy == "seed002" and self.schedule != "1f1b":
+            raise FormatError("<sim settings>", "schedule", "'1f1b' (the seed002 policy has its own greedy order)",
+                              self.schedule)
+        if not (isinstance(self.recv_capacity, (int, float)) and self.recv_capacity > 0):
+            raise FormatError("<sim settings>", "recv_capacity", "a number > 0", self.recv_capacity)
+
+    @staticmethod
+    def parse(r: Reader) -> "SimSettings":
+        return SimSettings(policy=r.str("policy", "schedule", choices=set(SIM_POLICIES)),
+                           schedule=r.str("schedule", "1f1b", choices=set(SCHEDULES)),
+                           congestion=r.bool("congestion", False),
+                           recv_capacity=r.float("recv_capacity", 1.0, positive=True),
+                           ideal_sync=r.bool("ideal_sync", False))
+
+
+def parse_priorities(r: Reader, shared_key: str = "priorities", tier_key: str = "exclusive_tiers"
+                     ) -> tuple[dict[str, float], dict[str, str]]:
+    """``{"fwd_prop": 0.5, ...}`` shares in [0, 1] and ``{"grad_prop": "a"}`` exclusive tiers."""
+    shared: dict[str, float] = {t: 1.0 for t in SIM_COMM_TYPES}
+    if r.has(shared_key):
+        sr = r.obj(shared_key)
+        for k in sr.data:
+            if k not in SIM_COMM_TYPES:
+                raise sr.fail(k, f"one of the comm types {list(SIM_COMM_TYPES)}")
+        shared = {t: sr.float(t, 0.0, min_value=0.0) for t in SIM_COMM_TYPES}
+        for t, v in shared.items():
+            if v > 1:
+                raise sr.fail(t, "a share in [0, 1]", v)
+    tiers: dict[str, str] = {}
+    if r.has(tier_key):
+        tr = r.obj(tier_key)
+        for k, v in tr.data.items():
+            if k not in SIM_COMM_TYPES:
+                raise tr.fail(k, f"one of the comm types {list(SIM_COMM_TYPES)}")
+            if v is None:
+                continue
+            if not (isinstance(v, str) and len(v) == 1 and "a" <= v <= "z"):
+                raise tr.fail(k, "a tier letter 'a'..'z' ('a' pre-empts 'b') or null", v)
+            tiers[k] = v
+    return shared, tiers
+
+
+@dataclass(kw_only=True)
+class ExperimentConfig:
+    """A sweep: every combination of the parameter values, crossed with every priority scenario.
+
+    The file is seed 002's form: each parameter is a list of values or
+    ``{"start", "stop", "step"}`` (stop included). Parameters left out keep
+    :class:`SimParams`' defaults. Optional keys: ``settings`` (:class:`SimSettings`) and
+    ``priority_step``.
+    """
+
+    grid: dict[str, list[float | int]]
+    settings: SimSettings = field(default_factory=SimSettings)
+    priority_step: float = 0.1
+
+    def points(self) -> list[SimParams]:
+        """Every combination in a fixed order; ``sync_freq > n`` is dropped as in the seed."""
+        import itertools
+
+        keys = [k for k in SIM_PARAMS if k in self.grid]
+        out = []
+        for combo in itertools.product(*(self.grid[k] for k in keys)):
+            values = dict(zip(keys, combo))
+            if values.get("sync_freq", 1) > values.get("n", SimParams.n):
+                continue
+            out.append(SimParams(**values))
+        return out
+
+    @staticmethod
+    def parse(data: Any, source: str) -> "ExperimentConfig":
+        r = Reader(data, source)
+        if "format" in r.data:
+            check_format(data, source, EXPERIMENT_KIND, [EXPERIMENT_VERSION])
+        known = set(SIM_PARAMS) | {"format", "settings", "priority_step"}
+        for k in r.data:
+            if k not in known:
+                raise FormatError(source, k, f"one of {sorted(known)}")
+        grid: dict[str, list[float | int]] = {}
+        for k in SIM_PARAMS:
+            if k not in r.data:
+                continue
+            v = r.data[k]
+            if isinstance(v, list):
+                if not v:
+                    raise FormatError(source, k, "a non-empty list or {start, stop, step}", v)
+                vals = list(v)
+            elif isinstance(v, Mapping):
+                rr = r.obj(k)
+                start, stop, step = rr.float("start"), rr.float("stop"), rr.float("step", positive=True)
+                if stop < start:
+                    raise rr.fail("stop", f"a number >= start ({start})", stop)
+                num = int(round((stop - start) / step)) + 1
+                if abs(start + (num - 1) * step - stop) > 1e-9 * max(1.0, abs(stop)):
+                    raise rr.fail("step", f"a step that reaches stop={stop} from start={start}", step)
+                vals = [round(start + (stop - start) * i / (num - 1), 12) if num > 1 else start for i in range(num)]
+            else:
+                raise FormatError(source, k, "a list of values or {\"start\", \"stop\", \"step\"}", v)
+            if k in SIM_INT_PARAMS:
+                for i, x in enumerate(vals):
+                    if isinstance(x, float) and x.is_integer():
+                        vals[i] = x = int(x)
+            for i, x in enumerate(vals):
+                try:
+                    check_sim_params({k: x}, source)
+                except FormatError as e:
+                    raise FormatError(source, f"{k}[{i}]" if isinstance(v, list) else k, e.expected, x) from None
+            grid[k] = vals
+        step = r.float("priority_step", 0.1, positive=True)
+        if step > 1 or abs(round(1 / step) * step - 1) > 1e-9:
+            raise FormatError(source, "priority_step", "a step that divides 1 (e.g. 0.1, 0.25)", step)
+        settings = SimSettings.parse(r.obj("settings", {}))
+        return ExperimentConfig(grid=grid, settings=settings, priority_step=step)
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "ExperimentConfig":
+        return _load(path, ExperimentConfig.parse)
 
 
 # ============================================================================ traces

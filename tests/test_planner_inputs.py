@@ -1,0 +1,134 @@
+"""capacities, bandwidth, memory-model and devices files: computed right, round-trip, seed forms, errors."""
+import json
+
+import pytest
+
+from torchpp.cli import main
+from torchpp.formats import Bandwidth, Capacities, Devices, FormatError, MemoryModel, MemorySample, GB
+from torchpp.planner.bandwidth import parse_links_csv
+from torchpp.planner.calibrate import fit, random_spans, span_sums
+from torchpp.planner.capacities import compute_capacities
+from torchpp.planner.cost import Profiles
+from torchpp.planner.synthetic import layers_file
+
+
+def test_capacity_is_median_ratio_and_tables_kept(tmp_path):
+    ref = layers_file("ref", num_layers=3, layer_fwd_s=[1.0, 1.0, 1.0])
+    fast = layers_file("fast", num_layers=3, layer_fwd_s=[0.5, 0.25, 0.5])  # ratios 2, 4, 2 -> median 2
+    for lf in (ref, fast):
+        lf.save(tmp_path / f"layers_{lf.host}.json")
+    assert main(["capacities", "--inputs", str(tmp_path / "layers_ref.json"), str(tmp_path / "layers_fast.json"),
+                 "--ref-host", "ref", "--out", str(tmp_path / "cap.json")]) == 0
+    cap = Capacities.load(tmp_path / "cap.json")
+    assert cap.capacity == {"ref": 1.0, "fast": pytest.approx(2.0)}
+    assert cap.tables["fast"].forward_time_s[1:4] == pytest.approx([0.5, 0.25, 0.5])
+    assert cap == compute_capacities([ref, fast], "ref")
+    # a profile built from capacities alone prices "fast" from its own table, not ref / 2
+    prof = Profiles.from_layers([ref], cap)
+    assert prof.table("fast")[0][2] == pytest.approx(0.25 / ref.run.batch)
+
+
+def test_capacities_seed_form_and_errors(tmp_path):
+    f = tmp_path / "capacities.json"
+    f.write_text(json.dumps({"ref_host": "cpu1", "capacity": {"cpu1": 1.0, "cpu2": 0.8}}))
+    cap = Capacities.load(f)
+    assert cap.capacity["cpu2"] == 0.8 and cap.tables == {}
+    cap.save(tmp_path / "again.json")
+    assert Capacities.load(tmp_path / "again.json") == cap
+    f.write_text(json.dumps({"ref_host": "cpu1", "capacity": {"cpu1": 1.0, "cpu2": -1}}))
+    with pytest.raises(FormatError, match="capacity.cpu2"):
+        Capacities.load(f)
+    with pytest.raises(FormatError, match="ref_host"):
+        compute_capacities([layers_file("a")], "zzz")
+
+
+def test_bandwidth_csv(tmp_path):
+    csv = tmp_path / "links.csv"
+    csv.write_text("cpu1,cpu2,8\ncpu2,cpu1,4\ncpu1,cpu2,16\n")
+    bw = parse_links_csv(csv)
+    assert bw.rate("cpu1", "cpu2") == pytest.approx(12e9 / 8)  # repeated rows averaged
+    assert bw.rate("cpu2", "cpu1") == pytest.approx(0.5e9)
+    assert main(["bandwidth", "parse", "--csv", str(csv), "--out", str(tmp_path / "bw.json")]) == 0
+    assert Bandwidth.load(tmp_path / "bw.json") == bw
+
+
+def test_bandwidth_missing_pairs_named_unless_symmetric(tmp_path, capsys):
+    csv = tmp_path / "links.csv"
+    csv.write_text("a,b,1\nb,c,2,0.5\n")
+    with pytest.raises(FormatError) as e:
+        parse_links_csv(csv)
+    for pair in ("b->a", "a->c", "c->a", "c->b"):
+        assert pair in str(e.value)
+    assert main(["bandwidth", "parse", "--csv", str(csv), "--out", str(tmp_path / "x.json")]) == 2
+    assert "missing" in capsys.readouterr().err
+    csv.write_text("a,b,1\nb,c,2,0.5\na,c,3\n")
+    bw = parse_links_csv(csv, assume_symmetric=True)
+    assert bw.rate("c", "b") == bw.rate("b", "c") and bw.latency("c", "b") == pytest.approx(5e-4)
+    csv.write_text("a,b,fast\n")
+    with pytest.raises(FormatError, match="line 1"):
+        parse_links_csv(csv)
+
+
+def test_bandwidth_seed_matrix_form(tmp_path):
+    f = tmp_path / "bandwidth_matrix.json"
+    f.write_text(json.dumps({"cpu1|cpu2": 1.2e9, "cpu2|cpu1": 1.1e9}))
+    bw = Bandwidth.load(f)
+    assert bw.rate("cpu2", "cpu1") == 1.1e9
+    f.write_text(json.dumps({"format": "torchpp.bandwidth/1", "bytes_per_sec": {"cpu1|cpu2": -5}}))
+    with pytest.raises(FormatError, match=r"bytes_per_sec.cpu1\|cpu2"):
+        Bandwidth.load(f)
+
+
+def test_devices_both_forms(tmp_path):
+    f = tmp_path / "devices.json"
+    f.write_text(json.dumps({"cpu1": 24, "cpu2": 0.5}))
+    d = Devices.load(f)
+    assert d.memory_bytes("cpu1") == 24 * GB and d.hosts == ["cpu1", "cpu2"]
+    f.write_text(json.dumps({"pi1": {"memory_gb": 4, "address": "10.0.0.2", "rank": 1},
+                             "pi2": {"memory_gb": 8, "address": "10.0.0.3", "rank": 0}}))
+    d = Devices.load(f)
+    assert d.devices["pi1"].address == "10.0.0.2" and d.devices["pi2"].rank == 0
+    d.save(tmp_path / "again.json")
+    assert Devices.load(tmp_path / "again.json") == d
+    f.write_text(json.dumps({"pi1": {"memory_gb": -4}}))
+    with pytest.raises(FormatError, match="pi1.memory_gb"):
+        Devices.load(f)
+
+
+def test_memory_fit_recovers_coefficients_and_round_trips(tmp_path):
+    base, alpha, kp = 3e8, 4.0, 12.0
+    rows = [MemorySample(start=s, end=e, has_embed=False, has_tail=False, weights_bytes=int(w), activation_bytes_per_sample=int(a),
+                         batch=b, peak_bytes=int(base + alpha * w + kp * a * b))
+            for s, e, w, a, b in [(0, 1, 1e6, 1e4, 4), (0, 2, 2e6, 2e4, 4), (1, 4, 3e6, 3e4, 2), (2, 3, 1e6, 5e4, 8)]]
+    mm = fit(rows)
+    assert (mm.base, mm.alpha, mm.Kp) == pytest.approx((base, alpha, kp), rel=1e-6)
+    assert mm.r2 == pytest.approx(1.0) and max(abs(r) for r in mm.residuals) < 1.0
+    mm.save(tmp_path / "mm.json")
+    assert MemoryModel.load(tmp_path / "mm.json") == mm
+    (tmp_path / "seed.json").write_text(json.dumps({"base": 1.0, "alpha": 2.0, "Kp": 3.0}))
+    assert MemoryModel.load(tmp_path / "seed.json").predict(10, 100, 2, in_flight=3) == 1 + 20 + 3 * 100 * 2 * 3
+
+
+def test_random_spans_distinct_and_sums():
+    spans = random_spans(8, 10, seed=1)
+    assert len(set(spans)) == 10 and all(0 <= s < e <= 8 for s, e in spans)
+    assert len({e - s for s, e in spans}) >= 5
+    lf = layers_file("a", num_layers=4, layer_param_bytes=[1, 2, 3, 4], embed_param_bytes=100, tail_param_bytes=1000)
+    assert span_sums(lf, 0, 2)[:3] == (103, 3 * 64, True)
+    assert span_sums(lf, 3, 4)[:4] == (1004, 2 * 64, False, True)
+
+
+@pytest.mark.timeout(240)
+def test_calibrate_memory_end_to_end_in_subprocesses(tmp_path):
+    """Three spans of the tiny preset, each in a fresh process; the file carries samples and fit."""
+    lf = layers_file("local", num_layers=4, layer_param_bytes=4 * 50_000, embed_param_bytes=4 * 32_768,
+                     tail_param_bytes=4 * 32_832, act_bytes_per_sample=16 * 64 * 4, seq_len=16)
+    lf.model.name = "qwen3-tiny"
+    lf.save(tmp_path / "layers_local.json")
+    out = tmp_path / "memory_model.json"
+    assert main(["calibrate-memory", "--layers", str(tmp_path / "layers_local.json"), "--model", "qwen3-tiny",
+                 "--samples", "3", "--microbatch", "2", "--out", str(out)]) == 0
+    mm = MemoryModel.load(out)
+    assert len(mm.samples) == 3 and len(mm.residuals) == 3
+    assert all(s.peak_bytes > 0 for s in mm.samples)
+    assert min(mm.base, mm.alpha, mm.Kp) >= 0

@@ -1,0 +1,305 @@
+"""CPU quota and memory limit for a process tree, on cgroup v1 or v2 (found at run time).
+
+The cgroup filesystem is written directly rather than through cgroup-tools (cgcreate/cgexec):
+the files are a stable kernel interface, the tools are often not installed, and the same code
+then handles v1, v2 and hybrid machines, where each controller may live in a different
+hierarchy. Controllers are resolved one by one from /proc/self/mountinfo: a controller mounted
+as a v1 hierarchy is used there (it cannot be enabled in v2 while bound to v1), otherwise the
+cgroup2 mount that lists it in ``cgroup.controllers``.
+
+All groups live under a ``torchpp`` directory in each hierarchy, so ``clear_all`` removes
+exactly what torchpp made. A child process joins its group before exec (see ``Cgroup.preexec``),
+so every descendant it starts is limited too.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from .system import PREFIX, NotPermitted, require_writable
+
+CFS_PERIOD_US = 100_000
+CONTROLLERS = ("cpu", "memory")
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """Where one controller is mounted: cgroup ``version`` 1 or 2 and the mount point."""
+
+    controller: str
+    version: int
+    mount: Path
+
+
+def _mounts(mountinfo: str) -> list[tuple[Path, str, set[str]]]:
+    out = []
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        parts, rparts = left.split(), right.split()
+        if len(parts) < 5 or len(rparts) < 3:
+            continue
+        out.append((Path(parts[4].replace("\\040", " ")), rparts[0], set(rparts[2].split(","))))
+    return out
+
+
+def detect(mountinfo: str | None = None) -> dict[str, Hierarchy]:
+    """Map each available controller in CONTROLLERS to its hierarchy (v1 preferred when bound)."""
+    if mountinfo is None:
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        except OSError:
+            return {}
+    found: dict[str, Hierarchy] = {}
+    mounts = _mounts(mountinfo)
+    for mnt, fstype, opts in mounts:
+        if fstype == "cgroup":
+            for c in CONTROLLERS:
+                if c in opts and c not in found:
+                    found[c] = Hierarchy(c, 1, mnt)
+    for mnt, fstype, _ in mounts:
+        if fstype == "cgroup2":
+            try:
+                available = set((mnt / "cgroup.controllers").read_text().split())
+            except OSError:
+                continue
+            for c in CONTROLLERS:
+                if c in available and c not in found:
+                    found[c] = Hierarchy(c, 2, mnt)
+    return found
+
+
+def describe(hier: dict[str, Hierarchy] | None = None) -> str:
+    hier = detect() if hier is None else hier
+    if not hier:
+        return "no cgroup cpu or memory controller is mounted"
+    return ", ".join(f"{h.controller}: v{h.version} at {h.mount}" for h in hier.values())
+
+
+def _hierarchy(controller: str, hier: dict[str, Hierarchy]) -> Hierarchy:
+    if controller not in hier:
+        raise NotPermitted(f"the cgroup '{controller}' controller is not mounted on this machine "
+                           f"({describe(hier)}); mount cgroup v2 at /sys/fs/cgroup or v1 with -o {controller}")
+    return hier[controller]
+
+
+def _write(path: Path, value: str) -> None:
+    try:
+        path.write_text(value)
+    except PermissionError:
+        raise NotPermitted(f"writing {path} needs root (uid {os.geteuid()} may not)") from None
+
+
+@dataclass
+class Cgroup:
+    """One torchpp group (``torchpp/<name>``) in every hierarchy of the controllers it limits."""
+
+    name: str
+    controllers: tuple[str, ...] = CONTROLLERS
+    hier: dict[str, Hierarchy] = field(default_factory=detect)
+
+    def __post_init__(self) -> None:
+        if not self.name or self.name.startswith("/") or ".." in self.name.split("/"):
+            raise ValueError(f"cgroup name: expected a relative name like 'cluster-pi3/pi0', got {self.name!r}")
+
+    def paths(self) -> dict[str, Path]:
+        """Controller -> directory (two controllers share one directory on cgroup v2)."""
+        return {c: _hierarchy(c, self.hier).mount / PREFIX / self.name for c in self.controllers}
+
+    def dirs(self) -> list[Path]:
+        return sorted(set(self.paths().values()))
+
+    def create(self) -> "Cgroup":
+        for c, path in self.paths().items():
+            h = _hierarchy(c, self.hier)
+            require_writable(f"a cgroup for {c}", h.mount)
+            if h.version == 2:
+                # v2 delegates a controller one level at a time: enable it in every ancestor.
+                node = h.mount
+                for part in (PREFIX, *self.name.split("/")):
+                    if f"{c}" not in (node / "cgroup.subtree_control").read_text().split():
+                        _write(node / "cgroup.subtree_control", f"+{c}")
+                    node = node / part
+                    node.mkdir(exist_ok=True)
+            else:
+                path.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def set_cpu(self, cores: float) -> None:
+        """Quota of ``cores`` CPUs (0.25 = a quarter of one core) per 100 ms period."""
+        if not cores > 0:
+            raise ValueError(f"cpu: expected a positive number of cores, got {cores!r}")
+        quota = max(1000, int(round(cores * CFS_PERIOD_US)))
+        h, path = _hierarchy("cpu", self.hier), self.paths()["cpu"]
+        if h.version == 2:
+            _write(path / "cpu.max", f"{quota} {CFS_PERIOD_US}")
+        else:
+            _write(path / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+            _write(path / "cpu.cfs_quota_us", str(quota))
+
+    def set_memory(self, limit_bytes: int) -> None:
+        h, path = _hierarchy("memory", self.hier), self.paths()["memory"]
+        if h.version == 2:
+            _write(path / "memory.max", str(int(limit_bytes)))
+            if (path / "memory.swap.max").exists():
+                _write(path / "memory.swap.max", "0")  # a limit that swaps is not a limit
+        else:
+            _write(path / "memory.limit_in_bytes", str(int(limit_bytes)))
+
+    def limits(self) -> dict[str, str]:
+        """Current limits as the kernel reports them (for ``status``)."""
+        out: dict[str, str] = {}
+        for c, path in self.paths().items():
+            v = _hierarchy(c, self.hier).version
+            names = {("cpu", 1): ["cpu.cfs_quota_us", "cpu.cfs_period_us"], ("cpu", 2): ["cpu.max"],
+                     ("memory", 1): ["memory.limit_in_bytes"], ("memory", 2): ["memory.max"]}[(c, v)]
+            for n in names:
+                with contextlib.suppress(OSError):
+                    out[n] = (path / n).read_text().strip()
+        return out
+
+    def add(self, pid: int) -> None:
+        """Move a process (all its threads) into the group; its later children follow it."""
+        for path in self.dirs():
+            _write(path / "cgroup.procs", str(pid))
+
+    def preexec(self) -> None:
+        """For ``subprocess.Popen(preexec_fn=...)``: the child joins before it execs."""
+        self.add(os.getpid())
+
+    def pids(self) -> list[int]:
+        return sorted({pid for path in self.dirs() for pid in _pids_under(path)})
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def remove(self, timeout: float = 10.0) -> None:
+        """Kill what is left inside, then remove the directories (deepest first)."""
+        deadline = time.monotonic() + timeout
+        while self.pids() and time.monotonic() < deadline:
+            self.kill(signal.SIGKILL)
+            time.sleep(0.05)
+        for path in self.dirs():
+            _rmtree_cgroup(path)
+            _prune_empty_parents(path)
+
+    def release(self) -> None:
+        """Move the processes inside back to the hierarchy's root group, then remove the group
+        (for limits put on processes torchpp did not start)."""
+        for c, path in self.paths().items():
+            mount = _hierarchy(c, self.hier).mount
+            for pid in _pids_under(path) if path.exists() else []:
+                with contextlib.suppress(ProcessLookupError, OSError):
+                    (mount / "cgroup.procs").write_text(str(pid))
+        self.remove()
+
+    def exists(self) -> bool:
+        return any(p.exists() for p in self.dirs())
+
+
+def _prune_empty_parents(path: Path) -> None:
+    """Remove now-empty torchpp ancestors (up to and including ``torchpp/``) so nothing is left."""
+    parent = path.parent
+    while PREFIX in parent.parts:
+        if not parent.exists():
+            parent = parent.parent
+            continue
+        if any(p.is_dir() for p in parent.iterdir()):
+            return
+        try:
+            os.rmdir(parent)
+        except OSError:  # another torchpp group appeared meanwhile, or a task is still exiting
+            return
+        if parent.name == PREFIX:
+            return
+        parent = parent.parent
+
+
+def existing(name: str, hier: dict[str, Hierarchy] | None = None) -> Cgroup:
+    """Handle on an existing group, over the controllers in which it has a directory."""
+    hier = detect() if hier is None else hier
+    return Cgroup(name, tuple(c for c in CONTROLLERS if c in hier and (hier[c].mount / PREFIX / name).exists()),
+                  hier)
+
+
+def _rmtree_cgroup(path: Path) -> None:
+    """cgroup directories are removed with rmdir (their files are virtual), children first."""
+    if not path.exists():
+        return
+    for d, subdirs, _ in sorted(os.walk(path, topdown=False), key=lambda t: -len(t[0])):
+        for _ in range(50):
+            try:
+                os.rmdir(d)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:  # EBUSY while the last task is still exiting
+                time.sleep(0.02)
+        else:
+            raise RuntimeError(f"could not remove cgroup {d}: still busy")
+
+
+@contextlib.contextmanager
+def limited(name: str, cpu: float | None = None, memory: int | None = None) -> Iterator[Cgroup]:
+    """A group with the given limits for the duration of the block; always removed afterwards
+    (processes still inside are killed), also on exceptions and on KeyboardInterrupt."""
+    ctl = tuple(c for c, v in (("cpu", cpu), ("memory", memory)) if v is not None)
+    if not ctl:
+        raise ValueError("limited(): give cpu and/or memory")
+    group = Cgroup(name, ctl)
+    try:
+        group.create()
+        if cpu is not None:
+            group.set_cpu(cpu)
+        if memory is not None:
+            group.set_memory(memory)
+        yield group
+    finally:
+        group.remove()
+
+
+def list_groups(hier: dict[str, Hierarchy] | None = None) -> list[str]:
+    """Names of the torchpp groups that exist (leaves and inner groups), relative to ``torchpp/``."""
+    hier = detect() if hier is None else hier
+    names: set[str] = set()
+    for h in hier.values():
+        root = h.mount / PREFIX
+        if root.is_dir():
+            for d, _, _ in os.walk(root):
+                rel = Path(d).relative_to(root).as_posix()
+                if rel != ".":
+                    names.add(rel)
+    return sorted(names)
+
+
+def clear_all(hier: dict[str, Hierarchy] | None = None) -> list[Path]:
+    """Kill every process in a torchpp group and remove all torchpp groups. Returns the removed roots."""
+    hier = detect() if hier is None else hier
+    removed = []
+    for root in sorted({h.mount / PREFIX for h in hier.values()}):
+        if root.is_dir():
+            for _ in range(200):
+                pids = _pids_under(root)
+                if not pids:
+                    break
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                time.sleep(0.05)
+            _rmtree_cgroup(root)
+            removed.append(root)
+    return removed
+
+
+def _pids_under(root: Path) -> list[int]:
+    out: set[int] = set()
+    for d, _, _ in os.walk(root):
+        with contextlib.suppress(OSError):
+            out.update(int(x) for x in (Path(d) / "cgroup.procs").read_text().split())
+    return sorted(out)

@@ -1,0 +1,332 @@
+"""An emulated cluster on one machine: each host a network namespace, cgroup and shaped link.
+
+```
+            namespace torchpp-<name>-sw
+   ┌──────────────── bridge br0 ────────────────┐
+   h0 (downlink shaping)   h1 ...               hN-1
+   │ veth                  │                    │
+ eth0 (uplink shaping)   eth0                 eth0      <- one namespace per host,
+ torchpp-<name>-<host0>  ...                             address <subnet>.i+1
+```
+
+Nothing is added to the caller's namespace: the bridge lives in its own namespace and every
+link is created inside its target namespace. ``up`` records what it is about to create in a
+state file *before* creating it, so ``down`` removes everything after a failed ``up`` or a
+killed command; ``down`` also finds leftovers by their ``torchpp-<name>-`` prefix when the
+state file itself is gone.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..formats import read_json, write_json
+from . import cgroups, netns, tc
+from .config import HOST_DEV, ClusterConfig
+from .system import CAP_NET_ADMIN, CAP_SYS_ADMIN, PREFIX, STATE_DIR, require_caps
+
+BRIDGE = "br0"
+
+
+class ClusterError(RuntimeError):
+    """A cluster operation cannot proceed (already up, not up, ...)."""
+
+
+def state_path(name: str) -> Path:
+    return STATE_DIR / f"cluster-{name}.json"
+
+
+def load_state(name: str) -> dict[str, Any] | None:
+    p = state_path(name)
+    return read_json(p) if p.exists() else None
+
+
+def _save_state(state: dict[str, Any]) -> None:
+    write_json(state_path(state["name"]), state)
+
+
+def _require(action: str) -> None:
+    require_caps(action, CAP_SYS_ADMIN, CAP_NET_ADMIN)
+
+
+def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any]:
+    """Create the cluster. On any failure (or Ctrl-C) everything made so far is removed."""
+    _require(f"`torchpp cluster up` ({cfg.name})")
+    if load_state(cfg.name) is not None or leftovers(cfg.name)["namespaces"]:
+        raise ClusterError(f"cluster '{cfg.name}' is already up (or left over); "
+                           f"run `torchpp cluster down -n {cfg.name}` first")
+    dropped = False
+    if cfg.needs_netem and not tc.netem_available():
+        if not skip_netem:
+            raise tc.Unsupported(f"{cfg.source}: delays/losses are configured but " + tc._NO_NETEM +
+                                 "; pass --skip-netem to run with rates only")
+        cfg, dropped = cfg.without_netem(), True
+        log(f"cluster {cfg.name}: this kernel has no netem; delays and losses are left out")
+    hosts = [{"name": h.name, "netns": cfg.host_ns(i), "address": cfg.address(i), "cgroup": cfg.cgroup_name(i),
+              "cpu": h.cpu, "memory": h.memory, "uplink": h.up.describe(), "downlink": h.down.describe()}
+             for i, h in enumerate(cfg.hosts)]
+    state = {"format": "torchpp.cluster-state/1", "name": cfg.name, "config": cfg.source,
+             "phase": "creating", "switch_ns": cfg.switch_ns, "subnet": cfg.subnet,
+             "master_addr": cfg.address(0), "master_port": cfg.master_port, "netem_dropped": dropped,
+             "hosts": hosts, "created_at": time.time()}
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    _save_state(state)
+    try:
+        netns.add(cfg.switch_ns)
+        netns.add_bridge(cfg.switch_ns, BRIDGE)
+        for i, h in enumerate(cfg.hosts):
+            ns, port = cfg.host_ns(i), cfg.switch_port(i)
+            netns.add(ns)
+            netns.add_veth(cfg.switch_ns, port, ns, HOST_DEV)
+            netns.set_master(cfg.switch_ns, port, BRIDGE)
+            netns.up(cfg.switch_ns, port)
+            netns.add_address(ns, HOST_DEV, cfg.cidr(i))
+            netns.up(ns, HOST_DEV)
+            for eg in (cfg.uplink(i), cfg.downlink(i)):
+                if not (eg.default.is_noop and not eg.per_dst):
+                    tc.apply(eg)
+            # Unlimited hosts still get a group: it is how run/down find every process they started.
+            ctl = (tuple(c for c, v in (("cpu", h.cpu), ("memory", h.memory)) if v is not None)
+                   or tuple(c for c in cgroups.CONTROLLERS if c in cgroups.detect())[:1])
+            group = cgroups.Cgroup(cfg.cgroup_name(i), ctl).create()
+            if h.cpu is not None:
+                group.set_cpu(h.cpu)
+            if h.memory is not None:
+                group.set_memory(h.memory)
+            log(f"  {h.name:<10} {cfg.address(i):<12} cpu {h.cpu if h.cpu else 'all':<5} "
+                f"memory {_gib(h.memory):<8} up: {hosts[i]['uplink']}; down: {hosts[i]['downlink']}")
+        for l in cfg.links:
+            log(f"  link {l.src} -> {l.dst}: {l.shape.describe()}")
+        total = sum(h.cpu or os.cpu_count() or 1 for h in cfg.hosts)
+        if total > (os.cpu_count() or 1):
+            log(f"  note: the hosts' CPU quotas add up to {total:g} cores on a {os.cpu_count()}-core machine; "
+                f"busy hosts will get less than their quota")
+        state["phase"] = "up"
+        _save_state(state)
+    except BaseException:
+        log(f"cluster {cfg.name}: up failed; removing what was created")
+        down(cfg.name, log=lambda *_: None)
+        raise
+    return state
+
+
+def _gib(n: int | None) -> str:
+    return f"{n / 2**30:.3g}G" if n else "all"
+
+
+def leftovers(name: str) -> dict[str, list[str]]:
+    """What exists now for cluster ``name``, whether or not a state file says so."""
+    prefix = f"{PREFIX}-{name}-"
+    spaces = [n for n in netns.list_all() if n.startswith(prefix)]
+    groups = [g for g in cgroups.list_groups() if g == f"cluster-{name}" or g.startswith(f"cluster-{name}/")]
+    return {"namespaces": spaces, "cgroups": groups}
+
+
+def down(name: str, log=print) -> dict[str, list[str]]:
+    """Kill the cluster's processes and remove its namespaces (with their links and qdiscs),
+    cgroups and state file. Safe to call repeatedly and after partial failures."""
+    _require(f"`torchpp cluster down` ({name})")
+    state = load_state(name) or {}
+    found = leftovers(name)
+    spaces = sorted(set(found["namespaces"]) | {h["netns"] for h in state.get("hosts", [])} |
+                    ({state["switch_ns"]} if "switch_ns" in state else set()))
+    # Processes first (cgroup members and anything else inside the namespaces), then network.
+    cgroups.existing(f"cluster-{name}").remove()
+    removed = []
+    for ns in spaces:
+        if netns.exists(ns):
+            netns.delete(ns)
+            removed.append(ns)
+    with contextlib.suppress(FileNotFoundError):
+        state_path(name).unlink()
+    if removed or found["cgroups"]:
+        log(f"cluster {name}: removed {len(removed)} namespace(s) and {len(found['cgroups'])} cgroup(s)")
+    else:
+        log(f"cluster {name}: nothing to remove")
+    return {"namespaces": removed, "cgroups": found["cgroups"]}
+
+
+def list_clusters() -> list[str]:
+    names = {p.stem.removeprefix("cluster-") for p in STATE_DIR.glob("cluster-*.json")} if STATE_DIR.is_dir() else set()
+    with contextlib.suppress(Exception):
+        for ns in netns.list_all():
+            if ns.startswith(PREFIX + "-") and ns.count("-") >= 2 and not ns.startswith(f"{PREFIX}-probe-"):
+                names.add(ns.split("-")[1])
+    return sorted(names)
+
+
+def status(name: str) -> str:
+    state = load_state(name)
+    found = leftovers(name)
+    if state is None:
+        if found["namespaces"] or found["cgroups"]:
+            return (f"cluster {name}: no state file, but leftovers exist: {found}; "
+                    f"run `torchpp cluster down -n {name}`")
+        return f"cluster {name}: not up"
+    lines = [f"cluster {name}: {state['phase']} (config {state['config']}, subnet {state['subnet']}, "
+             f"master {state['master_addr']}:{state['master_port']})"
+             + ("; delays/losses left out (no netem)" if state.get("netem_dropped") else "")]
+    hier = cgroups.detect()
+    for h in state["hosts"]:
+        alive = netns.exists(h["netns"])
+        procs = netns.pids(h["netns"]) if alive else []
+        lim = cgroups.existing(h["cgroup"], hier).limits() if alive else {}
+        lines.append(f"  {h['name']:<10} {h['address']:<12} netns {'ok' if alive else 'MISSING'}  "
+                     f"{len(procs)} process(es)  limits {lim}  up: {h['uplink']}; down: {h['downlink']}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------- run
+@dataclass
+class HostResult:
+    host: str
+    returncode: int
+    log: Path
+    seconds: float
+
+
+def host_env(state: dict[str, Any], i: int, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of host ``i``: torch.distributed's variables for one process per host, and
+    torchrun's PET_* defaults so `torchrun` without --nnodes/--node-rank/--master-* just works."""
+    hosts = state["hosts"]
+    env = dict(os.environ if base is None else base)
+    n = str(len(hosts))
+    env.update(HOST=hosts[i]["name"], NODE_RANK=str(i), NNODES=n, RANK=str(i), WORLD_SIZE=n, LOCAL_RANK="0",
+               LOCAL_WORLD_SIZE="1", MASTER_ADDR=state["master_addr"], MASTER_PORT=str(state["master_port"]),
+               PET_NNODES=n, PET_NODE_RANK=str(i), PET_MASTER_ADDR=state["master_addr"],
+               PET_MASTER_PORT=str(state["master_port"]), GLOO_SOCKET_IFNAME=HOST_DEV,
+               TORCHPP_CLUSTER=state["name"])
+    cpu = hosts[i].get("cpu")
+    if cpu and "OMP_NUM_THREADS" not in (base or os.environ):
+        env["OMP_NUM_THREADS"] = str(max(1, math.ceil(cpu)))  # more threads than quota only adds throttling
+    return env
+
+
+def worst(codes: list[int]) -> int:
+    """The exit code to report for a set of processes: any failure beats success; a signal
+    death -N is reported the shell's way (128 + N)."""
+    norm = [128 - c if c < 0 else c for c in codes]
+    return max(norm, default=0)
+
+
+class _Follower:
+    """Passes each complete new line of the host logs to ``emit(host, line)`` (live progress)."""
+
+    def __init__(self, paths: dict[str, Path], emit):
+        self.paths, self.emit, self.pos, self.partial = paths, emit, {h: 0 for h in paths}, {h: b"" for h in paths}
+
+    def poll(self, final: bool = False) -> None:
+        for host, path in self.paths.items():
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.pos[host])
+                    data = f.read()
+            except OSError:
+                continue
+            self.pos[host] += len(data)
+            *lines, self.partial[host] = (self.partial[host] + data).split(b"\n")
+            if final and self.partial[host]:
+                lines.append(self.partial[host])
+                self.partial[host] = b""
+            for line in lines:
+                self.emit(host, line.decode(errors="replace"))
+
+
+def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None, log=print,
+        grace_s: float = 5.0, follow=None) -> tuple[int, list[HostResult]]:
+    """Run ``argv`` once in every host (its namespace and cgroup) and wait for all of them.
+
+    Each host's stdout and stderr go to ``log_dir/<host>.log`` (and, with ``follow``, line by
+    line to ``follow(host, line)``). On timeout, Ctrl-C or SIGTERM every process of the cluster
+    is killed (SIGTERM, then SIGKILL after ``grace_s``)."""
+    _require(f"`torchpp cluster run` ({name})")
+    state = load_state(name)
+    if state is None or state.get("phase") != "up":
+        raise ClusterError(f"cluster '{name}' is not up; run `torchpp cluster up -c configs/cluster/{name}.json`")
+    if not argv:
+        raise ClusterError("cluster run: give the command after `--`")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    hier = cgroups.detect()
+    groups = [cgroups.existing(h["cgroup"], hier) for h in state["hosts"]]
+    procs: list[subprocess.Popen] = []
+    files = []
+    follower = _Follower({h["name"]: log_dir / f"{h['name']}.log" for h in state["hosts"]}, follow) if follow else None
+    t0 = time.monotonic()
+    ends: dict[int, float] = {}
+    codes: dict[int, int] = {}
+    try:
+        for i, h in enumerate(state["hosts"]):
+            f = open(log_dir / f"{h['name']}.log", "wb")
+            files.append(f)
+            procs.append(subprocess.Popen(netns.exec_argv(h["netns"], argv), env=host_env(state, i), stdout=f,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          preexec_fn=groups[i].preexec, start_new_session=True))
+        while len(codes) < len(procs):
+            for i, p in enumerate(procs):
+                if i not in codes and p.poll() is not None:
+                    codes[i], ends[i] = p.returncode, time.monotonic() - t0
+                    if p.returncode != 0:
+                        log(f"  {state['hosts'][i]['name']}: exited {p.returncode} after {ends[i]:.1f}s")
+            if timeout is not None and time.monotonic() - t0 > timeout and len(codes) < len(procs):
+                log(f"cluster {name}: timeout after {timeout:g}s; killing all hosts")
+                _kill_all(procs, groups, grace_s)
+                for i, p in enumerate(procs):
+                    if i not in codes:
+                        codes[i], ends[i] = 124, time.monotonic() - t0
+                break
+            if follower:
+                follower.poll()
+            time.sleep(0.05)
+    except BaseException:
+        _kill_all(procs, groups, grace_s)
+        raise
+    finally:
+        for f in files:
+            f.close()
+        if follower:
+            follower.poll(final=True)
+    results = [HostResult(h["name"], codes.get(i, 1), log_dir / f"{h['name']}.log", ends.get(i, 0.0))
+               for i, h in enumerate(state["hosts"])]
+    write_json(log_dir / "run.json", {"cluster": name, "argv": argv, "timeout_s": timeout,
+                                      "hosts": [{"host": r.host, "returncode": r.returncode, "seconds": r.seconds,
+                                                 "log": str(r.log)} for r in results]})
+    return worst([r.returncode for r in results]), results
+
+
+def _kill_all(procs: list[subprocess.Popen], groups: list[cgroups.Cgroup], grace_s: float) -> None:
+    """SIGTERM every process group and cgroup member, then SIGKILL whatever is left."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, sig)
+        for g in groups:
+            g.kill(sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and (any(p.poll() is None for p in procs) or any(g.pids() for g in groups)):
+            time.sleep(0.05)
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=1)
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def config_name(path_or_name: str) -> str:
+    """``-c configs/cluster/pi3.json`` or ``-n pi3`` both name cluster pi3."""
+    if path_or_name.endswith(".json") or os.sep in path_or_name:
+        return ClusterConfig.load(path_or_name).name
+    return path_or_name
+

@@ -1,0 +1,2 @@
+"""`torchpp cluster up|run|down|status`."""
+from .cli import configure_cluster as configure  # noqa: F401

@@ -1,0 +1,172 @@
+"""Cluster description (configs/cluster/<name>.json), validated with file + field errors.
+
+```
+{"format": "torchpp.cluster/1", "name": "pi3", "subnet": "10.77.0.0/24", "master_port": 29500,
+ "hosts": [{"name": "pi0", "cpu": 0.5, "memory": "2G", "rate": "50mbit", "delay": "2ms",
+            "down_rate": "100mbit", "down_delay": "0ms", "loss": "0%"}, ...],
+ "links": [{"src": "pi0", "dst": "pi1", "rate": "10mbit", "delay": "5ms"}]}
+```
+
+``rate``/``delay``/``loss`` shape what a host sends (its uplink); ``down_*`` what it receives
+(the switch port towards it), so links may be asymmetric. ``links`` override the uplink for one
+ordered pair. Every field but ``name`` and ``hosts[].name`` is optional.
+"""
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..formats import FormatError, Reader, read_json
+from .system import PREFIX
+from .tc import Egress, Shape
+from .units import parse_duration, parse_fraction, parse_rate, parse_size
+
+CLUSTER_KIND, CLUSTER_VERSION = "cluster", 1
+_NAME = re.compile(r"[a-z0-9]{1,12}")
+_HOST = re.compile(r"[a-z0-9][a-z0-9-]{0,15}")
+HOST_DEV = "eth0"
+
+
+@dataclass(kw_only=True)
+class HostSpec:
+    name: str
+    cpu: float | None = None
+    """CPU quota in cores (0.5 = half of one core); None = unlimited."""
+    memory: int | None = None
+    """Memory limit in bytes; None = unlimited."""
+    up: Shape = field(default_factory=Shape)
+    down: Shape = field(default_factory=Shape)
+
+
+@dataclass(kw_only=True)
+class LinkSpec:
+    src: str
+    dst: str
+    shape: Shape
+
+
+@dataclass(kw_only=True)
+class ClusterConfig:
+    name: str
+    hosts: list[HostSpec]
+    links: list[LinkSpec] = field(default_factory=list)
+    subnet: str = "10.77.0.0/24"
+    """Private subnet used only inside the cluster's own namespaces."""
+    master_port: int = 29500
+    source: str = "<config>"
+
+    # ------------------------------------------------------------------ naming
+    @property
+    def switch_ns(self) -> str:
+        return f"{PREFIX}-{self.name}-sw"
+
+    def host_ns(self, i: int) -> str:
+        return f"{PREFIX}-{self.name}-{self.hosts[i].name}"
+
+    def cgroup_name(self, i: int) -> str:
+        return f"cluster-{self.name}/{self.hosts[i].name}"
+
+    def switch_port(self, i: int) -> str:
+        return f"h{i}"
+
+    def address(self, i: int) -> str:
+        return str(ipaddress.ip_network(self.subnet)[i + 1])
+
+    def cidr(self, i: int) -> str:
+        return f"{self.address(i)}/{ipaddress.ip_network(self.subnet).prefixlen}"
+
+    def index(self, host: str) -> int:
+        return [h.name for h in self.hosts].index(host)
+
+    # ------------------------------------------------------------------ shaping
+    def uplink(self, i: int) -> Egress:
+        per = {self.address(self.index(l.dst)): l.shape for l in self.links if l.src == self.hosts[i].name}
+        return Egress(dev=HOST_DEV, netns=self.host_ns(i), default=self.hosts[i].up, per_dst=per)
+
+    def downlink(self, i: int) -> Egress:
+        return Egress(dev=self.switch_port(i), netns=self.switch_ns, default=self.hosts[i].down)
+
+    @property
+    def needs_netem(self) -> bool:
+        return any(self.uplink(i).needs_netem or self.downlink(i).needs_netem for i in range(len(self.hosts)))
+
+    def without_netem(self) -> "ClusterConfig":
+        """The same cluster with delays and losses dropped (for kernels without netem)."""
+        strip = lambda s: Shape(rate=s.rate)  # noqa: E731
+        return dataclasses.replace(
+            self, hosts=[dataclasses.replace(h, up=strip(h.up), down=strip(h.down)) for h in self.hosts],
+            links=[dataclasses.replace(l, shape=strip(l.shape)) for l in self.links])
+
+    def with_rate(self, rate: float) -> "ClusterConfig":
+        """Every uplink and downlink at ``rate`` bit/s (pair overrides dropped): one switch speed."""
+        re_rate = lambda s: dataclasses.replace(s, rate=rate)  # noqa: E731
+        return dataclasses.replace(
+            self, hosts=[dataclasses.replace(h, up=re_rate(h.up), down=re_rate(h.down)) for h in self.hosts],
+            links=[])
+
+    # ------------------------------------------------------------------ parsing
+    @staticmethod
+    def parse(data: Any, source: str) -> "ClusterConfig":
+        r = Reader(data, source)
+        if r.has("format") and r.raw("format") != f"torchpp.{CLUSTER_KIND}/{CLUSTER_VERSION}":
+            raise r.fail("format", f"'torchpp.{CLUSTER_KIND}/{CLUSTER_VERSION}'", r.raw("format"))
+        name = r.str("name")
+        if not _NAME.fullmatch(name):
+            raise r.fail("name", "1-12 lowercase letters or digits (it prefixes namespace names)", name)
+        subnet = r.str("subnet", "10.77.0.0/24")
+        try:
+            net = ipaddress.ip_network(subnet)
+        except ValueError:
+            raise r.fail("subnet", "an IPv4 network like '10.77.0.0/24'", subnet) from None
+        if net.version != 4 or not net.is_private:
+            raise r.fail("subnet", "a private IPv4 network (traffic stays inside the cluster's namespaces)", subnet)
+        hosts = []
+        for h in r.objs("hosts", min_len=1):
+            hname = h.str("name")
+            if not _HOST.fullmatch(hname):
+                raise h.fail("name", "1-16 lowercase letters, digits or '-' (starting with a letter or digit)", hname)
+            if hname in [x.name for x in hosts]:
+                raise h.fail("name", "a name not used by another host", hname)
+            cpu = h.float("cpu", None, positive=True) if h.has("cpu") else None
+            if cpu is not None and cpu > (os.cpu_count() or 1):
+                raise h.fail("cpu", f"at most the {os.cpu_count()} core(s) of this machine", cpu)
+            hosts.append(HostSpec(name=hname, cpu=cpu, memory=_parsed(h, "memory", parse_size),
+                                  up=_shape(h, ""), down=_shape(h, "down_")))
+        if len(hosts) > net.num_addresses - 2:
+            raise r.fail("hosts", f"at most {net.num_addresses - 2} hosts for subnet {subnet}", len(hosts))
+        names = [h.name for h in hosts]
+        links = []
+        for l in r.objs("links", []):
+            src, dst = l.str("src", choices=names), l.str("dst", choices=names)
+            if src == dst:
+                raise l.fail("dst", "a host other than src", dst)
+            if any(x.src == src and x.dst == dst for x in links):
+                raise l.fail("dst", f"one entry per (src, dst) pair; {src} -> {dst} is given twice", dst)
+            links.append(LinkSpec(src=src, dst=dst, shape=_shape(l, "")))
+        port = r.int("master_port", 29500, min_value=1024)
+        if port > 65535:
+            raise r.fail("master_port", "a port number 1024..65535", port)
+        return ClusterConfig(name=name, hosts=hosts, links=links, subnet=subnet, master_port=port, source=source)
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "ClusterConfig":
+        return ClusterConfig.parse(read_json(path), str(path))
+
+
+def _parsed(r: Reader, key: str, parse, default=None):
+    if not r.has(key):
+        return default
+    try:
+        return parse(r.raw(key))
+    except ValueError as e:
+        raise FormatError(r.source, r._p(key), str(e).removeprefix("expected ")) from None
+
+
+def _shape(r: Reader, prefix: str) -> Shape:
+    return Shape(rate=_parsed(r, f"{prefix}rate", parse_rate), delay=_parsed(r, f"{prefix}delay", parse_duration, 0.0),
+                 jitter=_parsed(r, f"{prefix}jitter", parse_duration, 0.0),
+                 loss=_parsed(r, f"{prefix}loss", parse_fraction, 0.0))

@@ -1,0 +1,189 @@
+"""`torchpp bandwidth probe`: all-pairs point-to-point throughput and latency over gloo.
+
+Run one process per host under torchrun or `torchpp cluster run` (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT in the environment). Pairs are measured one at a time, so each
+measurement has the link to itself, using the same transport training uses (gloo over TCP),
+so the numbers include its overheads.
+
+Per ordered pair (src, dst): latency is half the smallest round trip of a 4-byte ping-pong;
+for each message size, src sends the message and waits for dst's 4-byte acknowledgement,
+and throughput is the slope of a least-squares line through (bytes, median time), matching
+the planner's cost model ``time = latency + bytes / rate``. Larger sizes are skipped when
+the rate seen so far says they would overrun ``--pair-budget`` seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import socket
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _sizes(text: str) -> list[int]:
+    from .units import parse_size
+    try:
+        out = sorted({parse_size(x.strip()) for x in text.split(",") if x.strip()})
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not out:
+        raise argparse.ArgumentTypeError("expected at least one size")
+    return out
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default=None, help="this process's host name (default: $HOST, else the hostname)")
+    p.add_argument("--out-dir", type=Path, default=Path("."), help="where rank 0 writes the files")
+    p.add_argument("--csv", default="bandwidth.csv", help="seed 000 CSV: src_host,dst_host,gbps (no header)")
+    p.add_argument("--json", default="bandwidth.json", help="torchpp.bandwidth/1 file")
+    p.add_argument("--sizes", type=_sizes, default=_sizes("64K,512K,2M,8M"), help="message sizes, e.g. 64K,1M,8M")
+    p.add_argument("--repeats", type=int, default=3, help="messages per size (median is used)")
+    p.add_argument("--pings", type=int, default=10, help="ping-pongs for latency")
+    p.add_argument("--pair-budget", type=float, default=8.0, help="seconds per ordered pair before sizes are skipped")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds any collective may block")
+    p.set_defaults(func=run)
+
+
+@dataclass
+class PairResult:
+    src: str
+    dst: str
+    bytes_per_sec: float
+    latency_s: float
+    points: list[tuple[int, float]]
+    """(message bytes, median seconds to deliver and acknowledge)."""
+
+
+def fit_rate(points: list[tuple[int, float]], rtt: float) -> float:
+    """Bytes/s from (bytes, seconds): the slope of a least-squares line when two or more sizes
+    were measured, else bytes / (time - round trip)."""
+    if len(points) >= 2:
+        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+        if slope > 0:
+            return 1.0 / slope
+    b, t = max(points)
+    return b / max(t - rtt, t * 0.05)
+
+
+def _measure(src: int, dst: int, rank: int, args: argparse.Namespace) -> tuple[float, list[tuple[int, float]]]:
+    """Both ends call this; only src's return value is meaningful."""
+    import torch
+    import torch.distributed as dist
+
+    ping = torch.zeros(1)
+    me_src = rank == src
+    peer = dst if me_src else src
+
+    def pingpong() -> float:
+        t0 = time.perf_counter()
+        if me_src:
+            dist.send(ping, peer)
+            dist.recv(ping, peer)
+        else:
+            dist.recv(ping, peer)
+            dist.send(ping, peer)
+        return time.perf_counter() - t0
+
+    pingpong()  # connection set-up
+    rtt = min(pingpong() for _ in range(args.pings))
+    points: list[tuple[int, float]] = []
+    spent, rate_guess = 0.0, None
+    ctl = torch.zeros(1, dtype=torch.int64)
+    for size in args.sizes:
+        if me_src:  # src decides (from what it has seen) and tells dst whether to go on
+            go = rate_guess is None or spent + args.repeats * size / rate_guess <= args.pair_budget
+            ctl[0] = size if go else 0
+            dist.send(ctl, peer)
+        else:
+            dist.recv(ctl, peer)
+        if int(ctl[0]) == 0:
+            break
+        buf = torch.empty(size // 4, dtype=torch.float32)
+        times = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            if me_src:
+                dist.send(buf, peer)
+                dist.recv(ping, peer)
+            else:
+                dist.recv(buf, peer)
+                dist.send(ping, peer)
+            times.append(time.perf_counter() - t0)
+        med = statistics.median(times)
+        spent += sum(times)
+        points.append((buf.numel() * 4, med))
+        rate_guess = buf.numel() * 4 / max(med - rtt, 1e-6)
+    return rtt, points
+
+
+def probe(args: argparse.Namespace) -> list[PairResult] | None:
+    """Measure every ordered pair; returns the results on rank 0, None elsewhere."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    host = args.host or os.environ.get("HOST") or socket.gethostname()
+    hosts: list[str] = [""] * world
+    dist.all_gather_object(hosts, host)
+    if len(set(hosts)) < world:  # several processes per host (torchrun --nproc-per-node > 1)
+        hosts = [f"{h}-r{r}" for r, h in enumerate(hosts)]
+    mine: list[PairResult] = []
+    t_start = time.perf_counter()
+    for src in range(world):
+        for dst in range(world):
+            if src == dst:
+                continue
+            if rank in (src, dst):
+                rtt, points = _measure(src, dst, rank, args)
+                if rank == src:
+                    res = PairResult(hosts[src], hosts[dst], fit_rate(points, rtt), rtt / 2, points)
+                    mine.append(res)
+                    print(f"  {res.src} -> {res.dst}: {res.bytes_per_sec * 8 / 1e6:9.2f} Mbit/s  "
+                          f"latency {res.latency_s * 1e3:7.3f} ms  ({len(points)} size(s))", flush=True)
+            dist.barrier()
+    gathered: list[list[PairResult]] = [[] for _ in range(world)]
+    dist.all_gather_object(gathered, mine)
+    if rank != 0:
+        return None
+    results = [r for part in gathered for r in part]
+    print(f"probe: {len(results)} pair(s) in {time.perf_counter() - t_start:.1f}s", flush=True)
+    return results
+
+
+def write(results: list[PairResult], out_dir: Path, csv_name: str, json_name: str, sizes: list[int]) -> None:
+    from ..formats import Bandwidth
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = [f"{r.src},{r.dst},{r.bytes_per_sec * 8 / 1e9:.6f}" for r in results]
+    (out_dir / csv_name).write_text("\n".join(lines) + "\n")
+    bw = Bandwidth(bytes_per_sec={Bandwidth.key(r.src, r.dst): r.bytes_per_sec for r in results},
+                   latency_s={Bandwidth.key(r.src, r.dst): r.latency_s for r in results},
+                   source=f"torchpp bandwidth probe (gloo p2p, sizes {','.join(str(s) for s in sizes)} bytes)")
+    bw.save(out_dir / json_name)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch.distributed as dist
+
+    from ..cli import UsageError
+    missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    if missing:
+        raise UsageError(f"needs {', '.join(missing)} in the environment: run under torchrun or "
+                         f"`torchpp cluster run -- torchpp bandwidth probe`")
+    if int(os.environ["WORLD_SIZE"]) < 2:
+        raise UsageError("WORLD_SIZE: expected at least 2 processes to measure a link")
+    if args.repeats < 1 or args.pings < 1:
+        raise UsageError("--repeats and --pings: expected at least 1")
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    try:
+        results = probe(args)
+        if results is not None:
+            write(results, args.out_dir, args.csv, args.json, args.sizes)
+            print(f"wrote {args.out_dir / args.csv} and {args.out_dir / args.json}")
+    finally:
+        dist.destroy_process_group()
+    return 0

@@ -1,0 +1,78 @@
+"""`torchpp bandwidth parse`: an iperf3-style CSV to bandwidth.json (seed 000 step 3).
+
+Rows are ``src_host,dst_host,gbps`` (no header; an optional fourth column is the latency in
+milliseconds; ``#`` starts a comment). Repeated measurements of one link are averaged. Every
+ordered pair of the hosts named must be present, or the error names the missing ones; with
+``assume_symmetric`` a missing direction takes the other direction's rate.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+from pathlib import Path
+
+from ..formats import Bandwidth, FormatError
+
+
+def parse_links_csv(path: str | Path, assume_symmetric: bool = False) -> Bandwidth:
+    src = str(path)
+    rates: dict[str, list[float]] = {}
+    lats: dict[str, list[float]] = {}
+    with open(path, newline="") as f:
+        for lineno, row in enumerate(csv.reader(f), 1):
+            row = [c.strip() for c in row]
+            if not row or not any(row) or row[0].startswith("#"):
+                continue
+            if len(row) not in (3, 4):
+                raise FormatError(src, f"line {lineno}", "src_host,dst_host,gbps[,latency_ms]", ",".join(row))
+            a, b = row[0], row[1]
+            if not a or not b or a == b:
+                raise FormatError(src, f"line {lineno}", "two different host names", ",".join(row[:2]))
+            try:
+                gbps = float(row[2])
+                lat = float(row[3]) if len(row) == 4 else None
+            except ValueError:
+                if lineno == 1:
+                    raise FormatError(src, "line 1", "no header: src_host,dst_host,gbps rows", ",".join(row)) from None
+                raise FormatError(src, f"line {lineno}.gbps", "a number", ",".join(row)) from None
+            if not math.isfinite(gbps) or gbps <= 0:
+                raise FormatError(src, f"line {lineno}.gbps", "a rate > 0", row[2])
+            if lat is not None and (not math.isfinite(lat) or lat < 0):
+                raise FormatError(src, f"line {lineno}.latency_ms", "a latency >= 0", row[3])
+            k = Bandwidth.key(a, b)
+            rates.setdefault(k, []).append(gbps * 1e9 / 8)
+            if lat is not None:
+                lats.setdefault(k, []).append(lat / 1e3)
+    if not rates:
+        raise FormatError(src, "<file>", "at least one src_host,dst_host,gbps row")
+    bw = Bandwidth(bytes_per_sec={k: sum(v) / len(v) for k, v in rates.items()},
+                   latency_s={k: sum(v) / len(v) for k, v in lats.items()}, source=f"iperf3 csv {Path(path).name}")
+    if assume_symmetric:
+        for k in list(bw.bytes_per_sec):
+            a, b = k.split("|")
+            rk = Bandwidth.key(b, a)
+            bw.bytes_per_sec.setdefault(rk, bw.bytes_per_sec[k])
+            if k in bw.latency_s:
+                bw.latency_s.setdefault(rk, bw.latency_s[k])
+    missing = bw.missing_links(bw.hosts())
+    if missing:
+        raise FormatError(src, "<rows>", "a row for every ordered host pair (or --assume-symmetric); missing "
+                          + ", ".join(m.replace("|", "->") for m in missing))
+    return bw
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--csv", required=True, type=Path, help="rows src_host,dst_host,gbps[,latency_ms], no header")
+    p.add_argument("--out", type=Path, default=Path("bandwidth.json"))
+    p.add_argument("--assume-symmetric", action="store_true", help="fill a missing direction from the other one")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    bw = parse_links_csv(args.csv, args.assume_symmetric)
+    bw.save(args.out)
+    slow = min(bw.bytes_per_sec.items(), key=lambda kv: kv[1])
+    print(f"wrote {args.out}: {len(bw.hosts())} hosts, {len(bw.bytes_per_sec)} links, slowest {slow[0]} "
+          f"{slow[1] * 8 / 1e9:.3g} Gbit/s")
+    return 0

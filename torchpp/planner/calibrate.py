@@ -1,0 +1,143 @@
+"""`torchpp calibrate-memory`: fit ``peak ≈ base + alpha·Σweights + Kp·Σactivation·B`` (seed 000 step 4).
+
+Random spans [s, e) of decoder layers (with the embedding when s = 0 and the tail when e = N,
+as a stage would hold them) each run forward + backward + one AdamW step in a fresh
+subprocess (:mod:`torchpp.planner.memory_probe`), which reports its peak RSS increase. The
+three coefficients are fitted by non-negative least squares (scipy.optimize.nnls); the file
+keeps the samples, the residuals and R². ``alpha`` thus covers weights, gradients and
+optimizer state; ``Kp`` the activations of one micro-batch, which the planner multiplies by
+the 1F1B in-flight count ``min(stages − stage_index, microbatches)``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..formats import FormatError, LayersFile, MemoryModel, MemorySample
+from .cost import stage_blocks
+
+
+def random_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, int]]:
+    """Distinct spans, spread over lengths so the fit sees small and large stages."""
+    rng = random.Random(seed)
+    all_spans = [(s, e) for s in range(num_layers) for e in range(s + 1, num_layers + 1)]
+    if count >= len(all_spans):
+        return all_spans
+    rng.shuffle(all_spans)
+    by_len: dict[int, list[tuple[int, int]]] = {}
+    for sp in all_spans:
+        by_len.setdefault(sp[1] - sp[0], []).append(sp)
+    out: list[tuple[int, int]] = []
+    while len(out) < count:  # round-robin over lengths
+        for n in sorted(by_len):
+            if by_len[n] and len(out) < count:
+                out.append(by_len[n].pop())
+    return out
+
+
+def span_sums(lf: LayersFile, start: int, end: int) -> tuple[int, int, bool, bool]:
+    """Σweights and Σactivation-per-sample of a stage holding layers [start, end)."""
+    has_embed, has_tail = start == 0, end == lf.model.num_layers
+    blocks = [lf.embed, *lf.layers, lf.tail]
+    params = [lf.embed_param_bytes, *[b.param_bytes for b in lf.layers], lf.tail_param_bytes]
+    lo, hi = stage_blocks((start, end), has_embed, has_tail)
+    return (int(sum(params[lo:hi])), int(sum(b.activation_bytes_per_sample for b in blocks[lo:hi])),
+            has_embed, has_tail)
+
+
+def fit(samples: Sequence[MemorySample]) -> MemoryModel:
+    """NNLS fit of base, alpha, Kp; columns are scaled so their magnitudes do not matter."""
+    from scipy.optimize import nnls
+
+    A = np.array([[1.0, s.weights_bytes, s.activation_bytes_per_sample * s.batch] for s in samples])
+    y = np.array([float(s.peak_bytes) for s in samples])
+    scale = np.where(np.abs(A).max(axis=0) > 0, np.abs(A).max(axis=0), 1.0)
+    coef, _ = nnls(A / scale, y)
+    coef = coef / scale
+    pred = A @ coef
+    res = y - pred
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float((res ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan")
+    out = [MemorySample(**{**s.__dict__, "predicted_bytes": float(p)}) for s, p in zip(samples, pred)]
+    return MemoryModel(base=float(coef[0]), alpha=float(coef[1]), Kp=float(coef[2]), r2=r2,
+                       residuals=[float(r) for r in res], samples=out)
+
+
+def measure_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, batch: int, seq_len: int,
+                 timeout_s: float = 300.0, threads: int = 1) -> int:
+    """Peak RSS increase (bytes) of one span, in a fresh Python process."""
+    cmd = [sys.executable, "-m", "torchpp.planner.memory_probe", "--model", model, "--start", str(start),
+           "--end", str(end), "--batch", str(batch), "--seq-len", str(seq_len), "--threads", str(threads)]
+    cmd += ["--embed"] * has_embed + ["--tail"] * has_tail
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"span [{start}, {end}) did not finish within {timeout_s:.0f} s") from None
+    if r.returncode != 0:
+        raise RuntimeError(f"span [{start}, {end}) failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
+    return int(json.loads(r.stdout.strip().splitlines()[-1])["peak_bytes"])
+
+
+def calibrate(lf: LayersFile, model: str, *, samples: int, batch: int, seq_len: int | None = None, seed: int = 0,
+              timeout_s: float = 300.0, threads: int = 1, progress=print) -> MemoryModel:
+    seq = seq_len or lf.run.seq_len
+    spans = random_spans(lf.model.num_layers, samples, seed)
+    rows = []
+    for i, (s, e) in enumerate(spans):
+        w, a, he, ht = span_sums(lf, s, e)
+        peak = measure_span(model, s, e, he, ht, batch, seq, timeout_s, threads)
+        rows.append(MemorySample(start=s, end=e, has_embed=he, has_tail=ht, weights_bytes=w,
+                                 activation_bytes_per_sample=a, batch=batch, peak_bytes=peak))
+        progress(f"  span {i + 1}/{len(spans)} [{s:>3}, {e:>3}){' +embed' if he else ''}{' +tail' if ht else ''}: "
+                 f"weights {w / 2**20:8.1f} MiB, peak +{peak / 2**20:8.1f} MiB")
+    mm = fit(rows)
+    mm.host, mm.model, mm.microbatch = lf.host, model, batch
+    return mm
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layers", required=True, type=Path, help="layers_<host>.json of this host (bytes per block)")
+    p.add_argument("--model", required=True, help="preset name or local checkpoint (the profiled model)")
+    p.add_argument("--samples", type=int, default=20, help="number of random spans")
+    p.add_argument("--microbatch", type=int, default=None, help="samples per span run (default: run.batch)")
+    p.add_argument("--seq-len", type=int, default=None, help="default: the layers file's run.seq_len")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per span")
+    p.add_argument("--out", type=Path, default=Path("memory_model.json"))
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cli import UsageError
+    from ..models.presets import ModelSpecError, load_config, num_hidden_layers
+
+    lf = LayersFile.load(args.layers)
+    try:
+        n = num_hidden_layers(load_config(args.model))
+    except ModelSpecError as e:
+        raise UsageError(str(e)) from None
+    if n != lf.model.num_layers:
+        raise FormatError(str(args.layers), "model.num_layers", f"{n} (the layers of --model {args.model})",
+                          lf.model.num_layers)
+    if args.samples < 3:
+        raise UsageError("--samples: expected at least 3 spans (three coefficients are fitted)")
+    batch = args.microbatch or lf.run.batch
+    print(f"calibrating memory of {args.model} on {lf.host}: {args.samples} span(s), micro-batch {batch}")
+    mm = calibrate(lf, args.model, samples=args.samples, batch=batch, seq_len=args.seq_len, seed=args.seed,
+                   timeout_s=args.timeout, threads=args.threads)
+    mm.save(args.out)
+    print(f"wrote {args.out}: base {mm.base / 2**20:.1f} MiB, alpha {mm.alpha:.3f}, Kp {mm.Kp:.3f}, R² {mm.r2:.4f}, "
+          f"max |residual| {max(abs(r) for r in mm.residuals) / 2**20:.1f} MiB")
+    return 0

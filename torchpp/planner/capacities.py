@@ -1,0 +1,48 @@
+"""`torchpp capacities`: per-host speed relative to a reference host (seed 000 step 2).
+
+``capacity[h]`` = median over decoder layers of (reference forward time / h's forward time), both
+per sample. Every measured host's own block table is kept too: the planner prices a host from
+its own table where it has one and from the scaled reference table only where it does not.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from typing import Sequence
+
+from ..formats import Capacities, FormatError, HostTable, LayersFile
+from .cost import Profiles
+
+
+def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequence[str] | None = None) -> Capacities:
+    sources = list(sources) if sources is not None else [f"layers_{f.host}.json" for f in files]
+    prof = Profiles.from_layers(files, sources=sources)  # checks that all files describe one model
+    if ref_host not in prof.fwd:
+        raise FormatError("--ref-host", "ref_host", f"one of the measured hosts ({', '.join(prof.fwd)})", ref_host)
+    ref = prof.fwd[ref_host][1:-1]
+    capacity, tables = {}, {}
+    for lf in files:
+        mine = prof.fwd[lf.host][1:-1]
+        capacity[lf.host] = float(statistics.median(float(r / m) for r, m in zip(ref, mine)))
+        bl = [lf.embed, *lf.layers, lf.tail]
+        tables[lf.host] = HostTable(batch=lf.run.batch, forward_time_s=[b.forward_time_s for b in bl],
+                                    backward_time_s=[b.backward_time_s for b in bl])
+    return Capacities(ref_host=ref_host, capacity=capacity, tables=tables)
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--inputs", nargs="+", required=True, type=Path, help="layers_<host>.json files")
+    p.add_argument("--ref-host", required=True, help="host whose speed is 1.0")
+    p.add_argument("--out", type=Path, default=Path("capacities.json"))
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    files = [LayersFile.load(p) for p in args.inputs]
+    cap = compute_capacities(files, args.ref_host, [str(p) for p in args.inputs])
+    cap.save(args.out)
+    print(f"wrote {args.out} (reference {cap.ref_host})")
+    for h, c in sorted(cap.capacity.items(), key=lambda kv: -kv[1]):
+        print(f"  {h:<16} capacity {c:.3f}")
+    return 0

@@ -1,0 +1,70 @@
+"""Synthetic layers files and links for planner tests and benchmarks (no host is measured).
+
+A synthetic host runs every block ``speed`` times faster than a unit host whose block times
+are given explicitly, so optimal plans can be worked out by hand.
+"""
+from __future__ import annotations
+
+import random
+from typing import Sequence
+
+from ..formats import Bandwidth, BlockProfile, LayersFile, ModelInfo, RunInfo
+
+
+def layers_file(host: str, *, num_layers: int = 4, speed: float = 1.0, batch: int = 4, seq_len: int = 16,
+                layer_fwd_s: Sequence[float] | float = 1.0, layer_bwd_s: Sequence[float] | float | None = None,
+                embed_fwd_s: float = 0.1, tail_fwd_s: float = 0.5, layer_param_bytes: Sequence[int] | int = 1000,
+                embed_param_bytes: int = 4000, tail_param_bytes: int = 4100, act_bytes_per_sample: int = 64,
+                tied: bool = True, model_name: str = "synthetic", hidden_size: int = 8,
+                vocab_size: int = 500) -> LayersFile:
+    """A layers file whose block times are the given unit times / ``speed`` (for ``batch`` samples)."""
+    fw = [float(layer_fwd_s)] * num_layers if isinstance(layer_fwd_s, (int, float)) else list(layer_fwd_s)
+    if layer_bwd_s is None:
+        bw = [2 * x for x in fw]
+    elif isinstance(layer_bwd_s, (int, float)):
+        bw = [float(layer_bwd_s)] * num_layers
+    else:
+        bw = list(layer_bwd_s)
+    pb = [int(layer_param_bytes)] * num_layers if isinstance(layer_param_bytes, int) else list(layer_param_bytes)
+    if not (len(fw) == len(bw) == len(pb) == num_layers):
+        raise ValueError("per-layer lists must have num_layers entries")
+
+    def blk(name: str, index: int | None, f: float, b: float, p: int) -> BlockProfile:
+        return BlockProfile(name=name, index=index, param_bytes=p, activation_bytes_per_sample=act_bytes_per_sample,
+                            forward_time_s=f / speed, backward_time_s=b / speed)
+
+    layers = [blk(f"layer{i}", i, fw[i], bw[i], pb[i]) for i in range(num_layers)]
+    embed = blk("embed", None, embed_fwd_s, 2 * embed_fwd_s, embed_param_bytes)
+    tail = blk("tail", None, tail_fwd_s, 2 * tail_fwd_s, tail_param_bytes)
+    total = sum(b.forward_time_s + b.backward_time_s for b in [embed, *layers, tail])
+    return LayersFile(
+        host=host,
+        model=ModelInfo(name=model_name, num_layers=num_layers, hidden_size=hidden_size, vocab_size=vocab_size,
+                        tied_embeddings=tied),
+        run=RunInfo(seq_len=seq_len, batch=batch, iters=3, warmup=1, threads=1, torch_version="synthetic",
+                    timer="python"),
+        embed_param_bytes=embed_param_bytes, tail_param_bytes=tail_param_bytes, embed=embed, tail=tail,
+        layers=layers, step_time_s=total, peak_rss_bytes=0)
+
+
+def uniform_links(hosts: Sequence[str], bytes_per_sec: float = 1e9, latency_s: float = 0.0) -> Bandwidth:
+    return Bandwidth(bytes_per_sec={Bandwidth.key(a, b): bytes_per_sec for a in hosts for b in hosts if a != b},
+                     latency_s={Bandwidth.key(a, b): latency_s for a in hosts for b in hosts if a != b and latency_s},
+                     source="synthetic")
+
+
+def random_instance(rng: random.Random, *, hosts: int, layers: int, batch: int = 4, tied: bool = True
+                    ) -> tuple[list[LayersFile], Bandwidth, dict[str, int]]:
+    """Random speeds, layer costs, link rates and memories: (layers files, links, memory bytes per host)."""
+    names = [f"h{i}" for i in range(hosts)]
+    fw = [rng.uniform(0.5, 2.0) for _ in range(layers)]
+    pb = [rng.randint(500, 3000) for _ in range(layers)]
+    files = [layers_file(h, num_layers=layers, speed=rng.choice([0.5, 1.0, 1.5, 2.0, 3.0]), batch=batch,
+                         layer_fwd_s=fw, layer_param_bytes=pb, embed_fwd_s=rng.uniform(0.05, 0.5),
+                         tail_fwd_s=rng.uniform(0.5, 3.0), act_bytes_per_sample=rng.randint(100, 2000), tied=tied)
+             for h in names]
+    bw = Bandwidth(bytes_per_sec={Bandwidth.key(a, b): rng.choice([2e3, 1e4, 5e4, 1e6])
+                                  for a in names for b in names if a != b}, source="synthetic")
+    total = sum(pb) + 8100
+    mem = {h: int(rng.uniform(0.3, 1.5) * total * 4 + 4 * 2000 * batch) for h in names}
+    return files, bw, mem

@@ -1,0 +1,181 @@
+"""`torchpp analyze`: where a step's time went, measured against predicted.
+
+Reads the runtime's merged timelines (``timeline_step<N>_all.json``) and, optionally, the
+simulator's predicted trace and the plan; writes ``report.md``, ``report.json`` (with
+``step_time_error`` = (predicted − measured) / measured), ``gantt.png`` (measured over
+predicted) and ``stages.png`` (per-stage forward/backward, measured vs predicted).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+from ..formats import Plan, write_json
+from .analyze import StepAnalysis, analyze, events_from_trace
+from .chrome import load_trace
+
+_STEP = re.compile(r"timeline_step(\d+)_all\.json$")
+
+
+def find_timelines(trace_dir: Path) -> list[tuple[int, Path]]:
+    if trace_dir.is_file():
+        m = _STEP.search(trace_dir.name)
+        return [(int(m.group(1)) if m else 0, trace_dir)]
+    found = sorted((int(m.group(1)), p) for p in trace_dir.glob("timeline_step*_all.json")
+                   if (m := _STEP.search(p.name)))
+    if not found:
+        raise FileNotFoundError(f"{trace_dir}: no merged timelines (timeline_step<N>_all.json); "
+                                "train with --trace-dir to write them")
+    return found
+
+
+def rank_memory(trace: dict[str, Any]) -> dict[int, int]:
+    ranks = (trace.get("metadata") or {}).get("ranks") or {}
+    return {int(r): int(v["peak_rss_bytes"]) for r, v in ranks.items() if v.get("peak_rss_bytes")}
+
+
+def predicted_memory(plan: Plan | None) -> dict[int, int]:
+    if plan is None or not plan.predicted:
+        return {}
+    per_rank = plan.predicted.get("memory_bytes_per_rank") or {}
+    return {int(r): int(v) for r, v in per_rank.items()}
+
+
+def _rel(pred: float, meas: float) -> float | None:
+    return (pred - meas) / meas if meas > 0 else None
+
+
+def build_report(trace_dir: Path, plan: Plan | None = None, predicted: Path | None = None) -> dict[str, Any]:
+    steps = find_timelines(trace_dir)
+    analyses: list[tuple[int, StepAnalysis, dict[str, Any]]] = []
+    for n, path in steps:
+        tr = load_trace(path)
+        analyses.append((n, analyze(events_from_trace(tr)), tr))
+    # the first traced step still warms caches; report the median step and keep every step's time
+    times = [a.step_time_s for _, a, _ in analyses]
+    med = statistics.median(times)
+    n_rep, rep, rep_trace = min(analyses, key=lambda x: abs(x[1].step_time_s - med))
+    out: dict[str, Any] = {"format": "torchpp.report/1", "trace_dir": str(trace_dir),
+                           "steps": {str(n): a.step_time_s for n, a, _ in analyses},
+                           "measured_step": n_rep, "measured": rep.to_json(), "step_time_s": med}
+    pred_step = None
+    if predicted is not None:
+        pa = analyze(events_from_trace(load_trace(predicted)))
+        out["predicted"] = pa.to_json()
+        pred_step = pa.step_time_s
+        out["stage_errors"] = [
+            {"stage": s, "forward_error": _rel(pa.stage_forward_s[s], rep.stage_forward_s[s]),
+             "backward_error": _rel(pa.stage_backward_s[s], rep.stage_backward_s[s])}
+            for s in range(min(pa.num_stages, rep.num_stages))]
+    elif plan is not None and plan.predicted and "step_time_s" in plan.predicted:
+        pred_step = float(plan.predicted["step_time_s"])
+    out["predicted_step_time_s"] = pred_step
+    out["step_time_error"] = _rel(pred_step, med) if pred_step is not None else None
+    meas_mem, pred_mem = rank_memory(rep_trace), predicted_memory(plan)
+    out["memory"] = {str(r): {"measured_peak_bytes": meas_mem.get(r), "predicted_peak_bytes": pred_mem.get(r),
+                              "error": _rel(pred_mem[r], meas_mem[r]) if r in pred_mem and r in meas_mem else None}
+                     for r in sorted(set(meas_mem) | set(pred_mem))}
+    return out
+
+
+def write_markdown(rep: dict[str, Any], path: Path) -> None:
+    m = rep["measured"]
+    lines = [f"# Timeline report: {rep['trace_dir']}", "",
+             f"Measured step time (median of {len(rep['steps'])} traced step(s)): **{rep['step_time_s']:.4f} s**"]
+    if rep["predicted_step_time_s"] is not None:
+        lines.append(f"Predicted: {rep['predicted_step_time_s']:.4f} s, error "
+                     f"{100 * rep['step_time_error']:+.1f}%")
+    lines += ["", "## Per rank (seconds)", "",
+              "| rank | stage | compute | forward | backward | recompute | recv wait | all-reduce | optimizer | idle |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r, s in m["ranks"].items():
+        lines.append(f"| {r} | {s['stage']} | {s['compute_s']:.4f} | {s['forward_s']:.4f} | {s['backward_s']:.4f} | "
+                     f"{s['recompute_s']:.4f} | {s['recv_wait_s']:.4f} | {s['allreduce_s']:.4f} | "
+                     f"{s['optimizer_s']:.4f} | {s['idle_s']:.4f} |")
+    b = m["bubble"]
+    lines += ["", "## Bubble (seconds per rank): real = ideal + imbalance + communication + recompute", "",
+              "| real | ideal | imbalance | communication | recompute |", "|---|---|---|---|---|",
+              f"| {b['real']:.4f} | {b['ideal']:.4f} | {b['imbalance']:.4f} | {b['communication']:.4f} | "
+              f"{b['recompute']:.4f} |", "", "## Per stage (seconds per micro-batch)", "",
+              "| stage | forward | backward | predicted forward | predicted backward |", "|---|---|---|---|---|"]
+    pred = rep.get("predicted")
+    for s in range(m["num_stages"]):
+        pf = f"{pred['stage_forward_s'][s]:.4f}" if pred and s < pred["num_stages"] else "–"
+        pb = f"{pred['stage_backward_s'][s]:.4f}" if pred and s < pred["num_stages"] else "–"
+        lines.append(f"| {s} | {m['stage_forward_s'][s]:.4f} | {m['stage_backward_s'][s]:.4f} | {pf} | {pb} |")
+    lines += ["", "## Critical path (seconds by kind)", "",
+              ", ".join(f"{k}: {v:.4f}" for k, v in sorted(m["critical_path"].items(), key=lambda kv: -kv[1]))]
+    if rep["memory"]:
+        lines += ["", "## Peak memory per rank (MiB)", "", "| rank | measured | predicted | error |", "|---|---|---|---|"]
+        for r, v in rep["memory"].items():
+            mm = f"{v['measured_peak_bytes'] / 2**20:.1f}" if v["measured_peak_bytes"] else "–"
+            pm = f"{v['predicted_peak_bytes'] / 2**20:.1f}" if v["predicted_peak_bytes"] else "–"
+            er = f"{100 * v['error']:+.1f}%" if v["error"] is not None else "–"
+            lines.append(f"| {r} | {mm} | {pm} | {er} |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_stage_chart(rep: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    m, pred = rep["measured"], rep.get("predicted")
+    x = np.arange(m["num_stages"])
+    fig, ax = plt.subplots(figsize=(max(4, 1.2 * m["num_stages"] + 2), 3.2))
+    w = 0.38 if pred else 0.6
+    ax.bar(x - (w / 2 if pred else 0), m["stage_forward_s"], w, label="measured forward", color="#4c72b0")
+    ax.bar(x - (w / 2 if pred else 0), m["stage_backward_s"], w, bottom=m["stage_forward_s"],
+           label="measured backward", color="#55a868")
+    if pred:
+        n = min(pred["num_stages"], m["num_stages"])
+        ax.bar(x[:n] + w / 2, pred["stage_forward_s"][:n], w, label="predicted forward", color="#4c72b0", alpha=0.45)
+        ax.bar(x[:n] + w / 2, pred["stage_backward_s"][:n], w, bottom=pred["stage_forward_s"][:n],
+               label="predicted backward", color="#55a868", alpha=0.45)
+    ax.set_xticks(x, [f"stage {i}" for i in x])
+    ax.set_ylabel("seconds per micro-batch")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_analyze(trace_dir: Path, out: Path, plan: Plan | None = None, predicted: Path | None = None) -> dict[str, Any]:
+    from .gantt import save_gantt
+
+    rep = build_report(trace_dir, plan, predicted)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "report.json", rep)
+    write_markdown(rep, out / "report.md")
+    step_path = dict(find_timelines(trace_dir))[rep["measured_step"]]
+    panels = [(f"measured (step {rep['measured_step']})", events_from_trace(load_trace(step_path)))]
+    if predicted is not None:
+        panels.append(("predicted", events_from_trace(load_trace(predicted))))
+    save_gantt(out / "gantt.png", panels)
+    write_stage_chart(rep, out / "stages.png")
+    return rep
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace_dir", type=Path, help="folder with timeline_step<N>_all.json (or one such file)")
+    p.add_argument("--plan", type=Path, default=None, help="plan.json the run used (predicted step time and memory)")
+    p.add_argument("--predicted", type=Path, default=None, help="predicted trace from `torchpp simulate plan`")
+    p.add_argument("--out", type=Path, default=Path("report"))
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    plan = Plan.load(args.plan) if args.plan else None
+    rep = run_analyze(args.trace_dir, args.out, plan, args.predicted)
+    b = rep["measured"]["bubble"]
+    print(f"step time {rep['step_time_s']:.4f} s; bubble real {b['real']:.4f} = ideal {b['ideal']:.4f} + "
+          f"imbalance {b['imbalance']:.4f} + communication {b['communication']:.4f} + recompute {b['recompute']:.4f}")
+    if rep["step_time_error"] is not None:
+        print(f"predicted {rep['predicted_step_time_s']:.4f} s ({100 * rep['step_time_error']:+.1f}%)")
+    print(f"wrote {args.out}/report.md, report.json, gantt.png, stages.png")
+    return 0
