@@ -84,6 +84,19 @@ def runs(tmp_path_factory) -> dict[str, Path]:
             plan=_plan(case, d / "plan.json"), steps=STEPS, lr=case.lr, optimizer=case.optimizer, seed=7,
             adam_eps=case.eps,
             threads=1, checkpoint_dir=d / "ckpt", timeout_s=60.0)})
+    # a traced run with block events and logs
+    trace_plan = _plan(CASES["llama_hybrid21_shares_1f1b"], root / "trace_plan.json")
+    specs.append({"world_size": 3, "result": str(root / "trace_result.json"), "config": dict(
+        plan=trace_plan, steps=2, threads=1, timeout_s=60.0, trace_dir=root / "traces", trace_steps=(2,),
+        profile_blocks=True, log_dir=root / "logs")})
+    dirs["traced"] = root
+    # resume: 2 steps + 2 resumed steps against 4 straight steps
+    resume_plan = _plan(CASES["qwen3_pp2_uneven_1f1b"], root / "resume_plan.json")
+    for name, steps, resume, ck in (("first", 2, False, "ck_resumed"), ("resumed", 4, True, "ck_resumed"),
+                                    ("straight", 4, False, "ck_straight")):
+        specs.append({"world_size": 2, "result": str(root / f"resume_{name}.json"), "config": dict(
+            plan=resume_plan, steps=steps, threads=1, timeout_s=60.0, checkpoint_dir=root / ck,
+            checkpoint_every=1, resume=resume)})
     run_cases(specs, nprocs=3, workdir=root, timeout_s=420)
     return dirs
 
@@ -144,3 +157,53 @@ def test_checkpoint_loads_into_hf_model(runs):
     manifest = json.loads((step_dir / "manifest.json").read_text())
     assert manifest["step"] == STEPS and set(manifest["files"]) == {
         "model-stage0.safetensors", "model-stage1.safetensors", "optim-stage0.safetensors", "optim-stage1.safetensors"}
+
+
+def test_resume_continues_from_the_last_checkpoint(runs):
+    root = runs["traced"]
+    assert json.loads((root / "resume_resumed.json").read_text())["start"] == 2
+    a, b = root / "ck_resumed" / "step_00000004", root / "ck_straight" / "step_00000004"
+    names = sorted(safetensors_index(b))
+    ta, tb = read_tensors(a, names), read_tensors(b, names)
+    assert all(torch.equal(ta[n], tb[n]) for n in names)
+
+
+def test_traces_show_every_action_with_aligned_clocks(runs):
+    from torchpp.trace.analyze import analyze, events_from_trace
+
+    root = runs["traced"]
+    tdir = root / "traces"
+    assert {p.name for p in tdir.iterdir()} == {f"timeline_step2_rank{r}.json" for r in range(3)} | {
+        "timeline_step2_all.json"}
+    merged = json.loads((tdir / "timeline_step2_all.json").read_text())
+    ev = merged["traceEvents"]
+    offsets = merged["metadata"]["clock_offsets_s"]
+    assert len(offsets) == 3 and offsets[0] == 0.0
+    xs = [e for e in ev if e["ph"] == "X"]
+    for rank in range(3):
+        names = {e["name"] for e in xs if e["pid"] == rank}
+        assert {"F0", "F1", "B0", "B1", "optimizer"} <= names
+        assert ("allreduce" in names) == (rank < 2)  # the stage-0 group; untied, so no tied all-reduce
+    # ranks 0, 1 (stage 0) send activations to rank 2, which sends gradients back
+    p2p = [e for e in xs if e["name"] in ("send_act", "recv_act", "send_grad", "recv_grad")]
+    assert all(e["args"]["bytes"] > 0 for e in p2p)
+    assert sum(1 for e in p2p if e["pid"] == 2 and e["name"] == "recv_act") == 4  # 2 micro-batches x 2 senders
+    starts = {e["id"]: e for e in ev if e["ph"] == "s"}
+    ends = {e["id"]: e for e in ev if e["ph"] == "f"}
+    assert starts and set(starts) == set(ends)
+    rtt_us = max(merged["metadata"]["clock_rtt_s"]) * 1e6
+    for fid, s in starts.items():  # after alignment no message arrives before it was sent
+        assert s["pid"] != ends[fid]["pid"]
+        assert s["ts"] <= ends[fid]["ts"] + rtt_us / 2 + 1000
+    blocks = [e for e in xs if e.get("cat") == "block"]
+    assert {(e["name"], e["args"]["pass"]) for e in blocks if e["pid"] == 2} >= {
+        ("layer1", "forward"), ("layer3", "backward"), ("tail", "forward"), ("tail", "backward")}
+    assert {(e["name"], e["args"]["pass"]) for e in blocks if e["pid"] == 0} >= {
+        ("embed", "forward"), ("embed", "backward"), ("layer0", "backward")}
+    # the shared analyser reads the measured timeline
+    a = analyze(events_from_trace(merged))
+    assert a.num_stages == 2 and a.num_microbatches == 2 and a.step_time_s > 0
+    logs = root / "logs"
+    steps = [json.loads(x) for x in (logs / "metrics.jsonl").read_text().splitlines() if '"step"' in x]
+    assert [r["step"] for r in steps] == [1, 2] and all(len(r["compute_s"]) == 2 for r in steps)
+    assert list(logs.glob("events.out.tfevents.*"))

@@ -93,8 +93,10 @@ def _files(path: Path) -> list[Path]:
 
 
 def _read_texts(paths: list[Path], field: str) -> list[str]:
+    import datasets
     from datasets import Dataset
 
+    datasets.disable_progress_bars()
     texts: list[str] = []
     for p in paths:
         if p.suffix in (".json", ".jsonl"):

@@ -1,7 +1,8 @@
 """One pipeline stage of a HuggingFace causal LM, built on its rank alone.
 
-The whole model is constructed on the meta device (no memory), every module the stage does
-not own is dropped, and only what is left is materialised: with a preset it is initialised
+The whole model is constructed on the meta device (no memory), its blocks are found with
+:func:`torchpp.models.blocks.find_parts`, every module the stage does not own is dropped, and
+only what is left is materialised: with a preset it is initialised
 per parameter name (``presets.init_parameters``), so the stage holds exactly the tensors the
 whole model would hold; with a local checkpoint only the stage's tensors are read (safetensors
 ``safe_open``). Parameter names stay the HF names (``model.layers.5.mlp.up_proj.weight``), so
@@ -28,12 +29,15 @@ from .presets import DTYPES, ModelSpecError, init_parameters, is_preset
 
 # ----------------------------------------------------------------------------- where the blocks live
 @dataclass(frozen=True, slots=True)
-class ArchParts:
-    """Module paths of one architecture's blocks inside its ``*ForCausalLM``."""
+class StagePaths:
+    """Module paths of the blocks (from :func:`torchpp.models.blocks.find_parts`) and how they are called."""
 
-    family: str
-    """How the decoder layers are called: "llama" (rotary, position_embeddings=) or "gpt2" (learned positions)."""
     embed: tuple[str, ...]
+    """Embedding modules in forward order; ``token`` is the one indexed by token ids."""
+    token: str
+    positions: tuple[str, ...]
+    """Learned position embeddings (GPT-2's ``wpe``), added to the token embedding."""
+    dropouts: tuple[str, ...]
     layers: str
     norm: str
     lm_head: str
@@ -42,20 +46,27 @@ class ArchParts:
     @property
     def embed_weight(self) -> str:
         """The parameter a tied lm_head shares."""
-        return f"{self.embed[0]}.weight"
+        return f"{self.token}.weight"
 
+    @staticmethod
+    def of(model: nn.Module) -> "StagePaths":
+        from .blocks import UnsupportedModelError, find_parts
 
-_LLAMA_LIKE = ArchParts("llama", ("model.embed_tokens",), "model.layers", "model.norm", "lm_head", "model.rotary_emb")
-_GPT2 = ArchParts("gpt2", ("transformer.wte", "transformer.wpe"), "transformer.h", "transformer.ln_f", "lm_head", None)
-ARCHS = {"llama": _LLAMA_LIKE, "qwen2": _LLAMA_LIKE, "qwen3": _LLAMA_LIKE, "mistral": _LLAMA_LIKE, "gpt2": _GPT2}
-
-
-def arch_parts(cfg) -> ArchParts:
-    mt = getattr(cfg, "model_type", "")
-    if mt not in ARCHS:
-        raise ModelSpecError(f"model_type {mt!r}: expected one of {', '.join(sorted(ARCHS))} (architectures torchpp "
-                             "can cut into stages)")
-    return ARCHS[mt]
+        try:
+            parts = find_parts(model)
+        except UnsupportedModelError as e:
+            raise ModelSpecError(str(e)) from None
+        tok = model.get_input_embeddings()
+        token = next(p for p in parts.embed_paths if model.get_submodule(p) is tok)
+        positions = tuple(p for p in parts.embed_paths if p != token and isinstance(model.get_submodule(p), nn.Embedding))
+        drops = tuple(p for p in parts.embed_paths if isinstance(model.get_submodule(p), nn.Dropout))
+        other = set(parts.embed_paths) - {token, *positions, *drops}
+        if other:
+            raise ModelSpecError(f"{type(model).__name__}: embedding modules {sorted(other)} are neither token/position "
+                                 "embeddings nor dropout; torchpp cannot run them in a stage")
+        return StagePaths(embed=tuple(parts.embed_paths), token=token, positions=positions, dropouts=drops,
+                          layers=parts.layers_path, norm=parts.norm_path, lm_head=parts.lm_head_path,
+                          rotary=parts.rotary_path)
 
 
 def _get(root: nn.Module, path: str) -> nn.Module | None:
@@ -109,7 +120,7 @@ class Stage:
     empty placeholder inside the layer list, so layer indices and parameter names are kept).
     """
 
-    def __init__(self, module: nn.Module, cfg, spec: StageSpec, parts: ArchParts):
+    def __init__(self, module: nn.Module, cfg, spec: StageSpec, parts: StagePaths):
         self.module, self.cfg, self.spec, self.parts = module, cfg, spec, parts
         self.layer_list = _get(module, parts.layers)
         self.profiler: BlockObserver | None = None
@@ -127,7 +138,7 @@ class Stage:
         if not getattr(self.cfg, "tie_word_embeddings", False) or self.spec.num_stages == 1:
             return None
         if self.spec.has_embed:
-            return _get(self.module, self.parts.embed[0]).weight
+            return _get(self.module, self.parts.token).weight
         if self.spec.has_tail:
             return _get(self.module, self.parts.lm_head).weight
         return None
@@ -194,32 +205,31 @@ class Stage:
         return loss
 
     def _embed(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        if self.parts.family == "gpt2":
-            tr = _get(self.module, "transformer")
-            return tr.drop(tr.wte(ids) + tr.wpe(pos))
-        return _get(self.module, self.parts.embed[0])(ids)
+        m = self.module
+        h = _get(m, self.parts.token)(ids)
+        for p in self.parts.positions:
+            h = h + _get(m, p)(pos)
+        for p in self.parts.dropouts:
+            h = _get(m, p)(h)
+        return h
 
     def _layer_caller(self, h: torch.Tensor, pos: torch.Tensor) -> Callable:
-        """A function (layer, index, hidden) -> hidden with this stage's masks and rotary."""
+        """A function (layer, index, hidden) -> hidden with this stage's masks and rotary cos/sin."""
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
         cfg = self.cfg
         kw = dict(config=cfg, inputs_embeds=h, attention_mask=None, past_key_values=None, position_ids=pos)
-        if self.parts.family == "gpt2":
-            mask = create_causal_mask(**kw)
-
-            def call_gpt2(layer: nn.Module, i: int, x: torch.Tensor) -> torch.Tensor:
-                return layer(x, attention_mask=mask, position_ids=pos)
-            return call_gpt2
         types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * self.spec.layers[1])
         masks = {"full_attention": create_causal_mask(**kw)}
         if "sliding_attention" in types:
             masks["sliding_attention"] = create_sliding_window_causal_mask(**kw)
-        pe = _get(self.module, self.parts.rotary)(h, pos)
+        extra = {}
+        if self.parts.rotary is not None:
+            extra["position_embeddings"] = _get(self.module, self.parts.rotary)(h, pos)
 
-        def call_llama(layer: nn.Module, i: int, x: torch.Tensor) -> torch.Tensor:
-            return layer(x, attention_mask=masks[types[i]], position_ids=pos, position_embeddings=pe)
-        return call_llama
+        def call(layer: nn.Module, i: int, x: torch.Tensor) -> torch.Tensor:
+            return layer(x, attention_mask=masks[types[i]], position_ids=pos, **extra)
+        return call
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         h = _get(self.module, self.parts.norm)(h)
@@ -248,13 +258,13 @@ def build_stage(model: str, cfg, spec: StageSpec, *, seed: int = 0, dtype: str =
 
     if dtype not in DTYPES:
         raise ModelSpecError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
-    parts = arch_parts(cfg)
     n = int(getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer"))
     a, b = spec.layers
     if not (0 <= a <= b <= n):
         raise ModelSpecError(f"stage layers [{a}, {b}): expected a range inside the model's {n} layers")
     with torch.device("meta"):
         hf = AutoModelForCausalLM.from_config(cfg, dtype=DTYPES[dtype])
+    parts = StagePaths.of(hf)
     tied = bool(getattr(cfg, "tie_word_embeddings", False))
     layers = _get(hf, parts.layers)
     for i in range(n):
@@ -263,8 +273,6 @@ def build_stage(model: str, cfg, spec: StageSpec, *, seed: int = 0, dtype: str =
     if not spec.has_embed:
         for p in parts.embed:
             _set(hf, p, None)
-        if parts.family == "gpt2":
-            _set(hf, "transformer.drop", None)
     if not spec.has_tail:
         _set(hf, parts.norm, None)
         _set(hf, parts.lm_head, None)
@@ -273,7 +281,7 @@ def build_stage(model: str, cfg, spec: StageSpec, *, seed: int = 0, dtype: str =
     if rotary_cls is not None:  # buffers computed in __init__: rebuild them for real
         _set(hf, parts.rotary, rotary_cls(config=cfg))
     if tied and spec.has_embed and spec.has_tail:
-        _get(hf, parts.lm_head).weight = _get(hf, parts.embed[0]).weight
+        _get(hf, parts.lm_head).weight = _get(hf, parts.token).weight
     stage = Stage(hf, cfg, spec, parts)
     source = weights if weights is not None else (None if is_preset(model) else model)
     if source is None:

@@ -71,6 +71,26 @@ class Pending:
         return self.tensor.numel() * self.tensor.element_size()
 
 
+def guarded(rank: int, what: str, timeout_s: float, fn, /, *args, **kwargs):
+    """Run a collective; a failure becomes a :class:`PeerError` naming ``what``."""
+    start = time.perf_counter()
+    try:
+        return fn(*args, **kwargs)
+    except RuntimeError as e:
+        raise PeerError(f"rank {rank}: {what} failed after {time.perf_counter() - start:.1f} s: "
+                        f"{_why(e, timeout_s)}") from None
+
+
+def _why(cause: BaseException, timeout_s: float) -> str:
+    text = str(cause)
+    low = text.lower()
+    if "timed out" in low or "timeout" in low or isinstance(cause, TimeoutError):
+        return f"no progress within --timeout-s {timeout_s:g} (peer stalled or too slow)"
+    if "closed" in low or "reset" in low or "broken pipe" in low:
+        return "a peer closed the connection (it crashed or exited)"
+    return text.splitlines()[0][:200] if text else type(cause).__name__
+
+
 class Comm:
     """This rank's links to its pipeline neighbours and its all-reduce groups."""
 
@@ -112,14 +132,8 @@ class Comm:
         return p.tensor
 
     def _message(self, action: Action, start: float, cause: BaseException) -> str:
-        text = str(cause)
-        if "timed out" in text.lower() or "timeout" in text.lower() or isinstance(cause, TimeoutError):
-            why = f"no progress within --timeout-s {self.timeout_s:g} (peer stalled or too slow)"
-        elif "closed" in text.lower() or "reset" in text.lower() or "broken pipe" in text.lower():
-            why = "the peer closed the connection (it crashed or exited)"
-        else:
-            why = text.splitlines()[0][:200] if text else type(cause).__name__
-        return f"rank {self.rank}: {describe(action)} failed after {time.perf_counter() - start:.1f} s: {why}"
+        return (f"rank {self.rank}: {describe(action)} failed after {time.perf_counter() - start:.1f} s: "
+                f"{_why(cause, self.timeout_s)}")
 
     # -- collectives
     def all_reduce(self, action: Action, tensors: list[torch.Tensor], bucket_bytes: int = 32 << 20) -> None:

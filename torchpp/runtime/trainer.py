@@ -23,7 +23,7 @@ from ..models.presets import DTYPES, ModelSpecError, hidden_size, is_preset, loa
 from ..models.stages import StageSpec, build_stage, count_targets
 from ..schedules import Schedule, build
 from . import checkpoint as ckpt
-from .comm import Comm
+from .comm import Comm, guarded
 from .executor import Executor, StepResult
 
 OPTIMIZERS = ("adamw", "sgd")
@@ -94,8 +94,12 @@ class TrainSummary:
 
 def prepare(cfg: TrainConfig, world_size: int) -> Prepared:
     """Load and check everything local: plan vs world size, plan vs model. No collective yet."""
+    from ..data import DataError
+
     source = str(cfg.plan)
     plan = Plan.load(cfg.plan)
+    if cfg.data != "synthetic" and not Path(cfg.data).exists():
+        raise DataError(f"--data: {cfg.data}: expected 'synthetic' or an existing text/JSON file or directory")
     model = cfg.model or plan.model.name
     if cfg.model is None and not is_preset(model):
         raise FormatError(source, "model.name", "a preset name (or pass --model PATH for a local checkpoint)", model)
@@ -131,7 +135,14 @@ def init_world(rank: int, world_size: int, timeout_s: float) -> bool:
         return False
     timeout = datetime.timedelta(seconds=timeout_s)
     if "MASTER_ADDR" in os.environ:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
+        from torch.distributed.rendezvous import rendezvous
+
+        # Keys of a restarted attempt must never meet the ones a killed rank left in a store that
+        # outlived it (a stale gloo address means "connection refused" in the next group).
+        store, rank, world_size = next(rendezvous("env://", rank, world_size, timeout=timeout))
+        attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+        store = dist.PrefixStore(f"torchpp/attempt{attempt}", store)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
     elif world_size == 1:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     else:
@@ -189,7 +200,8 @@ def train(cfg: TrainConfig, prepared: Prepared | None = None) -> TrainSummary:
     prep = prepared or prepare(cfg, world)
     plan, schedule = prep.plan, prep.schedule
     torch.set_num_threads(cfg.threads or default_threads())
-    created = init_world(rank, world, cfg.timeout_s)
+    created = guarded(rank, f"joining the world of {world} rank(s)", cfg.timeout_s, init_world, rank, world,
+                      cfg.timeout_s)
     try:
         return _run(cfg, prep, rank, world)
     finally:
@@ -204,16 +216,17 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
     plan, schedule = prep.plan, prep.schedule
     pstage = plan.stage_of_rank(rank)
     comm = Comm(rank, cfg.timeout_s)
-    comm.make_groups(schedule)
+    g = lambda what, fn, *a, **kw: guarded(rank, what, cfg.timeout_s, fn, *a, **kw)  # noqa: E731
+    g("creating the all-reduce groups", comm.make_groups, schedule)
     hosts: list[Any] = [None] * world
-    dist.all_gather_object(hosts, socket.gethostname())
+    g("exchanging host names with all ranks", dist.all_gather_object, hosts, socket.gethostname())
     roles = ckpt.Roles.decide(rank, {r: plan.stage_of_rank(r).index for r in range(world)}, hosts)
     log = _Log(rank, cfg.log_dir)
 
     start = 0
     restarted = _env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0
     if cfg.checkpoint_dir is not None and (cfg.resume or restarted):
-        found = ckpt.agree_on_step(cfg.checkpoint_dir)
+        found = g("agreeing on the checkpoint to resume from", ckpt.agree_on_step, cfg.checkpoint_dir)
         if found >= 0:
             start = found
     spec = StageSpec.from_plan(plan, pstage.index)
@@ -243,18 +256,20 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
         n_tokens = count_targets(ids) if ids is not None and pstage.has_tail else None
         rec = None
         if cfg.trace_dir is not None and step in cfg.trace_steps:
-            clock = sync_clocks(rank, world)
+            clock = g("clock ping-pong with rank 0", sync_clocks, rank, world)
             rec = StepRecorder(rank=rank, world_size=world, stage=pstage.index, host=hosts[rank], step=step,
                                clock=clock, layers=tuple(pstage.layers))
             executor.observer = rec
             stage.profiler = rec if cfg.profile_blocks else None
         t0 = time.perf_counter()
         res = executor.step(ids, n_tokens)
-        stats = _reduce_stats(res, pstage.index, len(pstage.devices), S)
+        stats = g(f"step {step}: statistics all-reduce with all ranks", _reduce_stats, res, pstage.index,
+                  len(pstage.devices), S)
         dt = time.perf_counter() - t0
         if rec is not None:
             executor.observer, stage.profiler = None, None
-            summary.traces += write_step(cfg.trace_dir, step, rank, world, rec.finish())
+            summary.traces += g(f"step {step}: gathering traces on rank 0", write_step, cfg.trace_dir, step, rank,
+                                world, rec.finish())
         loss = float(stats[0])
         summary.losses.append(loss)
         summary.step_times_s.append(dt)
@@ -270,10 +285,10 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
                            **{f"stage{s}/comm_wait_s": wait[s] for s in range(S)}})
         if cfg.checkpoint_dir is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
                                                or step == cfg.steps):
-            d = ckpt.save(cfg.checkpoint_dir, step, rank=rank, roles=roles, stage=stage, optimizer=optimizer,
-                          info={"plan": str(cfg.plan), "plan_hash": prep.plan_hash, "model": prep.model,
-                                "seed": cfg.seed, "optimizer": cfg.optimizer, "lr": cfg.lr},
-                          timeout_s=cfg.timeout_s)
+            info = {"plan": str(cfg.plan), "plan_hash": prep.plan_hash, "model": prep.model, "seed": cfg.seed,
+                    "optimizer": cfg.optimizer, "lr": cfg.lr}
+            d = g(f"step {step}: writing the checkpoint", ckpt.save, cfg.checkpoint_dir, step, rank=rank, roles=roles,
+                  stage=stage, optimizer=optimizer, info=info, timeout_s=cfg.timeout_s)
             if d is not None:
                 log.print(f"checkpoint {d}")
     log.close()
