@@ -536,33 +536,53 @@ def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_gro
 
     cost_cache: dict[tuple[int, int, bool], np.ndarray] = {}
 
+    def fill(tt: np.ndarray, v: int, k: int, P: np.ndarray, ia, ic, ic2) -> np.ndarray:
+        """Water-fill the entries (ia, ic, ic2) of groups order[a:a+k] whose proportional share overflows."""
+        tau_g = np.stack([1.0 / INV[v][ia + d, ic, ic2] for d in range(k)])
+        cap_g = np.stack([AVAIL[ia + d, ic, ic2] / P[ic, ic2] for d in range(k)])
+        return waterfill(b, tau_g, cap_g)
+
     def cost(k: int, n: int, last: bool) -> np.ndarray:
-        """(N−k+1, L1, L1) stage cost of groups order[a:a+k] for every a."""
+        """(N−k+1, L1, L1) stage cost of groups order[a:a+k] for every a (last stage: column L only)."""
         key = (k, n, last)
         if key in cost_cache:
             return cost_cache[key]
         A = N - k + 1
-        best = np.full((A, L1, L1), np.inf)
+        c0 = L if last else 0
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            for v in variants:
-                tt, rmax, amin, asum = window(k, v)
-                P = t.per_sample(v, n)
-                infeasible = (asum < b * P) | (amin < P) | ~t.valid[None]
-                bad = (tt * rmax * P > 1.0) & ~infeasible            # a proportional share overflows a device
-                tt = np.where(infeasible, np.inf, tt)
-                ia, ic, ic2 = np.nonzero(bad)
-                if len(ia):  # water-fill only there
-                    tau_g = np.stack([1.0 / INV[v][ia + d, ic, ic2] for d in range(k)])
-                    cap_g = np.stack([AVAIL[ia + d, ic, ic2] / P[ic, ic2] for d in range(k)])
-                    tt[ia, ic, ic2] = waterfill(b, tau_g, cap_g)
-                best = np.minimum(best, np.where(np.isnan(tt), np.inf, tt))
-            ar = (ar_lat[k, :A, None, None] + ar_unit[k, :A, None, None] * t.W[None]) / m
+            tt, rmax, amin, asum = (x[:, :, c0:] for x in window(k, 0))
+            P = t.per_sample(0, n)
+            Pc = P[:, c0:]
+            valid = t.valid[None, :, c0:]
+            infeasible = (asum < b * Pc) | (amin < Pc) | ~valid
+            bad = (tt * rmax * Pc > 1.0) & ~infeasible              # a proportional share overflows a device
+            best = np.where(infeasible, np.inf, tt)
+            ia, ic, ic2 = np.nonzero(bad)
+            if len(ia):
+                best[ia, ic, ic2] = fill(best, 0, k, P, ia, ic, ic2 + c0)
+            best = np.where(np.isnan(best), np.inf, best)
+            if rec:  # recomputing every layer can only help where keeping activations does not fit
+                ia, ic, ic2 = np.nonzero((infeasible | bad) & valid)
+                if len(ia):
+                    g2 = ic2 + c0
+                    tt1, r1, m1, s1 = (x[ia, ic, g2] for x in window(k, 1))
+                    P1 = t.per_sample(1, n)
+                    p1 = P1[ic, g2]
+                    inf1 = (s1 < b * p1) | (m1 < p1)
+                    bad1 = (tt1 * r1 * p1 > 1.0) & ~inf1
+                    tt1 = np.where(inf1, np.inf, tt1)
+                    sel = np.nonzero(bad1)[0]
+                    if len(sel):
+                        tt1[sel] = fill(None, 1, k, P1, ia[sel], ic[sel], g2[sel])
+                    tt1 = np.where(np.isnan(tt1), np.inf, tt1)
+                    best[ia, ic, ic2] = np.minimum(best[ia, ic, ic2], tt1)
+            ar = (ar_lat[k, :A, None, None] + ar_unit[k, :A, None, None] * t.W[None, :, c0:]) / m
             if last:
                 out = best + ar
             else:
                 comm = nx_lat[k, :A, None] + nx_byte[k, :A, None] * (t.out_bytes[None, :] * b)  # (A, L1)
                 out = np.maximum(best, comm[:, None, :]) + ar
-        out = np.where(t.valid[None], out, np.inf)
+        out = np.where(valid, out, np.inf)
         cost_cache[key] = out
         return out
 
@@ -572,7 +592,7 @@ def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_gro
     V = np.full((N + 1, L1), np.inf)
     lastk = np.zeros((N + 1, L1), dtype=int)
     for k in range(1, K + 1):
-        ck = cost(k, n0, True)[:, :, L]                      # (A, L1)
+        ck = cost(k, n0, True)[:, :, 0]                      # (A, L1): layers [c, L)
         A = N - k + 1
         better = ck < V[:A]
         V[:A] = np.where(better, ck, V[:A])
