@@ -210,3 +210,21 @@ def test_fixed_strategies_still_work(tmp_path):
     assert main(["plan", "--strategy", "pp", "--stages", "2", "--out", str(tmp_path / "p.json")]) == 0
     assert main(["plan", "--strategy", "dp", "--devices", "2", "--layers", "2", "--out", str(tmp_path / "d.json")]) == 0
     assert Plan.load(tmp_path / "d.json").model.num_layers == 2
+
+
+def test_devices_json_ranks_are_kept_when_complete():
+    from torchpp.formats import Devices, validate_plan
+    from torchpp.planner.cli import apply_fixed_ranks
+    from torchpp.planner.simple import make_plan
+    from torchpp.schedules import build
+
+    lf = layers_file("a", num_layers=2)
+    plan = make_plan(lf.model, seq_len=16, global_batch=4, num_microbatches=2, layer_ranges=[(0, 1), (1, 2)],
+                     group_sizes=[1, 1], hosts=["a", "b"])
+    dv = Devices.parse({"a": {"memory_gb": 1, "rank": 1}, "b": {"memory_gb": 1, "rank": 0}}, "devices.json")
+    assert apply_fixed_ranks(plan, dv)
+    assert [d.rank for s in plan.stages for d in s.devices] == [1, 0]
+    validate_plan(plan)
+    build(plan)
+    partial = Devices.parse({"a": {"memory_gb": 1, "rank": 5}, "b": 1}, "devices.json")
+    assert not apply_fixed_ranks(plan, partial)

@@ -186,6 +186,8 @@ def run_search(args: argparse.Namespace) -> int:
           f"global batch {args.global_batch}; memory: {memory.source}")
     res = search(pb, progress=print)
     plan = res.plan
+    if not args.estimate or args.devices:
+        apply_fixed_ranks(plan, dv)
     pred, tl = predict(plan, prof, links, memory, budget, opt)
     plan.predicted = pred
     plan.inputs = input_hashes(inputs)
@@ -210,6 +212,17 @@ def run_search(args: argparse.Namespace) -> int:
     print((args.out_dir / "summary.txt").read_text(), end="")
     print(f"wrote {args.out_dir}/plan.json, stages.csv, steps.csv, plan_meta.json, summary.txt, gantt.png")
     return 0
+
+
+def apply_fixed_ranks(plan, devices) -> bool:
+    """Use devices.json's ranks when every planned host has one and they number 0..W−1."""
+    want = {d.host: devices.devices[d.host].rank for s in plan.stages for d in s.devices}
+    if any(r is None for r in want.values()) or sorted(want.values()) != list(range(plan.world_size)):
+        return False
+    for s in plan.stages:
+        for d in s.devices:
+            d.rank = want[d.host]
+    return True
 
 
 def compare_plans(args, plan, pb, budget) -> list[dict]:
