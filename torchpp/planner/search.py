@@ -490,8 +490,11 @@ def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_gro
     K = min(max_group, N, b)
     rec = sc.rec
     variants = (0, 1) if rec else (0,)
-    INV = {v: np.stack([1.0 / t.tau[(h, v)] for h in order]) for v in variants}          # (N, L1, L1)
-    CINV = {v: np.concatenate([np.zeros((1, L1, L1)), np.cumsum(INV[v], axis=0)]) for v in variants}
+    # float32 halves the memory traffic of this search; the chosen plans are re-checked in float64
+    f32 = np.float32
+    INV = {v: np.stack([1.0 / t.tau[(h, v)] for h in order]).astype(f32) for v in variants}  # (N, L1, L1)
+    CINV = {v: np.concatenate([np.zeros((1, L1, L1), f32), np.cumsum(INV[v], axis=0, dtype=np.float64).astype(f32)])
+            for v in variants}
     names = [t.hosts[h] for h in order]
     links = t.pb.links
     # all-reduce coefficient and links to the next position, per group (a, k)
@@ -513,7 +516,7 @@ def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_gro
                         l0 = links.time(x, y, 0.0)
                         pb_, lt = max(pb_, links.time(x, y, 1.0) - l0), max(lt, l0)
                 nx_byte[k, a], nx_lat[k, a] = pb_, lt
-    AVAIL = np.stack([np.maximum(t.pb.budget[t.hosts[h]] - t.pb.memory.static(t.W), 0.0) for h in order])
+    AVAIL = np.stack([np.maximum(t.pb.budget[t.hosts[h]] - t.pb.memory.static(t.W), 0.0) for h in order]).astype(f32)
     with np.errstate(divide="ignore", invalid="ignore"):
         RATIO = {v: INV[v] / AVAIL for v in variants}                     # inf where a device holds nothing
     win: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -535,6 +538,15 @@ def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_gro
         return win[(k, v)]
 
     cost_cache: dict[tuple[int, int, bool], np.ndarray] = {}
+    W32 = t.W.astype(f32)
+    ar_lat, ar_unit, nx_lat, nx_byte = (x.astype(f32) for x in (ar_lat, ar_unit, nx_lat, nx_byte))
+    out32 = (t.out_bytes * b).astype(f32)
+    ps_cache: dict[tuple[int, int], np.ndarray] = {}
+
+    def per_sample32(v: int, n: int) -> np.ndarray:
+        if (v, n) not in ps_cache:
+            ps_cache[(v, n)] = t.per_sample(v, n).astype(f32)
+        return ps_cache[(v, n)]
 
     def fill(tt: np.ndarray, v: int, k: int, P: np.ndarray, ia, ic, ic2) -> np.ndarray:
         """Water-fill the entries (ia, ic, ic2) of groups order[a:a+k] whose proportional share overflows."""
@@ -551,36 +563,37 @@ def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_gro
         c0 = L if last else 0
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             tt, rmax, amin, asum = (x[:, :, c0:] for x in window(k, 0))
-            P = t.per_sample(0, n)
+            P = per_sample32(0, n)
             Pc = P[:, c0:]
             valid = t.valid[None, :, c0:]
             infeasible = (asum < b * Pc) | (amin < Pc) | ~valid
             bad = (tt * rmax * Pc > 1.0) & ~infeasible              # a proportional share overflows a device
-            best = np.where(infeasible, np.inf, tt)
+            best = np.where(infeasible, f32(np.inf), tt)
             ia, ic, ic2 = np.nonzero(bad)
             if len(ia):
                 best[ia, ic, ic2] = fill(best, 0, k, P, ia, ic, ic2 + c0)
             best = np.where(np.isnan(best), np.inf, best)
             if rec:  # recomputing every layer can only help where keeping activations does not fit
-                ia, ic, ic2 = np.nonzero((infeasible | bad) & valid)
+                P1 = per_sample32(1, n)
+                P1c = P1[:, c0:]
+                fits1 = (asum >= b * P1c) & (amin >= P1c)         # memory allows it with every layer recomputed
+                ia, ic, ic2 = np.nonzero((infeasible | bad) & valid & fits1)
                 if len(ia):
                     g2 = ic2 + c0
-                    tt1, r1, m1, s1 = (x[ia, ic, g2] for x in window(k, 1))
-                    P1 = t.per_sample(1, n)
+                    w1 = window(k, 1)
+                    tt1, r1 = w1[0][ia, ic, g2], w1[1][ia, ic, g2]
                     p1 = P1[ic, g2]
-                    inf1 = (s1 < b * p1) | (m1 < p1)
-                    bad1 = (tt1 * r1 * p1 > 1.0) & ~inf1
-                    tt1 = np.where(inf1, np.inf, tt1)
+                    bad1 = tt1 * r1 * p1 > 1.0
                     sel = np.nonzero(bad1)[0]
                     if len(sel):
                         tt1[sel] = fill(None, 1, k, P1, ia[sel], ic[sel], g2[sel])
                     tt1 = np.where(np.isnan(tt1), np.inf, tt1)
                     best[ia, ic, ic2] = np.minimum(best[ia, ic, ic2], tt1)
-            ar = (ar_lat[k, :A, None, None] + ar_unit[k, :A, None, None] * t.W[None, :, c0:]) / m
+            ar = (ar_lat[k, :A, None, None] + ar_unit[k, :A, None, None] * W32[None, :, c0:]) / m
             if last:
                 out = best + ar
             else:
-                comm = nx_lat[k, :A, None] + nx_byte[k, :A, None] * (t.out_bytes[None, :] * b)  # (A, L1)
+                comm = nx_lat[k, :A, None] + nx_byte[k, :A, None] * out32[None, :]  # (A, L1)
                 out = np.maximum(best, comm[:, None, :]) + ar
         out = np.where(valid, out, np.inf)
         cost_cache[key] = out
@@ -589,7 +602,7 @@ def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_gro
     S_max = min(max_stages, L, N)
     best_by_S: dict[int, tuple[float, list[StageChoice]]] = {}
     n0 = 1 if t.pb.schedule == "1f1b" else m
-    V = np.full((N + 1, L1), np.inf)
+    V = np.full((N + 1, L1), np.inf, dtype=f32)
     lastk = np.zeros((N + 1, L1), dtype=int)
     for k in range(1, K + 1):
         ck = cost(k, n0, True)[:, :, 0]                      # (A, L1): layers [c, L)
@@ -604,7 +617,7 @@ def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_gro
         if j + 1 >= S_max:
             break
         n = _round_up_in_flight(min(j + 2, m), m) if t.pb.schedule == "1f1b" else m
-        newV = np.full((N + 1, L1), np.inf)
+        newV = np.full((N + 1, L1), np.inf, dtype=f32)
         argk = np.zeros((N + 1, L1), dtype=int)
         argc = np.zeros((N + 1, L1), dtype=int)
         for k in range(1, K + 1):
