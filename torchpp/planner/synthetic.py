@@ -58,13 +58,14 @@ def random_instance(rng: random.Random, *, hosts: int, layers: int, batch: int =
     """Random speeds, layer costs, link rates and memories: (layers files, links, memory bytes per host)."""
     names = [f"h{i}" for i in range(hosts)]
     fw = [rng.uniform(0.5, 2.0) for _ in range(layers)]
+    act = rng.randint(100, 2000)
     pb = [rng.randint(500, 3000) for _ in range(layers)]
     files = [layers_file(h, num_layers=layers, speed=rng.choice([0.5, 1.0, 1.5, 2.0, 3.0]), batch=batch,
                          layer_fwd_s=fw, layer_param_bytes=pb, embed_fwd_s=rng.uniform(0.05, 0.5),
-                         tail_fwd_s=rng.uniform(0.5, 3.0), act_bytes_per_sample=rng.randint(100, 2000), tied=tied)
+                         tail_fwd_s=rng.uniform(0.5, 3.0), act_bytes_per_sample=act, tied=tied)
              for h in names]
     bw = Bandwidth(bytes_per_sec={Bandwidth.key(a, b): rng.choice([2e3, 1e4, 5e4, 1e6])
                                   for a in names for b in names if a != b}, source="synthetic")
-    total = sum(pb) + 8100
-    mem = {h: int(rng.uniform(0.3, 1.5) * total * 4 + 4 * 2000 * batch) for h in names}
+    need = 4 * (sum(pb) + 8100) + 16 * act * (layers + 2) * batch
+    mem = {h: int(rng.uniform(0.15, 1.0) * need) for h in names}
     return files, bw, mem

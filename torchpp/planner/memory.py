@@ -1,0 +1,61 @@
+"""Per-device peak memory of a stage: the fitted model of calibrate-memory, or an analytic one.
+
+Both have the form of seed 000's model, extended for 1F1B and recomputation::
+
+    peak = base + alpha·W + s·n·(Kp·A_kept + A_recomputed) + Kp·A_max_recomputed·s
+
+with W the stage's parameter bytes, s the samples of a micro-batch this device computes,
+n = min(stages − stage_index, microbatches) the micro-batches 1F1B keeps in flight on the
+stage, A_kept the activation bytes per sample of layers whose activations are kept, and
+A_recomputed those of recomputed layers, which keep only their input (one tensor) per
+micro-batch plus, during backward, one layer's activations at a time.
+
+The analytic model (no calibration file): base 0, alpha 4 (fp32 weights, gradients and the two
+AdamW moments), Kp ``activation_factor`` (default 16: a transformer layer keeps roughly that
+many tensors the size of its output for backward; calibrate-memory measures it instead).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..formats import MemoryModel
+
+ANALYTIC_ALPHA = 4.0
+ANALYTIC_KP = 16.0
+
+
+def in_flight(num_stages: int, stage_index: int, num_microbatches: int, schedule: str = "1f1b") -> int:
+    """Micro-batches whose activations a stage holds at its peak."""
+    if schedule == "gpipe":
+        return num_microbatches
+    return min(num_stages - stage_index, num_microbatches)
+
+
+@dataclass(frozen=True)
+class MemoryEstimator:
+    base: float
+    alpha: float
+    kp: float
+    source: str
+
+    @staticmethod
+    def analytic(activation_factor: float = ANALYTIC_KP) -> "MemoryEstimator":
+        return MemoryEstimator(0.0, ANALYTIC_ALPHA, activation_factor,
+                               f"analytic (4×weights, activations ×{activation_factor:g} of the block outputs)")
+
+    @staticmethod
+    def fitted(mm: MemoryModel, source: str = "memory_model.json") -> "MemoryEstimator":
+        r2 = f", R² {mm.r2:.3f}" if mm.r2 == mm.r2 else ""
+        return MemoryEstimator(mm.base, mm.alpha, mm.Kp, f"fitted {source} (base {mm.base / 2**20:.0f} MiB, "
+                               f"alpha {mm.alpha:.2f}, Kp {mm.Kp:.2f}{r2})")
+
+    def static(self, weights: float) -> float:
+        return self.base + self.alpha * weights
+
+    def per_sample(self, act_kept: float, act_recomputed: float, n: int, act_max_recomputed: float = 0.0) -> float:
+        """Bytes per sample of one device's micro-batch share."""
+        return n * (self.kp * act_kept + act_recomputed) + self.kp * act_max_recomputed
+
+    def peak(self, weights: float, act_kept: float, act_recomputed: float, samples: float, n: int,
+             act_max_recomputed: float = 0.0) -> float:
+        return self.static(weights) + samples * self.per_sample(act_kept, act_recomputed, n, act_max_recomputed)

@@ -1,0 +1,220 @@
+"""What a plan is predicted to do, and the files that show it (seed 000's outputs plus a Gantt).
+
+``predict`` prices the plan's action lists (cost.price) and derives, per stage, the forward,
+backward, recompute, communication and all-reduce time and each device's memory against its
+budget; the bubble split of seed 004 relative to the mean stage's useful time m·t̄::
+
+    real = T / (m·t̄) − 1
+    ideal = (S − 1) / m
+    imbalance = (m + S − 1)·(max_s (t_s + r_s) − mean_s (t_s + r_s)) / (m·t̄)
+    recompute = (m + S − 1)·mean_s r_s / (m·t̄)
+    communication = real − ideal − imbalance − recompute   (transfers, all-reduce, optimizer)
+
+with t_s a stage's forward+backward time per micro-batch (its slowest device) and r_s its
+recomputation time; and the lower bound G / Σ_d (1 / τ_d), τ_d being device d's time per
+sample for the whole model, i.e. total work over total capacity.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..formats import Plan, file_hash, write_json
+from ..schedules import Kind
+from ..sim.replay import Timeline
+from .cost import Links, Profiles, price, stage_blocks
+from .memory import MemoryEstimator, in_flight
+from .search import fmt_bytes
+
+
+def device_memory(plan: Plan, profiles: Profiles, memory: MemoryEstimator) -> dict[int, float]:
+    """Predicted peak bytes per rank."""
+    out = {}
+    for s in plan.stages:
+        lo, hi = stage_blocks(s.layers, s.has_embed, s.has_tail)
+        W = float(profiles.param_bytes[lo:hi].sum())
+        acts = profiles.act_bytes
+        a = s.layers[0]
+        rec = [acts[a + 1 + i] for i, r in enumerate(s.recompute) if r]
+        kept = float(acts[lo:hi].sum()) - float(sum(rec))
+        n = in_flight(plan.num_stages, s.index, plan.num_microbatches, plan.schedule)
+        for d in s.devices:
+            out[d.rank] = memory.peak(W, kept, float(sum(rec)), d.samples, n, float(max(rec)) if rec else 0.0)
+    return out
+
+
+def predict(plan: Plan, profiles: Profiles, links: Links, memory: MemoryEstimator, budget: Mapping[str, float],
+            optimizer_s_per_byte=None) -> tuple[dict[str, Any], Timeline]:
+    step, tl = price(plan, profiles, links, optimizer_s_per_byte)
+    m, S = plan.num_microbatches, plan.num_stages
+    mem = device_memory(plan, profiles, memory)
+    stages, t_s, r_s = [], [], []
+    for s in plan.stages:
+        fwd = max(d.samples * profiles.stage_fwd(d.host, s) for d in s.devices)
+        rec = max(d.samples * profiles.stage_recompute(d.host, s) for d in s.devices)
+        bwd = max(d.samples * (profiles.stage_bwd(d.host, s)) for d in s.devices) - rec
+        tb = max(d.samples * (profiles.stage_fwd(d.host, s) + profiles.stage_bwd(d.host, s)
+                              - profiles.stage_recompute(d.host, s)) for d in s.devices)
+        t_s.append(tb)
+        r_s.append(rec)
+        comm = max(sum(sp.end - sp.start for sp in tl.spans[d.rank] if sp.action.is_send) for d in s.devices)
+        ar = max(sum(sp.end - sp.ready for sp in tl.spans[d.rank] if sp.action.kind == Kind.ALLREDUCE)
+                 for d in s.devices)
+        stages.append({
+            "index": s.index, "layers": list(s.layers), "has_embed": s.has_embed, "has_tail": s.has_tail,
+            "forward_s": fwd, "backward_s": bwd, "recompute_s": rec, "comm_s": comm, "allreduce_s": ar,
+            "recomputed_layers": sum(s.recompute),
+            "devices": [{"host": d.host, "rank": d.rank, "samples": d.samples, "memory_bytes": int(mem[d.rank]),
+                         "budget_bytes": int(budget.get(d.host, 0)) if d.host in budget else None}
+                        for d in s.devices],
+        })
+    tbar = float(np.mean(t_s))
+    D = m * tbar
+    tr = np.array(t_s) + np.array(r_s)
+    real = step / D - 1
+    ideal = (S - 1) / m
+    imb = (m + S - 1) * (tr.max() - tr.mean()) / D
+    recomp = (m + S - 1) * float(np.mean(r_s)) / D
+    hosts = list(budget) or sorted({d.host for s in plan.stages for d in s.devices})
+    profiles.ensure(hosts)
+    cap = sum(1.0 / float(profiles.table(h)[0].sum() + profiles.table(h)[1].sum()) for h in hosts)
+    lb = plan.global_batch / cap
+    pred = {
+        "step_time_s": step, "throughput_samples_per_s": plan.global_batch / step,
+        "lower_bound_s": lb, "ratio_to_lower_bound": step / lb,
+        "bubble": {"real": real, "ideal": ideal, "imbalance": float(imb), "communication": real - ideal - imb - recomp,
+                   "recompute": recomp},
+        "memory_model": memory.source,
+        "stages": stages,
+    }
+    return pred, tl
+
+
+def write_outputs(out_dir: Path, plan: Plan, tl: Timeline, meta: dict[str, Any], compare: Sequence[dict] = ()) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plan.save(out_dir / "plan.json")
+    pred = plan.predicted or {}
+    with open(out_dir / "stages.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["stage", "layer_start", "layer_end", "has_embed", "has_tail", "hosts", "ranks", "samples",
+                    "recomputed_layers", "forward_s", "backward_s", "recompute_s", "comm_s", "allreduce_s",
+                    "max_memory_bytes", "min_budget_bytes"])
+        for s, ps in zip(plan.stages, pred.get("stages", [])):
+            budgets = [d["budget_bytes"] for d in ps["devices"] if d["budget_bytes"] is not None]
+            w.writerow([s.index, s.layers[0], s.layers[1], s.has_embed, s.has_tail,
+                        ";".join(d.host for d in s.devices), ";".join(str(d.rank) for d in s.devices),
+                        ";".join(str(d.samples) for d in s.devices), sum(s.recompute),
+                        f"{ps['forward_s']:.6g}", f"{ps['backward_s']:.6g}", f"{ps['recompute_s']:.6g}",
+                        f"{ps['comm_s']:.6g}", f"{ps['allreduce_s']:.6g}",
+                        max(d["memory_bytes"] for d in ps["devices"]), min(budgets) if budgets else ""])
+    with open(out_dir / "steps.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["rank", "host", "stage", "action", "kind", "microbatch", "start_s", "end_s"])
+        for r in sorted(tl.spans):
+            host = plan.device_of_rank(r).host
+            for sp in tl.spans[r]:
+                a = sp.action
+                w.writerow([r, host, a.stage, str(a), a.kind.name, "" if a.microbatch is None else a.microbatch,
+                            f"{sp.start:.6f}", f"{sp.end:.6f}"])
+    write_json(out_dir / "plan_meta.json", meta)
+    (out_dir / "summary.txt").write_text(summary_text(plan, meta, compare))
+    gantt(out_dir / "gantt.png", plan, tl)
+
+
+def summary_text(plan: Plan, meta: dict[str, Any], compare: Sequence[dict] = ()) -> str:
+    p = plan.predicted or {}
+    b = p.get("bubble", {})
+    lines = [
+        f"plan: {plan.num_stages} stage(s) on {plan.world_size} device(s), {plan.num_microbatches} micro-batch(es) of "
+        f"{plan.micro_batch_size} (global batch {plan.global_batch}), {plan.schedule}",
+        f"predicted step time {p.get('step_time_s', float('nan')):.4g} s "
+        f"({p.get('throughput_samples_per_s', float('nan')):.4g} samples/s), priced by replaying the action lists",
+        f"lower bound (total work / total capacity) {p.get('lower_bound_s', float('nan')):.4g} s, "
+        f"ratio {p.get('ratio_to_lower_bound', float('nan')):.3f}",
+        f"memory: {p.get('memory_model', '')}",
+        "",
+        "stage  layers      hosts (samples)                  fwd/mb    bwd/mb   recomp   comm/step  allreduce  memory / budget",
+    ]
+    for s, ps in zip(plan.stages, p.get("stages", [])):
+        hosts = ", ".join(f"{d.host}({d.samples})" for d in s.devices)
+        mem = "; ".join(f"{fmt_bytes(d['memory_bytes'])}/"
+                        f"{fmt_bytes(d['budget_bytes']) if d['budget_bytes'] is not None else '?'}"
+                        for d in ps["devices"])
+        extra = ("E" if s.has_embed else "") + ("T" if s.has_tail else "")
+        lines.append(f"{s.index:>5}  [{s.layers[0]:>3},{s.layers[1]:>3}){extra:<3} {hosts:<32} "
+                     f"{ps['forward_s']:>8.4g} {ps['backward_s']:>8.4g} {ps['recompute_s']:>8.4g} "
+                     f"{ps['comm_s']:>10.4g} {ps['allreduce_s']:>10.4g}  {mem}"
+                     + (f"  recompute {ps['recomputed_layers']} layer(s)" if ps["recomputed_layers"] else ""))
+    lines += ["", "bubble (relative to the mean stage's useful time m·t̄):",
+              "    real    =   ideal   + imbalance + communication + recompute",
+              f"  {b.get('real', 0):8.4f}  = {b.get('ideal', 0):8.4f}  + {b.get('imbalance', 0):8.4f}  + "
+              f"{b.get('communication', 0):8.4f}      + {b.get('recompute', 0):8.4f}"]
+    if compare:
+        lines += ["", "comparison (same devices, micro-batching and cost model):",
+                  f"  {'strategy':<24} {'step time s':>12} {'vs chosen':>10}  {'max memory / budget':>22}"]
+        for c in compare:
+            lines.append(f"  {c['name']:<24} {c['step_time_s']:>12.4g} {c['ratio']:>10.3f}  "
+                         f"{c['memory']:>22}{'  OUT OF MEMORY' if c['oom'] else ''}")
+    s = meta.get("search", {})
+    if s:
+        lines += ["", f"search: {s.get('mode', '')}; {s.get('dp_candidates', 0)} DP candidates, "
+                      f"{s.get('priced', 0)} priced, {s.get('planning_time_s', 0):.3f} s"]
+    return "\n".join(lines) + "\n"
+
+
+_COLORS = {Kind.FORWARD: "#4c78a8", Kind.BACKWARD: "#72b7b2", Kind.SEND_ACT: "#f58518", Kind.SEND_GRAD: "#e45756",
+           Kind.ALLREDUCE: "#b279a2", Kind.OPTIMIZER: "#9d755d"}
+
+
+def gantt(path: Path, plan: Plan, tl: Timeline) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    ranks = sorted(tl.spans)
+    fig, ax = plt.subplots(figsize=(12, 0.5 * len(ranks) + 1.5))
+    for y, r in enumerate(ranks):
+        for sp in tl.spans[r]:
+            k = sp.action.kind
+            if k not in _COLORS or sp.end <= sp.start:
+                continue
+            if k == Kind.ALLREDUCE:
+                start = sp.ready
+            else:
+                start = sp.start
+            off, h = (0.3, 0.35) if sp.action.is_send else (0.0, 0.8)
+            ax.broken_barh([(start, sp.end - start)], (y - 0.4 + off, h), facecolors=_COLORS[k], edgecolor="white",
+                           linewidth=0.3)
+            if k in (Kind.FORWARD, Kind.BACKWARD) and len(ranks) <= 16:
+                ax.text(start + (sp.end - start) / 2, y, f"{k.value}{sp.action.microbatch}", ha="center",
+                        va="center", fontsize=6, color="white")
+    ax.set_yticks(range(len(ranks)))
+    ax.set_yticklabels([f"rank {r} · s{plan.stage_of_rank(r).index} · {plan.device_of_rank(r).host}" for r in ranks])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds (predicted)")
+    ax.set_title(f"predicted step: {tl.makespan:.4g} s")
+    ax.legend(handles=[Patch(color=c, label=k.name.lower()) for k, c in _COLORS.items()], loc="upper right",
+              fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def input_hashes(paths: Mapping[str, Sequence[Path] | Path | None]) -> dict[str, str]:
+    out = {}
+    for key, val in paths.items():
+        if val is None:
+            continue
+        for p in ([val] if isinstance(val, Path) else list(val)):
+            out[f"{key}:{Path(p).name}"] = file_hash(p)
+    return out
+
+
+def json_ready(d: Any) -> Any:
+    return json.loads(json.dumps(d, default=float))

@@ -1,0 +1,656 @@
+"""The optimising planner: stages, device groups, sample shares, micro-batching, recomputation.
+
+Search (Asteroid's Algorithm 2, widened):
+
+* For every micro-batch size b dividing the global batch (m = G / b micro-batches) and every
+  device order considered, a dynamic programme over (stages after this one, head group, first
+  layer) chooses contiguous layer cuts and contiguous runs of the order as groups, minimising
+  the bottleneck stage time per micro-batch. Devices after the last group stay idle.
+* Device orders: every permutation when there are at most ``exact_devices`` devices, which
+  makes the search exact over all device subsets and orders; beyond that (the stated
+  heuristic) three orders — by speed, by memory, and greedily by link rate from the fastest
+  device — with groups of at most ``max_group`` devices and at most ``max_stages`` stages.
+* Stage cost (:func:`stage_cost`) per micro-batch: the group's compute time with samples in
+  proportion to speed capped by memory (continuous Algorithm 1, see ``allocate.waterfill``),
+  with or without recomputing all its layers, whichever is feasible and faster; or the
+  activation transfer on the slowest link to the next group, if longer (sends overlap
+  compute); plus the group's ring all-reduce divided by m.
+* The best candidates per (order, b, stage count), ranked by (m + S − 1) × bottleneck, get
+  integer sample counts (Algorithm 1), per-layer recomputation from a MILP under each device's
+  memory cap, and are then priced by replaying their action lists (cost.price). The plan with
+  the lowest priced step time wins, so the predicted step time is the simulator's.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..formats import Plan, PlanDevice, PlanStage
+from .allocate import allocate, waterfill
+from .cost import Links, Profiles, price
+from .memory import MemoryEstimator, in_flight
+from .recompute import choose_recompute
+
+INF = float("inf")
+
+
+class InfeasibleError(ValueError):
+    """No plan fits in memory; the message names devices and the bytes they lack."""
+
+
+@dataclass(kw_only=True)
+class Problem:
+    profiles: Profiles
+    links: Links
+    hosts: list[str]
+    budget: Mapping[str, float]
+    """Memory budget per host, bytes."""
+    memory: MemoryEstimator
+    global_batch: int
+    schedule: str = "1f1b"
+    max_stages: int | None = None
+    micro_batch_sizes: Sequence[int] | None = None
+    """Micro-batch sizes to consider (default: every divisor of the global batch)."""
+    allow_recompute: bool = True
+    exact_devices: int = 5
+    max_group: int = 8
+    top_k: int = 12
+    optimizer_s_per_byte: Mapping[str, float] | float | None = None
+
+
+@dataclass
+class StageChoice:
+    cut: tuple[int, int]
+    hosts: tuple[int, ...]
+    recompute_all: bool
+    cost: float
+
+
+@dataclass
+class SearchResult:
+    plan: Plan
+    step_time_s: float
+    candidates_priced: int
+    dp_candidates: int
+    planning_time_s: float
+    priced: list[tuple[float, Plan]] = field(default_factory=list)
+    mode: str = ""
+
+
+# ----------------------------------------------------------------------------- range tables
+class Tables:
+    """Matrices over layer cuts (c, c2), c < c2: every quantity a stage [c, c2) needs."""
+
+    def __init__(self, pb: Problem):
+        self.pb = pb
+        p = pb.profiles
+        L = p.model.num_layers
+        self.L = L
+        cuts = np.arange(L + 1)
+        bstart = np.where(cuts == 0, 0, cuts + 1)          # first block of a stage starting at cut c
+        bend = np.where(cuts == L, L + 2, cuts + 1)          # end block of a stage ending at cut c2
+        valid = cuts[:, None] < cuts[None, :]
+        self.valid = valid
+
+        def rng(prefix: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+            return np.where(valid, prefix[hi][None, :] - prefix[lo][:, None], 0.0)
+
+        pw = np.concatenate([[0.0], np.cumsum(p.param_bytes)])
+        pa = np.concatenate([[0.0], np.cumsum(p.act_bytes)])
+        self.W = rng(pw, bstart, bend)
+        A = rng(pa, bstart, bend)
+        Alay = rng(pa, cuts + 1, cuts + 1)                   # decoder layers only
+        self.A, self.Alay = A, Alay
+        act = p.act_bytes
+        amax = np.zeros((L + 1, L + 1))
+        for c in range(L):
+            run = np.maximum.accumulate(act[c + 1:L + 1])
+            amax[c, c + 1:] = run
+        self.Amax = amax
+        self.out_bytes = act[bend - 1]                       # per sample, leaving a stage that ends at c2
+        self.hosts = pb.hosts
+        self.tau: dict[tuple[int, int], np.ndarray] = {}
+        for h, name in enumerate(pb.hosts):
+            f, b = p.table(name)
+            pf = np.concatenate([[0.0], np.cumsum(f)])
+            pbw = np.concatenate([[0.0], np.cumsum(b)])
+            fb = rng(pf, bstart, bend) + rng(pbw, bstart, bend)
+            rec = rng(pf, cuts + 1, cuts + 1)
+            self.tau[(h, 0)] = np.where(valid, fb, np.inf)
+            self.tau[(h, 1)] = np.where(valid, fb + rec, np.inf)
+        self.full_time = {h: float(sum(p.table(n)[0]) + sum(p.table(n)[1])) for h, n in enumerate(pb.hosts)}
+        self._per_sample: dict[tuple[int, int], np.ndarray] = {}
+        self._cap: dict[tuple[int, int, int], np.ndarray] = {}
+
+    def per_sample(self, v: int, n: int) -> np.ndarray:
+        key = (v, n)
+        if key not in self._per_sample:
+            mem = self.pb.memory
+            if v == 0:
+                ps = mem.per_sample(self.A, 0.0, n)
+            else:
+                ps = mem.per_sample(self.A - self.Alay, self.Alay, n, self.Amax)
+            self._per_sample[key] = np.where(self.valid, np.maximum(ps, 1e-30), np.inf)
+        return self._per_sample[key]
+
+    def cap(self, h: int, v: int, n: int) -> np.ndarray:
+        key = (h, v, n)
+        if key not in self._cap:
+            avail = self.pb.budget[self.hosts[h]] - self.pb.memory.static(self.W)
+            self._cap[key] = np.where(self.valid, np.maximum(avail, 0.0) / self.per_sample(v, n), 0.0)
+        return self._cap[key]
+
+
+class StageCosts:
+    """Cached stage-cost matrices for groups (tuples of host indices)."""
+
+    def __init__(self, tables: Tables, b: int, m: int, allow_recompute: bool):
+        self.t, self.b, self.m, self.rec = tables, b, m, allow_recompute
+        self._compute: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._ar: dict[tuple, np.ndarray] = {}
+        self._link: dict[tuple, float] = {}
+
+    def compute(self, g: tuple[int, ...], n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(time per micro-batch, recompute-all flag) matrices of group g holding n micro-batches."""
+        key = (g, n)
+        if key not in self._compute:
+            t = self.t
+            if len(g) > self.b:
+                inf = np.full_like(t.W, np.inf)
+                self._compute[key] = (inf, np.zeros_like(inf, dtype=bool))
+            else:
+                t0 = waterfill(self.b, np.stack([t.tau[(h, 0)] for h in g]), np.stack([t.cap(h, 0, n) for h in g]))
+                if self.rec:
+                    t1 = waterfill(self.b, np.stack([t.tau[(h, 1)] for h in g]),
+                                   np.stack([t.cap(h, 1, n) for h in g]))
+                    use1 = t1 < t0
+                    self._compute[key] = (np.where(use1, t1, t0), use1)
+                else:
+                    self._compute[key] = (t0, np.zeros_like(t0, dtype=bool))
+        return self._compute[key]
+
+    def allreduce(self, g: tuple[int, ...]) -> np.ndarray:
+        if g not in self._ar:
+            t = self.t
+            if len(g) == 1:
+                self._ar[g] = np.zeros_like(t.W)
+            else:
+                names = [t.hosts[h] for h in g]
+                unit = t.pb.links.ring_allreduce(names, 1.0)
+                lat = t.pb.links.ring_allreduce(names, 0.0)
+                self._ar[g] = lat + (unit - lat) * t.W  # ring time is affine in bytes
+                if lat == 0.0:
+                    self._ar[g] = unit * t.W
+        return self._ar[g]
+
+    def link_time(self, g: tuple[int, ...], nxt: tuple[int, ...], nbytes: np.ndarray) -> np.ndarray:
+        """Seconds to move nbytes over the slowest link between the groups (both directions)."""
+        key = (g, nxt)
+        if key not in self._link:
+            names = self.t.hosts
+            per_byte, lat = 0.0, 0.0
+            for a in g:
+                for c in nxt:
+                    for s, d in ((a, c), (c, a)):
+                        per_byte = max(per_byte, self.t.pb.links.time(names[s], names[d], 1.0)
+                                       - self.t.pb.links.time(names[s], names[d], 0.0))
+                        lat = max(lat, self.t.pb.links.time(names[s], names[d], 0.0))
+            self._link[key] = (per_byte, lat)
+        per_byte, lat = self._link[key]
+        return lat + per_byte * nbytes
+
+    def stage(self, g: tuple[int, ...], nxt: tuple[int, ...] | None, n: int) -> np.ndarray:
+        comp, _ = self.compute(g, n)
+        cost = comp + self.allreduce(g) / self.m
+        if nxt:
+            comm = self.link_time(g, nxt, self.t.out_bytes * self.b)
+            cost = np.maximum(comp, comm[None, :]) + self.allreduce(g) / self.m
+        return cost
+
+
+def stage_cost(pb: Problem, group: Sequence[str], next_group: Sequence[str] | None, cut: tuple[int, int],
+               micro_batch_size: int, num_microbatches: int, n_in_flight: int, _cache: dict | None = None) -> float:
+    """The search's cost of one stage per micro-batch (the quantity its DP minimises the maximum of)."""
+    cache = _cache if _cache is not None else {}
+    key = ("tables",)
+    if key not in cache:
+        cache[key] = Tables(pb)
+    t: Tables = cache[key]
+    k2 = ("costs", micro_batch_size)
+    if k2 not in cache:
+        cache[k2] = StageCosts(t, micro_batch_size, num_microbatches, pb.allow_recompute)
+    sc: StageCosts = cache[k2]
+    idx = {h: i for i, h in enumerate(pb.hosts)}
+    g = tuple(sorted(idx[h] for h in group))
+    nx = tuple(sorted(idx[h] for h in next_group)) if next_group else None
+    return float(sc.stage(g, nx, n_in_flight)[cut[0], cut[1]])
+
+
+# ----------------------------------------------------------------------------- the DP
+def dp_order(order: Sequence[int], sc: StageCosts, max_stages: int, max_group: int,
+             ) -> dict[int, tuple[float, list[StageChoice]]]:
+    """Best bottleneck per stage count for one device order (groups are contiguous runs of it).
+
+    State (j, a, i, c): the suffix of the pipeline has j stages after its head stage, the head
+    stage's group is order[a:i] and its layers start at cut c. Its value is the suffix's
+    bottleneck; prepending a group order[a2:a] on layers [c2, c) with the head as next group
+    extends it.
+    """
+    t, m = sc.t, sc.m
+    L, N = t.L, len(order)
+    K = min(max_group, N, sc.b)
+    grp = {(a, i): tuple(sorted(order[a:i])) for a in range(N) for i in range(a + 1, min(N, a + K) + 1)}
+    best: dict[int, tuple[float, list[StageChoice]]] = {}
+    # j = 0: the last stage, layers [c, L)
+    V: dict[tuple[int, int], np.ndarray] = {}
+    ptr: list[dict[tuple[int, int], tuple[np.ndarray, np.ndarray, list]]] = []
+    for (a, i), g in grp.items():
+        V[(a, i)] = sc.stage(g, None, 1 if t.pb.schedule == "1f1b" else m)[:, L].copy()
+    ptr.append({})
+    S_max = min(max_stages, L, N)
+    for j in range(S_max):
+        # record the best plan with j + 1 stages (head group starting at position 0, layer 0)
+        heads = [(V[(0, i)][0], (0, i)) for i in range(1, N + 1) if (0, i) in V]
+        if heads:
+            val, key = min(heads, key=lambda x: x[0])
+            if np.isfinite(val):
+                best[j + 1] = (float(val), _reconstruct(ptr, j, key, sc, t, m))
+        if j + 1 >= S_max:
+            break
+        n = min(j + 2, m) if sc.t.pb.schedule == "1f1b" else m
+        newV: dict[tuple[int, int], np.ndarray] = {}
+        newptr: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, list]] = {}
+        for (a2, a), g in grp.items():
+            if a >= N:
+                continue
+            cands = [(i, V[(a, i)]) for i in range(a + 1, N + 1) if (a, i) in V]
+            cands = [(i, v) for i, v in cands if np.isfinite(v).any()]
+            if not cands:
+                continue
+            vals, args = [], []
+            for i, v in cands:
+                cost = sc.stage(g, grp[(a, i)], n)
+                tot = np.maximum(cost, v[None, :])          # [c2, c]
+                arg = tot.argmin(axis=1)
+                vals.append(tot[np.arange(L + 1), arg])
+                args.append(arg)
+            vals_a = np.stack(vals)
+            which = vals_a.argmin(axis=0)
+            newV[(a2, a)] = vals_a[which, np.arange(L + 1)]
+            newptr[(a2, a)] = (np.stack(args)[which, np.arange(L + 1)], which, [i for i, _ in cands])
+        V = newV
+        ptr.append(newptr)
+    return best
+
+
+def _reconstruct(ptr, j: int, key: tuple[int, int], sc: StageCosts, t: Tables, m: int) -> list[StageChoice]:
+    """Walk the pointers from the head stage (j stages after it) back to a stage list."""
+    out: list[StageChoice] = []
+    c, (a, i) = 0, key
+    order_groups = []
+    while j > 0:
+        c2_arr, which_arr, nexts = ptr[j][(a, i)]
+        c2, nxt_i = int(c2_arr[c]), nexts[int(which_arr[c])]
+        order_groups.append(((a, i), (c, c2), j))
+        c, (a, i) = c2, (i, nxt_i)
+        j -= 1
+    order_groups.append(((a, i), (c, t.L), 0))
+    return [StageChoice(cut=cut, hosts=(a, i), recompute_all=False, cost=0.0) for (a, i), cut, _ in order_groups]
+
+
+def device_orders(pb: Problem, t: Tables) -> tuple[list[tuple[int, ...]], str]:
+    N = len(pb.hosts)
+    if N <= pb.exact_devices:
+        return list(itertools.permutations(range(N))), f"exact (all {math.factorial(N)} device orders)"
+    speed = sorted(range(N), key=lambda h: (t.full_time[h], h))
+    memory = sorted(range(N), key=lambda h: (-pb.budget[pb.hosts[h]], t.full_time[h], h))
+    greedy = [speed[0]]
+    left = set(range(N)) - {speed[0]}
+    while left:
+        last = pb.hosts[greedy[-1]]
+        nxt = min(left, key=lambda h: (pb.links.time(last, pb.hosts[h], 1e6), t.full_time[h], h))
+        greedy.append(nxt)
+        left.remove(nxt)
+    orders = []
+    for o in (speed, memory, greedy):
+        if tuple(o) not in orders:
+            orders.append(tuple(o))
+    return orders, f"heuristic ({len(orders)} device orders: speed, memory, link-greedy; groups <= {pb.max_group})"
+
+
+# ----------------------------------------------------------------------------- from DP to plans
+HEURISTIC_MAX_STAGES = 16
+"""Beyond ``exact_devices`` devices, at most this many stages unless max_stages says otherwise."""
+HEURISTIC_MICRO_BATCH_SIZES = 4
+"""Beyond ``exact_devices`` devices, at most this many micro-batch sizes (spread geometrically)."""
+
+
+def micro_batch_sizes(pb: Problem, exact: bool = True) -> list[int]:
+    G = pb.global_batch
+    if pb.micro_batch_sizes:
+        bad = [b for b in pb.micro_batch_sizes if b < 1 or G % b]
+        if bad:
+            raise ValueError(f"micro-batch sizes {bad} do not divide the global batch {G}")
+        return sorted(set(pb.micro_batch_sizes))
+    divs = [b for b in range(1, G + 1) if G % b == 0]
+    if exact or len(divs) <= HEURISTIC_MICRO_BATCH_SIZES:
+        return divs
+    # keep micro-batch counts m = G / b that leave room for a pipeline: the smallest b values,
+    # spread over the divisors with m >= 2
+    usable = [b for b in divs if G // b >= 2] or divs
+    idx = np.unique(np.round(np.linspace(0, len(usable) - 1, HEURISTIC_MICRO_BATCH_SIZES)).astype(int))
+    return [usable[i] for i in idx]
+
+
+def build_plan(pb: Problem, t: Tables, order: Sequence[int], stages: list[StageChoice], b: int, strategy: str
+               ) -> Plan | None:
+    """Integer samples (Algorithm 1) and per-layer recompute (MILP); None if memory does not fit."""
+    p = pb.profiles
+    m = pb.global_batch // b
+    S = len(stages)
+    out: list[PlanStage] = []
+    rank = 0
+    for s, st in enumerate(stages):
+        a, i = st.hosts
+        hosts = [order[x] for x in range(a, i)]
+        c, c2 = st.cut
+        n = in_flight(S, s, m, pb.schedule)
+        names = [pb.hosts[h] for h in hosts]
+        layers = list(range(c, c2))
+        rec = choose_recompute(pb, t, hosts, (c, c2), b, n)
+        if rec is None:
+            return None
+        flags, samples = rec
+        devs = [PlanDevice(host=nm, rank=rank + j, share=samples[j] / b, samples=samples[j])
+                for j, nm in enumerate(names)]
+        rank += len(devs)
+        out.append(PlanStage(index=s, layers=(c, c2), has_embed=s == 0, has_tail=s == S - 1, devices=devs,
+                             recompute=flags))
+        assert len(flags) == len(layers)
+    return Plan(model=p.model, seq_len=p.seq_len, global_batch=pb.global_batch, micro_batch_size=b,
+                num_microbatches=m, schedule=pb.schedule, stages=out, strategy=strategy)
+
+
+def bottlenecks(pb: Problem, t: Tables | None = None, orders: Sequence[tuple[int, ...]] | None = None,
+                collect: list | None = None) -> dict[tuple[int, int], tuple[float, tuple[int, ...], list[StageChoice]]]:
+    """The DP's optimum per (micro-batch size, stage count): (bottleneck, device order, stages)."""
+    t = t or Tables(pb)
+    orders = orders if orders is not None else device_orders(pb, t)[0]
+    exact = len(pb.hosts) <= pb.exact_devices
+    max_stages = pb.max_stages or (len(pb.hosts) if exact else min(len(pb.hosts), HEURISTIC_MAX_STAGES))
+    best: dict[tuple[int, int], tuple[float, tuple[int, ...], list[StageChoice]]] = {}
+    for b in micro_batch_sizes(pb, exact):
+        m = pb.global_batch // b
+        sc = StageCosts(t, b, m, pb.allow_recompute)
+        for order in orders:
+            if exact:
+                found = dp_order(order, sc, max_stages, len(pb.hosts))
+            else:
+                found = dp_order_fast(order, sc, max_stages, pb.max_group)
+            for S, (val, stages) in found.items():
+                if collect is not None:
+                    collect.append(((m + S - 1) * val, val, b, tuple(order), stages))
+                if (b, S) not in best or val < best[(b, S)][0]:
+                    best[(b, S)] = (val, tuple(order), stages)
+    return best
+
+
+def search(pb: Problem, progress=None) -> SearchResult:
+    """Find the plan with the lowest priced step time (see the module docstring)."""
+    t0 = time.perf_counter()
+    if not pb.hosts:
+        raise ValueError("no devices to plan for")
+    pb.profiles.ensure(pb.hosts)
+    pb.links.check(pb.hosts)
+    t = Tables(pb)
+    orders, mode = device_orders(pb, t)
+    cands: list = []
+    bottlenecks(pb, t, orders, collect=cands)
+    if not cands:
+        raise InfeasibleError(infeasible_message(pb, t))
+    cands.sort(key=lambda x: x[0])
+    seen, picked = set(), []
+    for est, val, b, order, stages in cands:
+        key = (b, tuple((st.cut, tuple(sorted(order[x] for x in range(*st.hosts)))) for st in stages))
+        if key in seen:
+            continue
+        seen.add(key)
+        picked.append((est, val, b, order, stages))
+        if len(picked) >= pb.top_k:
+            break
+    priced: list[tuple[float, Plan]] = []
+    for est, val, b, order, stages in picked:
+        plan = build_plan(pb, t, order, stages, b, "optimal")
+        if plan is None:
+            continue
+        step, _ = price(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte)
+        priced.append((step, plan))
+        if progress:
+            progress(f"  candidate: {plan.num_stages} stage(s), micro-batch {b} x {plan.num_microbatches}: "
+                     f"bottleneck {val:.4g} s, priced step {step:.4g} s")
+    if not priced:
+        raise InfeasibleError(infeasible_message(pb, t))
+    priced.sort(key=lambda x: x[0])
+    step, plan = priced[0]
+    return SearchResult(plan=plan, step_time_s=step, candidates_priced=len(priced), dp_candidates=len(cands),
+                        planning_time_s=time.perf_counter() - t0, priced=priced, mode=mode)
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def infeasible_message(pb: Problem, t: Tables) -> str:
+    """Which devices lack how many bytes for even their smallest possible share."""
+    L = t.L
+
+    def need(c: int, c2: int) -> float:
+        return pb.memory.static(float(t.W[c, c2])) + pb.memory.per_sample(
+            float(t.A[c, c2] - t.Alay[c, c2]), float(t.Alay[c, c2]), 1, float(t.Amax[c, c2]))
+
+    whole = need(0, L)
+    single = min(need(c, c + 1) for c in range(L))
+    total_budget = sum(pb.budget[h] for h in pb.hosts)
+    short = [f"{h} (budget {fmt_bytes(pb.budget[h])}, missing {fmt_bytes(single - pb.budget[h])})"
+             for h in pb.hosts if pb.budget[h] < single]
+    msg = (f"no plan fits in memory ({pb.memory.source}): the whole model needs {fmt_bytes(whole)} with one sample "
+           f"in flight and every layer recomputed, the devices have {fmt_bytes(total_budget)} together")
+    if whole > total_budget:
+        msg += f", missing {fmt_bytes(whole - total_budget)}"
+    if short:
+        msg += f"; the smallest stage (one layer, one sample) needs {fmt_bytes(single)}, which does not fit on " + \
+            ", ".join(short)
+    else:
+        msg += ("; every device holds a one-layer stage, but no split into at most "
+                f"{pb.max_stages or len(pb.hosts)} stage(s) fits (raise --max-stages or add memory)")
+    return msg
+
+
+# ----------------------------------------------------------------------------- the heuristic DP (many devices)
+def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_group: int,
+                  ) -> dict[int, tuple[float, list[StageChoice]]]:
+    """Vectorised DP for one order when there are too many devices to try every order.
+
+    State (j, a, c): the suffix's head group starts at position a of the order and its layers
+    at cut c. The transfer to the next group is priced on the slowest link between the group
+    and the next group's first device (the next group's extent is not part of the state), and
+    the 1F1B in-flight count is rounded up to a power of two for the memory check.
+    """
+    t, m, b = sc.t, sc.m, sc.b
+    L, N = t.L, len(order)
+    L1 = L + 1
+    K = min(max_group, N, b)
+    rec = sc.rec
+    variants = (0, 1) if rec else (0,)
+    # float32 halves the memory traffic of this search; the chosen plans are re-checked in float64
+    f32 = np.float32
+    INV = {v: np.stack([1.0 / t.tau[(h, v)] for h in order]).astype(f32) for v in variants}  # (N, L1, L1)
+    CINV = {v: np.concatenate([np.zeros((1, L1, L1), f32), np.cumsum(INV[v], axis=0, dtype=np.float64).astype(f32)])
+            for v in variants}
+    names = [t.hosts[h] for h in order]
+    links = t.pb.links
+    # all-reduce coefficient and links to the next position, per group (a, k)
+    ar_unit = np.zeros((K + 1, N))
+    ar_lat = np.zeros((K + 1, N))
+    nx_byte = np.zeros((K + 1, N))
+    nx_lat = np.zeros((K + 1, N))
+    for k in range(1, K + 1):
+        for a in range(N - k + 1):
+            g = names[a:a + k]
+            if k > 1:
+                lat = links.ring_allreduce(g, 0.0)
+                ar_lat[k, a], ar_unit[k, a] = lat, links.ring_allreduce(g, 1.0) - lat
+            if a + k < N:
+                d = names[a + k]
+                pb_, lt = 0.0, 0.0
+                for s in g:
+                    for x, y in ((s, d), (d, s)):
+                        l0 = links.time(x, y, 0.0)
+                        pb_, lt = max(pb_, links.time(x, y, 1.0) - l0), max(lt, l0)
+                nx_byte[k, a], nx_lat[k, a] = pb_, lt
+    AVAIL = np.stack([np.maximum(t.pb.budget[t.hosts[h]] - t.pb.memory.static(t.W), 0.0) for h in order]).astype(f32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        RATIO = {v: INV[v] / AVAIL for v in variants}                     # inf where a device holds nothing
+    win: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def window(k: int, v: int):
+        """Per group order[a:a+k]: unconstrained time, max INV/avail, min and sum of avail."""
+        if (k, v) not in win:
+            A = N - k + 1
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                tt = b / (CINV[v][k:k + A] - CINV[v][0:A])
+            if k == 1:
+                rmax, amin, asum = RATIO[v][:A], AVAIL[:A], AVAIL[:A]
+            else:
+                _, r0, m0, s0 = window(k - 1, v)
+                rmax = np.maximum(r0[:A], RATIO[v][k - 1:k - 1 + A])
+                amin = np.minimum(m0[:A], AVAIL[k - 1:k - 1 + A])
+                asum = s0[:A] + AVAIL[k - 1:k - 1 + A]
+            win[(k, v)] = (tt, rmax, amin, asum)
+        return win[(k, v)]
+
+    cost_cache: dict[tuple[int, int, bool], np.ndarray] = {}
+    W32 = t.W.astype(f32)
+    ar_lat, ar_unit, nx_lat, nx_byte = (x.astype(f32) for x in (ar_lat, ar_unit, nx_lat, nx_byte))
+    out32 = (t.out_bytes * b).astype(f32)
+    ps_cache: dict[tuple[int, int], np.ndarray] = {}
+
+    def per_sample32(v: int, n: int) -> np.ndarray:
+        if (v, n) not in ps_cache:
+            ps_cache[(v, n)] = t.per_sample(v, n).astype(f32)
+        return ps_cache[(v, n)]
+
+    def fill(tt: np.ndarray, v: int, k: int, P: np.ndarray, ia, ic, ic2) -> np.ndarray:
+        """Water-fill the entries (ia, ic, ic2) of groups order[a:a+k] whose proportional share overflows."""
+        tau_g = np.stack([1.0 / INV[v][ia + d, ic, ic2] for d in range(k)])
+        cap_g = np.stack([AVAIL[ia + d, ic, ic2] / P[ic, ic2] for d in range(k)])
+        return waterfill(b, tau_g, cap_g)
+
+    def cost(k: int, n: int, last: bool) -> np.ndarray:
+        """(N−k+1, L1, L1) stage cost of groups order[a:a+k] for every a (last stage: column L only)."""
+        key = (k, n, last)
+        if key in cost_cache:
+            return cost_cache[key]
+        A = N - k + 1
+        c0 = L if last else 0
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            tt, rmax, amin, asum = (x[:, :, c0:] for x in window(k, 0))
+            P = per_sample32(0, n)
+            Pc = P[:, c0:]
+            valid = t.valid[None, :, c0:]
+            infeasible = (asum < b * Pc) | (amin < Pc) | ~valid
+            bad = (tt * rmax * Pc > 1.0) & ~infeasible              # a proportional share overflows a device
+            best = np.where(infeasible, f32(np.inf), tt)
+            ia, ic, ic2 = np.nonzero(bad)
+            if len(ia):
+                best[ia, ic, ic2] = fill(best, 0, k, P, ia, ic, ic2 + c0)
+            best = np.where(np.isnan(best), np.inf, best)
+            if rec:  # recomputing every layer can only help where keeping activations does not fit
+                P1 = per_sample32(1, n)
+                P1c = P1[:, c0:]
+                fits1 = (asum >= b * P1c) & (amin >= P1c)         # memory allows it with every layer recomputed
+                ia, ic, ic2 = np.nonzero((infeasible | bad) & valid & fits1)
+                if len(ia):
+                    g2 = ic2 + c0
+                    w1 = window(k, 1)
+                    tt1, r1 = w1[0][ia, ic, g2], w1[1][ia, ic, g2]
+                    p1 = P1[ic, g2]
+                    bad1 = tt1 * r1 * p1 > 1.0
+                    sel = np.nonzero(bad1)[0]
+                    if len(sel):
+                        tt1[sel] = fill(None, 1, k, P1, ia[sel], ic[sel], g2[sel])
+                    tt1 = np.where(np.isnan(tt1), np.inf, tt1)
+                    best[ia, ic, ic2] = np.minimum(best[ia, ic, ic2], tt1)
+            ar = (ar_lat[k, :A, None, None] + ar_unit[k, :A, None, None] * W32[None, :, c0:]) / m
+            if last:
+                out = best + ar
+            else:
+                comm = nx_lat[k, :A, None] + nx_byte[k, :A, None] * out32[None, :]  # (A, L1)
+                out = np.maximum(best, comm[:, None, :]) + ar
+        out = np.where(valid, out, np.inf)
+        cost_cache[key] = out
+        return out
+
+    S_max = min(max_stages, L, N)
+    best_by_S: dict[int, tuple[float, list[StageChoice]]] = {}
+    n0 = 1 if t.pb.schedule == "1f1b" else m
+    V = np.full((N + 1, L1), np.inf, dtype=f32)
+    lastk = np.zeros((N + 1, L1), dtype=int)
+    for k in range(1, K + 1):
+        ck = cost(k, n0, True)[:, :, 0]                      # (A, L1): layers [c, L)
+        A = N - k + 1
+        better = ck < V[:A]
+        V[:A] = np.where(better, ck, V[:A])
+        lastk[:A] = np.where(better, k, lastk[:A])
+    ptrs: list[tuple[np.ndarray, np.ndarray]] = []
+    for j in range(S_max):
+        if np.isfinite(V[0, 0]):
+            best_by_S[j + 1] = (float(V[0, 0]), _reconstruct_fast(ptrs, lastk, j, L))
+        if j + 1 >= S_max:
+            break
+        n = _round_up_in_flight(min(j + 2, m), m) if t.pb.schedule == "1f1b" else m
+        newV = np.full((N + 1, L1), np.inf, dtype=f32)
+        argk = np.zeros((N + 1, L1), dtype=int)
+        argc = np.zeros((N + 1, L1), dtype=int)
+        for k in range(1, K + 1):
+            A = N - k
+            if A <= 0:
+                continue
+            ck = cost(k, n, False)[:A]                      # groups starting at a < N - k (a next group exists)
+            tot = np.maximum(ck, V[k:k + A, None, :])       # (A, L1 c, L1 c2)
+            ac = tot.argmin(axis=2)
+            val = np.take_along_axis(tot, ac[:, :, None], axis=2)[:, :, 0]
+            better = val < newV[:A]
+            newV[:A] = np.where(better, val, newV[:A])
+            argk[:A] = np.where(better, k, argk[:A])
+            argc[:A] = np.where(better, ac, argc[:A])
+        ptrs.append((argk, argc))
+        V = newV
+    return best_by_S
+
+
+def _round_up_in_flight(n: int, m: int) -> int:
+    """In-flight count rounded up to a power of two (at most m): fewer distinct memory checks,
+    never an underestimate (the final plan is checked with the exact count)."""
+    return min(m, 1 << (n - 1).bit_length())
+
+
+def _reconstruct_fast(ptrs, lastk, j: int, L: int) -> list[StageChoice]:
+    out: list[StageChoice] = []
+    a, c = 0, 0
+    for level in range(j - 1, -1, -1):
+        argk, argc = ptrs[level]
+        k, c2 = int(argk[a, c]), int(argc[a, c])
+        out.append(StageChoice(cut=(c, c2), hosts=(a, a + k), recompute_all=False, cost=0.0))
+        a, c = a + k, c2
+    k = int(lastk[a, c])
+    out.append(StageChoice(cut=(c, L), hosts=(a, a + k), recompute_all=False, cost=0.0))
+    return out
