@@ -5,9 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from torchpp import schedules as S
 from torchpp.cli import main
-from torchpp.formats import ExperimentConfig, FormatError, ModelInfo, SimSettings
+from torchpp.formats import ExperimentConfig, FormatError, SimSettings
 from torchpp.planner.cost import Profiles, price
 from torchpp.planner.simple import make_plan
 from torchpp.planner.synthetic import layers_file, uniform_links
@@ -110,8 +109,7 @@ def _plan(tmp_path, groups=(2, 1, 1)):
         files.append(lf.save(tmp_path / f"layers_{h}.json"))
     bw = uniform_links(hosts, bytes_per_sec=2e3, latency_s=0.001)
     bw.save(tmp_path / "bandwidth.json")
-    info = files and layers_file("x", num_layers=4).model
-    plan = make_plan(info, seq_len=16, global_batch=16, num_microbatches=4, layer_ranges=[(0, 2), (2, 3), (3, 4)],
+    plan = make_plan(layers_file("x", num_layers=4).model, seq_len=16, global_batch=16, num_microbatches=4, layer_ranges=[(0, 2), (2, 3), (3, 4)],
                      group_sizes=list(groups), hosts=hosts)
     plan.save(tmp_path / "plan.json")
     return plan, files, tmp_path / "bandwidth.json"

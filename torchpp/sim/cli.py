@@ -148,7 +148,12 @@ def _print_utilisation(result) -> None:
     span = max((b.end for b in bars), default=0.0) or 1.0
     for dev in sorted({b.device for b in bars}):
         comp = sum(b.end - b.start for b in bars if b.device == dev and b.channel == "compute")
-        print(f"  device {dev}: compute {100 * comp / span:5.1f}%")
+        busy, until = 0.0, 0.0  # time the comm channel carries anything (union of transfers)
+        for b in sorted((b for b in bars if b.device == dev and b.channel == "comm"), key=lambda b: b.start):
+            if b.end > until:
+                busy += b.end - max(b.start, until)
+                until = b.end
+        print(f"  device {dev}: compute {100 * comp / span:5.1f}%  comm {100 * busy / span:5.1f}%")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
