@@ -11,6 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # verb -> (module defining configure(parser), one-line help). Each module's configure()
 # adds its arguments (and sub-verbs) and sets ``func`` to a callable(args) -> exit code.
 VERBS: dict[str, tuple[str, str]] = {
+    "profile": ("torchpp.profiling.cli", "measure per-block forward/backward times and bytes on this host"),
     "plan": ("torchpp.planner.cli", "make plan.json (even/dp/pp split, or the optimising planner)"),
     "capacities": ("torchpp.planner.capacities", "per-host speed relative to a reference host, from layers files"),
     "bandwidth parse": ("torchpp.planner.bandwidth", "iperf3-style links CSV to bandwidth.json"),

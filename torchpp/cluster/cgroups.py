@@ -189,6 +189,16 @@ class Cgroup:
             _rmtree_cgroup(path)
             _prune_empty_parents(path)
 
+    def release(self) -> None:
+        """Move the processes inside back to the hierarchy's root group, then remove the group
+        (for limits put on processes torchpp did not start)."""
+        for c, path in self.paths().items():
+            mount = _hierarchy(c, self.hier).mount
+            for pid in _pids_under(path) if path.exists() else []:
+                with contextlib.suppress(ProcessLookupError, OSError):
+                    (mount / "cgroup.procs").write_text(str(pid))
+        self.remove()
+
     def exists(self) -> bool:
         return any(p.exists() for p in self.dirs())
 
@@ -197,6 +207,9 @@ def _prune_empty_parents(path: Path) -> None:
     """Remove now-empty torchpp ancestors (up to and including ``torchpp/``) so nothing is left."""
     parent = path.parent
     while PREFIX in parent.parts:
+        if not parent.exists():
+            parent = parent.parent
+            continue
         if any(p.is_dir() for p in parent.iterdir()):
             return
         try:
@@ -206,6 +219,13 @@ def _prune_empty_parents(path: Path) -> None:
         if parent.name == PREFIX:
             return
         parent = parent.parent
+
+
+def existing(name: str, hier: dict[str, Hierarchy] | None = None) -> Cgroup:
+    """Handle on an existing group, over the controllers in which it has a directory."""
+    hier = detect() if hier is None else hier
+    return Cgroup(name, tuple(c for c in CONTROLLERS if c in hier and (hier[c].mount / PREFIX / name).exists()),
+                  hier)
 
 
 def _rmtree_cgroup(path: Path) -> None:

@@ -26,7 +26,15 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def _command(args: argparse.Namespace) -> list[str]:
+    """The words after `--`; options given between a positional and `--` are parsed first."""
     cmd = list(args.command or [])
+    if cmd and cmd[0].startswith("-") and cmd[0] != "--" and getattr(args, "_opts", None) is not None:
+        head, sep, tail = cmd, [], []
+        if "--" in cmd:
+            k = cmd.index("--")
+            head, sep, tail = cmd[:k], ["--"], cmd[k + 1:]
+        args._opts.parse_args(head, namespace=args)
+        cmd = sep + tail
     return cmd[1:] if cmd[:1] == ["--"] else cmd
 
 
@@ -49,16 +57,20 @@ def configure_throttle(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="what", metavar="WHAT", required=True)
     for name, help_ in (("cpu", "CPU quota in cores for a command or an existing process tree"),
                         ("mem", "memory limit for a command or an existing process tree")):
-        q = sub.add_parser(name, help=help_, description=help_)
+        # Options may follow the positional (`cpu 0.5 --mem 1G -- CMD`); argparse would hand them
+        # to the REMAINDER command, so _throttle_proc re-parses that part with `opts`.
+        opts = argparse.ArgumentParser(add_help=False)
+        if name == "cpu":
+            opts.add_argument("--mem", default=None, help="also limit memory, e.g. 1G")
+        opts.add_argument("--pid", type=int, default=None,
+                          help="limit this running process and its descendants (until `throttle clear`)")
+        q = sub.add_parser(name, help=help_, description=help_, parents=[opts])
         if name == "cpu":
             q.add_argument("cores", type=float, help="quota in cores, e.g. 0.25")
-            q.add_argument("--mem", default=None, help="also limit memory, e.g. 1G")
         else:
             q.add_argument("size", help="limit, e.g. 512M or 2G")
-        q.add_argument("--pid", type=int, default=None,
-                       help="limit this running process and its descendants (until `throttle clear`)")
         q.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND: run it limited, then clean up")
-        q.set_defaults(func=_guard(_throttle_proc))
+        q.set_defaults(func=_guard(_throttle_proc), _opts=opts)
     q = sub.add_parser("net", help="egress rate/delay/loss on an interface",
                        description="Shape what leaves an interface: for the duration of COMMAND, or until "
                                    "`torchpp throttle clear`.")
@@ -85,6 +97,7 @@ def _throttle_proc(args: argparse.Namespace) -> int:
     from . import cgroups
     from .units import parse_size
 
+    cmd = _command(args)  # first: it may parse options written after the positional
     try:
         cpu = getattr(args, "cores", None)
         mem_text = args.size if args.what == "mem" else args.mem
@@ -93,7 +106,6 @@ def _throttle_proc(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     if cpu is not None and not cpu > 0:
         raise UsageError(f"cores: expected a positive number, got {cpu}")
-    cmd = _command(args)
     if bool(cmd) == (args.pid is not None):
         raise UsageError("give either --pid PID or -- COMMAND")
     limits = f"{'cpu ' + format(cpu, 'g') + ' core(s)' if cpu else ''}{' ' if cpu and mem else ''}" \
@@ -179,8 +191,7 @@ def _throttle_status(args: argparse.Namespace) -> int:
     names = cgroups.list_groups()
     hier = cgroups.detect()
     for n in names:
-        g = cgroups.Cgroup(n, tuple(c for c in ("cpu", "memory") if c in hier), hier)
-        g.controllers = tuple(c for c in g.controllers if g.paths()[c].exists())
+        g = cgroups.existing(n, hier)
         print(f"  torchpp/{n}: {len(g.pids())} process(es) {g.limits()}")
     if not names:
         print("  no torchpp cgroups")
@@ -197,7 +208,8 @@ def _throttle_clear(args: argparse.Namespace) -> int:
     hier = cgroups.detect()
     groups = [n for n in cgroups.list_groups(hier) if n.split("/")[0].startswith("throttle-")]
     for n in sorted({g.split("/")[0] for g in groups}):
-        cgroups.Cgroup(n, tuple(c for c in ("cpu", "memory") if c in hier), hier).remove()
+        # Processes limited with --pid are the user's: release them, never kill them.
+        cgroups.existing(n, hier).release()
     devs = tc.shaped_devices(args.netns)
     for d in devs:
         tc.clear(d, args.netns)
@@ -215,8 +227,9 @@ def configure_cluster(p: argparse.ArgumentParser) -> None:
     q.set_defaults(func=_guard(_cluster_up))
     q = sub.add_parser("run", help="run a command once in every host; exit code is the worst host's")
     _name_args(q)
-    q.add_argument("--logs", type=Path, default=None, help="log folder (default cluster-logs/<name>/<time>)")
+    q.add_argument("--logs", type=Path, default=None, help="log folder (default runs/cluster-<name>/<time>)")
     q.add_argument("--timeout", type=float, default=None, help="kill all hosts after this many seconds (exit 124)")
+    q.add_argument("-q", "--quiet", action="store_true", help="do not echo the hosts' output (it is still logged)")
     q.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND (e.g. torchrun ... -m torchpp.train ...)")
     q.set_defaults(func=_guard(_cluster_run))
     q = sub.add_parser("down", help="kill the cluster's processes and remove all it created")
@@ -257,10 +270,12 @@ def _cluster_run(args: argparse.Namespace) -> int:
     if not cmd:
         raise UsageError("give the command after `--`")
     name = _name(args)
-    logs = args.logs or Path("cluster-logs") / name / time.strftime("%Y%m%d-%H%M%S")
+    logs = args.logs or Path("runs") / f"cluster-{name}" / time.strftime("%Y%m%d-%H%M%S")
     print(f"cluster {name}: running `{' '.join(cmd)}` on every host; logs in {logs}", flush=True)
     try:
-        rc, results = cluster.run(name, cmd, logs, timeout=args.timeout)
+        width = 1 + max(len(h["name"]) for h in (cluster.load_state(name) or {}).get("hosts", [{"name": ""}]))
+        echo = None if args.quiet else (lambda host, line: print(f"{host + ':':<{width}} {line}", flush=True))
+        rc, results = cluster.run(name, cmd, logs, timeout=args.timeout, follow=echo)
     except KeyboardInterrupt:
         print(f"cluster {name}: interrupted; all hosts killed", flush=True)
         return 130

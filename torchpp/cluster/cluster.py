@@ -54,10 +54,6 @@ def _save_state(state: dict[str, Any]) -> None:
 
 def _require(action: str) -> None:
     require_caps(action, CAP_SYS_ADMIN, CAP_NET_ADMIN)
-    hier = cgroups.detect()
-    for c in ("cpu", "memory"):
-        if c not in hier:
-            cgroups._hierarchy(c, hier)  # raises NotPermitted naming the controller
 
 
 def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any]:
@@ -96,7 +92,9 @@ def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any
             for eg in (cfg.uplink(i), cfg.downlink(i)):
                 if not (eg.default.is_noop and not eg.per_dst):
                     tc.apply(eg)
-            ctl = tuple(c for c, v in (("cpu", h.cpu), ("memory", h.memory)) if v is not None) or ("cpu",)
+            # Unlimited hosts still get a group: it is how run/down find every process they started.
+            ctl = (tuple(c for c, v in (("cpu", h.cpu), ("memory", h.memory)) if v is not None)
+                   or tuple(c for c in cgroups.CONTROLLERS if c in cgroups.detect())[:1])
             group = cgroups.Cgroup(cfg.cgroup_name(i), ctl).create()
             if h.cpu is not None:
                 group.set_cpu(h.cpu)
@@ -106,6 +104,10 @@ def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any
                 f"memory {_gib(h.memory):<8} up: {hosts[i]['uplink']}; down: {hosts[i]['downlink']}")
         for l in cfg.links:
             log(f"  link {l.src} -> {l.dst}: {l.shape.describe()}")
+        total = sum(h.cpu or os.cpu_count() or 1 for h in cfg.hosts)
+        if total > (os.cpu_count() or 1):
+            log(f"  note: the hosts' CPU quotas add up to {total:g} cores on a {os.cpu_count()}-core machine; "
+                f"busy hosts will get less than their quota")
         state["phase"] = "up"
         _save_state(state)
     except BaseException:
@@ -136,8 +138,7 @@ def down(name: str, log=print) -> dict[str, list[str]]:
     spaces = sorted(set(found["namespaces"]) | {h["netns"] for h in state.get("hosts", [])} |
                     ({state["switch_ns"]} if "switch_ns" in state else set()))
     # Processes first (cgroup members and anything else inside the namespaces), then network.
-    group = cgroups.Cgroup(f"cluster-{name}", ("cpu", "memory"), cgroups.detect())
-    group.remove()
+    cgroups.existing(f"cluster-{name}").remove()
     removed = []
     for ns in spaces:
         if netns.exists(ns):
@@ -176,7 +177,7 @@ def status(name: str) -> str:
     for h in state["hosts"]:
         alive = netns.exists(h["netns"])
         procs = netns.pids(h["netns"]) if alive else []
-        lim = cgroups.Cgroup(h["cgroup"], ("cpu", "memory"), hier).limits() if alive else {}
+        lim = cgroups.existing(h["cgroup"], hier).limits() if alive else {}
         lines.append(f"  {h['name']:<10} {h['address']:<12} netns {'ok' if alive else 'MISSING'}  "
                      f"{len(procs)} process(es)  limits {lim}  up: {h['uplink']}; down: {h['downlink']}")
     return "\n".join(lines)
@@ -215,12 +216,36 @@ def worst(codes: list[int]) -> int:
     return max(norm, default=0)
 
 
+class _Follower:
+    """Passes each complete new line of the host logs to ``emit(host, line)`` (live progress)."""
+
+    def __init__(self, paths: dict[str, Path], emit):
+        self.paths, self.emit, self.pos, self.partial = paths, emit, {h: 0 for h in paths}, {h: b"" for h in paths}
+
+    def poll(self, final: bool = False) -> None:
+        for host, path in self.paths.items():
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.pos[host])
+                    data = f.read()
+            except OSError:
+                continue
+            self.pos[host] += len(data)
+            *lines, self.partial[host] = (self.partial[host] + data).split(b"\n")
+            if final and self.partial[host]:
+                lines.append(self.partial[host])
+                self.partial[host] = b""
+            for line in lines:
+                self.emit(host, line.decode(errors="replace"))
+
+
 def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None, log=print,
-        grace_s: float = 5.0) -> tuple[int, list[HostResult]]:
+        grace_s: float = 5.0, follow=None) -> tuple[int, list[HostResult]]:
     """Run ``argv`` once in every host (its namespace and cgroup) and wait for all of them.
 
-    Each host's stdout and stderr go to ``log_dir/<host>.log``. On timeout, Ctrl-C or SIGTERM
-    every process of the cluster is killed (SIGTERM, then SIGKILL after ``grace_s``)."""
+    Each host's stdout and stderr go to ``log_dir/<host>.log`` (and, with ``follow``, line by
+    line to ``follow(host, line)``). On timeout, Ctrl-C or SIGTERM every process of the cluster
+    is killed (SIGTERM, then SIGKILL after ``grace_s``)."""
     _require(f"`torchpp cluster run` ({name})")
     state = load_state(name)
     if state is None or state.get("phase") != "up":
@@ -229,11 +254,10 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
         raise ClusterError("cluster run: give the command after `--`")
     log_dir.mkdir(parents=True, exist_ok=True)
     hier = cgroups.detect()
-    groups = [cgroups.Cgroup(h["cgroup"], ("cpu", "memory"), hier) for h in state["hosts"]]
-    for g in groups:
-        g.controllers = tuple(c for c in g.controllers if g.paths()[c].exists())
+    groups = [cgroups.existing(h["cgroup"], hier) for h in state["hosts"]]
     procs: list[subprocess.Popen] = []
     files = []
+    follower = _Follower({h["name"]: log_dir / f"{h['name']}.log" for h in state["hosts"]}, follow) if follow else None
     t0 = time.monotonic()
     ends: dict[int, float] = {}
     codes: dict[int, int] = {}
@@ -257,6 +281,8 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
                     if i not in codes:
                         codes[i], ends[i] = 124, time.monotonic() - t0
                 break
+            if follower:
+                follower.poll()
             time.sleep(0.05)
     except BaseException:
         _kill_all(procs, groups, grace_s)
@@ -264,6 +290,8 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
     finally:
         for f in files:
             f.close()
+        if follower:
+            follower.poll(final=True)
     results = [HostResult(h["name"], codes.get(i, 1), log_dir / f"{h['name']}.log", ends.get(i, 0.0))
                for i, h in enumerate(state["hosts"])]
     write_json(log_dir / "run.json", {"cluster": name, "argv": argv, "timeout_s": timeout,

@@ -144,6 +144,8 @@ class ClusterConfig:
             src, dst = l.str("src", choices=names), l.str("dst", choices=names)
             if src == dst:
                 raise l.fail("dst", "a host other than src", dst)
+            if any(x.src == src and x.dst == dst for x in links):
+                raise l.fail("dst", f"one entry per (src, dst) pair; {src} -> {dst} is given twice", dst)
             links.append(LinkSpec(src=src, dst=dst, shape=_shape(l, "")))
         port = r.int("master_port", 29500, min_value=1024)
         if port > 65535:

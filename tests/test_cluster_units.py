@@ -1,0 +1,195 @@
+"""Emulated-cluster pieces that need no privileges: parsing, validation, cgroup detection."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from torchpp.cluster import cgroups
+from torchpp.cluster.cluster import host_env, worst
+from torchpp.cluster.config import ClusterConfig
+from torchpp.cluster.probe import fit_rate
+from torchpp.cluster.units import parse_duration, parse_fraction, parse_rate, parse_size
+from torchpp.formats import FormatError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_units():
+    assert parse_rate("50mbit") == 50e6 and parse_rate("1gbit") == 1e9 and parse_rate("500kbit") == 5e5
+    assert parse_size("2G") == 2 * 2**30 and parse_size("512M") == 512 * 2**20 and parse_size("1.5G") == 3 * 2**29
+    assert parse_duration("2ms") == pytest.approx(0.002) and parse_duration("500us") == pytest.approx(5e-4)
+    assert parse_fraction("1%") == pytest.approx(0.01)
+    with pytest.raises(ValueError, match="ambiguous"):
+        parse_rate("10mbps")  # tc reads mbps as megabytes/s
+    for bad in ("fast", "-3mbit", "0mbit"):
+        with pytest.raises(ValueError):
+            parse_rate(bad)
+    with pytest.raises(ValueError):
+        parse_size("2 potatoes")
+
+
+@pytest.mark.parametrize("name", ["pi3", "hetero4"])
+def test_shipped_configs_parse(name):
+    cfg = ClusterConfig.load(ROOT / "configs" / "cluster" / f"{name}.json")
+    assert cfg.name == name and len(cfg.hosts) == {"pi3": 3, "hetero4": 4}[name]
+    for i, h in enumerate(cfg.hosts):
+        assert 0.3 <= h.cpu <= 0.8 and 2**30 <= h.memory <= 3 * 2**30
+        assert 10e6 <= h.up.rate <= 200e6
+        assert cfg.address(i).startswith("10.77.")
+
+
+def test_hetero4_asymmetric_and_pair_override():
+    cfg = ClusterConfig.load(ROOT / "configs" / "cluster" / "hetero4.json")
+    pi3 = cfg.index("pi3")
+    assert cfg.uplink(pi3).default.rate == 10e6 and cfg.downlink(pi3).default.rate == 20e6
+    laptop_up = cfg.uplink(cfg.index("laptop"))
+    assert laptop_up.per_dst == {cfg.address(cfg.index("desktop")): laptop_up.per_dst[cfg.address(1)]}
+    assert laptop_up.per_dst[cfg.address(1)].rate == 150e6
+    stripped = cfg.without_netem()
+    assert not stripped.needs_netem and stripped.hosts[0].up.rate == cfg.hosts[0].up.rate
+
+
+@pytest.mark.parametrize("patch, field, expected", [
+    ({"name": "Bad-Name"}, "name", "lowercase"),
+    ({"hosts": []}, "hosts", "at least 1"),
+    ({"hosts": [{"name": "a", "rate": "10mbps"}]}, "hosts[0].rate", "ambiguous"),
+    ({"hosts": [{"name": "a", "memory": "lots"}]}, "hosts[0].memory", "size"),
+    ({"hosts": [{"name": "a", "cpu": -1}]}, "hosts[0].cpu", "> 0"),
+    ({"hosts": [{"name": "a"}, {"name": "a"}]}, "hosts[1].name", "not used"),
+    ({"subnet": "8.8.8.0/24"}, "subnet", "private"),
+    ({"links": [{"src": "a", "dst": "zz", "rate": "1mbit"}]}, "links[0].dst", "one of"),
+    ({"master_port": 80}, "master_port", ">= 1024"),
+    ({"links": [{"src": "a", "dst": "b"}, {"src": "a", "dst": "b"}]}, "links[1].dst", "twice"),
+    ({"hosts": [{"name": "a", "delay": "soon"}]}, "hosts[0].delay", "duration"),
+])
+def test_config_errors_name_file_and_field(tmp_path, patch, field, expected):
+    data = {"name": "x", "hosts": [{"name": "a"}, {"name": "b"}], **patch}
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(data))
+    with pytest.raises(FormatError) as e:
+        ClusterConfig.load(p)
+    assert e.value.source == str(p) and e.value.field_path == field
+    assert expected in str(e.value)
+
+
+MOUNTINFO_V1 = """\
+25 24 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+26 25 0:23 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
+30 25 0:27 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct
+31 25 0:28 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+"""
+MOUNTINFO_V2 = "25 24 0:22 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+
+
+def test_detect_v1_hybrid_and_v2(tmp_path, monkeypatch):
+    h = cgroups.detect(MOUNTINFO_V1)  # unified exists but is unreadable here: v1 controllers win anyway
+    assert h["cpu"] == cgroups.Hierarchy("cpu", 1, Path("/sys/fs/cgroup/cpu,cpuacct"))
+    assert h["memory"].version == 1
+    root = tmp_path / "cg2"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    h2 = cgroups.detect(f"25 24 0:22 / {root} rw - cgroup2 cgroup2 rw\n")
+    assert h2["cpu"] == cgroups.Hierarchy("cpu", 2, root) and h2["memory"].version == 2
+    # hybrid: cpu bound to v1, memory only in v2
+    mixed = cgroups.detect(f"30 25 0:27 / /v1cpu rw - cgroup cgroup rw,cpu\n25 24 0:22 / {root} rw - cgroup2 cgroup2 rw\n")
+    assert mixed["cpu"].version == 1 and mixed["memory"].version == 2
+
+
+def test_v2_files_written(tmp_path):
+    """On v2 the limits go to cpu.max / memory.max and controllers are delegated down the tree."""
+    root = tmp_path / "cg2"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    (root / "cgroup.subtree_control").write_text("")
+    hier = {c: cgroups.Hierarchy(c, 2, root) for c in ("cpu", "memory")}
+    g = cgroups.Cgroup("cluster-t/h0", ("cpu", "memory"), hier)
+    # a plain directory does not populate cgroup files itself: pre-create what the kernel would
+    for d in (root / "torchpp", root / "torchpp" / "cluster-t"):
+        d.mkdir(parents=True)
+        (d / "cgroup.subtree_control").write_text("")
+    g.create()
+    g.set_cpu(0.25)
+    g.set_memory(2**30)
+    leaf = root / "torchpp" / "cluster-t" / "h0"
+    assert (leaf / "cpu.max").read_text() == "25000 100000"
+    assert (leaf / "memory.max").read_text() == str(2**30)
+    assert "+cpu" in (root / "cgroup.subtree_control").read_text() or \
+        "+memory" in (root / "cgroup.subtree_control").read_text()
+
+
+def test_worst_exit_code():
+    assert worst([0, 0]) == 0 and worst([0, 3, 1]) == 3 and worst([0, -9]) == 137 and worst([]) == 0
+
+
+def test_host_env():
+    state = {"name": "t", "master_addr": "10.77.0.1", "master_port": 29511,
+             "hosts": [{"name": "a", "cpu": 0.5}, {"name": "b", "cpu": 1.5}]}
+    env = host_env(state, 1, base={})
+    assert env["HOST"] == "b" and env["RANK"] == env["NODE_RANK"] == "1" and env["WORLD_SIZE"] == "2"
+    assert env["MASTER_ADDR"] == "10.77.0.1" and env["MASTER_PORT"] == "29511"
+    assert env["PET_NODE_RANK"] == "1" and env["OMP_NUM_THREADS"] == "2"
+
+
+def test_fit_rate_recovers_linear_model():
+    """A message plus its acknowledgement takes one round trip plus bytes / rate."""
+    lat, rate = 0.002, 6.25e6
+    pts = [(b, 2 * lat + b / rate) for b in (65536, 2**20, 8 * 2**20)]
+    assert fit_rate(pts, 2 * lat) == pytest.approx(rate, rel=1e-9)
+    assert fit_rate(pts[:1], 2 * lat) == pytest.approx(rate, rel=1e-9)
+
+
+def test_follower_emits_whole_lines_per_host(tmp_path):
+    from torchpp.cluster.cluster import _Follower
+    paths = {"a": tmp_path / "a.log", "b": tmp_path / "b.log"}
+    got = []
+    f = _Follower(paths, lambda h, line: got.append((h, line)))
+    f.poll()  # files do not exist yet
+    paths["a"].write_bytes(b"one\ntw")
+    f.poll()
+    assert got == [("a", "one")]
+    with open(paths["a"], "ab") as fh:
+        fh.write(b"o\n")
+    paths["b"].write_bytes(b"last, no newline")
+    f.poll()
+    f.poll(final=True)
+    assert got == [("a", "one"), ("a", "two"), ("b", "last, no newline")]
+
+
+def test_probe_needs_a_distributed_environment(monkeypatch, capsys):
+    from torchpp.cli import main
+    for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(v, raising=False)
+    assert main(["bandwidth", "probe"]) == 2
+    assert "RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_probe_on_loopback_writes_both_files(tmp_path):
+    """Two processes on 127.0.0.1 (no privileges needed): every ordered pair, CSV and JSON agree."""
+    import socket
+    import subprocess
+    import sys
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank, host in enumerate(("left", "right")):
+        env = {**__import__("os").environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "HOST": host, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, "-m", "torchpp", "bandwidth", "probe", "--out-dir",
+                                       str(tmp_path), "--sizes", "64K,256K", "--repeats", "2", "--timeout", "60"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    from torchpp.formats import Bandwidth
+    bw = Bandwidth.load(tmp_path / "bandwidth.json")
+    assert set(bw.bytes_per_sec) == {"left|right", "right|left"} and all(v > 0 for v in bw.bytes_per_sec.values())
+    rows = {(s, d): float(g) for s, d, g in (l.split(",") for l in (tmp_path / "bandwidth.csv").read_text().split())}
+    for (s, d), gbps in rows.items():
+        assert gbps == pytest.approx(bw.rate(s, d) * 8 / 1e9, rel=1e-5)
