@@ -135,11 +135,24 @@ def test_plan_mode_writes_runtime_form_trace_and_matches_planner_pricing(tmp_pat
     xs = [e for e in ev if e["ph"] == "X"]
     assert {e["name"] for e in xs} >= {"F0", "B3", "send_act", "recv_act", "send_grad", "recv_grad", "allreduce",
                                        "optimizer"}
-    assert all({"stage", "microbatch", "bytes", "layers"} <= set(e["args"]) for e in xs)
-    sends = [e for e in xs if e["name"] == "send_act"]
-    assert all(e["args"]["bytes"] > 0 for e in sends)
-    flows = [e for e in ev if e["ph"] in ("s", "f")]
-    assert len(flows) == 2 * sum(1 for e in xs if e["name"].startswith("send"))
+    # the runtime recorder's args on each row (torchpp.trace.timeline.StepRecorder)
+    for e in xs:
+        need = {"compute": {"stage", "microbatch", "layers"}, "send": {"stage", "microbatch", "peer", "bytes",
+                "samples", "blocked_s"}, "collective": {"stage", "group", "tied", "bytes"}}
+        need["recv"] = need["send"]
+        tname = {0: "compute", 1: "send", 2: "recv", 3: "collective"}[e["tid"]]
+        assert need[tname] <= set(e["args"]), (tname, e)
+    assert all(e["args"]["bytes"] > 0 for e in xs if e["name"] in ("send_act", "recv_grad", "allreduce"))
+    # rows never overlap (Perfetto drops overlapping slices on one row)
+    for pid in names:
+        for tid in range(4):
+            row = sorted((e["ts"], e["ts"] + e["dur"]) for e in xs if e["pid"] == pid and e["tid"] == tid)
+            assert all(a[1] <= b[0] + 1e-3 for a, b in zip(row, row[1:]))
+    # one flow per message, ids as the runtime makes them
+    starts = {e["id"] for e in ev if e["ph"] == "s"}
+    ends = {e["id"] for e in ev if e["ph"] == "f"}
+    assert starts == ends and len(starts) == sum(1 for e in xs if e["name"].startswith("send"))
+    assert data["metadata"]["merged_ranks"] == plan.world_size and data["metadata"]["predicted"] is True
     assert max(e["ts"] + e["dur"] for e in xs) == pytest.approx(step * 1e6, rel=1e-9)
     # the shared-channel model is priced too, and reads back through the analyser's reader
     assert main(args + ["--comm", "shared", "--priorities", "fwd_prop=0.7,grad_prop=0.3,grad_sync=0"]) == 0

@@ -189,10 +189,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.trace is not None:
         if isinstance(res, Seed002Result):
             raise UsageError("--trace: the seed002 policy has no action lists; use --policy schedule")
+        from ..formats import write_json
         from .trace import predicted_trace
 
         plan = parametric_plan(p.stages, p.n, settings.schedule)
-        print(f"trace: {predicted_trace(plan, res.timeline).save(args.trace)}")
+        print(f"trace: {write_json(args.trace, predicted_trace(plan, res.timeline))}")
     return 0
 
 
@@ -238,7 +239,7 @@ def cmd_all(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ..formats import Plan
+    from ..formats import Plan, write_json
     from ..schedules import build
     from .engine import SimOptions, simulate
     from .measured import measured_cost
@@ -252,9 +253,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"predicted step time: {res.makespan:.6f} s ({args.comm} comm, {plan.schedule}, "
           f"{plan.num_stages} stages, {plan.world_size} ranks)")
     _print_utilisation(res)
-    w = predicted_trace(plan, res.timeline, bytes_of=bytes_of,
-                        metadata={"plan": str(args.plan), "comm": args.comm, "step_time_s": res.makespan})
-    print(f"trace: {w.save(args.trace)}")
+    trace = predicted_trace(plan, res.timeline, bytes_of=bytes_of,
+                            metadata={"plan": str(args.plan), "comm": args.comm, "step_time_s": res.makespan})
+    print(f"trace: {write_json(args.trace, trace)}")
     if args.gantt is not None:
         from .gantt import plot_gantt
 
