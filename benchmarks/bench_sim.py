@@ -25,11 +25,13 @@ def jobs_for(stages: int, n: int, count: int) -> list:
     return out[:count]
 
 
-def measure(jobs: list, settings: SimSettings, workers: int, chunk: int = 64) -> tuple[float, list[float]]:
+def measure(jobs: list, settings: SimSettings, workers: int, chunk: int = 64) -> tuple[float, float, list[float]]:
+    """(configs/s of wall time, configs/s of this process's CPU time, completion times)."""
     chunks = list(_chunks(jobs, chunk))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     res = [t for ts in map_chunks(chunks, settings, workers) for t in ts]
-    return len(jobs) / (time.perf_counter() - t0), res
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return len(jobs) / wall, len(jobs) / cpu if cpu > 0 else float("nan"), res
 
 
 def main() -> None:
@@ -40,17 +42,19 @@ def main() -> None:
     scale = 0.25 if args.quick else 1.0
     rows = [("schedule", 4, 8, False, 1760), ("schedule", 4, 8, True, 1760), ("schedule", 16, 64, False, 88),
             ("schedule", 16, 64, True, 88), ("seed002", 4, 8, False, 352), ("seed002", 4, 8, True, 176)]
-    print(f"{'policy':<9} {'shape':>7} {'congestion':>10} {'configs':>7} {'1 core/s':>9} "
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; "
+          "'cpu/s' counts this process's CPU time only (what an idle core would give)")
+    print(f"{'policy':<9} {'shape':>7} {'congestion':>10} {'configs':>7} {'1 core/s':>9} {'cpu/s':>7} "
           f"{f'{args.workers} cores/s':>10} {'speed-up':>8}  identical")
     for policy, stages, n, cong, count in rows:
         jobs = jobs_for(stages, n, max(8, int(count * scale)))
         st = SimSettings(policy=policy, congestion=cong)
         measure(jobs[:8], st, 1)  # warm the compiled-schedule cache and imports
-        r1, a = measure(jobs, st, 1)
-        rn, b = measure(jobs, st, args.workers)
+        r1, c1, a = measure(jobs, st, 1)
+        rn, _, b = measure(jobs, st, args.workers)
         same = all((x == y) or (x != x and y != y) for x, y in zip(a, b)) and len(a) == len(b)
-        print(f"{policy:<9} {f'{stages}x{n}':>7} {str(cong):>10} {len(jobs):>7} {r1:>9.0f} {rn:>10.0f} "
-              f"{rn / r1:>8.2f}  {same}")
+        print(f"{policy:<9} {f'{stages}x{n}':>7} {str(cong):>10} {len(jobs):>7} {r1:>9.0f} {c1:>7.0f} {rn:>10.0f} "
+              f"{rn / r1:>8.2f}  {same}", flush=True)
 
 
 if __name__ == "__main__":

@@ -230,3 +230,24 @@ def test_parametric_bulk_durations_equal_the_cost_model():
     from torchpp.sim.engine import _durations_generic
 
     assert cost.durations(comp) == _durations_generic(comp, cost)
+
+
+def test_random_configurations_never_beat_the_contention_free_bound():
+    """Fixed per-rank order + max-type dependencies: comm, sharing and interference only delay."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(60):
+        p = SimParams(n=rng.choice([1, 2, 5, 8]), stages=rng.choice([1, 2, 3, 4]), sync_freq=rng.choice([1, 2, 3]),
+                      fwd_len=rng.choice([0.5, 1.0]), bwd_len=rng.choice([1.0, 2.5]),
+                      prop_len=rng.choice([0.0, 0.5, 2.0]), sync_base_len=rng.choice([0.0, 1.0]),
+                      fwd_impact=rng.choice([0.0, 0.3]), bwd_impact=rng.choice([0.0, 0.6]))
+        shares = {t: rng.choice([0.0, 0.2, 0.5, 1.0]) for t in ("fwd_prop", "grad_prop", "grad_sync")}
+        tiers = {t: rng.choice([None, None, "a", "b"]) for t in ("fwd_prop", "grad_prop", "grad_sync")}
+        st = SimSettings(congestion=rng.random() < 0.5, ideal_sync=rng.random() < 0.2,
+                         recv_capacity=rng.choice([0.5, 1.0]), schedule=rng.choice(["1f1b", "gpipe"]))
+        t = completion_time(p, st, Priorities.of(shares, tiers))
+        bound = (p.n + p.stages - 1) * (p.fwd_len + p.bwd_len)
+        assert t >= bound - 1e-9, (p, st, shares, tiers)
+        if p.prop_len == 0 and p.sync_base_len == 0:
+            assert t == pytest.approx(bound)

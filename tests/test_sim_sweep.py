@@ -5,9 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from torchpp import schedules as S
 from torchpp.cli import main
-from torchpp.formats import ExperimentConfig, FormatError, ModelInfo, SimSettings
+from torchpp.formats import ExperimentConfig, FormatError, SimSettings
 from torchpp.planner.cost import Profiles, price
 from torchpp.planner.simple import make_plan
 from torchpp.planner.synthetic import layers_file, uniform_links
@@ -110,8 +109,7 @@ def _plan(tmp_path, groups=(2, 1, 1)):
         files.append(lf.save(tmp_path / f"layers_{h}.json"))
     bw = uniform_links(hosts, bytes_per_sec=2e3, latency_s=0.001)
     bw.save(tmp_path / "bandwidth.json")
-    info = files and layers_file("x", num_layers=4).model
-    plan = make_plan(info, seq_len=16, global_batch=16, num_microbatches=4, layer_ranges=[(0, 2), (2, 3), (3, 4)],
+    plan = make_plan(layers_file("x", num_layers=4).model, seq_len=16, global_batch=16, num_microbatches=4, layer_ranges=[(0, 2), (2, 3), (3, 4)],
                      group_sizes=list(groups), hosts=hosts)
     plan.save(tmp_path / "plan.json")
     return plan, files, tmp_path / "bandwidth.json"
@@ -137,11 +135,24 @@ def test_plan_mode_writes_runtime_form_trace_and_matches_planner_pricing(tmp_pat
     xs = [e for e in ev if e["ph"] == "X"]
     assert {e["name"] for e in xs} >= {"F0", "B3", "send_act", "recv_act", "send_grad", "recv_grad", "allreduce",
                                        "optimizer"}
-    assert all({"stage", "microbatch", "bytes", "layers"} <= set(e["args"]) for e in xs)
-    sends = [e for e in xs if e["name"] == "send_act"]
-    assert all(e["args"]["bytes"] > 0 for e in sends)
-    flows = [e for e in ev if e["ph"] in ("s", "f")]
-    assert len(flows) == 2 * sum(1 for e in xs if e["name"].startswith("send"))
+    # the runtime recorder's args on each row (torchpp.trace.timeline.StepRecorder)
+    for e in xs:
+        need = {"compute": {"stage", "microbatch", "layers"}, "send": {"stage", "microbatch", "peer", "bytes",
+                "samples", "blocked_s"}, "collective": {"stage", "group", "tied", "bytes"}}
+        need["recv"] = need["send"]
+        tname = {0: "compute", 1: "send", 2: "recv", 3: "collective"}[e["tid"]]
+        assert need[tname] <= set(e["args"]), (tname, e)
+    assert all(e["args"]["bytes"] > 0 for e in xs if e["name"] in ("send_act", "recv_grad", "allreduce"))
+    # rows never overlap (Perfetto drops overlapping slices on one row)
+    for pid in names:
+        for tid in range(4):
+            row = sorted((e["ts"], e["ts"] + e["dur"]) for e in xs if e["pid"] == pid and e["tid"] == tid)
+            assert all(a[1] <= b[0] + 1e-3 for a, b in zip(row, row[1:]))
+    # one flow per message, ids as the runtime makes them
+    starts = {e["id"] for e in ev if e["ph"] == "s"}
+    ends = {e["id"] for e in ev if e["ph"] == "f"}
+    assert starts == ends and len(starts) == sum(1 for e in xs if e["name"].startswith("send"))
+    assert data["metadata"]["merged_ranks"] == plan.world_size and data["metadata"]["predicted"] is True
     assert max(e["ts"] + e["dur"] for e in xs) == pytest.approx(step * 1e6, rel=1e-9)
     # the shared-channel model is priced too, and reads back through the analyser's reader
     assert main(args + ["--comm", "shared", "--priorities", "fwd_prop=0.7,grad_prop=0.3,grad_sync=0"]) == 0

@@ -148,7 +148,12 @@ def _print_utilisation(result) -> None:
     span = max((b.end for b in bars), default=0.0) or 1.0
     for dev in sorted({b.device for b in bars}):
         comp = sum(b.end - b.start for b in bars if b.device == dev and b.channel == "compute")
-        print(f"  device {dev}: compute {100 * comp / span:5.1f}%")
+        busy, until = 0.0, 0.0  # time the comm channel carries anything (union of transfers)
+        for b in sorted((b for b in bars if b.device == dev and b.channel == "comm"), key=lambda b: b.start):
+            if b.end > until:
+                busy += b.end - max(b.start, until)
+                until = b.end
+        print(f"  device {dev}: compute {100 * comp / span:5.1f}%  comm {100 * busy / span:5.1f}%")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -184,10 +189,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.trace is not None:
         if isinstance(res, Seed002Result):
             raise UsageError("--trace: the seed002 policy has no action lists; use --policy schedule")
+        from ..formats import write_json
         from .trace import predicted_trace
 
         plan = parametric_plan(p.stages, p.n, settings.schedule)
-        print(f"trace: {predicted_trace(plan, res.timeline).save(args.trace)}")
+        print(f"trace: {write_json(args.trace, predicted_trace(plan, res.timeline))}")
     return 0
 
 
@@ -233,7 +239,7 @@ def cmd_all(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ..formats import Plan
+    from ..formats import Plan, write_json
     from ..schedules import build
     from .engine import SimOptions, simulate
     from .measured import measured_cost
@@ -247,9 +253,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"predicted step time: {res.makespan:.6f} s ({args.comm} comm, {plan.schedule}, "
           f"{plan.num_stages} stages, {plan.world_size} ranks)")
     _print_utilisation(res)
-    w = predicted_trace(plan, res.timeline, bytes_of=bytes_of,
-                        metadata={"plan": str(args.plan), "comm": args.comm, "step_time_s": res.makespan})
-    print(f"trace: {w.save(args.trace)}")
+    trace = predicted_trace(plan, res.timeline, bytes_of=bytes_of,
+                            metadata={"plan": str(args.plan), "comm": args.comm, "step_time_s": res.makespan})
+    print(f"trace: {write_json(args.trace, trace)}")
     if args.gantt is not None:
         from .gantt import plot_gantt
 

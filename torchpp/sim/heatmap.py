@@ -88,15 +88,18 @@ def plot_environment(env: tuple[str, ...], rows: list[dict[str, str]], path: str
     ax_f.imshow(strip_f, extent=(-0.5, 0.5, -0.5, len(ys) - 0.5), **kw)
     ax_g.imshow(strip_g, extent=(-0.5, len(xs) - 0.5, -0.5, 0.5), **kw)
     small = len(xs) * len(ys) <= 144
+
+    def label(axis, x: float, y: float, t: float) -> None:
+        if small and not np.isnan(t):  # dark text on the light (fast) end of the scale
+            colour = "k" if (t - vmin) / (vmax - vmin) < 0.5 else "w"
+            axis.text(x, y, f"{t:.4g}", ha="center", va="center", fontsize=6, color=colour)
+
     for (i, j), t in np.ndenumerate(grid):
-        if small and not np.isnan(t):
-            ax.text(j, i, f"{t:.4g}", ha="center", va="center", fontsize=6, color="w")
+        label(ax, j, i, t)
     for i, t in enumerate(strip_f[:, 0]):
-        if small and not np.isnan(t):
-            ax_f.text(0, i, f"{t:.4g}", ha="center", va="center", fontsize=6, color="w")
+        label(ax_f, 0, i, t)
     for j, t in enumerate(strip_g[0]):
-        if small and not np.isnan(t):
-            ax_g.text(j, 0, f"{t:.4g}", ha="center", va="center", fontsize=6, color="w")
+        label(ax_g, j, 0, t)
     best = min(rows, key=lambda r: float(r["completion_time"]))
     ax.set_xticks(range(len(xs)), [f"{x:g}" for x in xs], fontsize=7)
     ax.set_yticks(range(len(ys)), [f"{y:g}" for y in ys], fontsize=7)

@@ -1,9 +1,15 @@
-"""A priced schedule as a predicted Chrome trace, in exactly the runtime's form (DESIGN.md).
+"""A priced schedule as a predicted Chrome trace, in exactly the runtime's form.
 
-One process per rank named ``rank R · stage S · host H``; threads compute, send, recv and
-collective; ``X`` events F<mb>/B<mb>/send_act/recv_act/send_grad/recv_grad/allreduce/optimizer
-with args {stage, microbatch, bytes, layers}; a flow from each send to its receive. A
-predicted and a measured timeline therefore open side by side and one analyser reads both.
+What :class:`torchpp.trace.timeline.StepRecorder` writes for a measured step, this writes for
+a predicted one: per rank a process ``rank R · stage S · host H`` with rows compute, send,
+recv and collective; ``F<mb>``/``B<mb>``/``optimizer`` with {stage, microbatch, layers,
+samples}; ``send_*``/``recv_*`` with {stage, microbatch, peer, bytes, samples, blocked_s},
+laid out one after another on their row (a slice starts when its message became the row's
+next outstanding one: receives are posted at the start of the step, sends when reached);
+``allreduce`` with {stage, group, tied, bytes}; a flow from each send's start to its
+receive's end with the runtime's ids; the per-rank traces merged as
+``timeline_step<N>_all.json`` is. A predicted and a measured timeline therefore open side by
+side and :mod:`torchpp.trace.analyze` reads both.
 """
 from __future__ import annotations
 
@@ -11,13 +17,11 @@ from typing import Any, Callable
 
 from ..formats import Plan
 from ..schedules import Action, Kind
-from ..trace.chrome import TraceWriter
-from .replay import Timeline
+from ..trace.chrome import TraceWriter, merge
+from .replay import Span, Timeline
 
-_NAME = {Kind.SEND_ACT: "send_act", Kind.RECV_ACT: "recv_act", Kind.SEND_GRAD: "send_grad",
-         Kind.RECV_GRAD: "recv_grad", Kind.ALLREDUCE: "allreduce", Kind.OPTIMIZER: "optimizer"}
-_THREAD = {Kind.FORWARD: "compute", Kind.BACKWARD: "compute", Kind.OPTIMIZER: "compute", Kind.SEND_ACT: "send",
-           Kind.SEND_GRAD: "send", Kind.RECV_ACT: "recv", Kind.RECV_GRAD: "recv", Kind.ALLREDUCE: "collective"}
+_P2P = {Kind.SEND_ACT: ("send", "send_act"), Kind.SEND_GRAD: ("send", "send_grad"),
+        Kind.RECV_ACT: ("recv", "recv_act"), Kind.RECV_GRAD: ("recv", "recv_grad")}
 
 
 def event_name(a: Action) -> str:
@@ -25,40 +29,68 @@ def event_name(a: Action) -> str:
         return f"F{a.microbatch}"
     if a.kind == Kind.BACKWARD:
         return f"B{a.microbatch}"
-    return _NAME[a.kind]
+    if a.kind == Kind.OPTIMIZER:
+        return "optimizer"
+    if a.kind == Kind.ALLREDUCE:
+        return "allreduce"
+    return _P2P[a.kind][1]
 
 
-def predicted_trace(plan: Plan, timeline: Timeline, *, bytes_of: Callable[[int, Action], float] | None = None,
-                    metadata: dict[str, Any] | None = None) -> TraceWriter:
-    """Events of every rank in one writer (like the runtime's merged ``timeline_step<N>_all.json``)."""
-    w = TraceWriter(world_size=plan.world_size,
-                    metadata={"predicted": True, "source": "torchpp simulate", "world_size": plan.world_size,
-                              **(metadata or {})})
-    sends: dict[tuple, dict[str, Any]] = {}
-    recvs: dict[tuple, dict[str, Any]] = {}
-    for r in sorted(timeline.spans):
-        st = plan.stage_of_rank(r)
-        host = plan.device_of_rank(r).host
-        w.name_process(r, f"rank {r} · stage {st.index} · host {host}")
-        for s in timeline.spans[r]:
-            a = s.action
-            nbytes = float(bytes_of(r, a)) if bytes_of is not None else 0.0
-            args = {"stage": a.stage, "microbatch": a.microbatch, "bytes": int(round(nbytes)),
-                    "layers": list(plan.stages[a.stage].layers)}
-            if a.kind == Kind.ALLREDUCE:
-                args["group"] = list(a.group or ())
-                args["tied"] = a.tied
-            elif a.peer is not None:
-                args["peer"] = a.peer
+def rank_trace(plan: Plan, rank: int, spans: list[Span], *, step: int = 0,
+               bytes_of: Callable[[int, Action], float] | None = None) -> dict[str, Any]:
+    """One rank's predicted step, as its runtime recorder would have written it."""
+    from ..trace.timeline import flow_id
+
+    st = plan.stage_of_rank(rank)
+    host = plan.device_of_rank(rank).host
+    w = TraceWriter(world_size=plan.world_size, rank=rank,
+                    metadata={"step": step, "rank": rank, "stage": st.index, "host": host, "clock_offset_s": 0.0,
+                              "clock_rtt_s": 0.0, "clock": "predicted"})
+    w.name_process(rank, f"rank {rank} · stage {st.index} · host {host}")
+    nbytes = (lambda a: int(round(bytes_of(rank, a)))) if bytes_of is not None else (lambda a: 0)
+    p2p: list[tuple[str, Span, float]] = []
+    for s in spans:
+        a = s.action
+        if a.kind in (Kind.FORWARD, Kind.BACKWARD, Kind.OPTIMIZER):
+            args: dict[str, Any] = {"stage": a.stage, "microbatch": a.microbatch, "layers": list(st.layers)}
             if a.samples is not None:
                 args["samples"] = list(a.samples)
-            ev = w.complete(r, _THREAD[a.kind], event_name(a), s.start, s.end - s.start, args)
-            if a.is_send:
-                sends[(r, a.peer, a.kind, a.microbatch, a.samples)] = ev
-            elif a.is_recv:
-                send_kind = Kind.SEND_ACT if a.kind == Kind.RECV_ACT else Kind.SEND_GRAD
-                recvs[(a.peer, r, send_kind, a.microbatch, a.samples)] = ev
-    for i, (key, ev) in enumerate(sorted(sends.items(), key=lambda kv: (kv[1]["ts"], kv[0][0], kv[0][1]))):
-        if key in recvs:
-            w.flow(i + 1, ev, recvs[key], name=ev["name"])
-    return w
+            w.complete(rank, "compute", event_name(a), s.start, s.end - s.start, args)
+        elif a.kind == Kind.ALLREDUCE:
+            w.complete(rank, "collective", "allreduce", s.ready, s.end - s.ready,
+                       {"stage": a.stage, "group": list(a.group or ()), "tied": a.tied, "bytes": nbytes(a)})
+        elif a.is_send:
+            p2p.append(("send", s, s.start))  # posted when the rank reaches it
+        else:
+            p2p.append(("recv", s, 0.0))      # every receive of the step is posted up front
+    for row in ("send", "recv"):
+        prev_end = float("-inf")
+        # a message is done when it has arrived (Span.ready); a receive may be reached later
+        for _, s, posted in sorted((p for p in p2p if p[0] == row), key=lambda p: p[1].ready):
+            a = s.action
+            start = max(posted, prev_end)
+            prev_end = s.ready
+            blocked = s.end - s.start if row == "recv" else 0.0
+            ev = w.complete(rank, row, _P2P[a.kind][1], start, s.ready - start,
+                            {"stage": a.stage, "microbatch": a.microbatch, "peer": a.peer, "bytes": nbytes(a),
+                             "samples": list(a.samples or ()), "blocked_s": round(blocked, 6)})
+            src, dst = (rank, a.peer) if row == "send" else (a.peer, rank)
+            fid = flow_id(step, a, src, dst)
+            if row == "send":
+                w.events.append({"ph": "s", "id": fid, "cat": "p2p", "name": ev["name"], "pid": ev["pid"],
+                                 "tid": ev["tid"], "ts": ev["ts"]})
+            else:
+                w.events.append({"ph": "f", "bp": "e", "id": fid, "cat": "p2p",
+                                 "name": "send_act" if a.kind == Kind.RECV_ACT else "send_grad",
+                                 "pid": ev["pid"], "tid": ev["tid"], "ts": ev["ts"] + ev["dur"]})
+    return w.to_json()
+
+
+def predicted_trace(plan: Plan, timeline: Timeline, *, step: int = 0,
+                    bytes_of: Callable[[int, Action], float] | None = None,
+                    metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+    """All ranks merged with zero clock offsets, like the runtime's ``timeline_step<N>_all.json``."""
+    ranks = sorted(timeline.spans)
+    traces = [rank_trace(plan, r, timeline.spans[r], step=step, bytes_of=bytes_of) for r in ranks]
+    return merge(traces, [0.0] * len(traces),
+                 metadata={"step": step, "predicted": True, "source": "torchpp simulate", **(metadata or {})})
