@@ -11,10 +11,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # verb -> (module defining configure(parser), one-line help). Each module's configure()
 # adds its arguments (and sub-verbs) and sets ``func`` to a callable(args) -> exit code.
 VERBS: dict[str, tuple[str, str]] = {
+    "profile": ("torchpp.profiling.cli", "measure per-block forward/backward times and bytes on this host"),
     "plan": ("torchpp.planner.cli", "make plan.json (even/dp/pp split, or the optimising planner)"),
     "capacities": ("torchpp.planner.capacities", "per-host speed relative to a reference host, from layers files"),
     "bandwidth parse": ("torchpp.planner.bandwidth", "iperf3-style links CSV to bandwidth.json"),
     "calibrate-memory": ("torchpp.planner.calibrate", "fit the memory model from random spans' peak RSS"),
+    "simulate": ("torchpp.sim.cli", "event-driven simulator: run, sweep, heatmap, all, plan, check-reference"),
     "analyze": ("torchpp.trace.report", "analyse merged timelines: bubbles, critical path, predicted vs measured"),
     "throttle": ("torchpp.cluster.throttle_cli", "limit CPU, memory or a link: cpu|mem|net [-- COMMAND], status, clear"),
     "cluster": ("torchpp.cluster.cluster_cli", "emulated cluster of namespaces: up -c CONFIG, run -- CMD, down, status"),

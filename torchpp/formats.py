@@ -232,7 +232,8 @@ class BlockProfile:
     """Decoder layer index (None for embed and tail)."""
     param_bytes: int
     activation_bytes_per_sample: int
-    """Bytes of the block's output tensor per sample (what crosses a stage boundary after it)."""
+    """Bytes of the block's output tensor per sample, measured (what crosses a stage boundary
+    after it; for the tail, the logits)."""
     forward_time_s: float
     backward_time_s: float
     forward_samples_s: list[float] = field(default_factory=list)
@@ -265,13 +266,18 @@ class RunInfo:
     torch_version: str
     timer: str
     """Which span timer measured the times: "cpp" (torchpp._timer) or "python"."""
+    seed: int = 0
+    """Seed of the preset's weights and of the synthetic token ids."""
+    cpu: str = ""
+    """Processor description of the host (informational)."""
 
     @staticmethod
     def parse(r: Reader) -> "RunInfo":
         return RunInfo(seq_len=r.int("seq_len", min_value=1), batch=r.int("batch", min_value=1),
                        iters=r.int("iters", min_value=1), warmup=r.int("warmup", min_value=0),
                        threads=r.int("threads", min_value=1), torch_version=r.str("torch_version"),
-                       timer=r.str("timer", choices={"cpp", "python"}))
+                       timer=r.str("timer", choices={"cpp", "python"}), seed=r.int("seed", 0),
+                       cpu=r.str("cpu", ""))
 
 
 @dataclass(kw_only=True)
@@ -290,6 +296,10 @@ class LayersFile:
     step_time_s: float
     """Mean wall time of one profiled forward+backward step (the blocks add up to it)."""
     peak_rss_bytes: int
+    """Largest resident set size seen during the profiled steps (psutil, sampled after each
+    forward and each backward)."""
+    step_samples_s: list[float] = field(default_factory=list)
+    """Wall time of each counted step."""
     format: str = f"torchpp.{LAYERS_KIND}/{LAYERS_VERSION}"
 
     def to_json(self) -> dict[str, Any]:
@@ -310,6 +320,7 @@ class LayersFile:
             embed=BlockProfile.parse(r.obj("embed")), tail=BlockProfile.parse(r.obj("tail")),
             layers=[BlockProfile.parse(x) for x in r.objs("layers", min_len=1)],
             step_time_s=r.float("step_time_s", positive=True), peak_rss_bytes=r.int("peak_rss_bytes", min_value=0),
+            step_samples_s=r.floats("step_samples_s", []),
         )
         if len(lf.layers) != lf.model.num_layers:
             raise FormatError(source, "layers", f"{lf.model.num_layers} entries (model.num_layers)", len(lf.layers))

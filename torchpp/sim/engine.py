@@ -73,10 +73,14 @@ class SimResult:
     throttled: set[tuple[int, int]] = field(default_factory=set)
     """(rank, index in the rank's list) of transfers slowed by receiver congestion."""
     events: int = 0
+    rate_log: list[tuple[float, int, int, float]] | None = None
+    """With ``record_rates``: (time, rank, index in the rank's list, new rate) of every transfer."""
+    completion: float | None = None
+    """The makespan when the timeline was not kept (``spans=False``)."""
 
     @property
     def makespan(self) -> float:
-        return self.timeline.makespan
+        return self.completion if self.completion is not None else self.timeline.makespan
 
     def utilisation(self) -> dict[int, float]:
         """Fraction of the makespan each rank's compute channel is busy."""
@@ -90,216 +94,565 @@ class Compiled:
 
     def __init__(self, sched: Schedule):
         self.sched = sched
-        self.ranks = sorted(sched)
-        self.rank_pos = {r: i for i, r in enumerate(self.ranks)}
+        self.ranks = ranks = sorted(sched)
+        self.rank_pos = pos = {r: i for i, r in enumerate(ranks)}
         acts: list[Action] = []
         owner: list[int] = []
+        step: list[int] = []
+        code: list[int] = []
+        peer: list[int] = []
         prog: list[list[int]] = []
-        for r in self.ranks:
+        sends: dict[tuple, list[int]] = {}
+        recvs: list[int] = []
+        ars: list[int] = []
+        code_of = _CODE
+        for ri, r in enumerate(ranks):
             idx = []
-            for a in sched[r]:
-                idx.append(len(acts))
+            for i, a in enumerate(sched[r]):
+                ix = len(acts)
+                idx.append(ix)
                 acts.append(a)
-                owner.append(self.rank_pos[r])
+                owner.append(ri)
+                step.append(i)
+                k = code_of[a.kind]
+                code.append(k)
+                pr = -1 if a.peer is None else pos.get(a.peer, -1)
+                peer.append(pr)
+                if k == _SA or k == _SG:
+                    sends.setdefault((ri, pr, a.microbatch, a.samples, k), []).append(ix)
+                elif k == _RA or k == _RG:
+                    recvs.append(ix)
+                elif k == _AR:
+                    ars.append(ix)
             prog.append(idx)
-        self.acts, self.owner, self.prog = acts, owner, prog
-        self.code = [_CODE[a.kind] for a in acts]
-        self.step = [0] * len(acts)
-        for idx in prog:
-            for i, a in enumerate(idx):
-                self.step[a] = i
-        self.peer = [self.rank_pos.get(a.peer, -1) if a.peer is not None else -1 for a in acts]
-        # match each receive with its send: k-th message on a link in list order
-        queues: dict[tuple, deque[int]] = {}
-        self.match = [-1] * len(acts)
-        for a, act in enumerate(acts):
-            if act.is_send:
-                queues.setdefault((owner[a], self.peer[a], act.microbatch, act.samples, act.kind), deque()).append(a)
-        for a, act in enumerate(acts):
-            if act.is_recv:
-                send_kind = Kind.SEND_ACT if act.kind == Kind.RECV_ACT else Kind.SEND_GRAD
-                q = queues.get((self.peer[a], owner[a], act.microbatch, act.samples, send_kind))
-                if not q:
-                    raise ScheduleError(f"rank {self.ranks[owner[a]]}: {act} has no matching send\n"
-                                        + format_schedule(sched, {self.ranks[owner[a]]: self.step[a]}))
-                s = q.popleft()
-                self.match[a], self.match[s] = s, a
+        self.acts, self.owner, self.prog, self.step, self.code, self.peer = acts, owner, prog, step, code, peer
+        # match each receive with its send: the k-th message of a kind on a link, in list order
+        match = [-1] * len(acts)
+        for a in recvs:
+            act = acts[a]
+            q = sends.get((peer[a], owner[a], act.microbatch, act.samples, code[a] - 2))
+            if not q:
+                raise ScheduleError(f"rank {ranks[owner[a]]}: {act} has no matching send\n"
+                                    + format_schedule(sched, {ranks[owner[a]]: step[a]}))
+            s = q.pop(0)
+            match[a], match[s] = s, a
+        self.match = match
         # collectives: the k-th all-reduce of (group, tied) on each member is one instance
         seen: dict[tuple, int] = {}
         inst: dict[tuple, list[int]] = {}
-        self.coll = [-1] * len(acts)
-        for a, act in enumerate(acts):
-            if act.kind == Kind.ALLREDUCE:
-                key = (act.group, act.tied, owner[a])
-                k = seen.get(key, 0)
-                seen[key] = k + 1
-                inst.setdefault((act.group, act.tied, k), []).append(a)
+        coll = [-1] * len(acts)
+        for a in ars:
+            act = acts[a]
+            key = (act.group, act.tied, owner[a])
+            k = seen.get(key, 0)
+            seen[key] = k + 1
+            inst.setdefault((act.group, act.tied, k), []).append(a)
         self.coll_members: list[list[int]] = []
         for (group, _tied, _k), members in inst.items():
             if len(members) != len(group or ()):
                 raise ScheduleError(f"all-reduce over {group}: {len(members)} of {len(group or ())} members "
                                     "reach it\n" + format_schedule(sched))
             for a in members:
-                self.coll[a] = len(self.coll_members)
+                coll[a] = len(self.coll_members)
             self.coll_members.append(members)
+        self.coll = coll
+        self._comm: tuple | None = None
+
+    @property
+    def ctype(self) -> list[int]:
+        return self._comm_arrays()[0]
+
+    @property
+    def mbkey(self) -> list[int]:
+        return self._comm_arrays()[1]
+
+    @property
+    def task_of(self) -> list[int]:
+        return self._comm_arrays()[2]
+
+    def _comm_arrays(self) -> tuple[list[int], list[int], list[int]]:
+        """Per comm entry: type (0 fwd_prop, 1 grad_prop, 2 grad_sync), tie key, fluid task."""
+        if self._comm is None:
+            cm = self.coll_members
+            self._comm = ([_CTYPE.get(k, -1) for k in self.code],
+                          [a.microbatch if a.microbatch is not None else 1 << 30 for a in self.acts],
+                          [cm[ci][0] if ci >= 0 else a for a, ci in enumerate(self.coll)])
+        return self._comm
 
 
-def simulate(sched: Schedule | Compiled, cost: CostModel, options: SimOptions | None = None) -> SimResult:
-    """Price the action lists with ``cost`` under ``options`` (see the module docstring)."""
+def simulate(sched: Schedule | Compiled, cost: CostModel, options: SimOptions | None = None, *,
+             record_rates: bool = False, spans: bool = True) -> SimResult:
+    """Price the action lists with ``cost`` under ``options`` (see the module docstring).
+
+    ``spans=False`` keeps only the makespan (a sweep needs nothing else).
+    """
     c = sched if isinstance(sched, Compiled) else Compiled(sched)
     o = options or SimOptions()
+    if o.comm == "links":
+        return _simulate_links(c, _durations(c, cost), spans)
+    return _simulate_shared(c, _durations(c, cost), o, record_rates, spans)
+
+
+def _durations(c: Compiled, cost: CostModel) -> list[float]:
+    """Seconds of every action at full speed (an all-reduce's on its first member's index)."""
+    fast = getattr(cost, "durations", None)
+    if fast is not None:
+        return fast(c)
+    return _durations_generic(c, cost)
+
+
+def _durations_generic(c: Compiled, cost: CostModel) -> list[float]:
     ranks, acts, code, owner, peer = c.ranks, c.acts, c.code, c.owner, c.peer
-    A = len(acts)
-    R = len(ranks)
-    shared = o.comm == "shared"
-    dur = [0.0] * A
-    for a in range(A):
-        k = code[a]
+    dur = [0.0] * len(acts)
+    for a, k in enumerate(code):
         r = ranks[owner[a]]
         if k <= _OPT:
-            dur[a] = float(cost.compute_s(r, acts[a]))
+            d = float(cost.compute_s(r, acts[a]))
         elif k == _SA or k == _SG:
-            dur[a] = float(cost.transfer_s(r, ranks[peer[a]], acts[a]))
+            d = float(cost.transfer_s(r, ranks[peer[a]], acts[a]))
         elif k == _AR and c.coll_members[c.coll[a]][0] == a:
-            dur[a] = float(cost.allreduce_s(acts[a]))
-        if dur[a] < 0:
-            raise SimError(f"cost of {acts[a]} on rank {r}: expected >= 0 seconds, got {dur[a]}")
+            d = float(cost.allreduce_s(acts[a]))
+        else:
+            continue
+        if not d >= 0:
+            raise SimError(f"cost of {acts[a]} on rank {r}: expected >= 0 seconds, got {d}")
+        dur[a] = d
+    return dur
 
-    # ---- priorities as arrays over comm type
+
+def _timeline(c: Compiled, start: list[float], end: list[float], ready: list[float]) -> Timeline:
+    tl = Timeline({r: [] for r in c.ranks})
+    acts, code = c.acts, c.code
+    for ri, r in enumerate(c.ranks):
+        spans = tl.spans[r]
+        for a in c.prog[ri]:
+            kk = code[a]
+            if kk <= _OPT:
+                spans.append(Span(r, acts[a], start[a], end[a]))
+            else:
+                spans.append(Span(r, acts[a], start[a], end[a], ready[a]))
+    return tl
+
+
+def _deadlock(c: Compiled, pc: list[int]) -> None:
+    stuck = {c.ranks[ri]: pc[ri] for ri in range(len(c.ranks)) if pc[ri] < len(c.prog[ri])}
+    if stuck:
+        raise ScheduleError("cannot price a schedule that deadlocks\n" + format_schedule(c.sched, stuck))
+
+
+def _simulate_links(c: Compiled, dur: list[float], spans: bool = True) -> SimResult:
+    """Contention-free: replay's pricing, event by event."""
+    code, owner, peer, match, coll, members_of, prog = c.code, c.owner, c.peer, c.match, c.coll, c.coll_members, c.prog
+    A, R = len(code), len(c.ranks)
+    pc = [0] * R
+    reached = [0.0] * R
+    start = [0.0] * A
+    end = [0.0] * A
+    ready = [0.0] * A
+    sent = [-1.0] * A
+    waiting = [-1] * A
+    coll_q: list[deque[int]] = [deque() for _ in range(R)]
+    arrived = [0] * len(members_of)
+    coll_t0 = [0.0] * len(members_of)
+    opt_wait = [False] * R
+    link_free: dict[tuple[int, int], float] = {}
+    heap: list[tuple[float, int]] = []
+    push, pop = heapq.heappush, heapq.heappop
+    wake: list[int] = []
+    now = 0.0
+
+    def arrive(ri: int) -> None:
+        a = coll_q[ri][0]
+        ci = coll[a]
+        arrived[ci] += 1
+        if arrived[ci] == len(members_of[ci]):
+            coll_t0[ci] = now
+            push(heap, (now + dur[members_of[ci][0]], members_of[ci][0]))
+
+    def run(ri: int) -> None:
+        p = prog[ri]
+        n = len(p)
+        i = pc[ri]
+        while i < n:
+            a = p[i]
+            k = code[a]
+            if k <= _OPT:
+                if k == _OPT and coll_q[ri]:
+                    opt_wait[ri] = True
+                    break
+                start[a] = now
+                push(heap, (now + dur[a], a))
+                break
+            if k == _SA or k == _SG:
+                key = (ri, peer[a])
+                s = link_free.get(key, 0.0)
+                if s < now:
+                    s = now
+                e = s + dur[a]
+                link_free[key] = e
+                start[a] = s
+                push(heap, (e, a))
+            elif k == _RA or k == _RG:
+                s = match[a]
+                if sent[s] < 0:
+                    waiting[s] = ri
+                    break
+                start[a], end[a], ready[a] = reached[ri], max(reached[ri], sent[s]), sent[s]
+            else:
+                coll_q[ri].append(a)
+                start[a] = now
+                if len(coll_q[ri]) == 1:
+                    arrive(ri)
+            i += 1
+            reached[ri] = now
+        pc[ri] = i
+
+    for ri in range(R):
+        run(ri)
+    while heap:
+        now, k = pop(heap)
+        kk = code[k]
+        ri = owner[k]
+        if kk <= _OPT:
+            end[k] = now
+            pc[ri] += 1
+            reached[ri] = now
+            run(ri)
+        elif kk == _SA or kk == _SG:
+            end[k] = ready[k] = sent[k] = now
+            w = waiting[k]
+            if w >= 0:
+                rv = match[k]
+                start[rv], end[rv], ready[rv] = reached[w], now, now
+                pc[w] += 1
+                reached[w] = now
+                run(w)
+        else:
+            ci = coll[k]
+            for m in members_of[ci]:
+                mi = owner[m]
+                end[m], ready[m] = now, coll_t0[ci]
+                q = coll_q[mi]
+                q.popleft()
+                if q:
+                    start[q[0]] = now
+                    arrive(mi)
+                elif opt_wait[mi]:
+                    opt_wait[mi] = False
+                    wake.append(mi)
+            while wake:
+                run(wake.pop())
+    _deadlock(c, pc)
+    if not spans:
+        return SimResult(timeline=Timeline({r: [] for r in c.ranks}), completion=max(end, default=0.0))
+    return SimResult(timeline=_timeline(c, start, end, ready))
+
+
+def _simulate_shared(c: Compiled, dur: list[float], o: SimOptions, record_rates: bool = False,
+                     spans: bool = True) -> SimResult:
+    """Shared prioritised comm channels, interference and congestion (fluid rates between events).
+
+    A comm channel entry is a *member* action: a send, or one member's all-reduce action; the
+    fluid task of an all-reduce is its first member. ``share[m]`` is m's share of its channel.
+    """
+    code, owner, peer, match, coll, members_of, prog = c.code, c.owner, c.peer, c.match, c.coll, c.coll_members, c.prog
+    A, R = len(code), len(c.ranks)
+    ctype, mbkey, task_of = c.ctype, c.mbkey, c.task_of
     pr = o.priorities
     tier = [pr.exclusive.get(t) for t in COMM_TYPES]
     prio = [pr.shared.get(t, 0.0) for t in COMM_TYPES]
-    impact = {_F: o.fwd_impact, _B: o.bwd_impact, _OPT: 0.0}
-    interference = shared and not o.ideal_sync and (o.fwd_impact > 0 or o.bwd_impact > 0)
+    any_tier = any(t is not None for t in tier)
+    impact = [o.fwd_impact, o.bwd_impact, 0.0]
+    interference = not o.ideal_sync and (o.fwd_impact > 0 or o.bwd_impact > 0)
+    congestion, cap, ideal = o.congestion, o.recv_capacity, o.ideal_sync
+    zero = ZERO_PRIORITY
 
-    # ---- state
     pc = [0] * R
-    reached = [0.0] * R          # when the rank reached its current action
-    start = [-1.0] * A
-    end = [-1.0] * A
-    ready_at = [-1.0] * A
-    sent = [-1.0] * A            # send action -> arrival time
-    waiting_recv = [-1] * A      # send action -> rank blocked on its receive
+    reached = [0.0] * R
+    start = [0.0] * A
+    end = [0.0] * A
+    ready = [0.0] * A
+    sent = [-1.0] * A
+    waiting = [-1] * A
     coll_q: list[deque[int]] = [deque() for _ in range(R)]
-    coll_arrived = [0] * len(c.coll_members)
-    coll_start_t = [0.0] * len(c.coll_members)
-    arrival = [0.0] * A          # member action -> when it reached the head of its rank's queue
-    opt_waiting = [False] * R
-    link_free: dict[tuple[int, int], float] = {}
-    # fluid tasks (task id = action index; an all-reduce is its first member's index)
+    arrived = [0] * len(members_of)
+    coll_t0 = [0.0] * len(members_of)
+    opt_wait = [False] * R
     rem = [0.0] * A
     rate = [0.0] * A
     last = [0.0] * A
-    ver = [0] * A
-    chan: list[list[int]] = [[] for _ in range(R)]      # comm tasks on each rank's channel
-    sync_chan: list[list[int]] = [[] for _ in range(R)]  # ideal_sync: all-reduces' own channel
-    share: dict[tuple[int, int], float] = {}            # (rank, task) -> share of that channel
+    fin = [-1.0] * A          # predicted finish of a fluid task; -2 once done
+    share = [0.0] * A
+    base = [0.0] * A          # three-tier share before congestion
+    chan: list[list[int]] = [[] for _ in range(R)]
+    schan: list[list[int]] = [[] for _ in range(R)] if ideal else chan
+    sync_share = [0.0] * R
+    inb = [0.0] * R           # with congestion: inbound base share of each rank
+    contrib = [0.0] * A       # ... and each send's part of it
+    congested = False
     computing = [-1] * R
     throttled: set[int] = set()
-    heap: list[tuple[float, int, int, int]] = []
-    seq = 0
+    heap: list[tuple[float, int]] = []
+    push, pop = heapq.heappush, heapq.heappop
     dirty: set[int] = set()
+    wake: list[int] = []
+    log: list[tuple[float, int, float]] | None = [] if record_rates else None
     now = 0.0
-
-    def push(t: float, k: int) -> None:
-        nonlocal seq
-        seq += 1
-        heapq.heappush(heap, (t, seq, k, ver[k]))
 
     def set_rate(k: int, new: float) -> None:
         old = rate[k]
         if new == old:
             return
         if old > 0:
-            rem[k] -= old * (now - last[k])
-            if rem[k] < 0:
-                rem[k] = 0.0
+            r = rem[k] - old * (now - last[k])
+            rem[k] = r if r > 0 else 0.0
         last[k] = now
         rate[k] = new
-        ver[k] += 1
+        if log is not None:
+            log.append((now, k, new))
         if new > 0:
-            push(now + rem[k] / new, k)
+            t = now + rem[k] / new
+            fin[k] = t
+            push(heap, (t, k))
+        else:
+            fin[k] = -1.0
 
-    def start_task(k: int, work: float) -> None:
-        rem[k], last[k], rate[k] = work, now, 0.0
-        start[k] = now
+    def allocate(tasks: list[int], budget: float, out: list[float]) -> None:
+        """The three tiers: exclusive letter, proportional shares, zero priority."""
+        n = len(tasks)
+        if n == 1:
+            out[tasks[0]] = budget
+            return
+        if any_tier:
+            best = None
+            for m in tasks:
+                t = tier[ctype[m]]
+                if t is not None:
+                    key = (t, mbkey[m], ctype[m])
+                    if best is None or key < best:
+                        best, bm = key, m
+            if best is not None:
+                for m in tasks:
+                    out[m] = 0.0
+                out[bm] = budget
+                return
+        c0 = c1 = c2 = 0
+        for m in tasks:
+            t = ctype[m]
+            if t == 0:
+                c0 += 1
+            elif t == 1:
+                c1 += 1
+            else:
+                c2 += 1
+        p0 = prio[0] if c0 and prio[0] > zero else 0.0
+        p1 = prio[1] if c1 and prio[1] > zero else 0.0
+        p2 = prio[2] if c2 and prio[2] > zero else 0.0
+        tot = p0 + p1 + p2
+        if tot > 0:
+            each = (budget * p0 / tot / c0 if p0 else 0.0, budget * p1 / tot / c1 if p1 else 0.0,
+                    budget * p2 / tot / c2 if p2 else 0.0)
+            for m in tasks:
+                out[m] = each[ctype[m]]
+            return
+        e = budget / n
+        for m in tasks:
+            out[m] = e
 
-    def compute_rate(ri: int, k: int) -> float:
-        if not interference:
-            return 1.0
-        s = 0.0
-        for t in chan[ri]:
-            if code[t] == _AR:
-                s += share.get((ri, t), 0.0)
-        return 1.0 - s * impact[code[k]]
+    def congest() -> tuple[dict[int, float], bool]:
+        """Final shares of every channel entry with no rank receiving more than ``cap``.
 
-    def coll_arrive(ri: int) -> None:
-        """The head of rank ri's collective queue has arrived; start the collective when all have."""
+        Also says whether any share was throttled (then the next event checks again in full).
+        """
+        final: dict[int, float] = {}
+        inbound: dict[int, float] = {}
+        for ri in range(R):
+            for m in chan[ri]:
+                s = base[m]
+                final[m] = s
+                if s > 0 and code[m] != _AR:
+                    d = peer[m]
+                    inbound[d] = inbound.get(d, 0.0) + s
+        if all(v <= cap * (1 + 1e-12) for v in inbound.values()):
+            return final, False
+        fixed: set[int] = set()
+        for _ in range(A + 1):
+            by_dst: dict[int, list[int]] = {}
+            for m, s in final.items():
+                if s > 0 and code[m] != _AR:
+                    by_dst.setdefault(peer[m], []).append(m)
+            over = False
+            for ms in by_dst.values():
+                total = 0.0
+                for m in ms:
+                    total += final[m]
+                if total > cap * (1 + 1e-12):
+                    over = True
+                    f = cap / total
+                    for m in ms:
+                        final[m] *= f
+                        fixed.add(m)
+                        throttled.add(m)
+            if not over:
+                return final, True
+            for ri in range(R):
+                tasks = chan[ri]
+                if not any(m in fixed for m in tasks):
+                    continue
+                used = sum(final[m] for m in tasks if m in fixed)
+                free = [m for m in tasks if m not in fixed]
+                if free:
+                    out = {}
+                    _alloc_into(free, max(0.0, 1.0 - used), out)
+                    final.update(out)
+        by_dst = {}
+        for m, s in final.items():
+            if s > 0 and code[m] != _AR:
+                by_dst.setdefault(peer[m], []).append(m)
+        for ms in by_dst.values():
+            total = sum(final[m] for m in ms)
+            if total > cap:
+                for m in ms:
+                    final[m] *= cap / total
+                    throttled.add(m)
+        return final, True
+
+    def _alloc_into(tasks: list[int], budget: float, out: dict[int, float]) -> None:
+        scratch = base_scratch
+        allocate(tasks, budget, scratch)
+        for m in tasks:
+            out[m] = scratch[m]
+
+    base_scratch = [0.0] * A
+
+    def reallocate() -> None:
+        nonlocal congested
+        changed: list[int] = []
+        full = False
+        for ri in dirty:
+            tasks = chan[ri]
+            if tasks:
+                allocate(tasks, 1.0, base)
+                if congestion:
+                    for m in tasks:
+                        if code[m] != _AR:
+                            d = base[m] - contrib[m]
+                            if d:
+                                inb[peer[m]] += d
+                                contrib[m] = base[m]
+            if ideal and schan[ri]:
+                allocate(schan[ri], 1.0, base)
+        if congestion:
+            full = congested
+            if not full:
+                lim = cap * (1 + 1e-9)
+                for v in inb:
+                    if v > lim:
+                        full = True
+                        break
+        if full:
+            final, congested = congest()
+            for m, v in final.items():
+                if share[m] != v:
+                    share[m] = v
+                    changed.append(m)
+            if ideal:
+                for ri in dirty:
+                    for m in schan[ri]:
+                        if share[m] != base[m]:
+                            share[m] = base[m]
+                            changed.append(m)
+        else:
+            for ri in dirty:
+                for m in chan[ri]:
+                    v = base[m]
+                    if share[m] != v:
+                        share[m] = v
+                        changed.append(m)
+                if ideal:
+                    for m in schan[ri]:
+                        v = base[m]
+                        if share[m] != v:
+                            share[m] = v
+                            changed.append(m)
+        for m in changed:
+            k = task_of[m]
+            if k == m and code[m] != _AR:
+                set_rate(m, share[m])
+            else:
+                ms = members_of[coll[m]]
+                low = share[ms[0]]
+                for x in ms:
+                    if share[x] < low:
+                        low = share[x]
+                set_rate(k, low)
+        if interference:
+            for ri in (range(R) if full else dirty):
+                v = 0.0
+                for m in chan[ri]:
+                    if code[m] == _AR:
+                        v += share[m]
+                if v != sync_share[ri]:
+                    sync_share[ri] = v
+                    comp = computing[ri]
+                    if comp >= 0:
+                        set_rate(comp, 1.0 - v * impact[code[comp]])
+        dirty.clear()
+
+    def arrive(ri: int) -> None:
         a = coll_q[ri][0]
-        arrival[a] = max(now, arrival[a])
-        ci = c.coll[a]
-        coll_arrived[ci] += 1
-        members = c.coll_members[ci]
-        if coll_arrived[ci] < len(members):
+        ci = coll[a]
+        arrived[ci] += 1
+        ms = members_of[ci]
+        if arrived[ci] < len(ms):
             return
-        k = members[0]
-        coll_start_t[ci] = now
-        if not shared:
-            rem[k] = dur[k]
-            start[k] = now
-            push(now + dur[k], k)
-            return
-        start_task(k, dur[k])
-        for m in members:
-            (sync_chan if o.ideal_sync else chan)[owner[m]].append(k)
-            dirty.add(owner[m])
+        k = ms[0]
+        coll_t0[ci] = now
+        rem[k], last[k], rate[k] = dur[k], now, 0.0
+        for m in ms:
+            mi = owner[m]
+            schan[mi].append(m)
+            dirty.add(mi)
 
-    def run_thread(ri: int) -> None:
-        prog = c.prog[ri]
-        while pc[ri] < len(prog):
-            a = prog[pc[ri]]
+    def run(ri: int) -> None:
+        p = prog[ri]
+        n = len(p)
+        i = pc[ri]
+        while i < n:
+            a = p[i]
             k = code[a]
             if k <= _OPT:
                 if k == _OPT and coll_q[ri]:
-                    opt_waiting[ri] = True
-                    return
+                    opt_wait[ri] = True
+                    break
                 start[a] = now
                 computing[ri] = a
-                if shared:
-                    start_task(a, dur[a])
-                    set_rate(a, compute_rate(ri, a))
-                else:
-                    rem[a] = dur[a]
-                    push(now + dur[a], a)
-                return
+                rem[a], last[a], rate[a] = dur[a], now, 0.0
+                set_rate(a, 1.0 - sync_share[ri] * impact[k] if interference else 1.0)
+                break
             if k == _SA or k == _SG:
-                if shared:
-                    start_task(a, dur[a])
-                    chan[ri].append(a)
-                    dirty.add(ri)
-                else:
-                    key = (ri, peer[a])
-                    s = max(now, link_free.get(key, 0.0))
-                    e = s + dur[a]
-                    link_free[key] = e
-                    start[a] = s
-                    push(e, a)
+                start[a] = now
+                rem[a], last[a], rate[a] = dur[a], now, 0.0
+                chan[ri].append(a)
+                dirty.add(ri)
             elif k == _RA or k == _RG:
-                s = c.match[a]
+                s = match[a]
                 if sent[s] < 0:
-                    waiting_recv[s] = ri
-                    return
-                start[a], end[a], ready_at[a] = reached[ri], max(reached[ri], sent[s]), sent[s]
-            else:  # all-reduce: post it; it starts when every member has reached it
+                    waiting[s] = ri
+                    break
+                start[a], end[a], ready[a] = reached[ri], max(reached[ri], sent[s]), sent[s]
+            else:
                 coll_q[ri].append(a)
-                arrival[a] = now
+                start[a] = now
                 if len(coll_q[ri]) == 1:
-                    coll_arrive(ri)
-            pc[ri] += 1
+                    arrive(ri)
+            i += 1
             reached[ri] = now
+        pc[ri] = i
 
     def finish(k: int) -> None:
-        """Task k (an action, or an all-reduce's first member) completed at ``now``."""
+        fin[k] = -2.0
+        rate[k] = 0.0
         kk = code[k]
         ri = owner[k]
         if kk <= _OPT:
@@ -307,183 +660,66 @@ def simulate(sched: Schedule | Compiled, cost: CostModel, options: SimOptions | 
             computing[ri] = -1
             pc[ri] += 1
             reached[ri] = now
-            rate[k] = 0.0
             wake.append(ri)
         elif kk == _SA or kk == _SG:
-            end[k] = ready_at[k] = sent[k] = now
-            if shared:
-                chan[ri].remove(k)
-                share.pop((ri, k), None)
-                rate[k] = 0.0
-                dirty.add(ri)
-            w = waiting_recv[k]
+            end[k] = ready[k] = sent[k] = now
+            chan[ri].remove(k)
+            share[k] = 0.0
+            if contrib[k]:
+                inb[peer[k]] -= contrib[k]
+                contrib[k] = 0.0
+            dirty.add(ri)
+            w = waiting[k]
             if w >= 0:
-                waiting_recv[k] = -1
-                rv = c.match[k]
-                start[rv], end[rv], ready_at[rv] = reached[w], now, now
+                rv = match[k]
+                start[rv], end[rv], ready[rv] = reached[w], now, now
                 pc[w] += 1
                 reached[w] = now
                 wake.append(w)
         else:
-            ci = c.coll[k]
-            for m in c.coll_members[ci]:
+            ci = coll[k]
+            for m in members_of[ci]:
                 mi = owner[m]
-                start[m], end[m], ready_at[m] = arrival[m], now, coll_start_t[ci]
-                if shared:
-                    (sync_chan if o.ideal_sync else chan)[mi].remove(k)
-                    share.pop((mi, k), None)
-                    dirty.add(mi)
-                coll_q[mi].popleft()
-                if coll_q[mi]:
-                    arrival[coll_q[mi][0]] = now
-                    coll_arrive(mi)
-                elif opt_waiting[mi]:
-                    opt_waiting[mi] = False
+                end[m], ready[m] = now, coll_t0[ci]
+                schan[mi].remove(m)
+                share[m] = 0.0
+                dirty.add(mi)
+                q = coll_q[mi]
+                q.popleft()
+                if q:
+                    start[q[0]] = now
+                    arrive(mi)
+                elif opt_wait[mi]:
+                    opt_wait[mi] = False
                     wake.append(mi)
-            rate[k] = 0.0
 
-    ctype = [_CTYPE.get(k, -1) for k in code]
-    mbkey = [a.microbatch if a.microbatch is not None else 1 << 30 for a in acts]
-    zero = ZERO_PRIORITY
-    cap = o.recv_capacity
-
-    def allocate(tasks: list[int], budget: float, out: dict[int, float]) -> None:
-        """The three tiers: exclusive letter, proportional shares, zero priority."""
-        if not tasks:
-            return
-        best = None
-        for k in tasks:
-            t = tier[ctype[k]]
-            if t is not None:
-                key = (t, mbkey[k], ctype[k])
-                if best is None or key < best[0]:
-                    best = (key, k)
-        if best is not None:
-            for k in tasks:
-                out[k] = 0.0
-            out[best[1]] = budget
-            return
-        count = [0, 0, 0]
-        for k in tasks:
-            if prio[ctype[k]] > zero:
-                count[ctype[k]] += 1
-        if count[0] or count[1] or count[2]:
-            tot = sum(prio[i] for i in range(3) if count[i])
-            for k in tasks:
-                p = prio[ctype[k]]
-                out[k] = budget * (p / tot) / count[ctype[k]] if p > zero else 0.0
-            return
-        each = budget / len(tasks)
-        for k in tasks:
-            out[k] = each
-
-    def congestion(alloc: list[dict[int, float]]) -> None:
-        """Throttle senders so that no rank receives more than ``recv_capacity``."""
-        fixed: set[int] = set()
-        for _ in range(A + 1):
-            inbound: dict[int, list[int]] = {}
-            for ri in range(R):
-                for k, sh in alloc[ri].items():
-                    if sh > 0 and code[k] != _AR:
-                        inbound.setdefault(peer[k], []).append(k)
-            over = False
-            for dst, ks in inbound.items():
-                total = sum(alloc[owner[k]][k] for k in ks)
-                if total > cap * (1 + 1e-12):
-                    over = True
-                    for k in ks:
-                        alloc[owner[k]][k] *= cap / total
-                        fixed.add(k)
-                        throttled.add(k)
-            if not over:
-                return
-            for ri in range(R):
-                tasks = chan[ri]
-                if not any(k in fixed for k in tasks):
-                    continue
-                used = sum(alloc[ri][k] for k in tasks if k in fixed)
-                free = [k for k in tasks if k not in fixed]
-                allocate(free, max(0.0, 1.0 - used), alloc[ri])
-        # out of rounds: scaling alone never raises another rank's inbound
-        inbound = {}
-        for ri in range(R):
-            for k, sh in alloc[ri].items():
-                if sh > 0 and code[k] != _AR:
-                    inbound.setdefault(peer[k], []).append(k)
-        for dst, ks in inbound.items():
-            total = sum(alloc[owner[k]][k] for k in ks)
-            if total > cap:
-                for k in ks:
-                    alloc[owner[k]][k] *= cap / total
-                    throttled.add(k)
-
-    def _reallocate(todo: set[int]) -> None:
-        rows = range(R) if o.congestion else list(todo)
-        alloc: list[dict[int, float]] = [{} for _ in range(R)]
-        for ri in rows:
-            allocate(chan[ri], 1.0, alloc[ri])
-            if o.ideal_sync:
-                allocate(sync_chan[ri], 1.0, alloc[ri])
-        if o.congestion:
-            congestion(alloc)
-        changed: set[int] = set()
-        for ri in rows:
-            for k, sh in alloc[ri].items():
-                if share.get((ri, k)) != sh:
-                    share[(ri, k)] = sh
-                    changed.add(k)
-        for k in changed:
-            if code[k] == _AR:
-                members = c.coll_members[c.coll[k]]
-                set_rate(k, min(share.get((owner[m], k), 0.0) for m in members))
-            else:
-                set_rate(k, share[(owner[k], k)])
-        if interference:
-            for ri in rows:
-                comp = computing[ri]
-                if comp >= 0:
-                    set_rate(comp, compute_rate(ri, comp))
-        todo.clear()
-
-    wake: list[int] = []
     for ri in range(R):
-        run_thread(ri)
+        run(ri)
     events = 0
     while True:
-        if shared and dirty:
-            _reallocate(dirty)
+        if dirty:
+            reallocate()
         if not heap:
             break
-        t, _s, k, v = heapq.heappop(heap)
-        if v != ver[k]:
+        t, k = pop(heap)
+        if fin[k] != t:
             continue
         now = t
         events += 1
         finish(k)
-        # everything else finishing at the same instant before reallocating
         while heap and heap[0][0] <= now:
-            t2, _s, k2, v2 = heapq.heappop(heap)
-            if v2 == ver[k2]:
+            t2, k2 = pop(heap)
+            if fin[k2] == t2:
                 finish(k2)
         while wake:
-            run_thread(wake.pop())
-
-    # ---- dead-lock check and timeline
-    stuck = {ranks[ri]: pc[ri] for ri in range(R) if pc[ri] < len(c.prog[ri])}
-    if stuck:
-        raise ScheduleError("cannot price a schedule that deadlocks\n" + format_schedule(c.sched, stuck))
-    tl = Timeline({r: [] for r in ranks})
-    out_throttled: set[tuple[int, int]] = set()
-    for ri, r in enumerate(ranks):
-        spans = tl.spans[r]
-        for a in c.prog[ri]:
-            kk = code[a]
-            if kk <= _OPT:
-                spans.append(Span(r, acts[a], start[a], end[a]))
-            elif kk == _SA or kk == _SG:
-                spans.append(Span(r, acts[a], start[a], end[a], end[a]))
-                if a in throttled:
-                    out_throttled.add((r, c.step[a]))
-            else:
-                spans.append(Span(r, acts[a], start[a], end[a], ready_at[a]))
-    return SimResult(timeline=tl, throttled=out_throttled, events=events)
+            run(wake.pop())
+    _deadlock(c, pc)
+    if not spans:
+        return SimResult(timeline=Timeline({r: [] for r in c.ranks}), completion=max(end, default=0.0),
+                         events=events)
+    tl = _timeline(c, start, end, ready)
+    out_throttled = {(c.ranks[owner[m]], c.step[m]) for m in throttled}
+    rate_log = None
+    if log is not None:
+        rate_log = [(t, c.ranks[owner[k]], c.step[k], v) for t, k, v in log if code[k] in (_SA, _SG, _AR)]
+    return SimResult(timeline=tl, throttled=out_throttled, events=events, rate_log=rate_log)

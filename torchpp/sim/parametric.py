@@ -60,7 +60,16 @@ def add_accumulation_syncs(sched: Schedule, n: int, sync_freq: int) -> Schedule:
 def compiled_parametric(stages: int, n: int, sync_freq: int, schedule: str = "1f1b") -> Compiled:
     """The action lists of one pipeline shape, compiled once and shared by a sweep's points."""
     sched = schedules.build(parametric_plan(stages, n, schedule))
-    return Compiled(add_accumulation_syncs(sched, n, sync_freq))
+    comp = Compiled(add_accumulation_syncs(sched, n, sync_freq))
+    windows = sync_points(n, sync_freq)
+    comp.kind_index = [_KIND_INDEX[a.kind] for a in comp.acts]
+    comp.sync_windows = [(a, windows[comp.acts[a].microbatch]) for a in range(len(comp.acts))
+                         if comp.acts[a].kind == Kind.ALLREDUCE]
+    return comp
+
+
+_KIND_INDEX = {Kind.FORWARD: 0, Kind.BACKWARD: 1, Kind.SEND_ACT: 2, Kind.SEND_GRAD: 2, Kind.OPTIMIZER: 3,
+               Kind.RECV_ACT: 3, Kind.RECV_GRAD: 3, Kind.ALLREDUCE: 3}
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,20 @@ class ParamCost:
     def allreduce_s(self, a: Action) -> float:
         windows = sync_points(self.p.n, self.p.sync_freq)
         return self.p.sync_base_len * windows.get(a.microbatch, self.p.sync_freq)
+
+    def durations(self, c: Compiled) -> list[float]:
+        """All actions at once (what a sweep prices thousands of times); same values as above."""
+        kind_index = getattr(c, "kind_index", None)
+        if kind_index is None:  # not built by compiled_parametric: the generic per-action path
+            from .engine import _durations_generic
+
+            return _durations_generic(c, self)
+        table = (float(self.p.fwd_len), float(self.p.bwd_len), float(self.p.prop_len), 0.0)
+        dur = [table[i] for i in kind_index]
+        base = self.p.sync_base_len
+        for a, w in c.sync_windows:
+            dur[a] = base * w
+        return dur
 
 
 def options_for(p: SimParams, settings: SimSettings, priorities: Priorities) -> SimOptions:
@@ -106,5 +129,8 @@ def run_params(p: SimParams, settings: SimSettings, priorities: Priorities) -> S
 
 
 def completion_time(p: SimParams, settings: SimSettings, priorities: Priorities) -> float:
-    r = run_params(p, settings, priorities)
-    return r.completion_time if isinstance(r, Seed002Result) else r.makespan
+    """Only the completion time (the sweep's unit of work)."""
+    if settings.policy == "seed002":
+        return run_params(p, settings, priorities).completion_time
+    comp = compiled_parametric(p.stages, p.n, p.sync_freq, settings.schedule)
+    return simulate(comp, ParamCost(p), options_for(p, settings, priorities), spans=False).makespan

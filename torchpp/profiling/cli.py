@@ -1,0 +1,61 @@
+"""`torchpp profile`: measure per-block times and bytes on this host into layers_<host>.json."""
+from __future__ import annotations
+
+import argparse
+import socket
+from pathlib import Path
+
+from ..models.presets import DTYPES, ModelSpecError
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="preset name (qwen3-0.6b, qwen3-tiny, ...) or a local HF "
+                   "checkpoint directory (read offline)")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per sample (default 128)")
+    p.add_argument("--batch", type=int, default=2, help="samples per step (default 2)")
+    p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)")
+    p.add_argument("--iters", type=int, default=6, help="counted steps (default 6)")
+    p.add_argument("--warmup", type=int, default=2, help="steps run first and not counted (default 2)")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    p.add_argument("--host", default=None, help="name of this host in the file (default: hostname)")
+    p.add_argument("--out", default=None, help="layers file to write (default layers_<host>.json)")
+    p.add_argument("--trace", default=None, help="also write the counted steps as a Chrome trace")
+    p.add_argument("--layers", type=int, default=None, help="profile only the first N decoder layers")
+    p.add_argument("--seed", type=int, default=0, help="seed of preset weights and synthetic tokens")
+    p.add_argument("--timer", default=None, help="force the span timer backend: cpp or python")
+    p.add_argument("--quiet", action="store_true", help="no progress lines and no summary")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cli import UsageError
+    from ..trace.chrome import TraceWriter
+    from ..models.presets import load_config
+    from .measure import ProfileConfig, format_summary, max_positions, measure_layers, stderr_progress
+
+    if args.timer not in (None, "cpp", "python"):
+        raise UsageError(f"--timer: expected cpp or python, got {args.timer!r}")
+    host = args.host or socket.gethostname()
+    try:
+        pc = ProfileConfig(model=args.model, seq_len=args.seq_len, batch=args.batch, dtype=args.dtype,
+                           iters=args.iters, warmup=args.warmup, threads=args.threads, host=host,
+                           num_layers=args.layers, seed=args.seed, timer=args.timer)
+        cfg = load_config(pc.model, pc.num_layers)  # reject a bad --model/--layers before any work
+        limit = max_positions(cfg)
+        if limit is not None and pc.seq_len > limit:
+            raise ValueError(f"--seq-len: expected at most {limit} (the model's position limit), got {pc.seq_len}")
+    except (ValueError, ModelSpecError) as e:
+        raise UsageError(str(e)) from None
+    out = Path(args.out or f"layers_{host}.json")
+    tw = TraceWriter(world_size=1, rank=0) if args.trace else None
+    try:
+        lf = measure_layers(pc, progress=None if args.quiet else stderr_progress(pc.model), trace=tw)
+    except ModelSpecError as e:
+        raise UsageError(str(e)) from None
+    lf.save(out)
+    if tw is not None:
+        tw.save(args.trace)
+    if not args.quiet:
+        print(format_summary(lf))
+        print(f"wrote {out}" + (f" and {args.trace}" if args.trace else ""))
+    return 0

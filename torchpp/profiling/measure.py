@@ -1,0 +1,200 @@
+"""Measure one host: per-block forward/backward times and bytes of a causal LM (seed 000, step 1).
+
+Runs ``warmup + iters`` forward+backward steps on synthetic random token ids with the block
+hooks attached, keeps the ``iters`` counted steps, and returns a :class:`LayersFile`:
+per block the parameter bytes (parameters × element size), the bytes of its output tensor
+per sample, the mean forward and backward time and the raw per-step samples.
+"""
+from __future__ import annotations
+
+import platform
+import socket
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import psutil
+import torch
+
+from ..formats import BlockProfile, LayersFile, RunInfo
+from ..models.blocks import EMBED, TAIL, find_parts, layer_block
+from ..models.presets import DTYPES, build_model, load_config, model_info
+from ..trace.chrome import TraceWriter
+from .hooks import BlockProfiler, StepTimes
+from .timer import SpanTimer
+
+
+@dataclass(kw_only=True)
+class ProfileConfig:
+    """What to measure; field names follow ``torchpp profile``'s options."""
+
+    model: str
+    seq_len: int = 128
+    batch: int = 2
+    dtype: str = "float32"
+    iters: int = 6
+    warmup: int = 2
+    threads: int = 1
+    host: str = ""
+    num_layers: int | None = None
+    """Profile only the first N decoder layers (the layers file then describes N layers)."""
+    seed: int = 0
+    timer: str | None = None
+    """Force a timer backend ("cpp" or "python"); default: the C++ one when built."""
+
+    def __post_init__(self) -> None:
+        for name, lo in (("seq_len", 1), ("batch", 1), ("iters", 1), ("warmup", 0), ("threads", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= {lo}, got {v!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.num_layers is not None and self.num_layers < 1:
+            raise ValueError(f"--layers: expected an integer >= 1, got {self.num_layers!r}")
+        if not self.host:
+            self.host = socket.gethostname()
+
+
+def max_positions(cfg) -> int | None:
+    v = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    return int(v) if v else None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float], None] | None = None,
+                   trace: TraceWriter | None = None) -> LayersFile:
+    """Profile ``pc.model`` on this host; ``progress(phase, i, n, step_s)`` after every step."""
+    cfg = load_config(pc.model, pc.num_layers)
+    limit = max_positions(cfg)
+    if limit is not None and pc.seq_len > limit:
+        raise ValueError(f"--seq-len: expected at most {limit} (the model's position limit), got {pc.seq_len}")
+    torch.set_num_threads(pc.threads)
+    model = build_model(pc.model, seed=pc.seed, dtype=pc.dtype, config=cfg)
+    parts = find_parts(model)
+    ids = torch.randint(0, int(cfg.vocab_size), (pc.batch, pc.seq_len),
+                        generator=torch.Generator().manual_seed(pc.seed))
+    proc = psutil.Process()
+    peak = 0
+    timer = SpanTimer(1 << 12, prefer=pc.timer)
+
+    def sample_rss(*_):
+        nonlocal peak
+        peak = max(peak, proc.memory_info().rss)
+
+    rss_hook = model.register_forward_hook(sample_rss)
+    steps: list[StepTimes] = []
+    try:
+        with BlockProfiler(model, timer=timer, parts=parts) as prof:
+            for i in range(pc.warmup + pc.iters):
+                st = prof.run_step(ids)
+                sample_rss()
+                model.zero_grad(set_to_none=True)
+                counted = i >= pc.warmup
+                if counted:
+                    steps.append(st)
+                if progress:
+                    phase, k, n = ("measure", i - pc.warmup, pc.iters) if counted else ("warmup", i, pc.warmup)
+                    progress(phase, k + 1, n, st.wall_s)
+    finally:
+        rss_hook.remove()
+    if trace is not None:
+        write_trace(trace, steps, pc)
+
+    first = steps[0]
+    names = [EMBED, *(layer_block(i) for i in range(parts.num_layers)), TAIL]
+
+    def block(name: str, index: int | None) -> BlockProfile:
+        fw = [s.forward_s[name] for s in steps]
+        bw = [s.backward_s[name] for s in steps]
+        act = first.activation_bytes[name]
+        if act % pc.batch:
+            raise RuntimeError(f"{name}: output of {act} bytes does not split into {pc.batch} samples")
+        return BlockProfile(name=name, index=index, param_bytes=parts.param_bytes(name),
+                            activation_bytes_per_sample=act // pc.batch, forward_time_s=statistics.fmean(fw),
+                            backward_time_s=statistics.fmean(bw), forward_samples_s=fw, backward_samples_s=bw)
+
+    walls = [s.wall_s for s in steps]
+    return LayersFile(
+        host=pc.host, model=model_info(cfg, pc.model, pc.dtype),
+        run=RunInfo(seq_len=pc.seq_len, batch=pc.batch, iters=pc.iters, warmup=pc.warmup, threads=pc.threads,
+                    torch_version=torch.__version__, timer=timer.backend, seed=pc.seed, cpu=_cpu_name()),
+        embed_param_bytes=parts.param_bytes(EMBED), tail_param_bytes=parts.param_bytes(TAIL),
+        embed=block(EMBED, None), tail=block(TAIL, None),
+        layers=[block(n, i) for i, n in enumerate(names[1:-1])],
+        step_time_s=statistics.fmean(walls), peak_rss_bytes=peak, step_samples_s=walls,
+    )
+
+
+def write_trace(tw: TraceWriter, steps: list[StepTimes], pc: ProfileConfig) -> None:
+    """The counted steps as a Chrome trace: F/B per step on 'compute', one event per block on 'blocks'."""
+    if not steps:
+        return
+    t0 = steps[0].begin_ns
+    tw.name_process(0, f"rank 0 · profile · host {pc.host}")
+    tw.metadata.update(model=pc.model, seq_len=pc.seq_len, batch=pc.batch, dtype=pc.dtype)
+    s = lambda ns: (ns - t0) * 1e-9  # noqa: E731
+    for it, st in enumerate(steps):
+        sp = st.spans_ns
+        order = list(sp)
+        f0, f1 = sp[order[0]][0], sp[order[-1]][1]
+        b0, b1 = sp[order[-1]][2], sp[order[0]][3]
+        tw.complete(0, "compute", f"F{it}", s(f0), s(f1) - s(f0), {"stage": 0, "microbatch": it, "iteration": it})
+        tw.complete(0, "compute", f"B{it}", s(b0), s(b1) - s(b0), {"stage": 0, "microbatch": it, "iteration": it})
+        for name in order:
+            a, b, c, d = sp[name]
+            args = {"iteration": it, "block": name, "bytes": st.activation_bytes.get(name, 0)}
+            tw.complete(0, "blocks", f"{name} fwd", s(a), s(b) - s(a), {**args, "phase": "forward"})
+            tw.complete(0, "blocks", f"{name} bwd", s(c), s(d) - s(c), {**args, "phase": "backward"})
+
+
+def format_summary(lf: LayersFile) -> str:
+    """A table a person reads: per block ms and bytes, and how much of the step the blocks cover."""
+    ms = lambda x: f"{x * 1e3:9.3f}"  # noqa: E731
+    mb = lambda b: f"{b / 2**20:9.2f}"  # noqa: E731
+    r = lf.run
+    lines = [f"host {lf.host}: {lf.model.name} ({lf.model.architecture}, {lf.model.num_layers} layers, "
+             f"hidden {lf.model.hidden_size}, {lf.model.dtype}), batch {r.batch} × seq {r.seq_len}, "
+             f"{r.threads} thread(s), timer {r.timer}, mean of {r.iters} step(s) after {r.warmup} warm-up",
+             f"{'block':<8} {'fwd ms':>9} {'bwd ms':>9} {'params MiB':>10} {'act KiB/sample':>15}"]
+    blocks = [lf.embed, *lf.layers, lf.tail]
+    for b in blocks:
+        lines.append(f"{b.name:<8} {ms(b.forward_time_s)} {ms(b.backward_time_s)} {mb(b.param_bytes):>10} "
+                     f"{b.activation_bytes_per_sample / 1024:15.1f}")
+    tot_f = sum(b.forward_time_s for b in blocks)
+    tot_b = sum(b.backward_time_s for b in blocks)
+    lines.append(f"{'total':<8} {ms(tot_f)} {ms(tot_b)} {mb(sum(b.param_bytes for b in blocks)):>10}")
+    lines.append(f"step {lf.step_time_s * 1e3:.3f} ms (blocks cover {100 * (tot_f + tot_b) / lf.step_time_s:.1f}%), "
+                 f"peak RSS {lf.peak_rss_bytes / 2**20:.1f} MiB")
+    return "\n".join(lines)
+
+
+def stderr_progress(model: str) -> Callable[[str, int, int, float], None]:
+    """tqdm bar on a terminal, else one line per step (readable in logs)."""
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bars: dict[str, tqdm] = {}
+
+        def show(phase: str, i: int, n: int, step_s: float) -> None:
+            if phase not in bars:
+                bars[phase] = tqdm(total=n, desc=f"profile {model} {phase}", file=sys.stderr, unit="step")
+            bars[phase].set_postfix_str(f"{step_s * 1e3:.1f} ms/step")
+            bars[phase].update(1)
+            if i == n:
+                bars[phase].close()
+        return show
+
+    def line(phase: str, i: int, n: int, step_s: float) -> None:
+        print(f"[profile] {model} {phase} {i}/{n}: step {step_s * 1e3:.1f} ms", file=sys.stderr, flush=True)
+    return line

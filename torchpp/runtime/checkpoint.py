@@ -1,0 +1,198 @@
+"""Atomic, per-step checkpoints that the HF model can load, and resuming from the last one.
+
+Layout of ``<dir>/step_<N>/`` (N = optimizer steps done):
+
+- ``model-stage<S>.safetensors``: stage S's parameters under their HF names; with
+  ``config.json`` and ``model.safetensors.index.json`` the directory loads with
+  ``AutoModelForCausalLM.from_pretrained``.
+- ``optim-stage<S>.safetensors`` (+ ``optim.safetensors.index.json``): optimizer state keyed
+  ``<param name>::<state key>``, so a resumed run may even use another split.
+- ``rng-rank<R>.pt``: each rank's torch RNG state.
+- ``manifest.json``: written last, after every rank's files are in place. A step directory
+  without it is incomplete and ignored.
+
+Every file is written to a temporary name and renamed. A stage's files are written by the
+lowest rank of its group on each host, and each host's lowest rank writes the index and the
+manifest, so a run on hosts without a shared file system can still resume.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..formats import file_hash, read_json, write_json
+from ..models.stages import Stage, read_tensors
+
+MANIFEST = "manifest.json"
+CKPT_FORMAT = "torchpp.checkpoint/1"
+_STEP_RE = re.compile(r"^step_(\d+)$")
+
+
+def step_dir(root: str | Path, step: int) -> Path:
+    return Path(root) / f"step_{step:08d}"
+
+
+def _atomic(path: Path, write) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _save_safetensors(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str] | None = None) -> None:
+    from safetensors.torch import save_file
+
+    clean = {k: v.detach().contiguous() for k, v in tensors.items()}
+    _atomic(path, lambda tmp: save_file(clean, tmp, metadata=meta or {"format": "pt"}))
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Who writes what on this rank (decided once from the hosts of all ranks)."""
+
+    stage: int
+    writes_stage: bool
+    writes_manifest: bool
+
+    @staticmethod
+    def decide(rank: int, stage_of: dict[int, int], hosts: list[str]) -> "Roles":
+        mine = hosts[rank]
+        same_host = [r for r in range(len(hosts)) if hosts[r] == mine]
+        writes_stage = rank == min(r for r in same_host if stage_of[r] == stage_of[rank])
+        return Roles(stage=stage_of[rank], writes_stage=writes_stage, writes_manifest=rank == min(same_host))
+
+
+def optimizer_tensors(stage: Stage, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    names = {id(p): n for n, p in stage.named_parameters()}
+    out: dict[str, torch.Tensor] = {}
+    for p, st in optimizer.state.items():
+        for k, v in st.items():
+            t = v if torch.is_tensor(v) else torch.tensor(v, dtype=torch.float64)
+            out[f"{names[id(p)]}::{k}"] = t
+    return out
+
+
+def save(root: str | Path, step: int, *, rank: int, roles: Roles, stage: Stage, optimizer: torch.optim.Optimizer,
+         info: dict[str, Any], timeout_s: float) -> Path | None:
+    """All ranks call this after step ``step``; returns the step directory on manifest writers."""
+    d = step_dir(root, step)
+    d.mkdir(parents=True, exist_ok=True)
+    s = roles.stage
+    mine: dict[str, Any] = {"stage": s, "params": [], "optim": []}
+    if roles.writes_stage:
+        params = {n: p for n, p in stage.named_parameters()}
+        _save_safetensors(d / f"model-stage{s}.safetensors", params)
+        opt = optimizer_tensors(stage, optimizer)
+        _save_safetensors(d / f"optim-stage{s}.safetensors", opt)
+        mine = {"stage": s, "params": sorted(params), "optim": sorted(opt)}
+    _atomic(d / f"rng-rank{rank}.pt", lambda tmp: torch.save(torch.get_rng_state(), tmp))
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    parts: list[Any] = [None] * world
+    if world > 1:
+        dist.all_gather_object(parts, mine)  # also the barrier: every rank's files are in place
+    else:
+        parts = [mine]
+    if not roles.writes_manifest:
+        return None
+    weight_map, optim_map = {}, {}
+    for part in parts:
+        for n in part["params"]:
+            weight_map[n] = f"model-stage{part['stage']}.safetensors"
+        for n in part["optim"]:
+            optim_map[n] = f"optim-stage{part['stage']}.safetensors"
+    cfg = stage.cfg
+    _atomic(d / "config.json", lambda tmp: cfg.to_json_file(tmp))
+    write_json(d / "model.safetensors.index.json", {"metadata": {"step": step}, "weight_map": weight_map})
+    write_json(d / "optim.safetensors.index.json", {"metadata": {"step": step}, "weight_map": optim_map})
+    files = sorted(set(weight_map.values()) | set(optim_map.values()))
+    write_json(d / MANIFEST, {"format": CKPT_FORMAT, "step": step, "files": files, "world_size": world,
+                              "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                              **info})
+    return d
+
+
+def latest_local(root: str | Path) -> int:
+    """The highest step with a manifest in ``root`` (-1 when none)."""
+    best = -1
+    r = Path(root)
+    if not r.is_dir():
+        return best
+    for p in r.iterdir():
+        m = _STEP_RE.match(p.name)
+        if m and (p / MANIFEST).is_file():
+            try:
+                data = read_json(p / MANIFEST)
+            except ValueError:
+                continue
+            if data.get("format") == CKPT_FORMAT and all((p / f).is_file() for f in data.get("files", [])):
+                best = max(best, int(m.group(1)))
+    return best
+
+
+def agree_on_step(root: str | Path) -> int:
+    """The newest step every rank can load (-1 when any rank has none)."""
+    step = torch.tensor([latest_local(root)], dtype=torch.int64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(step, op=dist.ReduceOp.MIN)
+    return int(step)
+
+
+@torch.no_grad()
+def load(root: str | Path, step: int, *, rank: int, stage: Stage, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Load this rank's parameters, optimizer state and RNG from step ``step``; returns the manifest."""
+    d = step_dir(root, step)
+    manifest = read_json(d / MANIFEST)
+    params = dict(stage.named_parameters())
+    aliases = {n: stage.source_name(n) for n in params if stage.source_name(n) != n}
+    tensors = read_tensors(d, list(params), aliases)
+    for n, p in params.items():
+        p.copy_(tensors[n].to(p.dtype))
+    optim_index = read_json(d / "optim.safetensors.index.json")["weight_map"]
+    state: dict[int, dict[str, Any]] = {}
+    order = [p for group in optimizer.param_groups for p in group["params"]]
+    names = {id(p): n for n, p in stage.named_parameters()}
+    from safetensors import safe_open
+
+    handles: dict[str, Any] = {}
+    try:
+        for i, p in enumerate(order):
+            n = names[id(p)]
+            src = n if any(k.startswith(n + "::") for k in optim_index) else aliases.get(n, n)
+            keys = [k for k in optim_index if k.startswith(src + "::")]
+            if not keys:
+                continue
+            st: dict[str, Any] = {}
+            for k in keys:
+                f = optim_index[k]
+                if f not in handles:
+                    handles[f] = safe_open(str(d / f), framework="pt").__enter__()
+                st[k.split("::", 1)[1]] = handles[f].get_tensor(k)
+            state[i] = st
+    finally:
+        for h in handles.values():
+            h.__exit__(None, None, None)
+    sd = optimizer.state_dict()
+    sd["state"] = state
+    optimizer.load_state_dict(sd)
+    rng = d / f"rng-rank{rank}.pt"
+    if rng.is_file():
+        torch.set_rng_state(torch.load(rng, weights_only=True))
+    return manifest
+
+
+def plan_fingerprint(plan_path: str | Path) -> str:
+    return file_hash(plan_path)

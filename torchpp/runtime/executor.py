@@ -1,0 +1,219 @@
+"""Runs one rank's action list (``schedules.build``) for one optimizer step.
+
+The list is the schedule; this loop adds nothing to the order. Receives of the whole step
+are posted before the first action, sends are non-blocking and awaited before the
+optimizer step, so communication overlaps compute as far as the order allows.
+
+Loss scaling: the last stage divides each token-loss sum by the number of predicted tokens
+in the *global* batch, so the gradients of all micro-batches and all ranks simply add up to
+the single-process gradient. A group all-reduce is therefore a sum, and it is exactly the
+sample-weighted mean of the members' per-sample gradients (each member's weight is its
+share of the samples). The tied all-reduce between the first and the last stage adds the
+embedding's gradient to the lm_head's: one member of each stage's group contributes its
+(already group-summed) gradient, the others contribute zeros.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from ..formats import Plan
+from ..models.stages import Stage
+from ..schedules import Action, Kind, sample_ranges
+from .comm import Comm, Pending, PeerError, describe
+
+
+class StepObserver(Protocol):
+    """Receives the measured intervals of a step (the timeline recorder implements it)."""
+
+    def compute(self, action: Action, start_s: float, end_s: float, args: dict) -> None: ...
+
+    def p2p(self, pending: Pending, waited_from_s: float | None) -> None: ...
+
+    def collective(self, action: Action, start_s: float, end_s: float, nbytes: int) -> None: ...
+
+    def forward_microbatch(self, microbatch: int) -> None: ...
+
+    def backward_begin(self, microbatch: int, t: float) -> None: ...
+
+    def backward_end(self, microbatch: int, t: float) -> None: ...
+
+
+@dataclass
+class StepResult:
+    loss: float
+    """This rank's share of the global mean loss (the last stage's ranks; 0 elsewhere)."""
+    compute_s: float
+    comm_wait_s: float
+    """Time the compute loop was blocked on receives, sends and all-reduces."""
+    sent_bytes: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class Executor:
+    """One rank: its stage, its action list, its links and its optimizer."""
+
+    def __init__(self, *, rank: int, plan: Plan, actions: list[Action], stage: Stage, comm: Comm,
+                 optimizer: torch.optim.Optimizer):
+        self.rank, self.plan, self.actions, self.stage, self.comm, self.optimizer = (
+            rank, plan, actions, stage, comm, optimizer)
+        self.pstage = plan.stage_of_rank(rank)
+        self.range = sample_ranges(self.pstage)[rank]
+        self.params = [p for p in stage.parameters() if p.requires_grad]
+        tied = stage.tied_parameter()
+        self.tied = tied
+        self.tied_contributor = self.pstage.devices[0].rank == rank
+        self.observer: StepObserver | None = None
+
+    def _rows(self, mb: int, lo: int, hi: int) -> slice:
+        base = mb * self.plan.micro_batch_size
+        return slice(base + lo, base + hi)
+
+    def step(self, ids: torch.Tensor | None, n_tokens: int | None) -> StepResult:
+        """One optimizer step over the global batch ``ids`` (None on ranks that need no tokens)."""
+        st, obs, comm = self.pstage, self.observer, self.comm
+        a, b = self.range
+        T, H = self.plan.seq_len, self.stage.hidden_size
+        dtype = self.stage.dtype
+        pending: dict[Action, Pending] = {}
+        for act in self.actions:  # post every receive of the step ahead
+            if act.is_recv:
+                lo, hi = act.samples
+                pending[act] = comm.irecv(act, torch.empty((hi - lo, T, H), dtype=dtype))
+        sends: list[Pending] = []
+        parts: dict[tuple[Kind, int], list[tuple[int, torch.Tensor]]] = {}
+        inputs: dict[int, torch.Tensor] = {}
+        outputs: dict[int, torch.Tensor] = {}
+        loss = torch.zeros((), dtype=torch.float64)
+        compute_s = wait_s = 0.0
+        sent = 0
+        grad_sends: dict[int, int] = {}
+        for act in self.actions:
+            if act.kind == Kind.SEND_GRAD:
+                grad_sends[act.microbatch] = grad_sends.get(act.microbatch, 0) + 1
+
+        for act in self.actions:
+            k, mb = act.kind, act.microbatch
+            if act.is_recv:
+                t0 = time.perf_counter()
+                p = pending.pop(act)
+                tensor = comm.wait(p)
+                wait_s += time.perf_counter() - t0
+                if obs:
+                    obs.p2p(p, t0)
+                parts.setdefault((k, mb), []).append((act.samples[0], tensor))
+            elif k == Kind.FORWARD:
+                if obs:
+                    obs.forward_microbatch(mb)
+                t0 = time.perf_counter()
+                if st.has_embed:
+                    x = ids[self._rows(mb, a, b)]
+                else:
+                    x = _joined(parts.pop((Kind.RECV_ACT, mb)), a, b).requires_grad_(True)
+                labels = ids[self._rows(mb, a, b)] if st.has_tail else None
+                out = self.stage.forward(x, labels, n_tokens)
+                inputs[mb], outputs[mb] = x, out
+                if st.has_tail:
+                    loss += out.detach().double()
+                t1 = time.perf_counter()
+                compute_s += t1 - t0
+                if obs:
+                    obs.compute(act, t0, t1, {"samples": list(act.samples or (a, b))})
+            elif k == Kind.SEND_ACT:
+                lo, hi = act.samples
+                sends.append(comm.isend(act, outputs[mb][lo - a:hi - a].detach().contiguous()))
+            elif k == Kind.BACKWARD:
+                t0 = time.perf_counter()
+                if obs:
+                    obs.backward_begin(mb, t0)
+                out = outputs.pop(mb)
+                if st.has_tail:
+                    out.backward()
+                else:
+                    grad = _joined(parts.pop((Kind.RECV_GRAD, mb)), a, b)
+                    torch.autograd.backward(out, grad)
+                del out
+                t1 = time.perf_counter()
+                if obs:
+                    obs.backward_end(mb, t1)
+                compute_s += t1 - t0
+                if obs:
+                    obs.compute(act, t0, t1, {"samples": list(act.samples or (a, b))})
+                if not grad_sends.get(mb):
+                    inputs.pop(mb)
+            elif k == Kind.SEND_GRAD:
+                lo, hi = act.samples
+                sends.append(comm.isend(act, inputs[mb].grad[lo - a:hi - a].contiguous()))
+                grad_sends[mb] -= 1
+                if grad_sends[mb] == 0:  # the pending sends keep the gradient alive, not the input
+                    inputs.pop(mb)
+            elif k == Kind.ALLREDUCE:
+                t0 = time.perf_counter()
+                nbytes = self._all_reduce(act)
+                t1 = time.perf_counter()
+                wait_s += t1 - t0
+                if obs:
+                    obs.collective(act, t0, t1, nbytes)
+            elif k == Kind.OPTIMIZER:
+                t0 = time.perf_counter()
+                for p in sends:
+                    comm.wait(p)
+                    if obs:
+                        obs.p2p(p, None)
+                t1 = time.perf_counter()
+                wait_s += t1 - t0
+                sent += sum(p.nbytes for p in sends)
+                sends.clear()
+                inputs.clear()
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                t2 = time.perf_counter()
+                compute_s += t2 - t1
+                if obs:
+                    obs.compute(act, t1, t2, {})
+            else:  # pragma: no cover - build() only makes the kinds above
+                raise RuntimeError(f"rank {self.rank}: cannot execute {describe(act)}")
+            if k in (Kind.FORWARD, Kind.BACKWARD) and sends:
+                sent += self._release_finished(sends)
+        if pending or parts or outputs:
+            raise RuntimeError(f"rank {self.rank}: step ended with unconsumed messages or activations "
+                               f"({len(pending)} receives, {len(parts)} parts, {len(outputs)} outputs)")
+        return StepResult(loss=float(loss), compute_s=compute_s, comm_wait_s=wait_s, sent_bytes=sent)
+
+    def _release_finished(self, sends: list[Pending]) -> int:
+        """Drop sends that completed (their buffers can be freed); errors surface at the next wait."""
+        done = [p for p in sends if p.done_s is not None and p.error is None]
+        for p in done:
+            sends.remove(p)
+            if self.observer:
+                self.observer.p2p(p, None)
+        return sum(p.nbytes for p in done)
+
+    def _all_reduce(self, act: Action) -> int:
+        if act.tied:
+            if self.tied is None:
+                raise PeerError(f"rank {self.rank}: {describe(act)}: this stage holds no tied weight")
+            g = self.tied.grad if self.tied.grad is not None else torch.zeros_like(self.tied)
+            buf = g if self.tied_contributor else torch.zeros_like(g)
+            self.comm.all_reduce(act, [buf])
+            self.tied.grad = buf
+            return buf.numel() * buf.element_size()
+        grads = []
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        self.comm.all_reduce(act, grads)
+        return sum(g.numel() * g.element_size() for g in grads)
+
+
+def _joined(parts: list[tuple[int, torch.Tensor]], a: int, b: int) -> torch.Tensor:
+    """Concatenate received sample ranges (in sample order) into this rank's [a, b)."""
+    parts = sorted(parts, key=lambda p: p[0])
+    got = parts[0][0], parts[0][0] + sum(t.shape[0] for _, t in parts)
+    if got != (a, b):
+        raise RuntimeError(f"received samples {list(got)} do not cover this rank's range [{a}, {b})")
+    return parts[0][1] if len(parts) == 1 else torch.cat([t for _, t in parts])

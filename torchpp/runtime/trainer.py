@@ -1,0 +1,291 @@
+"""The training loop of one rank: check the plan, join the world, build the stage, run steps.
+
+Order matters for failure behaviour: the plan is checked against the world and the model
+*before* the process group is created, so a bad plan gives every rank the same one-line
+error instead of a hang in the first collective.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..formats import FormatError, Plan, file_hash, validate_plan
+from ..models.presets import DTYPES, ModelSpecError, hidden_size, is_preset, load_config, num_hidden_layers
+from ..models.stages import StageSpec, build_stage, count_targets
+from ..schedules import Schedule, build
+from . import checkpoint as ckpt
+from .comm import Comm
+from .executor import Executor, StepResult
+
+OPTIMIZERS = ("adamw", "sgd")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    """Everything ``torchpp.train`` takes on the command line."""
+
+    plan: Path
+    model: str | None = None
+    """Preset name or local HF checkpoint directory; defaults to the plan's model when it is a preset."""
+    data: str = "synthetic"
+    steps: int = 10
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    optimizer: str = "adamw"
+    adam_eps: float = 1e-8
+    seed: int = 0
+    threads: int | None = None
+    """Torch intra-op threads per rank; default: this host's cores / ranks on this host."""
+    trace_dir: Path | None = None
+    trace_steps: tuple[int, ...] = (2,)
+    """1-based optimizer steps to record (the first step includes warm-up)."""
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    log_dir: Path | None = None
+    timeout_s: float = 300.0
+    layers: int | None = None
+    profile_blocks: bool = False
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"--steps: expected a positive number of optimizer steps, got {self.steps}")
+        if not self.lr > 0:
+            raise ValueError(f"--lr: expected a learning rate > 0, got {self.lr}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"--optimizer: expected one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"--timeout-s: expected seconds > 0, got {self.timeout_s}")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"--checkpoint-every: expected steps >= 0, got {self.checkpoint_every}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads: expected >= 1, got {self.threads}")
+        if (self.checkpoint_every or self.resume) and self.checkpoint_dir is None:
+            raise ValueError("--checkpoint-dir: expected a directory with --checkpoint-every or --resume")
+
+
+@dataclass
+class Prepared:
+    plan: Plan
+    model: str
+    config: Any
+    schedule: Schedule
+    plan_hash: str
+
+
+@dataclass
+class TrainSummary:
+    rank: int
+    start_step: int
+    steps_done: int
+    losses: list[float] = field(default_factory=list)
+    step_times_s: list[float] = field(default_factory=list)
+    traces: list[Path] = field(default_factory=list)
+
+
+def prepare(cfg: TrainConfig, world_size: int) -> Prepared:
+    """Load and check everything local: plan vs world size, plan vs model. No collective yet."""
+    source = str(cfg.plan)
+    plan = Plan.load(cfg.plan)
+    model = cfg.model or plan.model.name
+    if cfg.model is None and not is_preset(model):
+        raise FormatError(source, "model.name", "a preset name (or pass --model PATH for a local checkpoint)", model)
+    mcfg = load_config(model, cfg.layers)
+    validate_plan(plan, source, world_size=world_size, model_layers=num_hidden_layers(mcfg))
+    checks = (("hidden_size", hidden_size(mcfg), plan.model.hidden_size),
+              ("vocab_size", int(mcfg.vocab_size), plan.model.vocab_size),
+              ("tied_embeddings", bool(getattr(mcfg, "tie_word_embeddings", False)), plan.model.tied_embeddings))
+    for name, want, got in checks:
+        if want != got:
+            raise FormatError(source, f"model.{name}", f"{want} (the {name} of --model {model})", got)
+    if plan.model.dtype not in DTYPES:
+        raise FormatError(source, "model.dtype", f"one of {', '.join(DTYPES)}", plan.model.dtype)
+    if plan.micro_batch_size >= 1 << 16:
+        raise FormatError(source, "micro_batch_size", "fewer than 65536 samples", plan.micro_batch_size)
+    return Prepared(plan, model, mcfg, build(plan), file_hash(cfg.plan))
+
+
+def _env_int(name: str, default: int) -> int:
+    v = os.environ.get(name)
+    return int(v) if v not in (None, "") else default
+
+
+def world_from_env() -> tuple[int, int]:
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+
+
+def init_world(rank: int, world_size: int, timeout_s: float) -> bool:
+    """Join the gloo world (env:// under torchrun); returns True when this call created it."""
+    if dist.is_initialized():
+        return False
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if "MASTER_ADDR" in os.environ:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
+    elif world_size == 1:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    else:
+        raise RuntimeError("WORLD_SIZE > 1 but MASTER_ADDR is not set: start the ranks with torchrun")
+    return True
+
+
+def default_threads() -> int:
+    return max(1, (os.cpu_count() or 1) // max(1, _env_int("LOCAL_WORLD_SIZE", 1)))
+
+
+class _Log:
+    """Rank 0's progress lines, metrics.jsonl and TensorBoard scalars."""
+
+    def __init__(self, rank: int, log_dir: Path | None):
+        self.on = rank == 0
+        self.dir = log_dir if self.on else None
+        self.tb = None
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(self.dir))
+
+    def print(self, text: str) -> None:
+        if self.on:
+            print(text, flush=True)
+
+    def event(self, record: dict[str, Any]) -> None:
+        if self.dir is not None:
+            with open(self.dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        if self.tb is not None:
+            for k, v in values.items():
+                self.tb.add_scalar(k, v, step)
+            self.tb.flush()
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float, weight_decay: float,
+                   eps: float = 1e-8) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, eps=eps)
+
+
+def train(cfg: TrainConfig, prepared: Prepared | None = None) -> TrainSummary:
+    """Run ``cfg.steps`` optimizer steps on this rank (all ranks call this together)."""
+    rank, world = world_from_env()
+    prep = prepared or prepare(cfg, world)
+    plan, schedule = prep.plan, prep.schedule
+    torch.set_num_threads(cfg.threads or default_threads())
+    created = init_world(rank, world, cfg.timeout_s)
+    try:
+        return _run(cfg, prep, rank, world)
+    finally:
+        if created and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummary:
+    from ..data import open_source
+    from ..trace.timeline import StepRecorder, sync_clocks, write_step
+
+    plan, schedule = prep.plan, prep.schedule
+    pstage = plan.stage_of_rank(rank)
+    comm = Comm(rank, cfg.timeout_s)
+    comm.make_groups(schedule)
+    hosts: list[Any] = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname())
+    roles = ckpt.Roles.decide(rank, {r: plan.stage_of_rank(r).index for r in range(world)}, hosts)
+    log = _Log(rank, cfg.log_dir)
+
+    start = 0
+    restarted = _env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0
+    if cfg.checkpoint_dir is not None and (cfg.resume or restarted):
+        found = ckpt.agree_on_step(cfg.checkpoint_dir)
+        if found >= 0:
+            start = found
+    spec = StageSpec.from_plan(plan, pstage.index)
+    stage = build_stage(prep.model, prep.config, spec, seed=cfg.seed, dtype=plan.model.dtype)
+    params = [p for p in stage.parameters()]
+    optimizer = make_optimizer(cfg.optimizer, params, cfg.lr, cfg.weight_decay, cfg.adam_eps)
+    if start > 0:
+        ckpt.load(cfg.checkpoint_dir, start, rank=rank, stage=stage, optimizer=optimizer)
+        log.print(f"resumed from {ckpt.step_dir(cfg.checkpoint_dir, start)} (step {start})")
+        log.event({"event": "resume", "from_step": start, "restart_count": _env_int("TORCHELASTIC_RESTART_COUNT", 0)})
+    executor = Executor(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm, optimizer=optimizer)
+    needs_tokens = pstage.has_embed or pstage.has_tail
+    source = open_source(cfg.data, seq_len=plan.seq_len, global_batch=plan.global_batch,
+                         vocab_size=plan.model.vocab_size, seed=cfg.seed,
+                         tokenizer_dir=None if is_preset(prep.model) else prep.model) if needs_tokens else None
+    n_params = sum(p.numel() for p in params)
+    log.print(f"torchpp.train: {plan.num_stages} stage(s), {world} rank(s), {plan.schedule}, "
+              f"{plan.num_microbatches} x {plan.micro_batch_size} samples x {plan.seq_len} tokens; "
+              f"steps {start + 1}..{cfg.steps}")
+    log.event({"event": "start", "world_size": world, "plan": str(cfg.plan), "plan_hash": prep.plan_hash,
+               "model": prep.model, "start_step": start, "rank0_params": n_params})
+    summary = TrainSummary(rank=rank, start_step=start, steps_done=start)
+    S = plan.num_stages
+    tokens_per_step = plan.global_batch * plan.seq_len
+    for step in range(start + 1, cfg.steps + 1):
+        ids = source.batch(step - 1) if source is not None else None
+        n_tokens = count_targets(ids) if ids is not None and pstage.has_tail else None
+        rec = None
+        if cfg.trace_dir is not None and step in cfg.trace_steps:
+            clock = sync_clocks(rank, world)
+            rec = StepRecorder(rank=rank, world_size=world, stage=pstage.index, host=hosts[rank], step=step,
+                               clock=clock, layers=tuple(pstage.layers))
+            executor.observer = rec
+            stage.profiler = rec if cfg.profile_blocks else None
+        t0 = time.perf_counter()
+        res = executor.step(ids, n_tokens)
+        stats = _reduce_stats(res, pstage.index, len(pstage.devices), S)
+        dt = time.perf_counter() - t0
+        if rec is not None:
+            executor.observer, stage.profiler = None, None
+            summary.traces += write_step(cfg.trace_dir, step, rank, world, rec.finish())
+        loss = float(stats[0])
+        summary.losses.append(loss)
+        summary.step_times_s.append(dt)
+        summary.steps_done = step
+        comp = [float(x) for x in stats[1:1 + S]]
+        wait = [float(x) for x in stats[1 + S:1 + 2 * S]]
+        log.print(f"step {step:>5}/{cfg.steps}  loss {loss:.4f}  {dt:.3f} s  {tokens_per_step / dt:,.0f} tok/s  "
+                  f"compute/stage {' '.join(f'{c:.3f}' for c in comp)} s")
+        log.event({"step": step, "loss": loss, "step_time_s": dt, "tokens_per_s": tokens_per_step / dt,
+                   "compute_s": comp, "comm_wait_s": wait})
+        log.scalars(step, {"train/loss": loss, "perf/step_time_s": dt, "perf/tokens_per_s": tokens_per_step / dt,
+                           **{f"stage{s}/compute_s": comp[s] for s in range(S)},
+                           **{f"stage{s}/comm_wait_s": wait[s] for s in range(S)}})
+        if cfg.checkpoint_dir is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+                                               or step == cfg.steps):
+            d = ckpt.save(cfg.checkpoint_dir, step, rank=rank, roles=roles, stage=stage, optimizer=optimizer,
+                          info={"plan": str(cfg.plan), "plan_hash": prep.plan_hash, "model": prep.model,
+                                "seed": cfg.seed, "optimizer": cfg.optimizer, "lr": cfg.lr},
+                          timeout_s=cfg.timeout_s)
+            if d is not None:
+                log.print(f"checkpoint {d}")
+    log.close()
+    return summary
+
+
+def _reduce_stats(res: StepResult, stage: int, group: int, num_stages: int) -> torch.Tensor:
+    """[global loss, mean compute s per stage..., mean comm-wait s per stage...] on every rank."""
+    v = torch.zeros(1 + 2 * num_stages, dtype=torch.float64)
+    v[0] = res.loss
+    v[1 + stage] = res.compute_s / group
+    v[1 + num_stages + stage] = res.comm_wait_s / group
+    if dist.get_world_size() > 1:
+        dist.all_reduce(v)
+    return v

@@ -1,0 +1,32 @@
+"""Plan mode's inputs: the planner's measured-cost accessor, loaded from the measurement files."""
+from __future__ import annotations
+
+import os
+from typing import Callable, Sequence
+
+from ..formats import Bandwidth, Capacities, LayersFile, Plan
+from ..planner.cost import Links, MeasuredCost, Profiles
+from ..schedules import Action, Kind
+
+
+def measured_cost(plan: Plan, layers: Sequence[str | os.PathLike], bandwidth: str | os.PathLike,
+                  capacities: str | os.PathLike | None = None
+                  ) -> tuple[MeasuredCost, Callable[[int, Action], dict]]:
+    """The CostModel for ``plan`` and a function giving each action's trace args (bytes, peer, recompute)."""
+    files = [LayersFile.load(p) for p in layers]
+    caps = Capacities.load(capacities) if capacities is not None else None
+    prof = Profiles.from_layers(files, caps, sources=[str(p) for p in layers],
+                                capacities_source=str(capacities or "capacities.json"))
+    cost = MeasuredCost(plan, prof, Links(Bandwidth.load(bandwidth), str(bandwidth)))
+
+    def bytes_of(rank: int, a: Action) -> float:
+        n = a.samples[1] - a.samples[0] if a.samples is not None else plan.device_of_rank(rank).samples
+        if a.kind == Kind.SEND_ACT or a.kind == Kind.RECV_ACT:
+            return prof.boundary_bytes(plan.stages[a.stage]) * n
+        if a.kind == Kind.SEND_GRAD or a.kind == Kind.RECV_GRAD:
+            return prof.boundary_bytes(plan.stages[a.stage - 1]) * n
+        if a.kind == Kind.ALLREDUCE:
+            return prof.tied_bytes if a.tied else prof.stage_param_bytes(plan.stages[a.stage])
+        return 0.0
+
+    return cost, bytes_of

@@ -1,0 +1,85 @@
+"""`torchrun -m torchpp.train --plan plan.json`: train a HF causal LM as the plan says.
+
+Every rank runs this module. A bad plan or argument gives one error line on every rank
+(exit 2) before any collective; a failed or stalled peer gives one line naming the action
+and the peer (exit 1) within --timeout-s.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _steps(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated step numbers, got {text!r}") from None
+    if any(s < 1 for s in out):
+        raise argparse.ArgumentTypeError(f"expected 1-based step numbers, got {text!r}")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="torchpp.train", description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--plan", type=Path, required=True, help="plan.json (torchpp plan)")
+    p.add_argument("--model", default=None, help="preset name or local HF checkpoint directory (default: the plan's)")
+    p.add_argument("--data", default="synthetic", help="'synthetic' or a local .txt/.json/.jsonl file or directory")
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    p.add_argument("--adam-eps", type=float, default=1e-8, help="AdamW's epsilon")
+    p.add_argument("--seed", type=int, default=0, help="weight init and data order")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: cores / local ranks)")
+    p.add_argument("--trace-dir", type=Path, default=None, help="write Chrome traces of --trace-steps here")
+    p.add_argument("--trace-steps", type=_steps, default=(2,), help="1-based steps to trace, e.g. 2,5")
+    p.add_argument("--profile-blocks", action="store_true", help="per-block (embed/layer/tail) events in traces")
+    p.add_argument("--checkpoint-dir", type=Path, default=None)
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: only the last)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--log-dir", type=Path, default=None, help="TensorBoard scalars and metrics.jsonl (rank 0)")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="a peer silent this long is an error")
+    p.add_argument("--layers", type=int, default=None, help="keep only the first N decoder layers")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .data import DataError
+    from .formats import FormatError
+    from .models.presets import ModelSpecError
+    from .runtime.comm import PeerError
+    from .runtime.trainer import TrainConfig, prepare, train, world_from_env
+
+    rank = os.environ.get("RANK", "0")
+    try:
+        cfg = TrainConfig(plan=args.plan, model=args.model, data=args.data, steps=args.steps, lr=args.lr,
+                          weight_decay=args.weight_decay, optimizer=args.optimizer, adam_eps=args.adam_eps, seed=args.seed,
+                          threads=args.threads, trace_dir=args.trace_dir, trace_steps=args.trace_steps,
+                          checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                          resume=args.resume, log_dir=args.log_dir, timeout_s=args.timeout_s, layers=args.layers,
+                          profile_blocks=args.profile_blocks)
+        prepared = prepare(cfg, world_from_env()[1])
+    except (FormatError, ModelSpecError, DataError, ValueError) as e:
+        print(f"torchpp.train: rank {rank}: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        train(cfg, prepared)
+    except (PeerError, DataError, ModelSpecError) as e:
+        print(f"torchpp.train: error: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)  # waiter threads and a broken process group must not delay the exit
+    except KeyboardInterrupt:
+        print(f"torchpp.train: rank {rank}: interrupted", file=sys.stderr, flush=True)
+        os._exit(130)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
