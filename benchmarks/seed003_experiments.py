@@ -5,8 +5,9 @@ link rates (10 Mbit/s, 100 Mbit/s, 1 Gbit/s), same model, same global batch.
 
 For each rate: bring up `configs/cluster/pi3.json` with every link at that rate, run
 `torchrun -m torchpp.train` once with a pp plan and once with a dp plan (`torchpp plan`),
-take the step time from each run's merged timeline (`timeline_step<N>_all.json`, analysed by
-`torchpp.trace.analyze`; the first step is warm-up and is left out), take the cluster down.
+take the step time as rank 0 timed it (metrics.jsonl; median over steps 2.., the first is
+warm-up) and, as a cross-check, the span of each merged timeline (`timeline_step<N>_all.json`,
+first to last event of any rank), take the cluster down.
 Writes into --out: `results.csv`, `results.md` (the table), `step_time_vs_rate.png`, the
 merged timelines under `timelines/`, plans, and each host's log under `logs/`.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import shutil
 import statistics
 import subprocess
@@ -59,15 +61,28 @@ def make_plans(args: argparse.Namespace, hosts: list[str], out: Path) -> dict[st
     return plans
 
 
-def train_argv(args: argparse.Namespace, plan: Path, trace_dir: Path) -> list[str]:
+def train_argv(args: argparse.Namespace, plan: Path, trace_dir: Path, log_dir: Path) -> list[str]:
     head = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1"]
             if args.launcher == "torchrun" else [sys.executable])
-    return [*head, "-m", "torchpp.train", "--plan", str(plan), "--model", args.model, "--data", "synthetic",
-            "--steps", str(args.steps), "--trace-dir", str(trace_dir)]
+    return [*head, "-m", "torchpp.train", "--plan", str(plan), "--model", args.model, "--layers", str(args.layers),
+            "--data", "synthetic", "--steps", str(args.steps), "--threads", "1", "--timeout-s", str(args.timeout),
+            "--trace-dir", str(trace_dir), "--trace-steps", ",".join(str(s) for s in range(2, args.steps + 1)),
+            "--log-dir", str(log_dir)]
+
+
+def metric_step_times(log_dir: Path) -> dict[int, float]:
+    """Step -> seconds, as rank 0 timed each optimizer step (metrics.jsonl)."""
+    out = {}
+    path = log_dir / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        rec = json.loads(line)
+        if "step" in rec and "step_time_s" in rec:
+            out[int(rec["step"])] = float(rec["step_time_s"])
+    return out
 
 
 def step_times(trace_dir: Path) -> dict[int, float]:
-    """Step -> seconds, from the merged per-step timelines the runtime writes."""
+    """Step -> seconds from the first to the last event of any rank, in the merged timelines."""
     from torchpp.trace.analyze import analyze, events_from_trace
     from torchpp.trace.chrome import load_trace
     out = {}
@@ -107,23 +122,27 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"   probe: median link {probed:.1f} Mbit/s", flush=True)
             for mode in ("pp", "dp"):
                 tag = f"{mode}_{rate_text}"
-                trace_dir, logs = args.out / "traces" / tag, args.out / "logs" / tag
-                shutil.rmtree(trace_dir, ignore_errors=True)
+                trace_dir, logs, metrics = (args.out / "traces" / tag, args.out / "logs" / tag,
+                                            args.out / "metrics" / tag)
+                for d in (trace_dir, metrics):
+                    shutil.rmtree(d, ignore_errors=True)
                 t0 = time.monotonic()
-                rc, res = cluster.run(cfg.name, train_argv(args, plans[mode], trace_dir), logs,
+                rc, res = cluster.run(cfg.name, train_argv(args, plans[mode], trace_dir, metrics), logs,
                                       timeout=args.timeout)
                 wall = time.monotonic() - t0
                 if rc != 0:
                     bad = next(r for r in res if r.returncode != 0)
                     print(f"{tag}: failed (exit {rc}); last lines of {bad.log}:\n{cluster.tail(bad.log)}")
                     return rc
-                times = step_times(trace_dir)
-                if not times:
-                    print(f"{tag}: no timeline_step*_all.json under {trace_dir}")
+                timed = metric_step_times(metrics)
+                spans = step_times(trace_dir)
+                measured = [t for s, t in sorted(timed.items()) if s >= 2]
+                if not measured or not spans:
+                    print(f"{tag}: no step times in {metrics}/metrics.jsonl or no timelines in {trace_dir}")
                     return 1
-                measured = [t for s, t in sorted(times.items())][1:] or list(times.values())
-                row = {"mode": mode, "rate_mbit": rate / 1e6, "step_time_s": statistics.median(measured),
-                       "min_step_s": min(measured), "steps_used": len(measured), "run_wall_s": round(wall, 1),
+                row = {"mode": mode, "rate_mbit": rate / 1e6, "step_time_s": round(statistics.median(measured), 4),
+                       "min_step_s": round(min(measured), 4), "steps_used": len(measured),
+                       "timeline_span_s": round(statistics.median(spans.values()), 4), "run_wall_s": round(wall, 1),
                        "probe_mbit": None if probed is None else round(probed, 2),
                        "delay": "config" if netem else "none (no netem)"}
                 rows.append(row)
@@ -153,13 +172,15 @@ def write_outputs(rows: list[dict], args: argparse.Namespace) -> None:
     lines = [f"Seed 003 on `{args.config.name}`: {args.model} ({args.layers} layers), global batch "
              f"{args.global_batch}, seq {args.seq_len}, PP with {args.microbatches} micro-batches; "
              f"median step time over steps 2..{args.steps}.", "",
-             "| link | probed (Mbit/s) | PP 3-stage step (s) | DP 3-rank step (s) | DP / PP |",
-             "|---|---|---|---|---|"]
+             "| link | probed (Mbit/s) | PP 3-stage step (s) | DP 3-rank step (s) | DP / PP | "
+             "timeline span PP / DP (s) |", "|---|---|---|---|---|---|"]
+    span = {(r["mode"], r["rate_mbit"]): r["timeline_span_s"] for r in rows}
     probe = {r["rate_mbit"]: r["probe_mbit"] for r in rows}
     for rate in rates:
         pp, dp = by.get(("pp", rate)), by.get(("dp", rate))
         pr = "-" if probe.get(rate) is None else f"{probe[rate]:.1f}"
-        lines.append(f"| {rate:g} Mbit/s | {pr} | {pp:.3f} | {dp:.3f} | {dp / pp:.2f} |")
+        lines.append(f"| {rate:g} Mbit/s | {pr} | {pp:.3f} | {dp:.3f} | {dp / pp:.2f} | "
+                     f"{span[('pp', rate)]:.3f} / {span[('dp', rate)]:.3f} |")
     (args.out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     fig, ax = plt.subplots(figsize=(6, 4))

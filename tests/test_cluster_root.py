@@ -189,6 +189,8 @@ def test_run_sets_env_cgroup_and_worst_exit_code(two_hosts, tmp_path):
         assert f"/{PREFIX}/cluster-tpt2/{h}" in text  # in its own cgroup
         assert f"10.77.99.{i + 1}/24" in text  # and its own namespace with its address
     assert json.loads((tmp_path / "logs" / "run.json").read_text())["hosts"][1]["returncode"] == 1
+    text = cluster.status("tpt2")
+    assert "tpt2: up" in text and text.count("netns ok") == 2 and ("cpu.cfs_quota_us" in text or "cpu.max" in text)
 
 
 def test_run_timeout_kills_everything(two_hosts, tmp_path):
