@@ -321,23 +321,38 @@ def test_probe_measures_configured_rate(two_hosts, tmp_path):
     assert all(0.85 * 0.05 <= float(g) <= 1.15 * 0.05 for _, _, g in rows)
 
 
-def test_killed_run_command_leaves_nothing(two_hosts, tmp_path):
-    """SIGTERM to `torchpp cluster run` kills every host's process tree (exit 130)."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_killed_run_command_leaves_nothing(two_hosts, tmp_path, sig):
+    """SIGTERM to `torchpp cluster run` kills every host's process tree (exit 130). After a
+    SIGKILL it has no chance to: `torchpp cluster down` then kills what still runs and removes
+    the cluster (the fixture checks nothing is left)."""
     proc = subprocess.Popen([PY, "-m", "torchpp", "cluster", "run", "-n", "tpt2", "--logs", str(tmp_path / "l"),
                              "--", "sh", "-c", "sleep 300 & sleep 300"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not all(netns.pids(two_hosts.host_ns(i)) for i in range(2)):
             time.sleep(0.1)
-        assert all(netns.pids(two_hosts.host_ns(i)) for i in range(2)), "hosts never started"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 130, proc.stdout.read()
+        started = [pid for i in range(2) for pid in netns.pids(two_hosts.host_ns(i))]
+        assert len(started) >= 4, f"hosts never started ({started})"
+        proc.send_signal(sig)
+        rc = proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
-    for i in range(2):
-        assert netns.pids(two_hosts.host_ns(i)) == []
+            proc.wait()
+    if sig == signal.SIGTERM:
+        assert rc == 130, proc.stdout.read()
+        for i in range(2):
+            assert netns.pids(two_hosts.host_ns(i)) == []
+    else:
+        assert all(netns.pids(two_hosts.host_ns(i)) for i in range(2)), "the hosts' processes outlive a SIGKILL"
+        out = subprocess.run([PY, "-m", "torchpp", "cluster", "down", "-n", "tpt2"], capture_output=True, text=True,
+                             timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert out.returncode == 0 and "removed 3 namespace(s)" in out.stdout, out.stdout + out.stderr
+        assert cluster.leftovers("tpt2") == {"namespaces": [], "cgroups": []}
+    for pid in started:
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", pid
 
 
 def test_down_after_failed_up(tmp_path, clean, monkeypatch):
