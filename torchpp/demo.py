@@ -402,8 +402,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _with_cluster(cfg: DemoConfig, out: Path) -> int:
+    from .cluster import tc
+
     hosts = ClusterHosts(Path(cfg.cluster))
     up = [PY, "-m", "torchpp", "cluster", "up", "-c", cfg.cluster]
+    if hosts.cfg.needs_netem and not tc.netem_available():
+        print("torchpp demo: this kernel has no netem qdisc, so the cluster's link delays are left out; "
+              "its link rates, CPU quotas and memory limits apply", flush=True)
+        up.append("--skip-netem")
     down = [PY, "-m", "torchpp", "cluster", "down", "-c", cfg.cluster]
     demo = Demo(cfg, out, hosts)
     demo.p.total += 2
