@@ -197,7 +197,7 @@ def run_search(args: argparse.Namespace) -> int:
         "model": prof.model.name, "hosts": hosts, "global_batch": args.global_batch, "schedule": args.schedule,
         "host_tables": dict(prof.origin),
         "search": {"mode": res.mode, "dp_candidates": res.dp_candidates, "priced": res.candidates_priced,
-                   "planning_time_s": res.planning_time_s, "max_stages": args.max_stages,
+                   "planning_time_s": res.planning_time_s, "refined": res.refined, "max_stages": args.max_stages,
                    "micro_batch_sizes": args.micro_batch_sizes, "recompute": not args.no_recompute,
                    "candidates": [{"step_time_s": s, "stages": p.num_stages, "micro_batch_size": p.micro_batch_size,
                                    "devices": p.world_size} for s, p in res.priced]},
