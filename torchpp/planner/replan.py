@@ -24,7 +24,6 @@ predicted step time and the predicted gain.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -513,7 +512,8 @@ def run(args: argparse.Namespace) -> int:
     files = [LayersFile.load(p) for p in args.layers or []]
     cap = Capacities.load(args.capacities) if args.capacities else None
     if files:
-        prof = Profiles.from_layers(files, cap, [str(p) for p in args.layers], str(args.capacities or "capacities.json"))
+        prof = Profiles.from_layers(files, cap, [str(p) for p in args.layers],
+                                    str(args.capacities or "capacities.json"))
         if prof.model.num_layers != plan.model.num_layers:
             raise FormatError(plan_src, "model.num_layers", f"{prof.model.num_layers} (the layers files' model)",
                               plan.model.num_layers)
@@ -727,7 +727,8 @@ def summary_text(s: dict[str, Any]) -> str:
         lay = s["layers_per_host"].get(h, {})
         lines.append(f"  {h:<14} {rng:<12} {v['timings']:>7} {v['factor']:>7.3f} {v['forward_factor']:>6.3f} "
                      f"{v['backward_factor']:>6.3f} {100 * v['fit_rms_rel']:>7.1f}% "
-                     f"{v['old_capacity']:>9.3g} -> {v['new_capacity']:<8.3g}  {lay.get('old', 0)} -> {lay.get('new', 0)}")
+                     f"{v['old_capacity']:>9.3g} -> {v['new_capacity']:<8.3g}  "
+                     f"{lay.get('old', 0)} -> {lay.get('new', 0)}")
         if len(v["groups"]) > 1:
             lines.append("      per block group: " + ", ".join(
                 f"blocks [{g['blocks'][0]},{g['blocks'][1]}) fwd {g['forward']:.3f} bwd {g['backward']:.3f}"
@@ -751,7 +752,8 @@ def summary_text(s: dict[str, Any]) -> str:
     m = s["memory"]
     lines += ["", f"memory: {m['how']}"]
     if m["new"]:
-        lines.append(f"  base {m['new']['base'] / 2**20:.1f} MiB, alpha {m['new']['alpha']:.3g}, Kp {m['new']['Kp']:.3g}"
+        lines.append(f"  base {m['new']['base'] / 2**20:.1f} MiB, alpha {m['new']['alpha']:.3g}, "
+                     f"Kp {m['new']['Kp']:.3g}"
                      f" (was {m['old']})")
     for r, v in m["ranks"].items():
         lines.append(f"  rank {r}: measured {v['measured_peak_bytes'] / 2**20:.1f} MiB, predicted before "
