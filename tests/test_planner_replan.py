@@ -256,3 +256,23 @@ def test_replan_reads_a_real_run(tmp_path):
     assert plan.predicted["step_time_s"] > 0
     for h in ("host0", "host1"):
         LayersFile.load(tmp_path / "r" / f"layers_{h}.json")
+
+
+def test_host_priced_from_a_scaled_reference_gets_its_own_corrected_table(run_dir, capsys):
+    """c has no layers file, only a capacity: its corrected table is the scaled reference times its factor."""
+    (run_dir / "capacities.json").write_text(json.dumps({"ref_host": "a", "capacity": {"a": 1.0, "c": 1.0}}))
+    args = replan_args(run_dir)
+    i = args.index("--layers")
+    args[i + 1:i + 4] = [str(run_dir / "claimed" / "layers_a.json"), str(run_dir / "claimed" / "layers_b.json"),
+                         "--capacities", str(run_dir / "capacities.json")]
+    assert main(args) == 0
+    s = json.loads((run_dir / "out2" / "replan_summary.json").read_text())
+    assert "capacity" in s["hosts"]["c"]["old_table"] and "layers_b.json" in s["hosts"]["b"]["old_table"]
+    a = LayersFile.load(run_dir / "claimed" / "layers_a.json")
+    c = LayersFile.load(run_dir / "out2" / "layers_c.json")
+    k = s["hosts"]["c"]
+    assert c.host == "c" and k["factor"] == pytest.approx(1.0, rel=0.03)
+    for x, y in zip(a.layers, c.layers):
+        assert y.forward_time_s == pytest.approx(x.forward_time_s * k["forward_factor"], rel=1e-9)
+        assert y.backward_time_s == pytest.approx(x.backward_time_s * k["backward_factor"], rel=1e-9)
+    assert s["hosts"]["b"]["factor"] == pytest.approx(2.0, rel=0.03)
