@@ -65,6 +65,9 @@ class Transfer:
     seconds: float
     clock_s: float = 0.0
     """Uncertainty of the two ranks' clock alignment (half their ping-pong round trips)."""
+    censored: bool = False
+    """The later of the two slice starts was set by the previous message on its row, not by the
+    message being posted: the transfer may have begun earlier, so its time is a lower bound."""
 
 
 @dataclass
@@ -188,14 +191,35 @@ def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "p
                 sends[(e.rank, e.peer, e.kind[5:], e.microbatch)] = e
             elif e.kind.startswith("recv"):
                 recvs.append(e)
+        clipped = _row_clipped(list(sends.values()) + recvs)
         for rv in recvs:
             sd = sends.get((rv.peer, rv.rank, rv.kind[5:], rv.microbatch))
             if sd is None or not rv.bytes:
                 continue
             # the message can move only once both ends have posted it; it is done when it arrived
-            secs = rv.end - max(sd.start, rv.start)
+            first = sd if sd.start >= rv.start else rv
+            secs = rv.end - first.start
             unc = (rtt.get(sd.rank, 0.0) + rtt.get(rv.rank, 0.0)) / 2
-            out.transfers.append(Transfer(int(sd.rank), int(rv.rank), int(rv.bytes), secs, unc))
+            out.transfers.append(Transfer(int(sd.rank), int(rv.rank), int(rv.bytes), secs, unc, id(first) in clipped))
+    return out
+
+
+def _row_clipped(p2p: list[Event], eps: float = 2e-6) -> set[int]:
+    """ids of send/recv slices that start where the previous slice of their row ended.
+
+    A rank's send (and recv) row is laid out one message after another: a slice starts when its
+    message was posted or when the previous one finished, whichever is later. Where it starts at
+    the previous end, the message may have been moving before (to another peer) already.
+    """
+    rows: dict[tuple[int, str], list[Event]] = defaultdict(list)
+    for e in p2p:
+        rows[(e.rank, e.kind[:4])].append(e)
+    out = set()
+    for evs in rows.values():
+        evs.sort(key=lambda e: (e.end, e.start))
+        for prev, cur in zip(evs, evs[1:]):
+            if abs(cur.start - prev.end) <= eps:
+                out.add(id(cur))
     return out
 
 
@@ -308,6 +332,8 @@ class LinkFit:
     old_latency_s: float | None
     at_clock_resolution: int = 0
     """Messages faster than the clocks' alignment can resolve (counted at that resolution)."""
+    censored: int = 0
+    """Messages left out because they overlapped another on their row (all of them: old rate kept)."""
 
     @property
     def change(self) -> float | None:
@@ -322,12 +348,18 @@ def fit_links(plan: Plan, meas: Measurements, old: Bandwidth) -> list[LinkFit]:
         if a != b:
             by[(a, b)].append(t)
     out = []
-    for (a, b), ts in sorted(by.items()):
+    for (a, b), all_ts in sorted(by.items()):
+        clean = [t for t in all_ts if not t.censored]
+        old_rate = old.rate(a, b) if old.has(a, b) else None
+        if not clean and old_rate is not None:
+            out.append(LinkFit(a, b, len(all_ts), old_rate, old.latency(a, b), old_rate, old.latency(a, b),
+                               censored=len(all_ts)))
+            continue  # every message overlapped another on its row: only a lower bound on time
+        ts = clean or all_ts
         nbytes = np.array([t.nbytes for t in ts], dtype=float)
         floor = np.array([max(t.clock_s, 1e-9) for t in ts])
         raw = np.array([t.seconds for t in ts])
         secs = np.maximum(raw, floor)    # a transfer cannot be timed more finely than the clocks align
-        old_rate = old.rate(a, b) if old.has(a, b) else None
         old_lat = old.latency(a, b) if old.has(a, b) else None
         lat = None
         if len(ts) >= 3 and nbytes.max() >= 1.5 * nbytes.min():
@@ -337,7 +369,8 @@ def fit_links(plan: Plan, meas: Measurements, old: Bandwidth) -> list[LinkFit]:
         if lat is None:
             lat = min(old_lat or 0.0, 0.5 * float(secs.min()))
             rate = float(np.median(nbytes / np.maximum(secs - lat, floor)))
-        out.append(LinkFit(a, b, len(ts), rate, lat, old_rate, old_lat, int((raw < floor).sum())))
+        out.append(LinkFit(a, b, len(all_ts), rate, lat, old_rate, old_lat, int((raw < floor).sum()),
+                           len(all_ts) - len(clean) if clean else 0))
     return out
 
 
@@ -653,7 +686,8 @@ def run(args: argparse.Namespace) -> int:
         "links": [{"link": Bandwidth.key(lk.src, lk.dst), "messages": lk.messages,
                    "old_bytes_per_sec": lk.old_bytes_per_sec, "new_bytes_per_sec": lk.bytes_per_sec,
                    "old_latency_s": lk.old_latency_s, "new_latency_s": lk.latency_s, "ratio": lk.change,
-                   "at_clock_resolution": lk.at_clock_resolution,
+                   "at_clock_resolution": lk.at_clock_resolution, "overlapped": lk.censored,
+                   "kept_old": lk.censored == lk.messages,
                    "changed": lk.change is None or abs(lk.change - 1) > LINK_CHANGE} for lk in links],
         "optimizer_s_per_gb": {h: v * 1e9 for h, v in opt.items()},
         "optimizer_measured_hosts": sorted(opt_measured),
@@ -744,7 +778,9 @@ def summary_text(s: dict[str, Any]) -> str:
         ratio = f"x{lk['ratio']:.2f}" if lk["ratio"] is not None else "new"
         lines.append(f"  {lk['link']:<24} {lk['messages']:>4} msgs  {_fmt_rate(lk['old_bytes_per_sec']):>12} -> "
                      f"{_fmt_rate(lk['new_bytes_per_sec']):>12} ({ratio}){'  changed' if lk['changed'] else ''}"
-                     + (f"  [{lk['at_clock_resolution']} at clock resolution]" if lk["at_clock_resolution"] else ""))
+                     + (f"  [{lk['at_clock_resolution']} at clock resolution]" if lk["at_clock_resolution"] else "")
+                     + ("  [kept: every message overlapped another on its row]" if lk["kept_old"] else
+                        f"  [{lk['overlapped']} overlapped, left out]" if lk["overlapped"] else ""))
     if s["optimizer_s_per_gb"]:
         lines += ["", "optimizer step (s per GB of parameters): " + ", ".join(
             f"{h} {v:.3g}{'' if h in s['optimizer_measured_hosts'] else ' (scaled)'}"
