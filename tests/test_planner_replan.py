@@ -276,3 +276,30 @@ def test_host_priced_from_a_scaled_reference_gets_its_own_corrected_table(run_di
         assert y.forward_time_s == pytest.approx(x.forward_time_s * k["forward_factor"], rel=1e-9)
         assert y.backward_time_s == pytest.approx(x.backward_time_s * k["backward_factor"], rel=1e-9)
     assert s["hosts"]["b"]["factor"] == pytest.approx(2.0, rel=0.03)
+
+
+def test_data_parallel_group_and_overlapping_sends(tmp_path, capsys):
+    """Stage 0 on a+b (b truly 2x slower), stage 1 on c: c sends gradients to a and b back to back,
+    so the second message's slice starts when the first ends; that timing is left out."""
+    claimed = {"a": 1.0, "b": 1.0, "c": 1.0}
+    paths, bwp = files(tmp_path / "claimed", claimed, CLAIMED_RATE)
+    files(tmp_path / "true", {"a": 1.0, "b": 0.5, "c": 1.0}, TRUE_RATE)
+    (tmp_path / "devices.json").write_text(json.dumps({h: 1 for h in claimed}))
+    plan = make_plan(LayersFile.load(paths[0]).model, seq_len=16, global_batch=8, num_microbatches=2,
+                     layer_ranges=[(0, 3), (3, 6)], group_sizes=[2, 1], hosts=list(claimed))
+    plan.save(tmp_path / "plan.json")
+    write_traces(plan, tmp_path / "true", claimed, tmp_path / "traces")
+    assert main(["replan", "--plan", str(tmp_path / "plan.json"), "--traces", str(tmp_path / "traces"), "--layers",
+                 *map(str, paths), "--bandwidth", str(bwp), "--devices", str(tmp_path / "devices.json"),
+                 "--out-dir", str(tmp_path / "out")]) == 0
+    s = json.loads((tmp_path / "out" / "replan_summary.json").read_text())
+    assert s["hosts"]["b"]["factor"] == pytest.approx(2.0, rel=0.03)
+    assert s["hosts"]["a"]["factor"] == pytest.approx(1.0, rel=0.03)
+    links = {lk["link"]: lk for lk in s["links"]}
+    overlapped = [k for k, lk in links.items() if lk["kept_old"]]
+    assert overlapped and all(k.startswith("c|") for k in overlapped)
+    for k, lk in links.items():
+        want = CLAIMED_RATE if lk["kept_old"] else TRUE_RATE
+        assert lk["new_bytes_per_sec"] == pytest.approx(want, rel=0.03), k
+    assert s["layers_per_host"]["b"]["new"] < s["layers_per_host"]["b"]["old"]
+    assert s["new_plan"]["predicted_step_time_s"] < s["old_plan"]["repriced_step_time_s"]
