@@ -16,6 +16,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "capacities": ("torchpp.planner.capacities", "per-host speed relative to a reference host, from layers files"),
     "bandwidth parse": ("torchpp.planner.bandwidth", "iperf3-style links CSV to bandwidth.json"),
     "calibrate-memory": ("torchpp.planner.calibrate", "fit the memory model from random spans' peak RSS"),
+    "replan": ("torchpp.planner.replan", "correct per-host costs, links and memory from a run's timelines, then plan again"),
     "simulate": ("torchpp.sim.cli", "event-driven simulator: run, sweep, heatmap, all, plan, check-reference"),
     "analyze": ("torchpp.trace.report", "analyse merged timelines: bubbles, critical path, predicted vs measured"),
     "throttle": ("torchpp.cluster.throttle_cli", "limit CPU, memory or a link: cpu|mem|net [-- COMMAND], status, clear"),

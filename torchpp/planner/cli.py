@@ -125,8 +125,6 @@ def run_search(args: argparse.Namespace) -> int:
     from ..formats import Bandwidth, Capacities, Devices, FormatError, LayersFile, MemoryModel
     from .cost import Links, Profiles
     from .memory import ANALYTIC_KP, MemoryEstimator
-    from .report import input_hashes, predict, write_outputs
-    from .search import Problem, search
 
     if args.out_dir is None:
         raise UsageError("--out-dir: expected a directory for plan.json and the reports")
@@ -178,6 +176,21 @@ def run_search(args: argparse.Namespace) -> int:
         memory = MemoryEstimator.analytic(args.activation_factor or ANALYTIC_KP)
     links = Links(bw, bw_source)
     opt = args.optimizer_s_per_gb / 1e9 if args.optimizer_s_per_gb else None
+    search_and_write(args, prof, links, hosts, budget, memory, inputs,
+                     dv if (not args.estimate or args.devices) else None, opt)
+    return 0
+
+
+def search_and_write(args, prof, links, hosts, budget, memory, inputs, devices, opt, extra_meta=None):
+    """Search on loaded inputs and write plan.json and the reports into ``args.out_dir``.
+
+    ``args`` carries the search options of ``torchpp plan`` (global_batch, schedule, max_stages,
+    micro_batch_sizes, no_recompute, exact_devices, max_group, compare); ``torchpp replan``
+    calls this with corrected costs so both commands search and report the same way.
+    """
+    from .report import input_hashes, predict, write_outputs
+    from .search import Problem, search
+
     pb = Problem(profiles=prof, links=links, hosts=hosts, budget=budget, memory=memory,
                  global_batch=args.global_batch, schedule=args.schedule, max_stages=args.max_stages,
                  micro_batch_sizes=args.micro_batch_sizes, allow_recompute=not args.no_recompute,
@@ -186,8 +199,8 @@ def run_search(args: argparse.Namespace) -> int:
           f"global batch {args.global_batch}; memory: {memory.source}")
     res = search(pb, progress=print)
     plan = res.plan
-    if not args.estimate or args.devices:
-        apply_fixed_ranks(plan, dv)
+    if devices is not None:
+        apply_fixed_ranks(plan, devices)
     pred, tl = predict(plan, prof, links, memory, budget, opt)
     plan.predicted = pred
     plan.inputs = input_hashes(inputs)
@@ -197,7 +210,7 @@ def run_search(args: argparse.Namespace) -> int:
         "model": prof.model.name, "hosts": hosts, "global_batch": args.global_batch, "schedule": args.schedule,
         "host_tables": dict(prof.origin),
         "search": {"mode": res.mode, "dp_candidates": res.dp_candidates, "priced": res.candidates_priced,
-                   "planning_time_s": res.planning_time_s, "max_stages": args.max_stages,
+                   "planning_time_s": res.planning_time_s, "refined": res.refined, "max_stages": args.max_stages,
                    "micro_batch_sizes": args.micro_batch_sizes, "recompute": not args.no_recompute,
                    "candidates": [{"step_time_s": s, "stages": p.num_stages, "micro_batch_size": p.micro_batch_size,
                                    "devices": p.world_size} for s, p in res.priced]},
@@ -206,12 +219,12 @@ def run_search(args: argparse.Namespace) -> int:
                    "idle": [h for h in hosts if h not in {d.host for s in plan.stages for d in s.devices}]},
         "predicted": {k: pred[k] for k in ("step_time_s", "throughput_samples_per_s", "lower_bound_s",
                                            "ratio_to_lower_bound", "bubble")},
-        "compare": compare, "inputs": plan.inputs,
+        "compare": compare, "inputs": plan.inputs, **(extra_meta or {}),
     }
     write_outputs(args.out_dir, plan, tl, meta, compare)
     print((args.out_dir / "summary.txt").read_text(), end="")
     print(f"wrote {args.out_dir}/plan.json, stages.csv, steps.csv, plan_meta.json, summary.txt, gantt.png")
-    return 0
+    return plan, pb
 
 
 def apply_fixed_ranks(plan, devices) -> bool:

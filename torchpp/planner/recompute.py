@@ -52,7 +52,7 @@ def choose_recompute(pb: "Problem", t: "Tables", hosts: Sequence[int], cut: tupl
     nl = len(A_l)
 
     def alloc(flags):
-        ps = memory_per_sample(pb, A_l, A_fixed, flags, n)
+        ps = max(memory_per_sample(pb, A_l, A_fixed, flags, n), 1e-30)  # Kp may be 0 in a fitted model
         caps = [max(0.0, bu) / ps for bu in budget]
         secs = [tau[j] + float(np.dot(f[j], np.asarray(flags, dtype=float))) for j in range(len(hosts))]
         return allocate(b, secs, caps)

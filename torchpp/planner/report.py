@@ -89,6 +89,7 @@ def predict(plan: Plan, profiles: Profiles, links: Links, memory: MemoryEstimato
         "bubble": {"real": real, "ideal": ideal, "imbalance": float(imb), "communication": real - ideal - imb - recomp,
                    "recompute": recomp},
         "memory_model": memory.source,
+        "memory_bytes_per_rank": {str(r): int(v) for r, v in sorted(mem.items())},
         "stages": stages,
     }
     return pred, tl

@@ -17,8 +17,12 @@ Search (Asteroid's Algorithm 2, widened):
   compute); plus the group's ring all-reduce divided by m.
 * The best candidates per (order, b, stage count), ranked by (m + S − 1) × bottleneck, get
   integer sample counts (Algorithm 1), per-layer recomputation from a MILP under each device's
-  memory cap, and are then priced by replaying their action lists (cost.price). The plan with
-  the lowest priced step time wins, so the predicted step time is the simulator's.
+  memory cap, and are then priced by replaying their action lists (cost.price).
+* The bottleneck ignores fill/drain and transfer latency, so the best few priced plans are then
+  refined by local search on the priced step time (:func:`refine`): move a cut by one layer,
+  shift a stage, swap two stages' groups, merge or split stages, move a device between groups
+  or in/out of idle.
+  The plan with the lowest priced step time wins, so the predicted step time is the simulator's.
 """
 from __future__ import annotations
 
@@ -61,6 +65,9 @@ class Problem:
     max_group: int = 8
     top_k: int = 12
     optimizer_s_per_byte: Mapping[str, float] | float | None = None
+    refine_evals: int | None = None
+    """Plans priced by the local search after the DP (default: 300 with exact device orders, 8 up to 16
+    devices, none beyond, where one pricing costs more than it tends to gain)."""
 
 
 @dataclass
@@ -80,6 +87,8 @@ class SearchResult:
     planning_time_s: float
     priced: list[tuple[float, Plan]] = field(default_factory=list)
     mode: str = ""
+    refined: int = 0
+    """Plans priced by the local search (included in ``candidates_priced``)."""
 
 
 # ----------------------------------------------------------------------------- range tables
@@ -334,6 +343,8 @@ def device_orders(pb: Problem, t: Tables) -> tuple[list[tuple[int, ...]], str]:
 
 
 # ----------------------------------------------------------------------------- from DP to plans
+REFINE_HEURISTIC = 8
+"""Local-search pricings beyond ``exact_devices`` devices (up to 16 devices)."""
 HEURISTIC_MAX_STAGES = 16
 """Beyond ``exact_devices`` devices, at most this many stages unless max_stages says otherwise."""
 HEURISTIC_MICRO_BATCH_SIZES = 4
@@ -394,6 +405,7 @@ def bottlenecks(pb: Problem, t: Tables | None = None, orders: Sequence[tuple[int
     exact = len(pb.hosts) <= pb.exact_devices
     max_stages = pb.max_stages or (len(pb.hosts) if exact else min(len(pb.hosts), HEURISTIC_MAX_STAGES))
     best: dict[tuple[int, int], tuple[float, tuple[int, ...], list[StageChoice]]] = {}
+    shared: dict[tuple[int, ...], dict] = {}
     for b in micro_batch_sizes(pb, exact):
         m = pb.global_batch // b
         sc = StageCosts(t, b, m, pb.allow_recompute)
@@ -401,7 +413,7 @@ def bottlenecks(pb: Problem, t: Tables | None = None, orders: Sequence[tuple[int
             if exact:
                 found = dp_order(order, sc, max_stages, len(pb.hosts))
             else:
-                found = dp_order_fast(order, sc, max_stages, pb.max_group)
+                found = dp_order_fast(order, sc, max_stages, pb.max_group, shared.setdefault(tuple(order), {}))
             for S, (val, stages) in found.items():
                 if collect is not None:
                     collect.append(((m + S - 1) * val, val, b, tuple(order), stages))
@@ -434,21 +446,148 @@ def search(pb: Problem, progress=None) -> SearchResult:
         if len(picked) >= pb.top_k:
             break
     priced: list[tuple[float, Plan]] = []
+    seeds: list[tuple[float, int, list[tuple[tuple[int, int], tuple[int, ...]]]]] = []
     for est, val, b, order, stages in picked:
         plan = build_plan(pb, t, order, stages, b, "optimal")
         if plan is None:
             continue
         step, _ = price(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte)
         priced.append((step, plan))
+        seeds.append((step, b, [(st.cut, tuple(order[x] for x in range(*st.hosts))) for st in stages]))
         if progress:
             progress(f"  candidate: {plan.num_stages} stage(s), micro-batch {b} x {plan.num_microbatches}: "
                      f"bottleneck {val:.4g} s, priced step {step:.4g} s")
     if not priced:
         raise InfeasibleError(infeasible_message(pb, t))
+    exact = len(pb.hosts) <= pb.exact_devices
+    budget = pb.refine_evals if pb.refine_evals is not None else (
+        300 if exact else REFINE_HEURISTIC if len(pb.hosts) <= 16 else 0)
+    before = min(s for s, _ in priced)
+    found = refine(pb, t, seeds, budget)
+    priced += found
+    if progress and found:
+        progress(f"  local search: {len(found)} plan(s) priced, best step {min(s for s, _ in priced):.4g} s "
+                 f"(DP candidates' best {before:.4g} s)")
     priced.sort(key=lambda x: x[0])
     step, plan = priced[0]
     return SearchResult(plan=plan, step_time_s=step, candidates_priced=len(priced), dp_candidates=len(cands),
-                        planning_time_s=time.perf_counter() - t0, priced=priced, mode=mode)
+                        planning_time_s=time.perf_counter() - t0, priced=priced, mode=mode, refined=len(found))
+
+
+Layout = list[tuple[tuple[int, int], tuple[int, ...]]]
+"""A plan's shape: per stage its layer cut [c, c2) and its group (host indices)."""
+
+
+def _neighbours(layout: Layout, n_hosts: int) -> list[Layout]:
+    """Plans one move away: a cut ±1, a stage shifted ±1, two groups swapped, two stages merged, a
+    stage split (onto an idle device or part of its group), one device moved or left idle."""
+    S = len(layout)
+    cuts = [c for c, _ in layout]
+    groups = [g for _, g in layout]
+    out: list[Layout] = []
+
+    def with_bounds(bounds: list[int]) -> Layout | None:
+        if any(bounds[i] >= bounds[i + 1] for i in range(S)):
+            return None
+        return [((bounds[i], bounds[i + 1]), groups[i]) for i in range(S)]
+
+    bounds = [cuts[0][0]] + [c2 for _, c2 in cuts]
+    for k in range(1, S):
+        for d in (-1, 1):
+            nb = list(bounds)
+            nb[k] += d
+            out.append(with_bounds(nb))
+            if k + 1 < S:  # shift stage k (both of its cuts)
+                nb2 = list(nb)
+                nb2[k + 1] += d
+                out.append(with_bounds(nb2))
+    for i in range(S):
+        for j in range(i + 1, S):
+            g = list(groups)
+            g[i], g[j] = g[j], g[i]
+            out.append([(cuts[x], g[x]) for x in range(S)])
+    for k in range(S - 1):  # merge two adjacent stages, keeping either group or both
+        merged = (cuts[k][0], cuts[k + 1][1])
+        for g in (groups[k], groups[k + 1], tuple(sorted(groups[k] + groups[k + 1]))):
+            out.append([*layout[:k], (merged, g), *layout[k + 2:]])
+    used = {h for g in groups for h in g}
+    idle = [h for h in range(n_hosts) if h not in used]
+    for k in range(S):  # split a stage: part of its layers to an idle device or to part of its group
+        (c, c2), g = layout[k]
+        options = [(g, (h,)) for h in idle] + [((h,), g) for h in idle]
+        if len(g) > 1:
+            options += [(g[:i], g[i:]) for i in range(1, len(g))]
+        for x in range(c + 1, c2):
+            for g1, g2 in options:
+                out.append([*layout[:k], ((c, x), g1), ((x, c2), g2), *layout[k + 1:]])
+    for h in range(n_hosts):
+        src = next((i for i, g in enumerate(groups) if h in g), None)
+        targets = [j for j in range(S) if j != src]
+        for j in targets + ([None] if src is not None else []):
+            g = [tuple(x for x in grp if x != h) for grp in groups]
+            if j is not None:
+                g[j] = tuple(sorted(g[j] + (h,)))
+            if any(not x for x in g):
+                continue
+            if src is None and h in used:
+                continue
+            out.append([(cuts[x], g[x]) for x in range(S)])
+    return [x for x in out if x is not None]
+
+
+def refine(pb: Problem, t: Tables, seeds: Sequence[tuple[float, int, Layout]], budget: int
+           ) -> list[tuple[float, Plan]]:
+    """Steepest descent on the priced step time from the best seeds, pricing at most ``budget`` new plans."""
+    if budget <= 0:
+        return []
+    exact = len(pb.hosts) <= pb.exact_devices
+    max_stages = pb.max_stages or (len(pb.hosts) if exact else min(len(pb.hosts), HEURISTIC_MAX_STAGES))
+    max_group = len(pb.hosts) if exact else pb.max_group
+
+    def key(b: int, lay: Layout) -> tuple:
+        return (b, tuple((c, tuple(sorted(g))) for c, g in lay))
+
+    seen: dict[tuple, float] = {key(b, lay): s for s, b, lay in seeds}
+    found: list[tuple[float, Plan]] = []
+    starts = sorted(seeds, key=lambda x: x[0])
+    used = 0
+    done: set[tuple] = set()
+    for step0, b, lay in starts:
+        if used >= budget:
+            break
+        if key(b, lay) in done:
+            continue
+        cur, cur_s = lay, step0
+        while used < budget:
+            done.add(key(b, cur))
+            best: tuple[float, Layout] | None = None
+            for nb in _neighbours(cur, len(pb.hosts)):
+                if len(nb) > max_stages or any(len(g) > min(max_group, b) for _, g in nb):
+                    continue  # outside the search space the DP was given
+                k = key(b, nb)
+                if k in seen:
+                    s = seen[k]
+                else:
+                    if used >= budget:
+                        break
+                    used += 1
+                    order = [h for _, g in nb for h in g]
+                    pos, stages = 0, []
+                    for c, g in nb:
+                        stages.append(StageChoice(cut=c, hosts=(pos, pos + len(g)), recompute_all=False, cost=0.0))
+                        pos += len(g)
+                    plan = build_plan(pb, t, order, stages, b, "optimal")
+                    s = INF
+                    if plan is not None:
+                        s = price(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte)[0]
+                        found.append((s, plan))
+                    seen[k] = s
+                if s < cur_s * (1 - 1e-12) and (best is None or s < best[0]):
+                    best = (s, nb)
+            if best is None:
+                break
+            cur_s, cur = best
+    return found
 
 
 def fmt_bytes(n: float) -> str:
@@ -486,7 +625,7 @@ def infeasible_message(pb: Problem, t: Tables) -> str:
 
 # ----------------------------------------------------------------------------- the heuristic DP (many devices)
 def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_group: int,
-                  ) -> dict[int, tuple[float, list[StageChoice]]]:
+                  shared: dict | None = None) -> dict[int, tuple[float, list[StageChoice]]]:
     """Vectorised DP for one order when there are too many devices to try every order.
 
     State (j, a, c): the suffix's head group starts at position a of the order and its layers
@@ -500,43 +639,50 @@ def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_gro
     K = min(max_group, N, b)
     rec = sc.rec
     variants = (0, 1) if rec else (0,)
-    # float32 halves the memory traffic of this search; the chosen plans are re-checked in float64
+    # float32 halves the memory traffic of this search; the chosen plans are re-checked in float64.
+    # Everything that does not depend on the micro-batch size is kept in ``shared`` across calls.
     f32 = np.float32
-    INV = {v: np.stack([1.0 / t.tau[(h, v)] for h in order]).astype(f32) for v in variants}  # (N, L1, L1)
-    CINV = {v: np.concatenate([np.zeros((1, L1, L1), f32), np.cumsum(INV[v], axis=0, dtype=np.float64).astype(f32)])
-            for v in variants}
-    names = [t.hosts[h] for h in order]
-    links = t.pb.links
-    # all-reduce coefficient and links to the next position, per group (a, k)
-    ar_unit = np.zeros((K + 1, N))
-    ar_lat = np.zeros((K + 1, N))
-    nx_byte = np.zeros((K + 1, N))
-    nx_lat = np.zeros((K + 1, N))
-    for k in range(1, K + 1):
-        for a in range(N - k + 1):
-            g = names[a:a + k]
-            if k > 1:
-                lat = links.ring_allreduce(g, 0.0)
-                ar_lat[k, a], ar_unit[k, a] = lat, links.ring_allreduce(g, 1.0) - lat
-            if a + k < N:
-                d = names[a + k]
-                pb_, lt = 0.0, 0.0
-                for s in g:
-                    for x, y in ((s, d), (d, s)):
-                        l0 = links.time(x, y, 0.0)
-                        pb_, lt = max(pb_, links.time(x, y, 1.0) - l0), max(lt, l0)
-                nx_byte[k, a], nx_lat[k, a] = pb_, lt
-    AVAIL = np.stack([np.maximum(t.pb.budget[t.hosts[h]] - t.pb.memory.static(t.W), 0.0) for h in order]).astype(f32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        RATIO = {v: INV[v] / AVAIL for v in variants}                     # inf where a device holds nothing
-    win: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+    sh = shared if shared is not None else {}
+    if not sh:
+        INV = {v: np.stack([1.0 / t.tau[(h, v)] for h in order]).astype(f32) for v in (0, 1)}  # (N, L1, L1)
+        sh["CINV"] = {v: np.concatenate([np.zeros((1, L1, L1), f32),
+                                         np.cumsum(INV[v], axis=0, dtype=np.float64).astype(f32)]) for v in (0, 1)}
+        sh["INV"] = INV
+        names = [t.hosts[h] for h in order]
+        links = t.pb.links
+        # all-reduce coefficient and links to the next position, per group (a, k)
+        Kmax = min(max_group, N)
+        ar_unit, ar_lat = np.zeros((Kmax + 1, N)), np.zeros((Kmax + 1, N))
+        nx_byte, nx_lat = np.zeros((Kmax + 1, N)), np.zeros((Kmax + 1, N))
+        for k in range(1, Kmax + 1):
+            for a in range(N - k + 1):
+                g = names[a:a + k]
+                if k > 1:
+                    lat = links.ring_allreduce(g, 0.0)
+                    ar_lat[k, a], ar_unit[k, a] = lat, links.ring_allreduce(g, 1.0) - lat
+                if a + k < N:
+                    d = names[a + k]
+                    pb_, lt = 0.0, 0.0
+                    for s in g:
+                        for x, y in ((s, d), (d, s)):
+                            l0 = links.time(x, y, 0.0)
+                            pb_, lt = max(pb_, links.time(x, y, 1.0) - l0), max(lt, l0)
+                    nx_byte[k, a], nx_lat[k, a] = pb_, lt
+        sh["links"] = tuple(x.astype(f32) for x in (ar_lat, ar_unit, nx_lat, nx_byte))
+        AVAIL = np.stack([np.maximum(t.pb.budget[t.hosts[h]] - t.pb.memory.static(t.W), 0.0)
+                          for h in order]).astype(f32)
+        sh["AVAIL"] = AVAIL
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sh["RATIO"] = {v: INV[v] / AVAIL for v in (0, 1)}              # inf where a device holds nothing
+        sh["win"] = {}
+    INV, CINV, AVAIL, RATIO = sh["INV"], sh["CINV"], sh["AVAIL"], sh["RATIO"]
+    win: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = sh["win"]
 
     def window(k: int, v: int):
-        """Per group order[a:a+k]: unconstrained time, max INV/avail, min and sum of avail."""
+        """Per group order[a:a+k]: Σ 1/τ (time = b / it), max INV/avail, min and sum of avail."""
         if (k, v) not in win:
             A = N - k + 1
-            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                tt = b / (CINV[v][k:k + A] - CINV[v][0:A])
+            speed = CINV[v][k:k + A] - CINV[v][0:A]
             if k == 1:
                 rmax, amin, asum = RATIO[v][:A], AVAIL[:A], AVAIL[:A]
             else:
@@ -544,11 +690,13 @@ def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_gro
                 rmax = np.maximum(r0[:A], RATIO[v][k - 1:k - 1 + A])
                 amin = np.minimum(m0[:A], AVAIL[k - 1:k - 1 + A])
                 asum = s0[:A] + AVAIL[k - 1:k - 1 + A]
-            win[(k, v)] = (tt, rmax, amin, asum)
+            win[(k, v)] = (speed, rmax, amin, asum)
         return win[(k, v)]
 
-    FIX = np.stack([t.tau0[(h, 0)] for h in order]).astype(f32)  # (N, L1, L1) seconds per call
-    fix_win: dict[int, np.ndarray] = {1: FIX}
+    if "FIX" not in sh:
+        sh["FIX"] = {1: np.stack([t.tau0[(h, 0)] for h in order]).astype(f32)}  # (N, L1, L1) seconds per call
+    fix_win: dict[int, np.ndarray] = sh["FIX"]
+    FIX = fix_win[1]
 
     def fixed_max(k: int) -> np.ndarray:
         if k not in fix_win:
@@ -556,9 +704,18 @@ def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_gro
             fix_win[k] = np.maximum(prev[:N - k + 1], FIX[k - 1:])
         return fix_win[k]
 
+    btt: dict[tuple[int, int], np.ndarray] = {}
+
+    def times(k: int, v: int) -> np.ndarray:
+        """Unconstrained group time b / Σ 1/τ for this micro-batch size."""
+        if (k, v) not in btt:
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                btt[(k, v)] = f32(b) / window(k, v)[0]
+        return btt[(k, v)]
+
     cost_cache: dict[tuple[int, int, bool], np.ndarray] = {}
     W32 = t.W.astype(f32)
-    ar_lat, ar_unit, nx_lat, nx_byte = (x.astype(f32) for x in (ar_lat, ar_unit, nx_lat, nx_byte))
+    ar_lat, ar_unit, nx_lat, nx_byte = sh["links"]
     out32 = (t.out_bytes * b).astype(f32)
     ps_cache: dict[tuple[int, int], np.ndarray] = {}
 
@@ -581,7 +738,8 @@ def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_gro
         A = N - k + 1
         c0 = L if last else 0
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            tt, rmax, amin, asum = (x[:, :, c0:] for x in window(k, 0))
+            _, rmax, amin, asum = (x[:, :, c0:] for x in window(k, 0))
+            tt = times(k, 0)[:, :, c0:]
             P = per_sample32(0, n)
             Pc = P[:, c0:]
             valid = t.valid[None, :, c0:]
@@ -599,8 +757,7 @@ def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_gro
                 ia, ic, ic2 = np.nonzero((infeasible | bad) & valid & fits1)
                 if len(ia):
                     g2 = ic2 + c0
-                    w1 = window(k, 1)
-                    tt1, r1 = w1[0][ia, ic, g2], w1[1][ia, ic, g2]
+                    tt1, r1 = times(k, 1)[ia, ic, g2], window(k, 1)[1][ia, ic, g2]
                     p1 = P1[ic, g2]
                     bad1 = tt1 * r1 * p1 > 1.0
                     sel = np.nonzero(bad1)[0]

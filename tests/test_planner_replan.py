@@ -1,0 +1,305 @@
+"""replan: recovers a host that is truly slower than its profile, links, optimizer and memory from
+timelines, writes inputs `torchpp plan` reads back, and names the file and field of a mismatch."""
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchpp.cli import main
+from torchpp.formats import GB, Bandwidth, LayersFile, MemoryModel, Plan
+from torchpp.planner.cost import Links, MeasuredCost, Profiles
+from torchpp.planner.memory import MemoryEstimator
+from torchpp.planner.replan import fit_host, memory_terms, read_run
+from torchpp.planner.report import predict
+from torchpp.planner.simple import make_plan
+from torchpp.planner.synthetic import layers_file, uniform_links
+from torchpp.schedules import build
+from torchpp.sim.replay import replay
+from torchpp.sim.trace import predicted_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+L = 6
+CLAIMED_RATE, TRUE_RATE = 1e6, 5e5
+TRUE_MEMORY = MemoryEstimator(5e7, 3.0, 12.0, "truth")
+TRUE_OPT = 2e-8  # optimizer seconds per parameter byte
+
+
+class Noisy:
+    """The true costs with a deterministic ±3% wobble on every forward and backward."""
+
+    def __init__(self, cost: MeasuredCost, step: int, noise: float = 0.03):
+        self.cost, self.step, self.noise = cost, step, noise
+
+    def compute_s(self, rank, a):
+        k = {"F": 1, "B": 2}.get(a.kind.value)
+        if k is None:
+            return self.cost.compute_s(rank, a)
+        return self.cost.compute_s(rank, a) * (1 + self.noise * math.sin(7 * rank + 3 * (a.microbatch or 0) + k
+                                                                         + 11 * self.step))
+
+    def transfer_s(self, src, dst, a):
+        return self.cost.transfer_s(src, dst, a)
+
+    def allreduce_s(self, a):
+        return self.cost.allreduce_s(a)
+
+
+def files(d: Path, speeds: dict[str, float], rate: float) -> tuple[list[Path], Path]:
+    d.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for h, s in speeds.items():
+        lf = layers_file(h, num_layers=L, speed=s, batch=2, layer_param_bytes=2_000_000, act_bytes_per_sample=20_000,
+                         embed_fwd_s=0.1, tail_fwd_s=0.5)
+        paths.append(lf.save(d / f"layers_{h}.json"))
+    bw = uniform_links(list(speeds), rate)
+    return paths, bw.save(d / "bandwidth.json")
+
+
+def write_traces(plan: Plan, true_dir: Path, hosts: dict[str, float], trace_dir: Path, steps=(2, 3)) -> None:
+    """Timelines of ``plan`` on the true cluster, in the runtime's merged form, with peak RSS."""
+    from torchpp.sim.measured import measured_cost
+
+    lp = [true_dir / f"layers_{h}.json" for h in hosts]
+    cost, bytes_of = measured_cost(plan, lp, true_dir / "bandwidth.json")
+    cost.rank = {r: type(rc)(rc.host, rc.stage, rc.fwd, rc.bwd, TRUE_OPT * cost.p.stage_param_bytes(rc.stage))
+                 for r, rc in cost.rank.items()}
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    prof = cost.p
+    for n in steps:
+        tl = replay(build(plan), Noisy(cost, n))
+        tr = predicted_trace(plan, tl, step=n, bytes_of=bytes_of)
+        for r, md in tr["metadata"]["ranks"].items():
+            W, K, const, _ = memory_terms(plan, prof, int(r))
+            md["peak_rss_bytes"] = int(TRUE_MEMORY.base + TRUE_MEMORY.alpha * W + TRUE_MEMORY.kp * K + const)
+        (trace_dir / f"timeline_step{n}_all.json").write_text(json.dumps(tr))
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """Profiles claim three equal hosts; in truth b is 2x slower and every link half as fast."""
+    claimed = {"a": 1.0, "b": 1.0, "c": 1.0}
+    paths, bwp = files(tmp_path / "claimed", claimed, CLAIMED_RATE)
+    files(tmp_path / "true", {"a": 1.0, "b": 0.5, "c": 1.0}, TRUE_RATE)
+    (tmp_path / "devices.json").write_text(json.dumps({h: 1 for h in claimed}))
+    lfs = [LayersFile.load(p) for p in paths]
+    plan = make_plan(lfs[0].model, seq_len=16, global_batch=8, num_microbatches=4,
+                     layer_ranges=[(0, 2), (2, 4), (4, 6)], group_sizes=[1, 1, 1], hosts=list(claimed))
+    prof = Profiles.from_layers(lfs)
+    plan.predicted, _ = predict(plan, prof, Links(Bandwidth.load(bwp)), MemoryEstimator.analytic(),
+                                {h: GB for h in claimed})
+    plan.save(tmp_path / "plan.json")
+    write_traces(plan, tmp_path / "true", {"a": 1, "b": 1, "c": 1}, tmp_path / "traces")
+    return tmp_path
+
+
+def replan_args(d: Path, *extra):
+    return ["replan", "--plan", str(d / "plan.json"), "--traces", str(d / "traces"), "--layers",
+            *[str(d / "claimed" / f"layers_{h}.json") for h in "abc"],
+            "--bandwidth", str(d / "claimed" / "bandwidth.json"),
+            "--devices", str(d / "devices.json"), "--out-dir", str(d / "out2"), *extra]
+
+
+def test_replan_recovers_a_2x_slower_host_and_moves_layers_off_it(run_dir, capsys):
+    assert main(replan_args(run_dir)) == 0
+    out = run_dir / "out2"
+    s = json.loads((out / "replan_summary.json").read_text())
+    hosts = s["hosts"]
+    assert hosts["b"]["factor"] == pytest.approx(2.0, rel=0.03)
+    assert hosts["b"]["forward_factor"] == pytest.approx(2.0, rel=0.03)
+    assert hosts["b"]["backward_factor"] == pytest.approx(2.0, rel=0.03)
+    for h in "ac":
+        assert hosts[h]["factor"] == pytest.approx(1.0, rel=0.03)
+    assert hosts["b"]["new_capacity"] == pytest.approx(0.5, rel=0.03) and hosts["b"]["old_capacity"] == 1.0
+    # links: the run used a->b and b->c (activations) and back (gradients), all at half the claimed rate
+    used = {lk["link"]: lk for lk in s["links"]}
+    assert set(used) == {"a|b", "b|a", "b|c", "c|b"}
+    for lk in used.values():
+        assert lk["new_bytes_per_sec"] == pytest.approx(TRUE_RATE, rel=0.03) and lk["changed"]
+    assert s["optimizer_s_per_gb"]["a"] == pytest.approx(TRUE_OPT * 1e9, rel=1e-6)
+    # the corrected model explains the run it was fitted on; the new plan takes layers off b
+    old = s["old_plan"]
+    assert old["repriced_step_time_s"] == pytest.approx(old["measured_step_time_s"], rel=0.05)
+    assert abs(old["prediction_error"]) > 0.2      # the claimed profiles were far off
+    assert s["layers_per_host"]["b"] == {"old": 2, "new": s["layers_per_host"]["b"]["new"]}
+    assert s["layers_per_host"]["b"]["new"] < 2
+    assert s["new_plan"]["predicted_step_time_s"] < old["repriced_step_time_s"]
+    assert s["predicted_gain"] > 0.05
+    text = (out / "replan_summary.txt").read_text()
+    assert "predicted gain" in text and "b|c" in text and "changed" in text
+    # memory: three distinct stages determine the three coefficients
+    mm = MemoryModel.load(out / "memory_model.json")
+    assert (mm.base, mm.alpha, mm.Kp) == pytest.approx((TRUE_MEMORY.base, TRUE_MEMORY.alpha, TRUE_MEMORY.kp), rel=1e-3)
+    for r, v in s["memory"]["ranks"].items():
+        assert v["new_predicted_bytes"] == pytest.approx(v["measured_peak_bytes"], rel=1e-3)
+    for f in ("plan.json", "stages.csv", "steps.csv", "plan_meta.json", "summary.txt", "gantt.png"):
+        assert (out / f).stat().st_size > 0, f
+
+
+def test_corrected_files_round_trip_through_plan(run_dir, capsys):
+    """The written files carry the corrections: `torchpp plan` on them finds the replan's plan."""
+    assert main(replan_args(run_dir)) == 0
+    out = run_dir / "out2"
+    b_old = LayersFile.load(run_dir / "claimed" / "layers_b.json")
+    b_new = LayersFile.load(out / "layers_b.json")
+    for x, y in zip([b_old.embed, *b_old.layers, b_old.tail], [b_new.embed, *b_new.layers, b_new.tail]):
+        assert y.forward_time_s == pytest.approx(2 * x.forward_time_s, rel=0.03)
+        assert y.backward_time_s == pytest.approx(2 * x.backward_time_s, rel=0.03)
+        assert y.param_bytes == x.param_bytes
+    assert Bandwidth.load(out / "bandwidth.json").rate("a", "b") == pytest.approx(TRUE_RATE, rel=0.03)
+    # links the run did not use keep their old rate
+    assert Bandwidth.load(out / "bandwidth.json").rate("a", "c") == CLAIMED_RATE
+    replanned = Plan.load(out / "plan.json")
+    opt = json.loads((out / "replan_summary.json").read_text())["optimizer_s_per_gb"]
+    assert len(set(round(v, 6) for v in opt.values())) == 1      # the same on every host here
+    assert main(["plan", "--layers", *[str(out / f"layers_{h}.json") for h in "abc"], "--bandwidth",
+                 str(out / "bandwidth.json"), "--memory-model", str(out / "memory_model.json"), "--devices",
+                 str(out / "devices.json"), "--global-batch", "8", "--optimizer-s-per-gb", str(opt["a"]),
+                 "--out-dir", str(run_dir / "again")]) == 0
+    again = Plan.load(run_dir / "again" / "plan.json")
+    assert again.predicted["step_time_s"] == pytest.approx(replanned.predicted["step_time_s"], rel=1e-9)
+    assert [s.layers for s in again.stages] == [s.layers for s in replanned.stages]
+
+
+def test_host_with_two_layer_ranges_gets_a_factor_per_range(tmp_path):
+    """Host x runs stages 0 and 2; in truth its first range is 1.5x and its second 3x slower."""
+    paths, bwp = files(tmp_path / "claimed", {"x": 1.0, "y": 1.0}, CLAIMED_RATE)
+    lfs = [LayersFile.load(p) for p in paths]
+    plan = make_plan(lfs[0].model, seq_len=16, global_batch=4, num_microbatches=2,
+                     layer_ranges=[(0, 2), (2, 4), (4, 6)], group_sizes=[1, 1, 1], hosts=["x", "y", "x"])
+    prof = Profiles.from_layers(lfs)
+    true = Profiles.from_layers(lfs)
+    true.fwd["x"], true.bwd["x"] = true.fwd["x"].copy(), true.bwd["x"].copy()
+    for lo, hi, k in ((0, 3, 1.5), (3, 5, 1.0), (5, 8, 3.0)):  # blocks: embed + layers 0,1 | 2,3 | 4,5 + tail
+        true.fwd["x"][lo:hi] *= k
+        true.bwd["x"][lo:hi] *= k
+    cost = MeasuredCost(plan, true, Links(Bandwidth.load(bwp)))
+    (tmp_path / "t").mkdir()
+    tr = predicted_trace(plan, replay(build(plan), cost), step=2)
+    (tmp_path / "t" / "timeline_step2_all.json").write_text(json.dumps(tr))
+    meas = read_run(tmp_path / "t", plan, prof)
+    fit = fit_host("x", [0, 2], plan, prof, meas)
+    groups = {tuple(g["blocks"]): g for g in fit.groups}
+    assert set(groups) == {(0, 3), (5, 8)}
+    assert groups[(0, 3)]["forward"] == pytest.approx(1.5) and groups[(0, 3)]["backward"] == pytest.approx(1.5)
+    assert groups[(5, 8)]["forward"] == pytest.approx(3.0) and groups[(5, 8)]["backward"] == pytest.approx(3.0)
+    assert 1.5 < fit.factor < 3.0 and fit.rms_rel < 1e-9
+    assert fit_host("y", [1], plan, prof, meas).factor == pytest.approx(1.0)
+
+
+def test_trace_dir_without_merged_timelines_is_named(run_dir, capsys):
+    empty = run_dir / "empty"
+    empty.mkdir()
+    args = replan_args(run_dir)
+    args[args.index("--traces") + 1] = str(empty)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert str(empty) in err and "timeline_step<N>_all.json" in err
+    shutil.copy(run_dir / "traces" / "timeline_step2_all.json", empty / "timeline_step2_rank0.json")
+    assert main(args) == 2
+    assert "per-rank files (timeline_step2_rank0.json)" in capsys.readouterr().err
+
+
+def test_plan_trace_mismatch_names_file_and_field(run_dir, capsys):
+    plan = Plan.load(run_dir / "plan.json")
+    other = make_plan(plan.model, seq_len=16, global_batch=8, num_microbatches=4,
+                      layer_ranges=[(0, 3), (3, 4), (4, 6)], group_sizes=[1, 1, 1], hosts=["a", "b", "c"])
+    other.save(run_dir / "plan.json")
+    assert main(replan_args(run_dir)) == 2
+    err = capsys.readouterr().err
+    assert "timeline_step2_all.json" in err and ".args.layers" in err and "[0, 3]" in err
+    two = make_plan(plan.model, seq_len=16, global_batch=8, num_microbatches=4, layer_ranges=[(0, 3), (3, 6)],
+                    group_sizes=[1, 1], hosts=["a", "b"])
+    two.save(run_dir / "plan.json")
+    assert main(replan_args(run_dir)) == 2
+    assert "metadata.world_size" in capsys.readouterr().err
+    plan.num_microbatches, plan.micro_batch_size = 2, 4
+    for s in plan.stages:
+        for d in s.devices:
+            d.samples = 4
+    plan.save(run_dir / "plan.json")
+    assert main(replan_args(run_dir)) == 2
+    assert "F<mb> of rank 0" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(300)
+def test_replan_reads_a_real_run(tmp_path):
+    """Two local ranks of the tiny preset, traced; replan without layers files (model FLOPs shape them)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    py = sys.executable
+    subprocess.run([py, "-m", "torchpp", "plan", "--strategy", "pp", "--stages", "2", "--model", "qwen3-tiny",
+                    "--layers", "2", "--global-batch", "4", "--microbatches", "2", "--seq-len", "32", "--out",
+                    str(tmp_path / "p.json")], check=True, env=env, cwd=tmp_path, timeout=120)
+    r = subprocess.run([py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+                        "torchpp.train", "--plan", str(tmp_path / "p.json"), "--layers", "2", "--steps", "3",
+                        "--trace-dir", str(tmp_path / "t"), "--trace-steps", "2,3", "--threads", "1"],
+                       env=env, cwd=tmp_path, timeout=240, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (tmp_path / "devices.json").write_text(json.dumps({"host0": 4, "host1": 4}))
+    r = subprocess.run([py, "-m", "torchpp", "replan", "--plan", str(tmp_path / "p.json"), "--traces",
+                        str(tmp_path / "t"), "--devices", str(tmp_path / "devices.json"), "--out-dir",
+                        str(tmp_path / "r")], env=env, cwd=tmp_path, timeout=120, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((tmp_path / "r" / "replan_summary.json").read_text())
+    assert set(s["hosts"]) == {"host0", "host1"} and set(s["measured_steps"]) == {"2", "3"}
+    for h in s["hosts"].values():
+        assert h["timings"] == 2 * 2 * 2 and h["factor"] > 0      # 2 steps x 2 micro-batches x (F, B)
+    assert {lk["link"] for lk in s["links"]} == {"host0|host1", "host1|host0"}
+    assert all(lk["messages"] == 4 and lk["new_bytes_per_sec"] > 0 for lk in s["links"])
+    assert all(v["measured_peak_bytes"] > 0 for v in s["memory"]["ranks"].values())
+    assert set(s["optimizer_measured_hosts"]) == {"host0", "host1"}
+    plan = Plan.load(tmp_path / "r" / "plan.json")
+    assert plan.predicted["step_time_s"] > 0
+    for h in ("host0", "host1"):
+        LayersFile.load(tmp_path / "r" / f"layers_{h}.json")
+
+
+def test_host_priced_from_a_scaled_reference_gets_its_own_corrected_table(run_dir, capsys):
+    """c has no layers file, only a capacity: its corrected table is the scaled reference times its factor."""
+    (run_dir / "capacities.json").write_text(json.dumps({"ref_host": "a", "capacity": {"a": 1.0, "c": 1.0}}))
+    args = replan_args(run_dir)
+    i = args.index("--layers")
+    args[i + 1:i + 4] = [str(run_dir / "claimed" / "layers_a.json"), str(run_dir / "claimed" / "layers_b.json"),
+                         "--capacities", str(run_dir / "capacities.json")]
+    assert main(args) == 0
+    s = json.loads((run_dir / "out2" / "replan_summary.json").read_text())
+    assert "capacity" in s["hosts"]["c"]["old_table"] and "layers_b.json" in s["hosts"]["b"]["old_table"]
+    a = LayersFile.load(run_dir / "claimed" / "layers_a.json")
+    c = LayersFile.load(run_dir / "out2" / "layers_c.json")
+    k = s["hosts"]["c"]
+    assert c.host == "c" and k["factor"] == pytest.approx(1.0, rel=0.03)
+    for x, y in zip(a.layers, c.layers):
+        assert y.forward_time_s == pytest.approx(x.forward_time_s * k["forward_factor"], rel=1e-9)
+        assert y.backward_time_s == pytest.approx(x.backward_time_s * k["backward_factor"], rel=1e-9)
+    assert s["hosts"]["b"]["factor"] == pytest.approx(2.0, rel=0.03)
+
+
+def test_data_parallel_group_and_overlapping_sends(tmp_path, capsys):
+    """Stage 0 on a+b (b truly 2x slower), stage 1 on c: c sends gradients to a and b back to back,
+    so the second message's slice starts when the first ends; that timing is left out."""
+    claimed = {"a": 1.0, "b": 1.0, "c": 1.0}
+    paths, bwp = files(tmp_path / "claimed", claimed, CLAIMED_RATE)
+    files(tmp_path / "true", {"a": 1.0, "b": 0.5, "c": 1.0}, TRUE_RATE)
+    (tmp_path / "devices.json").write_text(json.dumps({h: 1 for h in claimed}))
+    plan = make_plan(LayersFile.load(paths[0]).model, seq_len=16, global_batch=8, num_microbatches=2,
+                     layer_ranges=[(0, 3), (3, 6)], group_sizes=[2, 1], hosts=list(claimed))
+    plan.save(tmp_path / "plan.json")
+    write_traces(plan, tmp_path / "true", claimed, tmp_path / "traces")
+    assert main(["replan", "--plan", str(tmp_path / "plan.json"), "--traces", str(tmp_path / "traces"), "--layers",
+                 *map(str, paths), "--bandwidth", str(bwp), "--devices", str(tmp_path / "devices.json"),
+                 "--out-dir", str(tmp_path / "out")]) == 0
+    s = json.loads((tmp_path / "out" / "replan_summary.json").read_text())
+    assert s["hosts"]["b"]["factor"] == pytest.approx(2.0, rel=0.03)
+    assert s["hosts"]["a"]["factor"] == pytest.approx(1.0, rel=0.03)
+    links = {lk["link"]: lk for lk in s["links"]}
+    overlapped = [k for k, lk in links.items() if lk["kept_old"]]
+    assert overlapped and all(k.startswith("c|") for k in overlapped)
+    for k, lk in links.items():
+        want = CLAIMED_RATE if lk["kept_old"] else TRUE_RATE
+        assert lk["new_bytes_per_sec"] == pytest.approx(want, rel=0.03), k
+    assert s["layers_per_host"]["b"]["new"] < s["layers_per_host"]["b"]["old"]
+    assert s["new_plan"]["predicted_step_time_s"] < s["old_plan"]["repriced_step_time_s"]
