@@ -266,6 +266,7 @@ def fit_host(host: str, ranks: Sequence[int], plan: Plan, profiles: Profiles, me
     determine them (e.g. overlapping ranges seen only together) one factor covers all.
     """
     f_tab, b_tab = profiles.table(host)
+    f0_tab, b0_tab = profiles.fixed(host)  # per-call seconds: a call's time is fixed + samples x per-sample
     info = {}
     for r in ranks:
         st = plan.stage_of_rank(r)
@@ -283,11 +284,14 @@ def fit_host(host: str, ranks: Sequence[int], plan: Plan, profiles: Profiles, me
         lo, hi, rec, n = info[c.rank]
         inside = [lo <= a and b <= hi for a, b in groups]
         if c.kind == "F":
-            rows_f.append([n * f_tab[a:b].sum() if ok else 0.0 for (a, b), ok in zip(groups, inside)])
+            rows_f.append([f0_tab[a:b].sum() + n * f_tab[a:b].sum() if ok else 0.0
+                           for (a, b), ok in zip(groups, inside)])
             y_f.append(c.seconds)
         else:
-            rows_b.append([n * b_tab[a:b].sum() if ok else 0.0 for (a, b), ok in zip(groups, inside)])
-            rec_rows.append([n * (f_tab[a:b] * rec[a:b]).sum() if ok else 0.0 for (a, b), ok in zip(groups, inside)])
+            rows_b.append([b0_tab[a:b].sum() + n * b_tab[a:b].sum() if ok else 0.0
+                           for (a, b), ok in zip(groups, inside)])
+            rec_rows.append([((f0_tab[a:b] + n * f_tab[a:b]) * rec[a:b]).sum() if ok else 0.0
+                             for (a, b), ok in zip(groups, inside)])
             y_b.append(c.seconds)
     if not y_f or not y_b:
         raise ValueError(f"host {host}: the timelines hold no forward/backward events of its ranks {list(ranks)}")
@@ -310,15 +314,17 @@ def fit_host(host: str, ranks: Sequence[int], plan: Plan, profiles: Profiles, me
                    measured_s=float(y_all.sum()) / (len(yf) or 1), predicted_s=float(p_all.sum()) / (len(yf) or 1))
 
 
-def corrected_table(profiles: Profiles, fit: HostFit) -> tuple[np.ndarray, np.ndarray]:
-    """The host's per-sample tables times its factors (blocks it did not run: its overall factors)."""
+def corrected_table(profiles: Profiles, fit: HostFit) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The host's per-sample and per-call tables times its factors (blocks it did not run: its
+    overall factors): forward, backward, forward per call, backward per call."""
     f, b = profiles.table(fit.host)
+    f0, b0 = profiles.fixed(fit.host)
     kf = np.full(len(f), fit.forward)
     kb = np.full(len(b), fit.backward)
     for g in fit.groups:
         lo, hi = g["blocks"]
         kf[lo:hi], kb[lo:hi] = g["forward"], g["backward"]
-    return f * kf, b * kb
+    return f * kf, b * kb, f0 * kf, b0 * kb
 
 
 @dataclass
@@ -467,18 +473,23 @@ def template_from_model(plan: Plan) -> LayersFile:
                       layers=layers, step_time_s=3 * sum(flops) / nominal, peak_rss_bytes=0)
 
 
-def corrected_layers_file(template: LayersFile, host: str, f: np.ndarray, b: np.ndarray) -> LayersFile:
+def corrected_layers_file(template: LayersFile, host: str, f: np.ndarray, b: np.ndarray,
+                          f0: np.ndarray | None = None, b0: np.ndarray | None = None) -> LayersFile:
     """``template``'s bytes and run with ``host``'s corrected per-sample times (raw samples dropped:
     these are corrected figures, not measurements)."""
     n = template.run.batch
     blocks = [template.embed, *template.layers, template.tail]
+    f0 = np.zeros_like(f) if f0 is None else f0
+    b0 = np.zeros_like(b) if b0 is None else b0
     new = [BlockProfile(name=bl.name, index=bl.index, param_bytes=bl.param_bytes,
                         activation_bytes_per_sample=bl.activation_bytes_per_sample,
-                        forward_time_s=float(f[j] * n), backward_time_s=float(b[j] * n))
+                        forward_time_s=float(f0[j] + f[j] * n), backward_time_s=float(b0[j] + b[j] * n),
+                        forward_fixed_s=float(f0[j]), backward_fixed_s=float(b0[j]))
            for j, bl in enumerate(blocks)]
     return LayersFile(host=host, model=template.model, run=template.run, embed_param_bytes=template.embed_param_bytes,
                       tail_param_bytes=template.tail_param_bytes, embed=new[0], tail=new[-1], layers=new[1:-1],
-                      step_time_s=float((f.sum() + b.sum()) * n), peak_rss_bytes=template.peak_rss_bytes)
+                      step_time_s=float(f0.sum() + b0.sum() + (f.sum() + b.sum()) * n),
+                      peak_rss_bytes=template.peak_rss_bytes)
 
 
 def capacity(profiles: Profiles, ref: str, host: str) -> float:
@@ -562,7 +573,7 @@ def run(args: argparse.Namespace) -> int:
     planned = sorted({d.host for s in plan.stages for d in s.devices})
     if not files:
         f0, b0 = prof.table(default_template.host)
-        for x in (prof.fwd, prof.bwd, prof.origin):
+        for x in (prof.fwd, prof.bwd, prof.fwd0, prof.bwd0, prof.origin):
             del x[default_template.host]
         for h in sorted(set(hosts) | set(planned)):
             prof.set_table(h, f0, b0, 1, "model FLOPs at a nominal 1 GFLOP/s")
@@ -587,8 +598,8 @@ def run(args: argparse.Namespace) -> int:
     old_cap = {h: capacity(prof, ref, h) for h in prof.fwd}
     new = Profiles(model=prof.model, seq_len=prof.seq_len, param_bytes=prof.param_bytes, act_bytes=prof.act_bytes)
     for h in prof.fwd:
-        f, b = corrected_table(prof, fits[h]) if h in fits else prof.table(h)
-        new.fwd[h], new.bwd[h] = f, b
+        f, b, f0, b0 = corrected_table(prof, fits[h]) if h in fits else (*prof.table(h), *prof.fixed(h))
+        new.fwd[h], new.bwd[h], new.fwd0[h], new.bwd0[h] = f, b, f0, b0
         new.origin[h] = (f"{old_origin[h]} × measured factors (forward {fits[h].forward:.3g}, backward "
                          f"{fits[h].backward:.3g})" if h in fits else old_origin[h])
     new_cap = {h: capacity(new, ref, h) for h in new.fwd}
@@ -633,7 +644,8 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Any] = {"layers": []}
     for h in all_hosts:
-        lf = corrected_layers_file(templates.get(h, default_template), h, new.fwd[h], new.bwd[h])
+        lf = corrected_layers_file(templates.get(h, default_template), h, new.fwd[h], new.bwd[h], new.fwd0[h],
+                                   new.bwd0[h])
         written["layers"].append(lf.save(out / f"layers_{h}.json"))
     bw.save(out / "bandwidth.json")
     written["bandwidth"] = out / "bandwidth.json"
