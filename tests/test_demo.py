@@ -60,7 +60,7 @@ def test_demo_on_local_processes(tmp_path):
     res = run_demo(out, "--local")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "not using the emulated cluster (--local was given)" in res.stdout
-    assert "[15/15]" in res.stdout  # numbered progress through every step
+    assert "[16/16]" in res.stdout  # numbered progress through every step
     summary = check_artefacts(out, ["local0", "local1"])
     assert summary["mode"] == "local processes"
 

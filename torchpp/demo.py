@@ -212,7 +212,7 @@ def measured_step_times(log_dir: Path) -> list[float]:
 class Demo:
     def __init__(self, cfg: DemoConfig, out: Path, hosts: Hosts):
         self.cfg, self.out, self.hosts = cfg, out, hosts
-        self.p = Progress(total=15, log_dir=out / "logs")
+        self.p = Progress(total=16, log_dir=out / "logs")
         self.tp = [PY, "-m", "torchpp"]
 
     def path(self, *parts: str) -> Path:
@@ -317,7 +317,7 @@ class Demo:
                            *map(str, files), "--capacities", str(cap), "--bandwidth", str(bw), "--memory-model",
                            str(mem), "--devices", str(devices), "--out-dir", str(d)])
         summary = d / "replan_summary.txt"
-        self.p.note(summary.read_text()[:1500] if summary.exists() else text[-1500:])
+        self.p.note("\n".join((summary.read_text() if summary.exists() else text).splitlines()[:40]))
         return d / "plan.json"
 
     def main(self) -> dict:
