@@ -151,7 +151,7 @@ def main() -> int:
             if hosts.cfg.needs_netem and not tc.netem_available():
                 up.append("--skip-netem")
             demo = Demo(cfg, a.out, hosts)
-            demo.p.total = 23
+            demo.p.total = 25
             demo.p.run("cluster up", up)
             try:
                 summary = run(demo)
@@ -160,7 +160,7 @@ def main() -> int:
         else:
             print(f"not using the emulated cluster ({why}); local processes", flush=True)
             demo = Demo(cfg, a.out, LocalHosts(a.hosts))
-            demo.p.total = 22
+            demo.p.total = 24
             summary = run(demo)
     except DemoError as e:
         print(f"bench_loop: {e}", file=sys.stderr)
