@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from torchpp.demo import PY, ClusterHosts, Demo, DemoConfig, DemoError, LocalHosts, cluster_available  # noqa: E402
+from torchpp.demo import Demo, DemoConfig, DemoError, demo_hosts  # noqa: E402
 
 
 def memory_errors(report_dir: Path) -> list[tuple[int, float, float]]:
@@ -35,13 +35,8 @@ def memory_errors(report_dir: Path) -> list[tuple[int, float, float]]:
 
 def run(demo: Demo) -> dict:
     hosts = demo.hosts.names
-    files = demo.profile()
-    cap = demo.capacities(files)
-    bw = demo.bandwidth()
-    mem = demo.memory(files[0])
-    devices = demo.path("devices.json")
-    devices.write_text(json.dumps(demo.hosts.devices(), indent=1) + "\n")
-    planned = demo.plan(files, cap, bw, mem, devices)
+    meas = demo.measure_and_plan()
+    planned, cap = meas.plan, meas.capacities
     from torchpp.formats import Plan
 
     m = Plan.load(planned).num_microbatches
@@ -58,9 +53,9 @@ def run(demo: Demo) -> dict:
                [*demo.tp, "plan", "--strategy", "pp", "--stages", str(len(hosts)), "--hosts", ",".join(order),
                 "--microbatches", str(m), *common, "--out", str(bad)])
     plans["unbalanced"] = bad
-    results = {name: demo.train(name, p, files, bw) for name, p in plans.items()}
-    replanned = demo.replan(results["unbalanced"], files, cap, bw, mem, devices)
-    results["replan"] = demo.train("replan", replanned, files, bw)
+    results = {name: demo.train(name, p, meas) for name, p in plans.items()}
+    replanned = demo.replan(results["unbalanced"], meas)
+    results["replan"] = demo.train("replan", replanned, meas)
 
     rows, errs = [], []
     for name, r in results.items():
@@ -138,29 +133,9 @@ def main() -> int:
     ap.add_argument("--model", default=DemoConfig.model)
     a = ap.parse_args()
     cfg = DemoConfig(model=a.model, steps=a.steps)
-    why = "--local was given" if a.local else cluster_available()
     a.out.mkdir(parents=True, exist_ok=True)
     try:
-        if why is None:
-            import subprocess
-
-            hosts = ClusterHosts(Path(cfg.cluster))
-            up = [PY, "-m", "torchpp", "cluster", "up", "-c", cfg.cluster]
-            from torchpp.cluster import tc
-
-            if hosts.cfg.needs_netem and not tc.netem_available():
-                up.append("--skip-netem")
-            demo = Demo(cfg, a.out, hosts)
-            demo.p.total = 25
-            demo.p.run("cluster up", up)
-            try:
-                summary = run(demo)
-            finally:
-                subprocess.run([PY, "-m", "torchpp", "cluster", "down", "-c", cfg.cluster], check=False)
-        else:
-            print(f"not using the emulated cluster ({why}); local processes", flush=True)
-            demo = Demo(cfg, a.out, LocalHosts(a.hosts))
-            demo.p.total = 24
+        with demo_hosts(cfg, a.out, a.local, a.hosts, extra_steps=8) as demo:
             summary = run(demo)
     except DemoError as e:
         print(f"bench_loop: {e}", file=sys.stderr)

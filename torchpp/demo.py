@@ -11,6 +11,7 @@ can be re-run alone.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -20,7 +21,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Iterator, Protocol, Sequence
 
 PY = sys.executable
 
@@ -186,6 +187,18 @@ class ClusterHosts:
 
 # ----------------------------------------------------------------------------- the loop
 @dataclass
+class Measured:
+    """The files the loop's measuring steps wrote and the plan made from them."""
+
+    files: list[Path]
+    capacities: Path
+    bandwidth: Path
+    memory: Path
+    devices: Path
+    plan: Path
+
+
+@dataclass
 class RunResult:
     name: str
     plan: str
@@ -259,11 +272,12 @@ class Demo:
         return out
 
     # --- plan
-    def plan(self, files: list[Path], cap: Path, bw: Path, mem: Path, devices: Path) -> Path:
+    def plan(self, m: Measured) -> Path:
         d = self.path("plan")
         text = self.p.run("plan (DP over stages, groups, device orders, micro-batching)",
-                          [*self.tp, "plan", "--layers", *map(str, files), "--capacities", str(cap), "--bandwidth",
-                           str(bw), "--memory-model", str(mem), "--devices", str(devices), "--global-batch",
+                          [*self.tp, "plan", "--layers", *map(str, m.files), "--capacities", str(m.capacities),
+                           "--bandwidth", str(m.bandwidth), "--memory-model", str(m.memory), "--devices",
+                           str(m.devices), "--global-batch",
                            str(self.cfg.global_batch), "--compare", "even,dp", "--out-dir", str(d)])
         self.p.note("\n".join(x for x in text.splitlines() if x.startswith(("plan:", "predicted", "stage ", "    "))
                               and "candidate" not in x)[:2000])
@@ -284,13 +298,13 @@ class Demo:
         return out
 
     # --- run and look
-    def train(self, name: str, plan: Path, files: list[Path], bw: Path) -> RunResult:
+    def train(self, name: str, plan: Path, m: Measured) -> RunResult:
         c, d = self.cfg, self.path("runs", name)
         d.mkdir(parents=True, exist_ok=True)
         pred = d / "predicted.json"
         text = self.p.run(f"{name}: predict (simulate the plan's action lists)",
-                          [*self.tp, "simulate", "plan", str(plan), "--bandwidth", str(bw), "--layers",
-                           *map(str, files), "--comm", "links", "--trace", str(pred)])
+                          [*self.tp, "simulate", "plan", str(plan), "--bandwidth", str(m.bandwidth), "--layers",
+                           *map(str, m.files), "--comm", "links", "--trace", str(pred)])
         predicted = next((float(x.split()[3]) for x in text.splitlines() if x.startswith("predicted step time")),
                          None)
         traces, logs = d / "traces", d / "logs"
@@ -310,31 +324,37 @@ class Demo:
                          predicted_step_s=predicted, steps_s=steps, report=str(report / "report.md"),
                          trace_dir=str(traces))
 
-    def replan(self, res: RunResult, files: list[Path], cap: Path, bw: Path, mem: Path, devices: Path) -> Path:
+    def replan(self, res: RunResult, m: Measured) -> Path:
         d = self.path("replan")
         text = self.p.run("replan from the measured timelines",
                           [*self.tp, "replan", "--plan", res.plan, "--traces", res.trace_dir, "--layers",
-                           *map(str, files), "--capacities", str(cap), "--bandwidth", str(bw), "--memory-model",
-                           str(mem), "--devices", str(devices), "--out-dir", str(d)])
+                           *map(str, m.files), "--capacities", str(m.capacities), "--bandwidth", str(m.bandwidth),
+                           "--memory-model", str(m.memory), "--devices", str(m.devices), "--out-dir", str(d)])
         summary = d / "replan_summary.txt"
         self.p.note("\n".join((summary.read_text() if summary.exists() else text).splitlines()[:40]))
         return d / "plan.json"
 
-    def main(self) -> dict:
-        c, out = self.cfg, self.out
+    def measure_and_plan(self) -> Measured:
+        """The loop's first half: every host measured, then the plan."""
+        c = self.cfg
         print(f"torchpp demo: {c.model}, seq {c.seq_len}, global batch {c.global_batch}, on {self.hosts.mode} "
-              f"({', '.join(self.hosts.names)}); outputs in {out}", flush=True)
+              f"({', '.join(self.hosts.names)}); outputs in {self.out}", flush=True)
         files = self.profile()
         cap = self.capacities(files)
         bw = self.bandwidth()
         mem = self.memory(files[0])
         devices = self.path("devices.json")
         devices.write_text(json.dumps(self.hosts.devices(), indent=1) + "\n")
-        planned = self.plan(files, cap, bw, mem, devices)
-        even = self.even_plan(planned)
-        results = [self.train("even", even, files, bw), self.train("plan", planned, files, bw)]
-        replanned = self.replan(results[1], files, cap, bw, mem, devices)
-        results.append(self.train("replan", replanned, files, bw))
+        m = Measured(files=files, capacities=cap, bandwidth=bw, memory=mem, devices=devices, plan=Path())
+        m.plan = self.plan(m)
+        return m
+
+    def main(self) -> dict:
+        m = self.measure_and_plan()
+        even = self.even_plan(m.plan)
+        results = [self.train("even", even, m), self.train("plan", m.plan, m)]
+        replanned = self.replan(results[1], m)
+        results.append(self.train("replan", replanned, m))
         return self.summarise(results)
 
     def summarise(self, results: list[RunResult]) -> dict:
@@ -387,21 +407,28 @@ def run(args: argparse.Namespace) -> int:
         cfg.steps = args.steps
     if args.hosts < 1:
         raise UsageError(f"--hosts: expected at least 1, got {args.hosts}")
-    why = "--local was given" if args.local else cluster_available()
+    cfg.cluster = str(args.cluster)
     try:
-        if why is None:
-            cfg.cluster = str(args.cluster)
-            return _with_cluster(cfg, args.out)
-        print(f"torchpp demo: not using the emulated cluster ({why}); the hosts are {args.hosts} local processes "
-              "on this machine, which share its cores, so their speeds and links are this machine's", flush=True)
-        Demo(cfg, args.out, LocalHosts(args.hosts)).main()
+        with demo_hosts(cfg, args.out, args.local, args.hosts) as demo:
+            demo.main()
     except DemoError as e:
         print(f"torchpp demo: error: {e}", file=sys.stderr)
         return 1
     return 0
 
 
-def _with_cluster(cfg: DemoConfig, out: Path) -> int:
+@contextlib.contextmanager
+def demo_hosts(cfg: DemoConfig, out: Path, local: bool, local_hosts: int, extra_steps: int = 0) -> Iterator[Demo]:
+    """A :class:`Demo` on the emulated cluster (brought up here and always taken down) where the
+    machine allows it and ``local`` is not asked for, else on local processes, said plainly."""
+    why = "--local was given" if local else cluster_available()
+    if why is not None:
+        print(f"torchpp demo: not using the emulated cluster ({why}); the hosts are {local_hosts} local processes "
+              "on this machine, which share its cores, so their speeds and links are this machine's", flush=True)
+        demo = Demo(cfg, out, LocalHosts(local_hosts))
+        demo.p.total += extra_steps
+        yield demo
+        return
     from .cluster import tc
 
     hosts = ClusterHosts(Path(cfg.cluster))
@@ -410,12 +437,10 @@ def _with_cluster(cfg: DemoConfig, out: Path) -> int:
         print("torchpp demo: this kernel has no netem qdisc, so the cluster's link delays are left out; "
               "its link rates, CPU quotas and memory limits apply", flush=True)
         up.append("--skip-netem")
-    down = [PY, "-m", "torchpp", "cluster", "down", "-c", cfg.cluster]
     demo = Demo(cfg, out, hosts)
-    demo.p.total += 2
+    demo.p.total += 2 + extra_steps
     demo.p.run(f"cluster up ({hosts.cfg.name}: {len(hosts.names)} namespaces, cgroups, tc)", up)
     try:
-        demo.main()
+        yield demo
     finally:
-        demo.p.run(f"cluster down ({hosts.cfg.name})", down)
-    return 0
+        demo.p.run(f"cluster down ({hosts.cfg.name})", [PY, "-m", "torchpp", "cluster", "down", "-c", cfg.cluster])

@@ -718,6 +718,8 @@ class MemorySample:
     batch: int
     peak_bytes: int
     predicted_bytes: float = 0.0
+    process_bytes: int = 0
+    """RSS of the span's process before its model was built (the torch runtime)."""
 
 
 @dataclass(kw_only=True)
@@ -737,6 +739,9 @@ class MemoryModel:
     host: str = ""
     model: str = ""
     microbatch: int = 0
+    process_bytes: float = 0.0
+    """Median RSS of the calibration processes before a model was built: what the torch runtime
+    itself takes on a device, which the planner reserves from every device's budget."""
     format: str = f"torchpp.{MEMORY_KIND}/{MEMORY_VERSION}"
 
     def predict(self, weights_bytes: float, activation_bytes_per_sample: float, samples: float,
@@ -767,12 +772,13 @@ class MemoryModel:
                 weights_bytes=sr.int("weights_bytes", min_value=0),
                 activation_bytes_per_sample=sr.int("activation_bytes_per_sample", min_value=0),
                 batch=sr.int("batch", min_value=1), peak_bytes=sr.int("peak_bytes"),
-                predicted_bytes=sr.float("predicted_bytes", 0.0)))
+                predicted_bytes=sr.float("predicted_bytes", 0.0), process_bytes=sr.int("process_bytes", 0, min_value=0)))
         r2 = r.raw("r2", None)
         return MemoryModel(base=r.float("base"), alpha=r.float("alpha", min_value=0.0), Kp=r.float("Kp", min_value=0.0),
                            r2=float("nan") if r2 is None else r.float("r2"), residuals=r.floats("residuals", []),
                            samples=samples, host=r.str("host", ""), model=r.str("model", ""),
-                           microbatch=r.int("microbatch", 0, min_value=0))
+                           microbatch=r.int("microbatch", 0, min_value=0),
+                           process_bytes=r.float("process_bytes", 0.0, min_value=0.0))
 
     @staticmethod
     def load(path: str | os.PathLike) -> "MemoryModel":

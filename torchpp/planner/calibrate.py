@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -72,8 +73,9 @@ def fit(samples: Sequence[MemorySample]) -> MemoryModel:
 
 
 def measure_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, batch: int, seq_len: int,
-                 timeout_s: float = 300.0, threads: int = 1) -> int:
-    """Peak RSS increase (bytes) of one span, in a fresh Python process."""
+                 timeout_s: float = 300.0, threads: int = 1) -> tuple[int, int]:
+    """Peak RSS increase (bytes) of one span, in a fresh Python process, and that process's RSS
+    before the span's model was built."""
     cmd = [sys.executable, "-m", "torchpp.planner.memory_probe", "--model", model, "--start", str(start),
            "--end", str(end), "--batch", str(batch), "--seq-len", str(seq_len), "--threads", str(threads)]
     cmd += ["--embed"] * has_embed + ["--tail"] * has_tail
@@ -86,7 +88,8 @@ def measure_span(model: str, start: int, end: int, has_embed: bool, has_tail: bo
         raise RuntimeError(f"span [{start}, {end}) did not finish within {timeout_s:.0f} s") from None
     if r.returncode != 0:
         raise RuntimeError(f"span [{start}, {end}) failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
-    return int(json.loads(r.stdout.strip().splitlines()[-1])["peak_bytes"])
+    rec = json.loads(r.stdout.strip().splitlines()[-1])
+    return int(rec["peak_bytes"]), int(rec.get("base_rss_bytes", 0))
 
 
 def calibrate(lf: LayersFile, model: str, *, samples: int, batch: int, seq_len: int | None = None, seed: int = 0,
@@ -96,13 +99,14 @@ def calibrate(lf: LayersFile, model: str, *, samples: int, batch: int, seq_len: 
     rows = []
     for i, (s, e) in enumerate(spans):
         w, a, he, ht = span_sums(lf, s, e)
-        peak = measure_span(model, s, e, he, ht, batch, seq, timeout_s, threads)
+        peak, proc = measure_span(model, s, e, he, ht, batch, seq, timeout_s, threads)
         rows.append(MemorySample(start=s, end=e, has_embed=he, has_tail=ht, weights_bytes=w,
-                                 activation_bytes_per_sample=a, batch=batch, peak_bytes=peak))
+                                 activation_bytes_per_sample=a, batch=batch, peak_bytes=peak, process_bytes=proc))
         progress(f"  span {i + 1}/{len(spans)} [{s:>3}, {e:>3}){' +embed' if he else ''}{' +tail' if ht else ''}: "
                  f"weights {w / 2**20:8.1f} MiB, peak +{peak / 2**20:8.1f} MiB")
     mm = fit(rows)
     mm.host, mm.model, mm.microbatch = lf.host, model, batch
+    mm.process_bytes = float(statistics.median(r.process_bytes for r in rows))
     return mm
 
 
@@ -139,5 +143,6 @@ def run(args: argparse.Namespace) -> int:
                    timeout_s=args.timeout, threads=args.threads)
     mm.save(args.out)
     print(f"wrote {args.out}: base {mm.base / 2**20:.1f} MiB, alpha {mm.alpha:.3f}, Kp {mm.Kp:.3f}, R² {mm.r2:.4f}, "
-          f"max |residual| {max(abs(r) for r in mm.residuals) / 2**20:.1f} MiB")
+          f"max |residual| {max(abs(r) for r in mm.residuals) / 2**20:.1f} MiB; the runtime itself "
+          f"{mm.process_bytes / 2**20:.0f} MiB per process")
     return 0

@@ -176,6 +176,7 @@ def run_search(args: argparse.Namespace) -> int:
         memory = MemoryEstimator.analytic(args.activation_factor or ANALYTIC_KP)
     links = Links(bw, bw_source)
     opt = args.optimizer_s_per_gb / 1e9 if args.optimizer_s_per_gb else None
+    budget = memory.budgets(budget)
     search_and_write(args, prof, links, hosts, budget, memory, inputs,
                      dv if (not args.estimate or args.devices) else None, opt)
     return 0

@@ -37,6 +37,13 @@ class MemoryEstimator:
     alpha: float
     kp: float
     source: str
+    process: float = 0.0
+    """Bytes the torch runtime takes in every process before a stage is built (calibrated; 0 for
+    the analytic model). Predictions are of a stage's own peak; budgets are reduced by this."""
+
+    def budgets(self, budget: dict[str, float]) -> dict[str, float]:
+        """Each device's memory left for its stage once the runtime is loaded."""
+        return {h: max(0.0, b - self.process) for h, b in budget.items()}
 
     @staticmethod
     def analytic(activation_factor: float = ANALYTIC_KP) -> "MemoryEstimator":
@@ -46,8 +53,9 @@ class MemoryEstimator:
     @staticmethod
     def fitted(mm: MemoryModel, source: str = "memory_model.json") -> "MemoryEstimator":
         r2 = f", R² {mm.r2:.3f}" if mm.r2 == mm.r2 else ""
+        rt = f"; {mm.process_bytes / 2**20:.0f} MiB runtime reserved per device" if mm.process_bytes else ""
         return MemoryEstimator(mm.base, mm.alpha, mm.Kp, f"fitted {source} (base {mm.base / 2**20:.0f} MiB, "
-                               f"alpha {mm.alpha:.2f}, Kp {mm.Kp:.2f}{r2})")
+                               f"alpha {mm.alpha:.2f}, Kp {mm.Kp:.2f}{r2}{rt})", mm.process_bytes)
 
     def static(self, weights: float) -> float:
         return self.base + self.alpha * weights

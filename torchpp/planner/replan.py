@@ -78,6 +78,8 @@ class Measurements:
     transfers: list[Transfer] = field(default_factory=list)
     optimizer: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
     peak_rss: dict[int, int] = field(default_factory=dict)
+    base_rss: dict[int, int] = field(default_factory=dict)
+    """Each rank's RSS before its stage was built (the runtime), where the traces record it."""
     """rank -> largest peak RSS over the traced steps (bytes)."""
     files: list[str] = field(default_factory=list)
     trace_hosts: dict[int, str] = field(default_factory=dict)
@@ -173,6 +175,9 @@ def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "p
         out.steps[n] = analyze(evs).step_time_s
         for r, v in rank_memory(tr).items():
             out.peak_rss[r] = max(out.peak_rss.get(r, 0), v)
+        for r, info in ((tr.get("metadata") or {}).get("ranks") or {}).items():
+            if isinstance(info, Mapping) and info.get("base_rss_bytes"):
+                out.base_rss[int(r)] = int(info["base_rss_bytes"])
         rtt: dict[int, float] = {}
         for r, info in ((tr.get("metadata") or {}).get("ranks") or {}).items():
             if isinstance(info, Mapping) and info.get("host"):
@@ -636,6 +641,8 @@ def run(args: argparse.Namespace) -> int:
     memory = old_mem
     if meas.peak_rss and not args.no_memory_refit:
         mem_model, mem_how = refit_memory(plan, prof, meas.peak_rss, old_mem)
+        mem_model.process_bytes = (float(statistics.median(meas.base_rss.values())) if meas.base_rss
+                                   else old_mem.process)
     elif args.no_memory_refit:
         mem_how = "kept (--no-memory-refit)"
 
@@ -716,6 +723,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"old plan: measured {meas.step_time_s:.4g} s, predicted "
           + (f"{old_pred:.4g} s" if old_pred is not None else "(none)")
           + f", re-priced with corrected costs {repriced:.4g} s")
+    if args.devices is not None:  # budgets from the plan's prediction already leave the runtime out
+        budget = memory.budgets(budget)
     new_plan, _ = search_and_write(sargs, prof2, links2, hosts, budget, memory,
                                    {"layers": written["layers"], "bandwidth": written["bandwidth"],
                                     **{k: written[k] for k in ("memory_model", "devices") if k in written}},

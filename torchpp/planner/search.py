@@ -35,7 +35,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..formats import Plan, PlanDevice, PlanStage
-from .allocate import allocate, waterfill
+from .allocate import waterfill
 from .cost import Links, Profiles, price
 from .memory import MemoryEstimator, in_flight
 from .recompute import choose_recompute
@@ -309,7 +309,6 @@ def dp_order(order: Sequence[int], sc: StageCosts, max_stages: int, max_group: i
 
 def _reconstruct(ptr, j: int, key: tuple[int, int], sc: StageCosts, t: Tables, m: int) -> list[StageChoice]:
     """Walk the pointers from the head stage (j stages after it) back to a stage list."""
-    out: list[StageChoice] = []
     c, (a, i) = 0, key
     order_groups = []
     while j > 0:
@@ -638,7 +637,6 @@ def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_gro
     L1 = L + 1
     K = min(max_group, N, b)
     rec = sc.rec
-    variants = (0, 1) if rec else (0,)
     # float32 halves the memory traffic of this search; the chosen plans are re-checked in float64.
     # Everything that does not depend on the micro-batch size is kept in ``shared`` across calls.
     f32 = np.float32

@@ -39,7 +39,7 @@ def event_name(a: Action) -> str:
 def rank_trace(plan: Plan, rank: int, spans: list[Span], *, step: int = 0,
                bytes_of: Callable[[int, Action], float] | None = None) -> dict[str, Any]:
     """One rank's predicted step, as its runtime recorder would have written it."""
-    from ..trace.timeline import flow_id
+    from ..trace.timeline import p2p_event
 
     st = plan.stage_of_rank(rank)
     host = plan.device_of_rank(rank).host
@@ -71,18 +71,7 @@ def rank_trace(plan: Plan, rank: int, spans: list[Span], *, step: int = 0,
             start = max(posted, prev_end)
             prev_end = s.ready
             blocked = s.end - s.start if row == "recv" else 0.0
-            ev = w.complete(rank, row, _P2P[a.kind][1], start, s.ready - start,
-                            {"stage": a.stage, "microbatch": a.microbatch, "peer": a.peer, "bytes": nbytes(a),
-                             "samples": list(a.samples or ()), "blocked_s": round(blocked, 6)})
-            src, dst = (rank, a.peer) if row == "send" else (a.peer, rank)
-            fid = flow_id(step, a, src, dst)
-            if row == "send":
-                w.events.append({"ph": "s", "id": fid, "cat": "p2p", "name": ev["name"], "pid": ev["pid"],
-                                 "tid": ev["tid"], "ts": ev["ts"]})
-            else:
-                w.events.append({"ph": "f", "bp": "e", "id": fid, "cat": "p2p",
-                                 "name": "send_act" if a.kind == Kind.RECV_ACT else "send_grad",
-                                 "pid": ev["pid"], "tid": ev["tid"], "ts": ev["ts"] + ev["dur"]})
+            p2p_event(w, rank, step, row, a, start, s.ready - start, nbytes(a), blocked)
     return w.to_json()
 
 

@@ -178,19 +178,26 @@ class StepRecorder:
                 start = max(p.posted_s, prev_end)
                 prev_end = p.done_s
                 a = p.action
-                ev = w.complete(self.rank, row, _P2P_NAMES[a.kind][1], self._t(start), p.done_s - start,
-                                {"stage": a.stage, "microbatch": a.microbatch, "peer": a.peer, "bytes": p.nbytes,
-                                 "samples": list(a.samples or ()), "blocked_s": round(p.blocked_s, 6)})
-                src, dst = (self.rank, a.peer) if row == "send" else (a.peer, self.rank)
-                fid = flow_id(self.step, a, src, dst)
-                if row == "send":
-                    w.events.append({"ph": "s", "id": fid, "cat": "p2p", "name": ev["name"], "pid": ev["pid"],
-                                     "tid": ev["tid"], "ts": ev["ts"]})
-                else:
-                    w.events.append({"ph": "f", "bp": "e", "id": fid, "cat": "p2p",
-                                     "name": "send_act" if a.kind == Kind.RECV_ACT else "send_grad",
-                                     "pid": ev["pid"], "tid": ev["tid"], "ts": ev["ts"] + ev["dur"]})
+                p2p_event(w, self.rank, self.step, row, a, self._t(start), p.done_s - start, p.nbytes, p.blocked_s)
         return w.to_json()
+
+
+def p2p_event(w: TraceWriter, rank: int, step: int, row: str, a: Action, start_s: float, dur_s: float, nbytes: int,
+              blocked_s: float) -> None:
+    """One send or receive slice on its row, and its half of the send→receive flow arrow: the
+    one form measured (runtime) and predicted (simulator) timelines share."""
+    ev = w.complete(rank, row, _P2P_NAMES[a.kind][1], start_s, dur_s,
+                    {"stage": a.stage, "microbatch": a.microbatch, "peer": a.peer, "bytes": nbytes,
+                     "samples": list(a.samples or ()), "blocked_s": round(blocked_s, 6)})
+    src, dst = (rank, a.peer) if row == "send" else (a.peer, rank)
+    fid = flow_id(step, a, src, dst)
+    if row == "send":
+        w.events.append({"ph": "s", "id": fid, "cat": "p2p", "name": ev["name"], "pid": ev["pid"],
+                         "tid": ev["tid"], "ts": ev["ts"]})
+    else:
+        w.events.append({"ph": "f", "bp": "e", "id": fid, "cat": "p2p",
+                         "name": "send_act" if a.kind == Kind.RECV_ACT else "send_grad",
+                         "pid": ev["pid"], "tid": ev["tid"], "ts": ev["ts"] + ev["dur"]})
 
 
 _BASE_RSS: int | None = None
