@@ -1,5 +1,6 @@
 """replan: recovers a host that is truly slower than its profile, links, optimizer and memory from
 timelines, writes inputs `torchpp plan` reads back, and names the file and field of a mismatch."""
+import dataclasses
 import json
 import math
 import os
@@ -49,12 +50,12 @@ class Noisy:
         return self.cost.allreduce_s(a)
 
 
-def files(d: Path, speeds: dict[str, float], rate: float) -> tuple[list[Path], Path]:
+def files(d: Path, speeds: dict[str, float], rate: float, fixed: float = 0.0) -> tuple[list[Path], Path]:
     d.mkdir(parents=True, exist_ok=True)
     paths = []
     for h, s in speeds.items():
         lf = layers_file(h, num_layers=L, speed=s, batch=2, layer_param_bytes=2_000_000, act_bytes_per_sample=20_000,
-                         embed_fwd_s=0.1, tail_fwd_s=0.5)
+                         embed_fwd_s=0.1, tail_fwd_s=0.5, fixed_fraction=fixed)
         paths.append(lf.save(d / f"layers_{h}.json"))
     bw = uniform_links(list(speeds), rate)
     return paths, bw.save(d / "bandwidth.json")
@@ -66,7 +67,7 @@ def write_traces(plan: Plan, true_dir: Path, hosts: dict[str, float], trace_dir:
 
     lp = [true_dir / f"layers_{h}.json" for h in hosts]
     cost, bytes_of = measured_cost(plan, lp, true_dir / "bandwidth.json")
-    cost.rank = {r: type(rc)(rc.host, rc.stage, rc.fwd, rc.bwd, TRUE_OPT * cost.p.stage_param_bytes(rc.stage))
+    cost.rank = {r: dataclasses.replace(rc, optimizer=TRUE_OPT * cost.p.stage_param_bytes(rc.stage))
                  for r, rc in cost.rank.items()}
     trace_dir.mkdir(parents=True, exist_ok=True)
     prof = cost.p
@@ -80,11 +81,13 @@ def write_traces(plan: Plan, true_dir: Path, hosts: dict[str, float], trace_dir:
 
 
 @pytest.fixture
-def run_dir(tmp_path):
-    """Profiles claim three equal hosts; in truth b is 2x slower and every link half as fast."""
+def run_dir(tmp_path, request):
+    """Profiles claim three equal hosts; in truth b is 2x slower and every link half as fast.
+    With ``fixed`` (indirect parameter), that share of every block's time is paid per call."""
+    fixed = getattr(request, "param", 0.0)
     claimed = {"a": 1.0, "b": 1.0, "c": 1.0}
-    paths, bwp = files(tmp_path / "claimed", claimed, CLAIMED_RATE)
-    files(tmp_path / "true", {"a": 1.0, "b": 0.5, "c": 1.0}, TRUE_RATE)
+    paths, bwp = files(tmp_path / "claimed", claimed, CLAIMED_RATE, fixed)
+    files(tmp_path / "true", {"a": 1.0, "b": 0.5, "c": 1.0}, TRUE_RATE, fixed)
     (tmp_path / "devices.json").write_text(json.dumps({h: 1 for h in claimed}))
     lfs = [LayersFile.load(p) for p in paths]
     plan = make_plan(lfs[0].model, seq_len=16, global_batch=8, num_microbatches=4,
@@ -104,6 +107,7 @@ def replan_args(d: Path, *extra):
             "--devices", str(d / "devices.json"), "--out-dir", str(d / "out2"), *extra]
 
 
+@pytest.mark.parametrize("run_dir", [0.0, 0.5], indirect=True, ids=["per-sample", "half-per-call"])
 def test_replan_recovers_a_2x_slower_host_and_moves_layers_off_it(run_dir, capsys):
     assert main(replan_args(run_dir)) == 0
     out = run_dir / "out2"
@@ -136,6 +140,10 @@ def test_replan_recovers_a_2x_slower_host_and_moves_layers_off_it(run_dir, capsy
     assert (mm.base, mm.alpha, mm.Kp) == pytest.approx((TRUE_MEMORY.base, TRUE_MEMORY.alpha, TRUE_MEMORY.kp), rel=1e-3)
     for r, v in s["memory"]["ranks"].items():
         assert v["new_predicted_bytes"] == pytest.approx(v["measured_peak_bytes"], rel=1e-3)
+    # the per-call part of b's blocks is corrected by the same factor as the per-sample part
+    b_old, b_new = LayersFile.load(run_dir / "claimed" / "layers_b.json"), LayersFile.load(out / "layers_b.json")
+    for old_b, new_b in zip([b_old.embed, *b_old.layers, b_old.tail], [b_new.embed, *b_new.layers, b_new.tail]):
+        assert new_b.forward_fixed_s == pytest.approx(2 * old_b.forward_fixed_s, rel=0.05)
     for f in ("plan.json", "stages.csv", "steps.csv", "plan_meta.json", "summary.txt", "gantt.png"):
         assert (out / f).stat().st_size > 0, f
 
