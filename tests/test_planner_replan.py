@@ -226,6 +226,7 @@ def test_plan_trace_mismatch_names_file_and_field(run_dir, capsys):
     assert "F<mb> of rank 0" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_replan_reads_a_real_run(tmp_path):
     """Two local ranks of the tiny preset, traced; replan without layers files (model FLOPs shape them)."""
