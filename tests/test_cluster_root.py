@@ -202,6 +202,108 @@ def test_run_timeout_kills_everything(two_hosts, tmp_path):
         assert netns.pids(two_hosts.host_ns(i)) == []
 
 
+def _train_plan(path: Path, hosts: list[str], layers: list[tuple[int, int]], groups: list[int],
+                shares: list[list[float]] | None = None) -> Path:
+    from torchpp.models.presets import load_config, model_info
+    from torchpp.planner.simple import make_plan
+    make_plan(model_info(load_config("qwen3-tiny"), "qwen3-tiny"), seq_len=TRAIN_SEQ, global_batch=8,
+              num_microbatches=4, layer_ranges=layers, group_sizes=groups, hosts=hosts, shares=shares).save(path)
+    return path
+
+
+TRAIN_SEQ, TRAIN_STEPS, TRAIN_EPS = 16, 2, 1e-6
+
+
+def _cluster_train(name: str, plan: Path, out: Path) -> subprocess.CompletedProcess:
+    """`torchpp cluster run --plan` of plain `python -m torchpp.train` (no torchrun)."""
+    return subprocess.run(
+        [PY, "-m", "torchpp", "cluster", "run", "-n", name, "--plan", str(plan), "--logs", str(out / "logs"),
+         "--timeout", "240", "-q", "--", PY, "-m", "torchpp.train", "--plan", str(plan), "--steps", str(TRAIN_STEPS),
+         "--seed", "7", "--threads", "1", "--adam-eps", str(TRAIN_EPS), "--timeout-s", "120",
+         "--checkpoint-dir", str(out / "ckpt"), "--log-dir", str(out / "metrics")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def _assert_equals_single_process(out: Path) -> None:
+    """Weights after the cluster run (its checkpoint) and its losses equal plain single-process
+    HF training of the whole model on the whole batch."""
+    import torch
+
+    from torchpp.data import SyntheticTokens
+    from torchpp.models.presets import build_model
+    from torchpp.models.stages import read_tensors
+
+    torch.manual_seed(0)
+    model = build_model("qwen3-tiny", seed=7)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0, eps=TRAIN_EPS)
+    data = SyntheticTokens(vocab_size=model.config.vocab_size, seq_len=TRAIN_SEQ, global_batch=8, seed=7)
+    losses = []
+    for step in range(TRAIN_STEPS):
+        ids = data.batch(step)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    got = {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics" / "metrics.jsonl").read_text().splitlines())
+           if "loss" in r}
+    assert [got[s + 1] for s in range(TRAIN_STEPS)] == pytest.approx(losses, abs=1e-5)
+    tensors = read_tensors(out / "ckpt" / f"step_{TRAIN_STEPS:08d}", [n for n, _ in model.named_parameters()])
+    worst_diff = max((float((tensors[n] - p.detach()).abs().max()), n) for n, p in model.named_parameters())
+    assert worst_diff[0] < 1e-5, f"largest difference {worst_diff[0]:.3g} in {worst_diff[1]}"
+    init = build_model("qwen3-tiny", seed=7)
+    assert max(float((p.detach() - q.detach()).abs().max()) for p, q in zip(model.parameters(), init.parameters())) > 1e-4
+
+
+def test_plan_run_two_stage_train_equals_single_process(two_hosts, tmp_path):
+    """A 2-stage pipeline, one stage per host, trains exactly what one process trains."""
+    plan = _train_plan(tmp_path / "plan.json", ["a", "b"], [(0, 3), (3, 4)], [1, 1])
+    out = _cluster_train("tpt2", plan, tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr + "".join(
+        cluster.tail(p) for p in sorted((tmp_path / "logs").glob("*.log")))
+    runs = json.loads((tmp_path / "logs" / "run.json").read_text())["hosts"]
+    assert [(r["host"], r["rank"], r["returncode"]) for r in runs] == [("a", 0, 0), ("b", 1, 0)]
+    _assert_equals_single_process(tmp_path)
+
+
+def test_plan_run_on_a_subset_of_three_hosts(tmp_path, clean, monkeypatch):
+    """A plan naming hosts c (rank 0) and a (ranks 1 and 2) of a 3-host cluster: b runs nothing,
+    a's two ranks share its cgroup, the store is on c; the hybrid run still equals one process.
+    A plan naming a host the cluster lacks is refused with file, field and host."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    cfg = ClusterConfig.load(write_config(tmp_path, "tpt3", [
+        {"name": "a", "cpu": 1.0, "memory": "2G", "rate": "100mbit"},
+        {"name": "b", "cpu": 0.5, "memory": "1G", "rate": "100mbit"},
+        {"name": "c", "cpu": 1.0, "memory": "2G", "rate": "100mbit"}]))
+    plan = _train_plan(tmp_path / "plan.json", ["c", "a", "a"], [(0, 2), (2, 4)], [1, 2], shares=[[1.0], [1.0, 1.0]])
+    try:
+        cluster.up(cfg, log=lambda *_: None)
+        script = ("echo RANK=$RANK WS=$WORLD_SIZE HOST=$HOST LR=$LOCAL_RANK NODE=$NODE_RANK/$NNODES "
+                  "MA=$MASTER_ADDR; cat /proc/self/cgroup; ip -o -4 addr show dev eth0")
+        rc, res = cluster.run("tpt3", ["sh", "-c", script], tmp_path / "env", timeout=60, log=lambda *_: None,
+                              plan=plan)
+        assert rc == 0 and [(r.host, r.rank) for r in res] == [("c", 0), ("a", 1), ("a", 2)]
+        assert sorted(p.name for p in (tmp_path / "env").glob("*.log")) == ["a.rank1.log", "a.rank2.log",
+                                                                            "c.rank0.log"]
+        for r, want in zip(res, ("RANK=0 WS=3 HOST=c LR=0 NODE=0/2", "RANK=1 WS=3 HOST=a LR=0 NODE=1/2",
+                                 "RANK=2 WS=3 HOST=a LR=1 NODE=1/2")):
+            text = r.log.read_text()
+            assert f"{want} MA={cfg.address(2)}" in text, text
+            assert f"/{PREFIX}/cluster-tpt3/{r.host}" in text and f"{cfg.address(cfg.index(r.host))}/24" in text
+        out = _cluster_train("tpt3", plan, tmp_path)
+        assert out.returncode == 0, out.stdout + out.stderr + "".join(
+            cluster.tail(p) for p in sorted((tmp_path / "logs").glob("*.log")))
+        assert not list((tmp_path / "logs").glob("b*.log"))
+        _assert_equals_single_process(tmp_path)
+        bad = _train_plan(tmp_path / "bad.json", ["a", "zz"], [(0, 2), (2, 4)], [1, 1])
+        out = subprocess.run([PY, "-m", "torchpp", "cluster", "run", "-n", "tpt3", "--plan", str(bad), "--", "true"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and str(bad) in out.stderr and "stages[1].devices[0].host" in out.stderr \
+            and "'zz'" in out.stderr, out.stdout + out.stderr
+    finally:
+        cluster.down(cfg.name, log=lambda *_: None)
+
+
 def test_probe_measures_configured_rate(two_hosts, tmp_path):
     """50 Mbit/s uplinks: gloo p2p throughput within 15% in both directions."""
     out = tmp_path / "probe"
@@ -219,23 +321,38 @@ def test_probe_measures_configured_rate(two_hosts, tmp_path):
     assert all(0.85 * 0.05 <= float(g) <= 1.15 * 0.05 for _, _, g in rows)
 
 
-def test_killed_run_command_leaves_nothing(two_hosts, tmp_path):
-    """SIGTERM to `torchpp cluster run` kills every host's process tree (exit 130)."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_killed_run_command_leaves_nothing(two_hosts, tmp_path, sig):
+    """SIGTERM to `torchpp cluster run` kills every host's process tree (exit 130). After a
+    SIGKILL it has no chance to: `torchpp cluster down` then kills what still runs and removes
+    the cluster (the fixture checks nothing is left)."""
     proc = subprocess.Popen([PY, "-m", "torchpp", "cluster", "run", "-n", "tpt2", "--logs", str(tmp_path / "l"),
                              "--", "sh", "-c", "sleep 300 & sleep 300"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not all(netns.pids(two_hosts.host_ns(i)) for i in range(2)):
             time.sleep(0.1)
-        assert all(netns.pids(two_hosts.host_ns(i)) for i in range(2)), "hosts never started"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 130, proc.stdout.read()
+        started = [pid for i in range(2) for pid in netns.pids(two_hosts.host_ns(i))]
+        assert len(started) >= 4, f"hosts never started ({started})"
+        proc.send_signal(sig)
+        rc = proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
-    for i in range(2):
-        assert netns.pids(two_hosts.host_ns(i)) == []
+            proc.wait()
+    if sig == signal.SIGTERM:
+        assert rc == 130, proc.stdout.read()
+        for i in range(2):
+            assert netns.pids(two_hosts.host_ns(i)) == []
+    else:
+        assert all(netns.pids(two_hosts.host_ns(i)) for i in range(2)), "the hosts' processes outlive a SIGKILL"
+        out = subprocess.run([PY, "-m", "torchpp", "cluster", "down", "-n", "tpt2"], capture_output=True, text=True,
+                             timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert out.returncode == 0 and "removed 3 namespace(s)" in out.stdout, out.stdout + out.stderr
+        assert cluster.leftovers("tpt2") == {"namespaces": [], "cgroups": []}
+    for pid in started:
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", pid
 
 
 def test_down_after_failed_up(tmp_path, clean, monkeypatch):

@@ -113,7 +113,10 @@ def test_v2_files_written(tmp_path):
     g.set_cpu(0.25)
     g.set_memory(2**30)
     leaf = root / "torchpp" / "cluster-t" / "h0"
-    assert (leaf / "cpu.max").read_text() == "25000 100000"
+    assert (leaf / "cpu.max").read_text() == "2500 10000"  # 10 ms periods: throttling spread finely
+    g.set_cpu(0.05)  # below the kernel's 1 ms smallest quota at 10 ms: the period grows instead
+    assert (leaf / "cpu.max").read_text() == "1000 20000"
+    g.set_cpu(0.25)
     assert (leaf / "memory.max").read_text() == str(2**30)
     assert "+cpu" in (root / "cgroup.subtree_control").read_text() or \
         "+memory" in (root / "cgroup.subtree_control").read_text()
@@ -193,3 +196,44 @@ def test_probe_on_loopback_writes_both_files(tmp_path):
     rows = {(s, d): float(g) for s, d, g in (l.split(",") for l in (tmp_path / "bandwidth.csv").read_text().split())}
     for (s, d), gbps in rows.items():
         assert gbps == pytest.approx(bw.rate(s, d) * 8 / 1e9, rel=1e-5)
+
+
+def _plan(hosts: list[str], groups: list[int]):
+    from torchpp.models.presets import load_config, model_info
+    from torchpp.planner.simple import make_plan
+    n = len(groups)
+    return make_plan(model_info(load_config("qwen3-tiny"), "qwen3-tiny"), seq_len=8, global_batch=4 * n,
+                     num_microbatches=2, layer_ranges=[(i * 4 // n, (i + 1) * 4 // n) for i in range(n)],
+                     group_sizes=groups, hosts=hosts)
+
+
+STATE3 = {"name": "t", "master_port": 29511, "master_addr": "10.77.0.1",
+          "hosts": [{"name": "a", "cpu": 1.0, "address": "10.77.0.1"}, {"name": "b", "cpu": 0.5, "address": "10.77.0.2"},
+                    {"name": "c", "cpu": 1.0, "address": "10.77.0.3"}]}
+
+
+def test_plan_placements_subset_shared_host_and_master():
+    """Ranks go to their plan hosts (b gets nothing); rank 0's host is node 0 and the master;
+    two ranks on one host get local ranks 0 and 1 and split its quota's threads."""
+    from torchpp.cluster.cluster import placement_env, plan_placements
+    places = plan_placements(STATE3, _plan(["c", "a", "a"], [1, 2]), "p.json")
+    assert [(p.rank, p.host, p.node_rank, p.local_rank, p.local_world_size) for p in places] == [
+        (0, "c", 0, 0, 1), (1, "a", 1, 0, 2), (2, "a", 1, 1, 2)]
+    assert all(p.nnodes == 2 and p.world_size == 3 for p in places)
+    master = next(p.host_index for p in places if p.rank == 0)
+    envs = [placement_env(STATE3, p, master, base={"PET_NNODES": "9", "TORCHELASTIC_RESTART_COUNT": "1"})
+            for p in places]
+    for p, env in zip(places, envs):
+        assert env["RANK"] == str(p.rank) and env["WORLD_SIZE"] == "3" and env["HOST"] == p.host
+        assert env["MASTER_ADDR"] == "10.77.0.3" and env["MASTER_PORT"] == "29511"
+        assert env["NNODES"] == "2" and "PET_NNODES" not in env and "TORCHELASTIC_RESTART_COUNT" not in env
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "0", "1"] and [e["OMP_NUM_THREADS"] for e in envs] == ["1"] * 3
+    assert [p.label for p in places] == ["c.rank0", "a.rank1", "a.rank2"]
+
+
+def test_plan_host_outside_the_cluster_names_file_field_and_host():
+    from torchpp.cluster.cluster import plan_placements
+    with pytest.raises(FormatError) as e:
+        plan_placements(STATE3, _plan(["a", "zz"], [1, 1]), "plan.json")
+    assert e.value.source == "plan.json" and e.value.field_path == "stages[1].devices[0].host"
+    assert "zz" in str(e.value) and "a, b, c" in str(e.value)

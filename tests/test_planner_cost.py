@@ -106,3 +106,24 @@ def test_mismatched_models_are_rejected_naming_file():
     with pytest.raises(FormatError, match="model.num_layers"):
         Profiles.from_layers([layers_file("a", num_layers=2), layers_file("b", num_layers=3)],
                              sources=["la.json", "lb.json"])
+
+
+def test_per_call_time_is_paid_once_per_micro_batch():
+    # 4 samples take 1 s per layer, of which 0.5 s per call: 1 sample costs 0.5 + 0.125
+    lf = layers_file("a", num_layers=2, batch=4, layer_fwd_s=1.0, embed_fwd_s=0.4, tail_fwd_s=0.8, fixed_fraction=0.5)
+    prof = Profiles.from_layers([lf])
+    plan = plan_for(lf, [(0, 2)], [1], ["a"], gb=8, m=2)
+    c = MeasuredCost(plan, prof, uniform_links(["a"]))
+    total = 0.4 + 1 + 1 + 0.8
+    assert c.compute_s(0, Action(Kind.FORWARD, 0, 0, samples=(0, 4))) == pytest.approx(total)
+    assert c.compute_s(0, Action(Kind.FORWARD, 0, 0, samples=(0, 1))) == pytest.approx(total / 2 + total / 8)
+    assert c.compute_s(0, Action(Kind.BACKWARD, 0, 0, samples=(0, 2))) == pytest.approx(2 * (total / 2 + total / 4))
+    assert c.compute_s(0, Action(Kind.FORWARD, 0, 0, samples=(0, 0))) == 0.0
+    # a capacity-scaled host scales the per-call part too
+    cap = Capacities(ref_host="a", capacity={"a": 1.0, "half": 0.5})
+    p2 = Profiles.from_layers([lf], cap)
+    assert list(p2.fixed("half")[0]) == pytest.approx(list(2 * p2.fixed("a")[0]))
+    # and the capacities file keeps it
+    t = p2.as_host_table("a", 4)
+    assert t.forward_fixed_s == pytest.approx([0.2, 0.5, 0.5, 0.4])
+    assert t.forward_time_s == pytest.approx([0.4, 1.0, 1.0, 0.8])

@@ -261,3 +261,17 @@ def test_devices_json_ranks_are_kept_when_complete():
     build(plan)
     partial = Devices.parse({"a": {"memory_gb": 1, "rank": 5}, "b": 1}, "devices.json")
     assert not apply_fixed_ranks(plan, partial)
+
+
+def test_per_call_overhead_makes_the_planner_choose_bigger_micro_batches():
+    """Samples-only pricing favours many one-sample micro-batches (small bubble); when most of a
+    call's time does not shrink with its samples, fewer, larger micro-batches win."""
+    chosen = {}
+    for frac in (0.0, 0.8):
+        files = [layers_file(h, num_layers=4, batch=4, fixed_fraction=frac) for h in ("a", "b")]
+        pb = problem(files, uniform_links(["a", "b"], 1e12), {"a": GB, "b": GB}, 16)
+        res = search(pb)
+        chosen[frac] = res.plan.num_microbatches
+        step, _ = price(res.plan, pb.profiles, pb.links)
+        assert res.step_time_s == pytest.approx(step)
+    assert chosen[0.8] < chosen[0.0], chosen

@@ -143,3 +143,28 @@ def test_progress_and_summary_are_shown(tmp_path, capsys):
     assert [x.split(":")[0] for x in lines] == ["[profile] gpt2-tiny warmup 1/1", "[profile] gpt2-tiny measure 1/2",
                                                "[profile] gpt2-tiny measure 2/2"]
     assert "blocks cover" in cap.out and "layer3" in cap.out and f"wrote {tmp_path}" in cap.out
+
+
+def test_several_batch_sizes_fit_the_per_call_time(tmp_path):
+    """--batch 1,4: every size is measured, the block times are the largest's, and each block's
+    per-call time is the non-negative intercept of a least-squares line through the sizes."""
+    from torchpp.profiling.measure import fit_fixed
+
+    lf, out = _profile(tmp_path, "--batch", "1,4", "--seq-len", "32", model="qwen3-tiny", name="b")
+    assert lf.run.batch == 4 and lf.run.batches == [1, 4]
+    for b in [lf.embed, *lf.layers, lf.tail]:
+        assert [r[0] for r in b.batch_times_s] == [1.0, 4.0]
+        assert b.batch_times_s[1][1] == pytest.approx(b.forward_time_s)
+        f0, b0 = fit_fixed(b.batch_times_s)
+        assert b.forward_fixed_s == pytest.approx(min(f0, b.forward_time_s))
+        assert 0 <= b.forward_fixed_s <= b.forward_time_s and 0 <= b.backward_fixed_s <= b.backward_time_s
+    assert LayersFile.load(out) == lf
+    # two exact points: the intercept is where the line through them meets zero samples
+    assert fit_fixed([[1, 3.0, 5.0], [4, 6.0, 11.0]]) == pytest.approx((2.0, 3.0))
+    assert fit_fixed([[1, 1.0, 1.0], [4, 0.5, 2.0]])[0] == pytest.approx(0.75)  # slope clipped at 0: the mean
+    assert fit_fixed([[2, 1.0, 1.0]]) == (0.0, 0.0)
+
+
+def test_bad_batch_list_is_one_line_error(tmp_path, capsys):
+    rc = main(["profile", "--model", "qwen3-tiny", "--batch", "1,x", "--out", str(tmp_path / "x.json")])
+    assert rc == 2 and "--batch" in capsys.readouterr().err

@@ -116,6 +116,13 @@ class Reader:
         items = self.list(key, default, min_len)
         return [Reader(x, self.source, f"{self._p(key)}[{i}]") for i, x in enumerate(items)]
 
+    def ints(self, key: str, default: Any = dataclasses.MISSING) -> list[int]:
+        items = self.list(key, default)
+        for i, x in enumerate(items):
+            if isinstance(x, bool) or not isinstance(x, int):
+                raise FormatError(self.source, f"{self._p(key)}[{i}]", "an integer", x)
+        return list(items)
+
     def floats(self, key: str, default: Any = dataclasses.MISSING) -> list[float]:
         items = self.list(key, default)
         out = []
@@ -238,6 +245,14 @@ class BlockProfile:
     backward_time_s: float
     forward_samples_s: list[float] = field(default_factory=list)
     backward_samples_s: list[float] = field(default_factory=list)
+    forward_fixed_s: float = 0.0
+    """Seconds per call that do not grow with the samples (kernel launch, Python, small
+    matmuls): the intercept of ``t(b) = fixed + b * per_sample`` fitted over ``run.batches``;
+    0 when one batch size was measured. On small CPU models it is a large part of a
+    micro-batch's time, which is why pricing by samples alone favours too-small micro-batches."""
+    backward_fixed_s: float = 0.0
+    batch_times_s: list[list[float]] = field(default_factory=list)
+    """``[batch, forward_s, backward_s]`` for every measured batch size (means)."""
 
     @staticmethod
     def parse(r: Reader) -> "BlockProfile":
@@ -248,12 +263,28 @@ class BlockProfile:
             forward_time_s=r.float("forward_time_s", positive=True),
             backward_time_s=r.float("backward_time_s", positive=True),
             forward_samples_s=r.floats("forward_samples_s", []), backward_samples_s=r.floats("backward_samples_s", []),
+            forward_fixed_s=r.float("forward_fixed_s", 0.0, min_value=0.0),
+            backward_fixed_s=r.float("backward_fixed_s", 0.0, min_value=0.0),
+            batch_times_s=_batch_rows(r),
         )
+        if b.forward_fixed_s > b.forward_time_s or b.backward_fixed_s > b.backward_time_s:
+            raise r.fail("forward_fixed_s", "at most forward_time_s / backward_time_s (the time at run.batch)",
+                         (b.forward_fixed_s, b.backward_fixed_s))
         for key in ("forward_samples_s", "backward_samples_s"):
             for i, v in enumerate(getattr(b, key)):
                 if v <= 0:
                     raise r.fail(f"{key}[{i}]", "a measured time > 0", v)
         return b
+
+
+def _batch_rows(r: Reader) -> list[list[float]]:
+    rows = r.list("batch_times_s", [])
+    for i, row in enumerate(rows):
+        ok = isinstance(row, list) and len(row) == 3 and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in row)
+        if not ok or row[0] < 1 or row[1] <= 0 or row[2] <= 0:
+            raise r.fail(f"batch_times_s[{i}]", "[batch >= 1, forward_s > 0, backward_s > 0]", row)
+    return [[float(x) for x in row] for row in rows]
 
 
 @dataclass(kw_only=True)
@@ -270,10 +301,13 @@ class RunInfo:
     """Seed of the preset's weights and of the synthetic token ids."""
     cpu: str = ""
     """Processor description of the host (informational)."""
+    batches: list[int] = field(default_factory=list)
+    """Every batch size measured (``batch`` is the largest; its means are the block times)."""
 
     @staticmethod
     def parse(r: Reader) -> "RunInfo":
         return RunInfo(seq_len=r.int("seq_len", min_value=1), batch=r.int("batch", min_value=1),
+                       batches=r.ints("batches", []),
                        iters=r.int("iters", min_value=1), warmup=r.int("warmup", min_value=0),
                        threads=r.int("threads", min_value=1), torch_version=r.str("torch_version"),
                        timer=r.str("timer", choices={"cpp", "python"}), seed=r.int("seed", 0),
@@ -608,6 +642,9 @@ class HostTable:
     batch: int
     forward_time_s: list[float]
     backward_time_s: list[float]
+    forward_fixed_s: list[float] = field(default_factory=list)
+    """Per-call seconds of each block (BlockProfile.forward_fixed_s); empty means all 0."""
+    backward_fixed_s: list[float] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -652,7 +689,12 @@ class Capacities:
                 for i, v in enumerate(vals):
                     if v <= 0:
                         raise t.fail(f"{key}[{i}]", "a measured time > 0", v)
-            tables[h] = HostTable(batch=t.int("batch", min_value=1), forward_time_s=fw, backward_time_s=bw)
+            f0, b0 = t.floats("forward_fixed_s", []), t.floats("backward_fixed_s", [])
+            for key, vals in (("forward_fixed_s", f0), ("backward_fixed_s", b0)):
+                if vals and (len(vals) != len(fw) or min(vals) < 0):
+                    raise t.fail(key, f"{len(fw)} numbers >= 0 (one per block) or absent", vals)
+            tables[h] = HostTable(batch=t.int("batch", min_value=1), forward_time_s=fw, backward_time_s=bw,
+                                  forward_fixed_s=f0, backward_fixed_s=b0)
         return Capacities(ref_host=ref, capacity=capacity, tables=tables)
 
     @staticmethod

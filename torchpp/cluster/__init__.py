@@ -10,6 +10,7 @@ Commands (root, or CAP_SYS_ADMIN + CAP_NET_ADMIN; without them they say which is
     torchpp cluster up -c configs/cluster/pi3.json [--skip-netem]
     torchpp cluster run -n pi3 [--timeout S] -- torchrun --nproc-per-node 1 -m torchpp.train ...
     torchpp cluster run -n pi3 -- python -m torchpp bandwidth probe
+    torchpp cluster run -n pi3 --plan plan.json -- python -m torchpp.train --plan plan.json  # a process per rank
     torchpp cluster status | down -n pi3
 
 Modules: ``units`` (rates, sizes, durations), ``system`` (capabilities, `ip`/`tc` calls),

@@ -225,8 +225,16 @@ def configure_cluster(p: argparse.ArgumentParser) -> None:
     q.add_argument("--skip-netem", action="store_true",
                    help="if the kernel has no netem, leave delays/losses out instead of refusing")
     q.set_defaults(func=_guard(_cluster_up))
-    q = sub.add_parser("run", help="run a command once in every host; exit code is the worst host's")
+    q = sub.add_parser("run", help="run a command once in every host (or once per rank of --plan); "
+                                   "exit code is the worst process's",
+                       description="Run COMMAND once in every host's namespace and cgroup, with HOST, NODE_RANK, "
+                                   "NNODES, RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set (torchrun also "
+                                   "finds its --nnodes/--node-rank/--master-* there). With --plan, run it once per "
+                                   "rank of the plan, on that rank's host, with RANK and WORLD_SIZE of the plan "
+                                   "(no torchrun: `-- python -m torchpp.train --plan plan.json ...`).")
     _name_args(q)
+    q.add_argument("--plan", type=Path, default=None,
+                   help="plan.json: one process per rank, placed on the host its devices[] entry names")
     q.add_argument("--logs", type=Path, default=None, help="log folder (default runs/cluster-<name>/<time>)")
     q.add_argument("--timeout", type=float, default=None, help="kill all hosts after this many seconds (exit 124)")
     q.add_argument("-q", "--quiet", action="store_true", help="do not echo the hosts' output (it is still logged)")
@@ -271,16 +279,19 @@ def _cluster_run(args: argparse.Namespace) -> int:
         raise UsageError("give the command after `--`")
     name = _name(args)
     logs = args.logs or Path("runs") / f"cluster-{name}" / time.strftime("%Y%m%d-%H%M%S")
-    print(f"cluster {name}: running `{' '.join(cmd)}` on every host; logs in {logs}", flush=True)
+    where = "on every host" if args.plan is None else f"once per rank of {args.plan}"
+    print(f"cluster {name}: running `{' '.join(cmd)}` {where}; logs in {logs}", flush=True)
     try:
         width = 1 + max(len(h["name"]) for h in (cluster.load_state(name) or {}).get("hosts", [{"name": ""}]))
+        width += 0 if args.plan is None else 7
         echo = None if args.quiet else (lambda host, line: print(f"{host + ':':<{width}} {line}", flush=True))
-        rc, results = cluster.run(name, cmd, logs, timeout=args.timeout, follow=echo)
+        rc, results = cluster.run(name, cmd, logs, timeout=args.timeout, follow=echo, plan=args.plan)
     except KeyboardInterrupt:
         print(f"cluster {name}: interrupted; all hosts killed", flush=True)
         return 130
     for r in results:
-        print(f"  {r.host:<10} exit {r.returncode:<4} {r.seconds:7.1f}s  {r.log}")
+        who = r.host if r.rank is None else f"{r.host} rank {r.rank}"
+        print(f"  {who:<16} exit {r.returncode:<4} {r.seconds:7.1f}s  {r.log}")
     for r in results:
         if r.returncode != 0:
             print(f"--- last lines of {r.log}:\n{cluster.tail(r.log)}")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..formats import read_json, write_json
+from ..formats import FormatError, Plan, read_json, write_json
 from . import cgroups, netns, tc
 from .config import HOST_DEV, ClusterConfig
 from .system import CAP_NET_ADMIN, CAP_SYS_ADMIN, PREFIX, STATE_DIR, require_caps
@@ -190,6 +190,8 @@ class HostResult:
     returncode: int
     log: Path
     seconds: float
+    rank: int | None = None
+    """Plan rank of the process (None when one process ran per host)."""
 
 
 def host_env(state: dict[str, Any], i: int, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -203,9 +205,82 @@ def host_env(state: dict[str, Any], i: int, base: dict[str, str] | None = None) 
                PET_NNODES=n, PET_NODE_RANK=str(i), PET_MASTER_ADDR=state["master_addr"],
                PET_MASTER_PORT=str(state["master_port"]), GLOO_SOCKET_IFNAME=HOST_DEV,
                TORCHPP_CLUSTER=state["name"])
-    cpu = hosts[i].get("cpu")
-    if cpu and "OMP_NUM_THREADS" not in (base or os.environ):
-        env["OMP_NUM_THREADS"] = str(max(1, math.ceil(cpu)))  # more threads than quota only adds throttling
+    _threads(env, hosts[i].get("cpu"), 1, base)
+    return env
+
+
+def _threads(env: dict[str, str], cpu: float | None, ranks_here: int, base: dict[str, str] | None) -> None:
+    """OMP_NUM_THREADS from the host's quota shared by its ranks: more threads than quota only
+    adds throttling. A value the caller set is kept."""
+    if cpu and "OMP_NUM_THREADS" not in (os.environ if base is None else base):
+        env["OMP_NUM_THREADS"] = str(max(1, math.ceil(cpu / ranks_here)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """One process of a run: which host runs it and, under a plan, which rank it is."""
+
+    host_index: int
+    """Index of the host in the cluster state."""
+    host: str
+    rank: int | None = None
+    """Plan rank; None when the command runs once per host without a plan."""
+    node_rank: int = 0
+    nnodes: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    world_size: int = 1
+
+    @property
+    def label(self) -> str:
+        """Log file stem and prefix of echoed lines."""
+        return self.host if self.rank is None else f"{self.host}.rank{self.rank}"
+
+
+def host_placements(state: dict[str, Any]) -> list[Placement]:
+    """One process per host (no plan)."""
+    n = len(state["hosts"])
+    return [Placement(host_index=i, host=h["name"], node_rank=i, nnodes=n, world_size=n)
+            for i, h in enumerate(state["hosts"])]
+
+
+def plan_placements(state: dict[str, Any], plan: Plan, source: str) -> list[Placement]:
+    """One process per plan rank, on the rank's host; hosts the plan does not name get nothing.
+
+    Nodes are the plan's hosts numbered in the order of their lowest rank, so rank 0's host is
+    node 0 (the one torch.distributed's store runs on). Ranks sharing a host get consecutive
+    local ranks in rank order, as torchrun would number them."""
+    names = [h["name"] for h in state["hosts"]]
+    devices = sorted(((d.rank, d.host, si, di) for si, s in enumerate(plan.stages) for di, d in enumerate(s.devices)))
+    for rank, host, si, di in devices:
+        if host not in names:
+            raise FormatError(source, f"stages[{si}].devices[{di}].host",
+                              f"a host of cluster '{state['name']}' ({', '.join(names)})", host)
+    order: list[str] = []
+    for _, host, _, _ in devices:
+        if host not in order:
+            order.append(host)
+    on_host = {h: [r for r, hh, _, _ in devices if hh == h] for h in order}
+    return [Placement(host_index=names.index(host), host=host, rank=rank, node_rank=order.index(host),
+                      nnodes=len(order), local_rank=on_host[host].index(rank), local_world_size=len(on_host[host]),
+                      world_size=plan.world_size)
+            for rank, host, _, _ in devices]
+
+
+def placement_env(state: dict[str, Any], p: Placement, master: int, base: dict[str, str] | None = None
+                  ) -> dict[str, str]:
+    """Environment of one plan rank: torch.distributed's env:// variables (no torchrun needed),
+    with the store on ``master`` (the host index of rank 0)."""
+    h = state["hosts"][p.host_index]
+    env = dict(os.environ if base is None else base)
+    for k in [k for k in env if k.startswith(("PET_", "TORCHELASTIC_"))]:
+        del env[k]  # a launcher above us must not renumber these ranks
+    addr = state["hosts"][master]["address"]
+    env.update(HOST=p.host, RANK=str(p.rank), WORLD_SIZE=str(p.world_size), LOCAL_RANK=str(p.local_rank),
+               LOCAL_WORLD_SIZE=str(p.local_world_size), NODE_RANK=str(p.node_rank), GROUP_RANK=str(p.node_rank),
+               NNODES=str(p.nnodes), MASTER_ADDR=addr, MASTER_PORT=str(state["master_port"]),
+               GLOO_SOCKET_IFNAME=HOST_DEV, TORCHPP_CLUSTER=state["name"])
+    _threads(env, h.get("cpu"), p.local_world_size, base)
     return env
 
 
@@ -240,43 +315,54 @@ class _Follower:
 
 
 def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None, log=print,
-        grace_s: float = 5.0, follow=None) -> tuple[int, list[HostResult]]:
-    """Run ``argv`` once in every host (its namespace and cgroup) and wait for all of them.
+        grace_s: float = 5.0, follow=None, plan: str | os.PathLike | None = None
+        ) -> tuple[int, list[HostResult]]:
+    """Run ``argv`` once in every host (its namespace and cgroup), or with ``plan`` once per
+    plan rank on that rank's host, and wait for all of them.
 
-    Each host's stdout and stderr go to ``log_dir/<host>.log`` (and, with ``follow``, line by
-    line to ``follow(host, line)``). On timeout, Ctrl-C or SIGTERM every process of the cluster
-    is killed (SIGTERM, then SIGKILL after ``grace_s``)."""
+    Each process's stdout and stderr go to ``log_dir/<host>.log`` (``<host>.rank<R>.log`` under
+    a plan; with ``follow``, line by line to ``follow(label, line)`` as well). On timeout,
+    Ctrl-C or SIGTERM every process of the cluster is killed (SIGTERM, then SIGKILL after
+    ``grace_s``)."""
     _require(f"`torchpp cluster run` ({name})")
     state = load_state(name)
     if state is None or state.get("phase") != "up":
         raise ClusterError(f"cluster '{name}' is not up; run `torchpp cluster up -c configs/cluster/{name}.json`")
     if not argv:
         raise ClusterError("cluster run: give the command after `--`")
+    if plan is None:
+        places = host_placements(state)
+        envs = [host_env(state, p.host_index) for p in places]
+    else:
+        places = plan_placements(state, Plan.load(plan), str(plan))
+        master = next(p.host_index for p in places if p.rank == 0)
+        envs = [placement_env(state, p, master) for p in places]
     log_dir.mkdir(parents=True, exist_ok=True)
     hier = cgroups.detect()
-    groups = [cgroups.existing(h["cgroup"], hier) for h in state["hosts"]]
+    groups = {p.host_index: cgroups.existing(state["hosts"][p.host_index]["cgroup"], hier) for p in places}
+    paths = [log_dir / f"{p.label}.log" for p in places]
     procs: list[subprocess.Popen] = []
     files = []
-    follower = _Follower({h["name"]: log_dir / f"{h['name']}.log" for h in state["hosts"]}, follow) if follow else None
+    follower = _Follower({p.label: path for p, path in zip(places, paths)}, follow) if follow else None
     t0 = time.monotonic()
     ends: dict[int, float] = {}
     codes: dict[int, int] = {}
     try:
-        for i, h in enumerate(state["hosts"]):
-            f = open(log_dir / f"{h['name']}.log", "wb")
+        for p, env, path in zip(places, envs, paths):
+            f = open(path, "wb")
             files.append(f)
-            procs.append(subprocess.Popen(netns.exec_argv(h["netns"], argv), env=host_env(state, i), stdout=f,
-                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          preexec_fn=groups[i].preexec, start_new_session=True))
+            procs.append(subprocess.Popen(netns.exec_argv(state["hosts"][p.host_index]["netns"], argv), env=env,
+                                          stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          preexec_fn=groups[p.host_index].preexec, start_new_session=True))
         while len(codes) < len(procs):
             for i, p in enumerate(procs):
                 if i not in codes and p.poll() is not None:
                     codes[i], ends[i] = p.returncode, time.monotonic() - t0
                     if p.returncode != 0:
-                        log(f"  {state['hosts'][i]['name']}: exited {p.returncode} after {ends[i]:.1f}s")
+                        log(f"  {places[i].label}: exited {p.returncode} after {ends[i]:.1f}s")
             if timeout is not None and time.monotonic() - t0 > timeout and len(codes) < len(procs):
                 log(f"cluster {name}: timeout after {timeout:g}s; killing all hosts")
-                _kill_all(procs, groups, grace_s)
+                _kill_all(procs, list(groups.values()), grace_s)
                 for i, p in enumerate(procs):
                     if i not in codes:
                         codes[i], ends[i] = 124, time.monotonic() - t0
@@ -285,18 +371,19 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
                 follower.poll()
             time.sleep(0.05)
     except BaseException:
-        _kill_all(procs, groups, grace_s)
+        _kill_all(procs, list(groups.values()), grace_s)
         raise
     finally:
         for f in files:
             f.close()
         if follower:
             follower.poll(final=True)
-    results = [HostResult(h["name"], codes.get(i, 1), log_dir / f"{h['name']}.log", ends.get(i, 0.0))
-               for i, h in enumerate(state["hosts"])]
+    results = [HostResult(p.host, codes.get(i, 1), path, ends.get(i, 0.0), rank=p.rank)
+               for i, (p, path) in enumerate(zip(places, paths))]
     write_json(log_dir / "run.json", {"cluster": name, "argv": argv, "timeout_s": timeout,
-                                      "hosts": [{"host": r.host, "returncode": r.returncode, "seconds": r.seconds,
-                                                 "log": str(r.log)} for r in results]})
+                                      "plan": None if plan is None else str(plan),
+                                      "hosts": [{"host": r.host, "rank": r.rank, "returncode": r.returncode,
+                                                 "seconds": r.seconds, "log": str(r.log)} for r in results]})
     return worst([r.returncode for r in results]), results
 
 

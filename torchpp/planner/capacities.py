@@ -20,14 +20,21 @@ def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequ
     prof = Profiles.from_layers(files, sources=sources)  # checks that all files describe one model
     if ref_host not in prof.fwd:
         raise FormatError("--ref-host", "ref_host", f"one of the measured hosts ({', '.join(prof.fwd)})", ref_host)
-    ref = prof.fwd[ref_host][1:-1]
+    batch = next(lf.run.batch for lf in files if lf.host == ref_host)
+
+    def layer_times(h: str):  # forward of each decoder layer on the reference host's batch
+        return (prof.fwd0[h] + batch * prof.fwd[h])[1:-1]
+
+    ref = layer_times(ref_host)
     capacity, tables = {}, {}
     for lf in files:
-        mine = prof.fwd[lf.host][1:-1]
+        mine = layer_times(lf.host)
         capacity[lf.host] = float(statistics.median(float(r / m) for r, m in zip(ref, mine)))
         bl = [lf.embed, *lf.layers, lf.tail]
         tables[lf.host] = HostTable(batch=lf.run.batch, forward_time_s=[b.forward_time_s for b in bl],
-                                    backward_time_s=[b.backward_time_s for b in bl])
+                                    backward_time_s=[b.backward_time_s for b in bl],
+                                    forward_fixed_s=[b.forward_fixed_s for b in bl],
+                                    backward_fixed_s=[b.backward_fixed_s for b in bl])
     return Capacities(ref_host=ref_host, capacity=capacity, tables=tables)
 
 

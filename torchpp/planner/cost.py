@@ -7,8 +7,9 @@ simulator (through :class:`MeasuredCost`). A block is the embedding, one decoder
 tail (final norm + lm_head + loss); block ``0`` is the embedding, block ``i + 1`` decoder layer
 ``i`` and block ``N + 1`` the tail, so every stage owns a contiguous run of blocks.
 
-Times are measured for ``run.batch`` samples and scaled linearly by the samples an action
-computes. A host with its own layers file uses its own table; a host with only a capacity uses
+A call of a block on ``n`` samples costs ``fixed + n * per_sample``: the per-call part is
+fitted by ``torchpp profile --batch 1,4`` (0 when one size was measured) and the per-sample
+part is the rest of the time measured at ``run.batch``. A host with its own layers file uses its own table; a host with only a capacity uses
 the reference host's table divided by its capacity (seed 000 step 2).
 """
 from __future__ import annotations
@@ -33,8 +34,9 @@ def stage_blocks(layers: tuple[int, int], has_embed: bool, has_tail: bool) -> tu
 class Profiles:
     """Per-host, per-block seconds per sample and per-block bytes of one model.
 
-    ``fwd[h][j]`` / ``bwd[h][j]``: seconds per sample of block j on host h. ``param_bytes[j]``,
-    ``act_bytes[j]``: parameter bytes and output bytes per sample of block j.
+    ``fwd[h][j]`` / ``bwd[h][j]``: seconds per sample of block j on host h; ``fwd0[h][j]`` /
+    ``bwd0[h][j]``: seconds per call. ``param_bytes[j]``, ``act_bytes[j]``: parameter bytes and
+    output bytes per sample of block j.
     """
 
     model: ModelInfo
@@ -43,6 +45,8 @@ class Profiles:
     act_bytes: np.ndarray
     fwd: dict[str, np.ndarray] = field(default_factory=dict)
     bwd: dict[str, np.ndarray] = field(default_factory=dict)
+    fwd0: dict[str, np.ndarray] = field(default_factory=dict)
+    bwd0: dict[str, np.ndarray] = field(default_factory=dict)
     origin: dict[str, str] = field(default_factory=dict)
     """How each host's table was obtained (its layers file, capacities table, or scaled)."""
     capacities: Capacities | None = None
@@ -84,7 +88,8 @@ class Profiles:
                 raise FormatError(src, "host", f"a host not already measured by {seen[lf.host]}", lf.host)
             seen[lf.host] = src
             bl = [lf.embed, *lf.layers, lf.tail]
-            p.set_table(lf.host, [b.forward_time_s for b in bl], [b.backward_time_s for b in bl], lf.run.batch, src)
+            p.set_table(lf.host, [b.forward_time_s for b in bl], [b.backward_time_s for b in bl], lf.run.batch, src,
+                        [b.forward_fixed_s for b in bl], [b.backward_fixed_s for b in bl])
         if capacities is not None:
             for h, t in capacities.tables.items():
                 if h not in p.fwd:
@@ -92,16 +97,23 @@ class Profiles:
                         raise FormatError(capacities_source, f"tables.{h}.forward_time_s",
                                           f"{p.num_blocks} entries (embed, {p.num_blocks - 2} layers, tail)",
                                           len(t.forward_time_s))
-                    p.set_table(h, t.forward_time_s, t.backward_time_s, t.batch, f"{capacities_source} tables.{h}")
+                    p.set_table(h, t.forward_time_s, t.backward_time_s, t.batch, f"{capacities_source} tables.{h}",
+                                t.forward_fixed_s or None, t.backward_fixed_s or None)
         return p
 
-    def set_table(self, host: str, fwd: Sequence[float], bwd: Sequence[float], batch: int, origin: str) -> None:
-        f, b = np.asarray(fwd, dtype=float) / batch, np.asarray(bwd, dtype=float) / batch
-        if len(f) != self.num_blocks or len(b) != self.num_blocks:
-            raise FormatError(origin, "layers", f"{self.num_blocks} blocks", len(f))
-        if (f < 0).any() or (b < 0).any():
+    def set_table(self, host: str, fwd: Sequence[float], bwd: Sequence[float], batch: int, origin: str,
+                  fwd_fixed: Sequence[float] | None = None, bwd_fixed: Sequence[float] | None = None) -> None:
+        """Times of every block for ``batch`` samples, of which ``*_fixed`` seconds per call."""
+        tf, tb = np.asarray(fwd, dtype=float), np.asarray(bwd, dtype=float)
+        f0 = np.zeros_like(tf) if fwd_fixed is None else np.asarray(fwd_fixed, dtype=float)
+        b0 = np.zeros_like(tb) if bwd_fixed is None else np.asarray(bwd_fixed, dtype=float)
+        if not (len(tf) == len(tb) == len(f0) == len(b0) == self.num_blocks):
+            raise FormatError(origin, "layers", f"{self.num_blocks} blocks", len(tf))
+        if (tf < 0).any() or (tb < 0).any() or (f0 < 0).any() or (b0 < 0).any():
             raise FormatError(origin, "forward_time_s", "times >= 0")
-        self.fwd[host], self.bwd[host], self.origin[host] = f, b, origin
+        f0, b0 = np.minimum(f0, tf), np.minimum(b0, tb)
+        self.fwd[host], self.bwd[host] = (tf - f0) / batch, (tb - b0) / batch
+        self.fwd0[host], self.bwd0[host], self.origin[host] = f0, b0, origin
 
     def ensure(self, hosts: Iterable[str], devices_source: str = "devices.json") -> None:
         """Make every host priceable, scaling the reference table by capacity where needed."""
@@ -119,6 +131,8 @@ class Profiles:
             c = cap.capacity[h] / cap.capacity[cap.ref_host]
             self.fwd[h] = self.fwd[cap.ref_host] / c
             self.bwd[h] = self.bwd[cap.ref_host] / c
+            self.fwd0[h] = self.fwd0[cap.ref_host] / c
+            self.bwd0[h] = self.bwd0[cap.ref_host] / c
             self.origin[h] = f"{cap.ref_host} table / capacity {c:.3g}"
 
     def table(self, host: str) -> tuple[np.ndarray, np.ndarray]:
@@ -126,9 +140,17 @@ class Profiles:
             self.ensure([host])
         return self.fwd[host], self.bwd[host]
 
+    def fixed(self, host: str) -> tuple[np.ndarray, np.ndarray]:
+        """Seconds per call of every block (forward, backward) on ``host``."""
+        if host not in self.fwd:
+            self.ensure([host])
+        return self.fwd0[host], self.bwd0[host]
+
     def as_host_table(self, host: str, batch: int) -> HostTable:
         f, b = self.table(host)
-        return HostTable(batch=batch, forward_time_s=list(f * batch), backward_time_s=list(b * batch))
+        f0, b0 = self.fixed(host)
+        return HostTable(batch=batch, forward_time_s=list(f0 + f * batch), backward_time_s=list(b0 + b * batch),
+                         forward_fixed_s=list(f0), backward_fixed_s=list(b0))
 
     # ------------------------------------------------------------------ stage quantities
     def stage_fwd(self, host: str, stage: PlanStage) -> float:
@@ -147,6 +169,25 @@ class Profiles:
         f, _ = self.table(host)
         a = stage.layers[0]
         return float(sum(f[a + 1 + i] for i, r in enumerate(stage.recompute) if r))
+
+    def stage_fwd_fixed(self, host: str, stage: PlanStage) -> float:
+        lo, hi = stage_blocks(stage.layers, stage.has_embed, stage.has_tail)
+        return float(self.fixed(host)[0][lo:hi].sum())
+
+    def stage_bwd_fixed(self, host: str, stage: PlanStage) -> float:
+        """Per-call part of the backward, including the forward of recomputed layers."""
+        lo, hi = stage_blocks(stage.layers, stage.has_embed, stage.has_tail)
+        f0, b0 = self.fixed(host)
+        a = stage.layers[0]
+        return float(b0[lo:hi].sum() + sum(f0[a + 1 + i] for i, r in enumerate(stage.recompute) if r))
+
+    def stage_time(self, host: str, stage: PlanStage, samples: int, backward: bool = False) -> float:
+        """Seconds of one forward (or backward) call of the stage on ``samples`` samples (0 for none)."""
+        if samples <= 0:
+            return 0.0
+        if backward:
+            return self.stage_bwd_fixed(host, stage) + samples * self.stage_bwd(host, stage)
+        return self.stage_fwd_fixed(host, stage) + samples * self.stage_fwd(host, stage)
 
     def stage_param_bytes(self, stage: PlanStage) -> float:
         lo, hi = stage_blocks(stage.layers, stage.has_embed, stage.has_tail)
@@ -201,6 +242,8 @@ class _RankCost:
     fwd: float
     bwd: float
     optimizer: float
+    fwd0: float = 0.0
+    bwd0: float = 0.0
 
 
 class MeasuredCost:
@@ -228,7 +271,8 @@ class MeasuredCost:
                 else:
                     o = float(optimizer_s_per_byte or 0.0)
                 self.rank[d.rank] = _RankCost(d.host, s, profiles.stage_fwd(d.host, s), profiles.stage_bwd(d.host, s),
-                                              o * w)
+                                              o * w, profiles.stage_fwd_fixed(d.host, s),
+                                              profiles.stage_bwd_fixed(d.host, s))
 
     @staticmethod
     def _samples(a: Action, default: int) -> int:
@@ -240,9 +284,9 @@ class MeasuredCost:
             return rc.optimizer
         n = self._samples(action, self.plan.device_of_rank(rank).samples)
         if action.kind == Kind.FORWARD:
-            return rc.fwd * n
+            return rc.fwd0 + rc.fwd * n if n > 0 else 0.0
         if action.kind == Kind.BACKWARD:
-            return rc.bwd * n
+            return rc.bwd0 + rc.bwd * n if n > 0 else 0.0
         raise ValueError(f"compute_s: {action} is not a compute action")
 
     def transfer_s(self, src: int, dst: int, action: Action) -> float:

@@ -54,11 +54,11 @@ def predict(plan: Plan, profiles: Profiles, links: Links, memory: MemoryEstimato
     mem = device_memory(plan, profiles, memory)
     stages, t_s, r_s = [], [], []
     for s in plan.stages:
-        fwd = max(d.samples * profiles.stage_fwd(d.host, s) for d in s.devices)
+        fwd = max(profiles.stage_time(d.host, s, d.samples) for d in s.devices)
         rec = max(d.samples * profiles.stage_recompute(d.host, s) for d in s.devices)
-        bwd = max(d.samples * (profiles.stage_bwd(d.host, s)) for d in s.devices) - rec
-        tb = max(d.samples * (profiles.stage_fwd(d.host, s) + profiles.stage_bwd(d.host, s)
-                              - profiles.stage_recompute(d.host, s)) for d in s.devices)
+        bwd = max(profiles.stage_time(d.host, s, d.samples, backward=True) for d in s.devices) - rec
+        tb = max(profiles.stage_time(d.host, s, d.samples) + profiles.stage_time(d.host, s, d.samples, backward=True)
+                 - d.samples * profiles.stage_recompute(d.host, s) for d in s.devices)
         t_s.append(tb)
         r_s.append(rec)
         comm = max(sum(sp.end - sp.start for sp in tl.spans[d.rank] if sp.action.is_send) for d in s.devices)

@@ -124,6 +124,7 @@ class Tables:
         self.out_bytes = act[bend - 1]                       # per sample, leaving a stage that ends at c2
         self.hosts = pb.hosts
         self.tau: dict[tuple[int, int], np.ndarray] = {}
+        self.tau0: dict[tuple[int, int], np.ndarray] = {}
         for h, name in enumerate(pb.hosts):
             f, b = p.table(name)
             pf = np.concatenate([[0.0], np.cumsum(f)])
@@ -132,6 +133,12 @@ class Tables:
             rec = rng(pf, cuts + 1, cuts + 1)
             self.tau[(h, 0)] = np.where(valid, fb, np.inf)
             self.tau[(h, 1)] = np.where(valid, fb + rec, np.inf)
+            f0, b0 = p.fixed(name)  # seconds per call: paid once per micro-batch, whatever its size
+            pf0 = np.concatenate([[0.0], np.cumsum(f0)])
+            pb0 = np.concatenate([[0.0], np.cumsum(b0)])
+            fb0 = rng(pf0, bstart, bend) + rng(pb0, bstart, bend)
+            self.tau0[(h, 0)] = fb0
+            self.tau0[(h, 1)] = fb0 + rng(pf0, cuts + 1, cuts + 1)
         self.full_time = {h: float(sum(p.table(n)[0]) + sum(p.table(n)[1])) for h, n in enumerate(pb.hosts)}
         self._per_sample: dict[tuple[int, int], np.ndarray] = {}
         self._cap: dict[tuple[int, int, int], np.ndarray] = {}
@@ -173,10 +180,13 @@ class StageCosts:
                 inf = np.full_like(t.W, np.inf)
                 self._compute[key] = (inf, np.zeros_like(inf, dtype=bool))
             else:
+                # per-call time: bounded above by the slowest member's, which the final pricing refines
                 t0 = waterfill(self.b, np.stack([t.tau[(h, 0)] for h in g]), np.stack([t.cap(h, 0, n) for h in g]))
+                t0 = t0 + np.max(np.stack([t.tau0[(h, 0)] for h in g]), axis=0)
                 if self.rec:
                     t1 = waterfill(self.b, np.stack([t.tau[(h, 1)] for h in g]),
                                    np.stack([t.cap(h, 1, n) for h in g]))
+                    t1 = t1 + np.max(np.stack([t.tau0[(h, 1)] for h in g]), axis=0)
                     use1 = t1 < t0
                     self._compute[key] = (np.where(use1, t1, t0), use1)
                 else:
@@ -683,6 +693,17 @@ def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_gro
             win[(k, v)] = (speed, rmax, amin, asum)
         return win[(k, v)]
 
+    if "FIX" not in sh:
+        sh["FIX"] = {1: np.stack([t.tau0[(h, 0)] for h in order]).astype(f32)}  # (N, L1, L1) seconds per call
+    fix_win: dict[int, np.ndarray] = sh["FIX"]
+    FIX = fix_win[1]
+
+    def fixed_max(k: int) -> np.ndarray:
+        if k not in fix_win:
+            prev = fixed_max(k - 1)
+            fix_win[k] = np.maximum(prev[:N - k + 1], FIX[k - 1:])
+        return fix_win[k]
+
     btt: dict[tuple[int, int], np.ndarray] = {}
 
     def times(k: int, v: int) -> np.ndarray:
@@ -744,6 +765,7 @@ def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_gro
                         tt1[sel] = fill(None, 1, k, P1, ia[sel], ic[sel], g2[sel])
                     tt1 = np.where(np.isnan(tt1), np.inf, tt1)
                     best[ia, ic, ic2] = np.minimum(best[ia, ic, ic2], tt1)
+            best = best + fixed_max(k)[:, :, c0:]  # per-call time, the slowest member's (as StageCosts)
             ar = (ar_lat[k, :A, None, None] + ar_unit[k, :A, None, None] * W32[None, :, c0:]) / m
             if last:
                 out = best + ar

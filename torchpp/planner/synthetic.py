@@ -16,8 +16,9 @@ def layers_file(host: str, *, num_layers: int = 4, speed: float = 1.0, batch: in
                 embed_fwd_s: float = 0.1, tail_fwd_s: float = 0.5, layer_param_bytes: Sequence[int] | int = 1000,
                 embed_param_bytes: int = 4000, tail_param_bytes: int = 4100, act_bytes_per_sample: int = 64,
                 tied: bool = True, model_name: str = "synthetic", hidden_size: int = 8,
-                vocab_size: int = 500) -> LayersFile:
-    """A layers file whose block times are the given unit times / ``speed`` (for ``batch`` samples)."""
+                vocab_size: int = 500, fixed_fraction: float = 0.0) -> LayersFile:
+    """A layers file whose block times are the given unit times / ``speed`` (for ``batch`` samples),
+    ``fixed_fraction`` of each paid per call whatever the samples."""
     fw = [float(layer_fwd_s)] * num_layers if isinstance(layer_fwd_s, (int, float)) else list(layer_fwd_s)
     if layer_bwd_s is None:
         bw = [2 * x for x in fw]
@@ -31,7 +32,8 @@ def layers_file(host: str, *, num_layers: int = 4, speed: float = 1.0, batch: in
 
     def blk(name: str, index: int | None, f: float, b: float, p: int) -> BlockProfile:
         return BlockProfile(name=name, index=index, param_bytes=p, activation_bytes_per_sample=act_bytes_per_sample,
-                            forward_time_s=f / speed, backward_time_s=b / speed)
+                            forward_time_s=f / speed, backward_time_s=b / speed,
+                            forward_fixed_s=fixed_fraction * f / speed, backward_fixed_s=fixed_fraction * b / speed)
 
     layers = [blk(f"layer{i}", i, fw[i], bw[i], pb[i]) for i in range(num_layers)]
     embed = blk("embed", None, embed_fwd_s, 2 * embed_fwd_s, embed_param_bytes)

@@ -12,7 +12,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="preset name (qwen3-0.6b, qwen3-tiny, ...) or a local HF "
                    "checkpoint directory (read offline)")
     p.add_argument("--seq-len", type=int, default=128, help="tokens per sample (default 128)")
-    p.add_argument("--batch", type=int, default=2, help="samples per step (default 2)")
+    p.add_argument("--batch", default="2", help="samples per step (default 2); a list such as 1,4 measures every "
+                   "size and fits each block's per-call time (the largest size gives the block times)")
     p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)")
     p.add_argument("--iters", type=int, default=6, help="counted steps (default 6)")
     p.add_argument("--warmup", type=int, default=2, help="steps run first and not counted (default 2)")
@@ -37,7 +38,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--timer: expected cpp or python, got {args.timer!r}")
     host = args.host or socket.gethostname()
     try:
-        pc = ProfileConfig(model=args.model, seq_len=args.seq_len, batch=args.batch, dtype=args.dtype,
+        batches = [int(x) for x in str(args.batch).split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--batch: expected an integer or a list such as 1,4, got {args.batch!r}") from None
+    if not batches:
+        raise UsageError(f"--batch: expected an integer or a list such as 1,4, got {args.batch!r}")
+    try:
+        pc = ProfileConfig(model=args.model, seq_len=args.seq_len, batch=max(batches), dtype=args.dtype,
+                           fit_batches=tuple(batches),
                            iters=args.iters, warmup=args.warmup, threads=args.threads, host=host,
                            num_layers=args.layers, seed=args.seed, timer=args.timer)
         cfg = load_config(pc.model, pc.num_layers)  # reject a bad --model/--layers before any work

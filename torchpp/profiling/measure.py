@@ -43,8 +43,14 @@ class ProfileConfig:
     seed: int = 0
     timer: str | None = None
     """Force a timer backend ("cpp" or "python"); default: the C++ one when built."""
+    fit_batches: tuple[int, ...] = ()
+    """Smaller batch sizes also measured, to fit each block's per-call time (``*_fixed_s``)."""
 
     def __post_init__(self) -> None:
+        self.fit_batches = tuple(sorted({int(b) for b in self.fit_batches if b != self.batch}))
+        if any(b < 1 or b > self.batch for b in self.fit_batches):
+            raise ValueError(f"--batch: expected sizes between 1 and the largest ({self.batch}), got "
+                             f"{', '.join(map(str, self.fit_batches))}")
         for name, lo in (("seq_len", 1), ("batch", 1), ("iters", 1), ("warmup", 0), ("threads", 1)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
@@ -82,8 +88,8 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
     torch.set_num_threads(pc.threads)
     model = build_model(pc.model, seed=pc.seed, dtype=pc.dtype, config=cfg)
     parts = find_parts(model)
-    ids = torch.randint(0, int(cfg.vocab_size), (pc.batch, pc.seq_len),
-                        generator=torch.Generator().manual_seed(pc.seed))
+    all_ids = torch.randint(0, int(cfg.vocab_size), (pc.batch, pc.seq_len),
+                            generator=torch.Generator().manual_seed(pc.seed))
     proc = psutil.Process()
     peak = 0
     timer = SpanTimer(1 << 12, prefer=pc.timer)
@@ -93,21 +99,25 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
         peak = max(peak, proc.memory_info().rss)
 
     rss_hook = model.register_forward_hook(sample_rss)
-    steps: list[StepTimes] = []
+    by_batch: dict[int, list[StepTimes]] = {}
     try:
         with BlockProfiler(model, timer=timer, parts=parts) as prof:
-            for i in range(pc.warmup + pc.iters):
-                st = prof.run_step(ids)
-                sample_rss()
-                model.zero_grad(set_to_none=True)
-                counted = i >= pc.warmup
-                if counted:
-                    steps.append(st)
-                if progress:
-                    phase, k, n = ("measure", i - pc.warmup, pc.iters) if counted else ("warmup", i, pc.warmup)
-                    progress(phase, k + 1, n, st.wall_s)
+            for bsz in (*pc.fit_batches, pc.batch):  # the main batch last: its steps are the trace's
+                ids, tag = all_ids[:bsz], ("" if bsz == pc.batch else f" (batch {bsz})")
+                by_batch[bsz] = []
+                for i in range(pc.warmup + pc.iters):
+                    st = prof.run_step(ids)
+                    sample_rss()
+                    model.zero_grad(set_to_none=True)
+                    counted = i >= pc.warmup
+                    if counted:
+                        by_batch[bsz].append(st)
+                    if progress:
+                        phase, k, n = ("measure", i - pc.warmup, pc.iters) if counted else ("warmup", i, pc.warmup)
+                        progress(phase + tag, k + 1, n, st.wall_s)
     finally:
         rss_hook.remove()
+    steps = by_batch[pc.batch]
     if trace is not None:
         write_trace(trace, steps, pc)
 
@@ -120,20 +130,39 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
         act = first.activation_bytes[name]
         if act % pc.batch:
             raise RuntimeError(f"{name}: output of {act} bytes does not split into {pc.batch} samples")
+        rows = [[float(b), statistics.fmean(s.forward_s[name] for s in st), statistics.fmean(s.backward_s[name] for s in st)]
+                for b, st in sorted(by_batch.items())]
+        f0, b0 = fit_fixed(rows)
         return BlockProfile(name=name, index=index, param_bytes=parts.param_bytes(name),
                             activation_bytes_per_sample=act // pc.batch, forward_time_s=statistics.fmean(fw),
-                            backward_time_s=statistics.fmean(bw), forward_samples_s=fw, backward_samples_s=bw)
+                            backward_time_s=statistics.fmean(bw), forward_samples_s=fw, backward_samples_s=bw,
+                            forward_fixed_s=min(f0, statistics.fmean(fw)), backward_fixed_s=min(b0, statistics.fmean(bw)),
+                            batch_times_s=rows if len(rows) > 1 else [])
 
     walls = [s.wall_s for s in steps]
     return LayersFile(
         host=pc.host, model=model_info(cfg, pc.model, pc.dtype),
         run=RunInfo(seq_len=pc.seq_len, batch=pc.batch, iters=pc.iters, warmup=pc.warmup, threads=pc.threads,
-                    torch_version=torch.__version__, timer=timer.backend, seed=pc.seed, cpu=_cpu_name()),
+                    torch_version=torch.__version__, timer=timer.backend, seed=pc.seed, cpu=_cpu_name(),
+                    batches=sorted(by_batch) if len(by_batch) > 1 else []),
         embed_param_bytes=parts.param_bytes(EMBED), tail_param_bytes=parts.param_bytes(TAIL),
         embed=block(EMBED, None), tail=block(TAIL, None),
         layers=[block(n, i) for i, n in enumerate(names[1:-1])],
         step_time_s=statistics.fmean(walls), peak_rss_bytes=peak, step_samples_s=walls,
     )
+
+
+def fit_fixed(rows: list[list[float]]) -> tuple[float, float]:
+    """Per-call seconds (forward, backward): intercepts of ``t = fixed + b * per_sample`` fitted
+    by non-negative least squares over ``[batch, fwd, bwd]`` rows; 0 with fewer than two sizes."""
+    if len(rows) < 2:
+        return 0.0, 0.0
+    import numpy as np
+    from scipy.optimize import nnls
+
+    m = np.asarray(rows, dtype=float)
+    a = np.stack([np.ones(len(m)), m[:, 0]], axis=1)
+    return float(nnls(a, m[:, 1])[0][0]), float(nnls(a, m[:, 2])[0][0])
 
 
 def write_trace(tw: TraceWriter, steps: list[StepTimes], pc: ProfileConfig) -> None:
@@ -174,6 +203,11 @@ def format_summary(lf: LayersFile) -> str:
     tot_f = sum(b.forward_time_s for b in blocks)
     tot_b = sum(b.backward_time_s for b in blocks)
     lines.append(f"{'total':<8} {ms(tot_f)} {ms(tot_b)} {mb(sum(b.param_bytes for b in blocks)):>10}")
+    if r.batches:
+        f0 = sum(b.forward_fixed_s for b in blocks)
+        b0 = sum(b.backward_fixed_s for b in blocks)
+        lines.append(f"per-call time fitted over batches {', '.join(map(str, r.batches))}: forward {f0 * 1e3:.3f} ms, "
+                     f"backward {b0 * 1e3:.3f} ms of the totals above do not grow with the samples")
     lines.append(f"step {lf.step_time_s * 1e3:.3f} ms (blocks cover {100 * (tot_f + tot_b) / lf.step_time_s:.1f}%), "
                  f"peak RSS {lf.peak_rss_bytes / 2**20:.1f} MiB")
     return "\n".join(lines)

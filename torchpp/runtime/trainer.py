@@ -211,7 +211,7 @@ def train(cfg: TrainConfig, prepared: Prepared | None = None) -> TrainSummary:
 
 def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummary:
     from ..data import open_source
-    from ..trace.timeline import StepRecorder, sync_clocks, write_step
+    from ..trace.timeline import StepRecorder, mark_base_rss, sync_clocks, write_step
 
     plan, schedule = prep.plan, prep.schedule
     pstage = plan.stage_of_rank(rank)
@@ -230,6 +230,7 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
         if found >= 0:
             start = found
     spec = StageSpec.from_plan(plan, pstage.index)
+    mark_base_rss()  # what the stage adds to this process is what the planner's memory model predicts
     stage = build_stage(prep.model, prep.config, spec, seed=cfg.seed, dtype=plan.model.dtype)
     params = [p for p in stage.parameters()]
     optimizer = make_optimizer(cfg.optimizer, params, cfg.lr, cfg.weight_decay, cfg.adam_eps)

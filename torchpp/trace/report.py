@@ -33,15 +33,23 @@ def find_timelines(trace_dir: Path) -> list[tuple[int, Path]]:
 
 
 def rank_memory(trace: dict[str, Any]) -> dict[int, int]:
+    """Per rank, the peak RSS the stage added over the process before it was built (what the
+    planner's memory model predicts), or the whole peak where the trace has no base."""
     ranks = (trace.get("metadata") or {}).get("ranks") or {}
-    return {int(r): int(v["peak_rss_bytes"]) for r, v in ranks.items() if v.get("peak_rss_bytes")}
+    return {int(r): int(v["peak_rss_bytes"]) - int(v.get("base_rss_bytes") or 0)
+            for r, v in ranks.items() if v.get("peak_rss_bytes")}
 
 
 def predicted_memory(plan: Plan | None) -> dict[int, int]:
+    """Per rank, the planner's predicted peak (plan.json ``predicted.stages[].devices[]``)."""
     if plan is None or not plan.predicted:
         return {}
-    per_rank = plan.predicted.get("memory_bytes_per_rank") or {}
-    return {int(r): int(v) for r, v in per_rank.items()}
+    out = {int(r): int(v) for r, v in (plan.predicted.get("memory_bytes_per_rank") or {}).items()}
+    for s in plan.predicted.get("stages") or []:
+        for d in s.get("devices") or []:
+            if "rank" in d and d.get("memory_bytes") is not None:
+                out[int(d["rank"])] = int(d["memory_bytes"])
+    return out
 
 
 def _rel(pred: float, meas: float) -> float | None:
@@ -109,7 +117,10 @@ def write_markdown(rep: dict[str, Any], path: Path) -> None:
     lines += ["", "## Critical path (seconds by kind)", "",
               ", ".join(f"{k}: {v:.4f}" for k, v in sorted(m["critical_path"].items(), key=lambda kv: -kv[1]))]
     if rep["memory"]:
-        lines += ["", "## Peak memory per rank (MiB)", "", "| rank | measured | predicted | error |", "|---|---|---|---|"]
+        lines += ["", "## Peak memory per rank (MiB)", "",
+                  "The peak RSS each rank's stage added over its process before the stage was built "
+                  "(the torch runtime, data and process group come on top).", "",
+                  "| rank | measured | predicted | error |", "|---|---|---|---|"]
         for r, v in rep["memory"].items():
             mm = f"{v['measured_peak_bytes'] / 2**20:.1f}" if v["measured_peak_bytes"] else "–"
             pm = f"{v['predicted_peak_bytes'] / 2**20:.1f}" if v["predicted_peak_bytes"] else "–"

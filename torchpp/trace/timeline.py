@@ -169,6 +169,8 @@ class StepRecorder:
         """Lay out the p2p rows without overlap, add flow halves, return the trace JSON."""
         w = self.writer
         w.metadata["peak_rss_bytes"] = peak_rss_bytes()
+        if _BASE_RSS is not None:
+            w.metadata["base_rss_bytes"] = _BASE_RSS
         for row in ("send", "recv"):
             recs = sorted((p for p in self._p2p if _P2P_NAMES[p.action.kind][0] == row), key=lambda p: p.done_s)
             prev_end = float("-inf")
@@ -189,6 +191,18 @@ class StepRecorder:
                                      "name": "send_act" if a.kind == Kind.RECV_ACT else "send_grad",
                                      "pid": ev["pid"], "tid": ev["tid"], "ts": ev["ts"] + ev["dur"]})
         return w.to_json()
+
+
+_BASE_RSS: int | None = None
+
+
+def mark_base_rss() -> None:
+    """Remember this process's RSS before its stage is built (the torch runtime, data, process
+    group): traces then carry it, so the stage's own peak is ``peak_rss_bytes - base_rss_bytes``."""
+    import psutil
+
+    global _BASE_RSS
+    _BASE_RSS = int(psutil.Process().memory_info().rss)
 
 
 def peak_rss_bytes() -> int:

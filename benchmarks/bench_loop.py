@@ -1,0 +1,173 @@
+"""Does the loop keep its promises? Predicted vs measured step time and memory, plan vs baselines.
+
+On the emulated ``hetero4`` cluster (root; else local processes with ``--local``): measure the
+hosts, plan, then train and time several plans — the planner's, an even pipeline split, pure
+data parallelism, and a deliberately unbalanced pipeline (the tail on the slowest host) — and
+re-plan from the unbalanced run's timelines and train that. Prints, for every run, predicted
+and measured step time (and their mean absolute percentage error), predicted and measured peak
+memory per rank, the planner's plan against the even split and DP, and the re-plan against the
+planner's best. Writes ``results.json``, ``results.md`` and ``predicted_vs_measured.png``.
+
+    sudo .venv/bin/python benchmarks/bench_loop.py [--out out/bench_loop] [--local] [--steps 6]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from torchpp.demo import PY, ClusterHosts, Demo, DemoConfig, DemoError, LocalHosts, cluster_available  # noqa: E402
+
+
+def memory_errors(report_dir: Path) -> list[tuple[int, float, float]]:
+    rep = json.loads((report_dir / "report.json").read_text())
+    out = []
+    for r, v in rep.get("memory", {}).items():
+        if v.get("measured_peak_bytes") and v.get("predicted_peak_bytes"):
+            out.append((int(r), v["predicted_peak_bytes"] / 2**20, v["measured_peak_bytes"] / 2**20))
+    return out
+
+
+def run(demo: Demo) -> dict:
+    hosts = demo.hosts.names
+    files = demo.profile()
+    cap = demo.capacities(files)
+    bw = demo.bandwidth()
+    mem = demo.memory(files[0])
+    devices = demo.path("devices.json")
+    devices.write_text(json.dumps(demo.hosts.devices(), indent=1) + "\n")
+    planned = demo.plan(files, cap, bw, mem, devices)
+    from torchpp.formats import Plan
+
+    m = Plan.load(planned).num_microbatches
+    common = ["--model", demo.cfg.model, "--global-batch", str(demo.cfg.global_batch), "--seq-len",
+              str(demo.cfg.seq_len)]
+    plans = {"plan": planned, "even": demo.even_plan(planned)}
+    dp = demo.path("dp", "plan.json")
+    demo.p.run("data-parallel plan", [*demo.tp, "plan", "--strategy", "dp", "--devices", str(len(hosts)), "--hosts",
+                                      ",".join(hosts), "--microbatches", "1", *common, "--out", str(dp)])
+    plans["dp"] = dp
+    bad = demo.path("unbalanced", "plan.json")
+    order = sorted(hosts, key=lambda h: -json.loads(cap.read_text())["capacity"][h])  # slowest host last (tail)
+    demo.p.run("unbalanced pipeline (the tail on the slowest host)",
+               [*demo.tp, "plan", "--strategy", "pp", "--stages", str(len(hosts)), "--hosts", ",".join(order),
+                "--microbatches", str(m), *common, "--out", str(bad)])
+    plans["unbalanced"] = bad
+    results = {name: demo.train(name, p, files, bw) for name, p in plans.items()}
+    replanned = demo.replan(results["unbalanced"], files, cap, bw, mem, devices)
+    results["replan"] = demo.train("replan", replanned, files, bw)
+
+    rows, errs = [], []
+    for name, r in results.items():
+        mem_rows = memory_errors(Path(r.report).parent)
+        rows.append({"run": name, "plan": r.plan, "predicted_s": r.predicted_step_s, "measured_s": r.measured_step_s,
+                     "error": r.error, "steps_s": r.steps_s,
+                     "memory_mib": [{"rank": k, "predicted": p, "measured": q, "error": (p - q) / q}
+                                    for k, p, q in mem_rows]})
+        errs.append(abs(r.error))
+    meas = {r["run"]: r["measured_s"] for r in rows}
+    best = min(meas["plan"], meas["replan"])
+    mem_err = [abs(x["error"]) for r in rows for x in r["memory_mib"]]
+    summary = {
+        "mode": demo.hosts.mode, "hosts": hosts, "runs": rows,
+        "step_time_mape": statistics.fmean(errs),
+        "memory_max_abs_error": max(mem_err) if mem_err else None,
+        "memory_mean_abs_error": statistics.fmean(mem_err) if mem_err else None,
+        "plan_vs_even": meas["plan"] / meas["even"], "plan_vs_dp": meas["plan"] / meas["dp"],
+        "replan_vs_best_plan": meas["replan"] / best, "unbalanced_vs_plan": meas["unbalanced"] / meas["plan"],
+    }
+    return summary
+
+
+def report(summary: dict, out: Path) -> str:
+    lines = [f"# Loop benchmark on {summary['mode']} ({', '.join(summary['hosts'])})", "",
+             "| run | predicted step (s) | measured step (s) | error | peak memory per rank, predicted/measured MiB |",
+             "|---|---|---|---|---|"]
+    for r in summary["runs"]:
+        mem = ", ".join(f"r{x['rank']} {x['predicted']:.0f}/{x['measured']:.0f} ({100 * x['error']:+.0f}%)"
+                        for x in r["memory_mib"]) or "–"
+        lines.append(f"| {r['run']} | {r['predicted_s']:.4f} | {r['measured_s']:.4f} | {100 * r['error']:+.1f}% | {mem} |")
+    me = summary["memory_max_abs_error"]
+    lines += ["", f"- step time MAPE over {len(summary['runs'])} plans: {100 * summary['step_time_mape']:.1f}% "
+                  "(target ≤ 10%)",
+              f"- memory: mean |error| {100 * summary['memory_mean_abs_error']:.1f}%, max {100 * me:.1f}% "
+              "(target ≤ 15%)" if me is not None else "- memory: no per-rank prediction",
+              f"- measured plan / even split: {summary['plan_vs_even']:.3f}; plan / DP: {summary['plan_vs_dp']:.3f} "
+              "(target < 1)",
+              f"- re-plan from the unbalanced run / best of plan and re-plan: {summary['replan_vs_best_plan']:.3f} "
+              f"(target ≤ 1.05); unbalanced / plan: {summary['unbalanced_vs_plan']:.3f}"]
+    text = "\n".join(lines)
+    (out / "results.md").write_text(text + "\n")
+    (out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    xs = [r["measured_s"] for r in summary["runs"]]
+    ys = [r["predicted_s"] for r in summary["runs"]]
+    ax.scatter(xs, ys)
+    for r in summary["runs"]:
+        ax.annotate(r["run"], (r["measured_s"], r["predicted_s"]), textcoords="offset points", xytext=(4, 4))
+    hi = max(xs + ys) * 1.1
+    ax.plot([0, hi], [0, hi], "k--", lw=0.8, label="predicted = measured")
+    ax.fill_between([0, hi], [0, 0.9 * hi], [0, 1.1 * hi], color="grey", alpha=0.15, label="±10%")
+    ax.set_xlim(0, hi)
+    ax.set_ylim(0, hi)
+    ax.set_xlabel("measured step time (s)")
+    ax.set_ylabel("predicted step time (s)")
+    ax.set_title(f"torchpp predictions on {summary['mode']}")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(out / "predicted_vs_measured.png", dpi=120)
+    return text
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("out/bench_loop"))
+    ap.add_argument("--local", action="store_true", help="local processes instead of the emulated cluster")
+    ap.add_argument("--hosts", type=int, default=2, help="local processes (with --local)")
+    ap.add_argument("--steps", type=int, default=DemoConfig.steps)
+    ap.add_argument("--model", default=DemoConfig.model)
+    a = ap.parse_args()
+    cfg = DemoConfig(model=a.model, steps=a.steps)
+    why = "--local was given" if a.local else cluster_available()
+    a.out.mkdir(parents=True, exist_ok=True)
+    try:
+        if why is None:
+            import subprocess
+
+            hosts = ClusterHosts(Path(cfg.cluster))
+            up = [PY, "-m", "torchpp", "cluster", "up", "-c", cfg.cluster]
+            from torchpp.cluster import tc
+
+            if hosts.cfg.needs_netem and not tc.netem_available():
+                up.append("--skip-netem")
+            demo = Demo(cfg, a.out, hosts)
+            demo.p.total = 22
+            demo.p.run("cluster up", up)
+            try:
+                summary = run(demo)
+            finally:
+                subprocess.run([PY, "-m", "torchpp", "cluster", "down", "-c", cfg.cluster], check=False)
+        else:
+            print(f"not using the emulated cluster ({why}); local processes", flush=True)
+            demo = Demo(cfg, a.out, LocalHosts(a.hosts))
+            demo.p.total = 21
+            summary = run(demo)
+    except DemoError as e:
+        print(f"bench_loop: {e}", file=sys.stderr)
+        return 1
+    print("\n" + report(summary, a.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,421 @@
+"""`torchpp demo`: the whole loop on an embedded default, one command.
+
+profile each host → capacities → bandwidth probe → calibrate memory → plan → train with
+traces → analyse → replan → train again, then a table of measured step times (an even split,
+the plan, the re-plan) next to their predictions. On a machine that allows network namespaces
+and cgroups the hosts are the emulated ``hetero4`` cluster; otherwise they are local processes
+on this machine, and the demo says so. Every step is a ``torchpp`` command reading and writing
+files under ``--out``; each command line and its output is kept in ``--out/logs``, so any step
+can be re-run alone.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol, Sequence
+
+PY = sys.executable
+
+
+@dataclass(kw_only=True)
+class DemoConfig:
+    """Sizes of the demo; ``quick`` shrinks them for a smoke run."""
+
+    model: str = "qwen3-small"
+    seq_len: int = 64
+    profile_batches: str = "1,4"
+    global_batch: int = 16
+    steps: int = 6
+    """Optimizer steps per training run; the first is warm-up and not counted."""
+    memory_samples: int = 5
+    cluster: str = "configs/cluster/hetero4.json"
+    local_hosts: int = 2
+    timeout_s: float = 900.0
+
+    @staticmethod
+    def quick() -> "DemoConfig":
+        return DemoConfig(model="qwen3-tiny", seq_len=32, profile_batches="1,2", global_batch=8, steps=3,
+                          memory_samples=3)
+
+
+@dataclass
+class Progress:
+    """Numbered steps with elapsed time; each command's output is kept in a log file."""
+
+    total: int
+    log_dir: Path
+    done: int = 0
+    t0: float = field(default_factory=time.monotonic)
+
+    def run(self, title: str, cmd: Sequence[str], timeout: float = 900) -> str:
+        self.done += 1
+        tag = f"[{self.done:2d}/{self.total}]"
+        print(f"{tag} {title} ...", flush=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        slug = "".join(c if c.isalnum() else "_" for c in title.lower())[:40].strip("_")
+        log = self.log_dir / f"{self.done:02d}_{slug}.log"
+        t = time.monotonic()
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+        with open(log, "w") as f:
+            f.write("$ " + shlex.join(cmd) + "\n")
+            f.flush()
+            try:
+                proc = subprocess.run(list(cmd), stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout)
+                rc = proc.returncode
+            except subprocess.TimeoutExpired:
+                rc = 124
+        text = log.read_text(errors="replace")
+        if rc != 0:
+            tail = "\n".join(text.splitlines()[-20:])
+            raise DemoError(f"{tag} {title} failed (exit {rc}); full log in {log}:\n{tail}")
+        print(f"{tag} {title}: {time.monotonic() - t:.1f}s (total {time.monotonic() - self.t0:.0f}s)", flush=True)
+        return text
+
+    @staticmethod
+    def note(text: str) -> None:
+        for line in text.splitlines():
+            print(f"        {line}", flush=True)
+
+
+class DemoError(RuntimeError):
+    """A step of the demo failed; the message names the step and shows its log's tail."""
+
+
+def cluster_available() -> str | None:
+    """None when this machine can host the emulated cluster, else why not (said to the user)."""
+    from .cluster import cgroups, system
+
+    try:
+        system.require_caps("the emulated cluster", system.CAP_SYS_ADMIN, system.CAP_NET_ADMIN)
+        system.tool("ip")
+        system.tool("tc")
+        cgroups.detect()
+    except Exception as e:  # noqa: BLE001 - any reason is reported, none is fatal
+        return str(e)
+    return None
+
+
+# ----------------------------------------------------------------------------- where the hosts are
+class Hosts(Protocol):
+    """Where the loop's commands run: once per host (profile, probe) or once per plan rank (train)."""
+
+    names: list[str]
+    mode: str
+
+    def each_host(self, shell: str, log_dir: Path) -> list[str]: ...
+
+    def probe(self, argv: list[str], log_dir: Path) -> list[str]: ...
+
+    def ranks(self, plan: Path, argv: list[str], log_dir: Path) -> list[str]: ...
+
+    def devices(self) -> dict[str, dict]: ...
+
+
+class LocalHosts:
+    """Local processes on this machine, one per "host", each with one thread."""
+
+    mode = "local processes"
+
+    def __init__(self, n: int):
+        self.names = [f"local{i}" for i in range(n)]
+
+    def each_host(self, shell: str, log_dir: Path) -> list[str]:
+        # one after the other, so each host is measured without the others competing for the cores
+        loop = "; ".join(f"HOST={h} RANK=0 WORLD_SIZE=1 sh -c {shlex.quote(shell)} || exit 1" for h in self.names)
+        return ["sh", "-c", loop]
+
+    def probe(self, argv: list[str], log_dir: Path) -> list[str]:
+        n = len(self.names)
+        return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n), "--no-python",
+                "sh", "-c", 'HOST=local$RANK exec "$0" "$@"', *argv]
+
+    def ranks(self, plan: Path, argv: list[str], log_dir: Path) -> list[str]:
+        from .formats import Plan
+
+        n = Plan.load(plan).world_size
+        return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n), *argv]
+
+    def devices(self) -> dict[str, dict]:
+        import psutil
+
+        gb = psutil.virtual_memory().total / 2**30 / len(self.names)
+        return {h: {"memory_gb": round(gb, 2)} for h in self.names}
+
+
+class ClusterHosts:
+    """The emulated cluster: each host a network namespace with its own CPU, memory and links."""
+
+    mode = "emulated cluster"
+
+    def __init__(self, config: Path):
+        from .cluster.config import ClusterConfig
+
+        self.config = config
+        self.cfg = ClusterConfig.load(config)
+        self.names = [h.name for h in self.cfg.hosts]
+        self.mode = f"emulated cluster {self.cfg.name}"
+
+    def _run(self, log_dir: Path, argv: list[str], plan: Path | None = None) -> list[str]:
+        """`torchpp cluster run`: one process per host, or one per plan rank on its host."""
+        head = [PY, "-m", "torchpp", "cluster", "run", "-c", str(self.config), "-q", "--logs", str(log_dir)]
+        return head + (["--plan", str(plan)] if plan else []) + ["--", *argv]
+
+    def each_host(self, shell: str, log_dir: Path) -> list[str]:
+        return self._run(log_dir, ["sh", "-c", shell])
+
+    def probe(self, argv: list[str], log_dir: Path) -> list[str]:
+        return self._run(log_dir, [PY, *argv[1:]])
+
+    def ranks(self, plan: Path, argv: list[str], log_dir: Path) -> list[str]:
+        return self._run(log_dir, [PY, *argv], plan)
+
+    def devices(self) -> dict[str, dict]:
+        out = {}
+        for h in self.cfg.hosts:
+            out[h.name] = {"memory_gb": round((h.memory or 2**33) / 2**30, 3)}
+        return out
+
+
+# ----------------------------------------------------------------------------- the loop
+@dataclass
+class RunResult:
+    name: str
+    plan: str
+    measured_step_s: float
+    predicted_step_s: float | None
+    steps_s: list[float]
+    report: str
+    trace_dir: str
+
+    @property
+    def error(self) -> float | None:
+        if self.predicted_step_s is None:
+            return None
+        return (self.predicted_step_s - self.measured_step_s) / self.measured_step_s
+
+
+def measured_step_times(log_dir: Path) -> list[float]:
+    """Rank 0's step times (metrics.jsonl), the first step left out as warm-up."""
+    rows = [json.loads(x) for x in (log_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = sorted((r["step"], r["step_time_s"]) for r in rows if "step" in r and "step_time_s" in r)
+    return [t for s, t in steps if s > 1] or [t for _, t in steps]
+
+
+class Demo:
+    def __init__(self, cfg: DemoConfig, out: Path, hosts: Hosts):
+        self.cfg, self.out, self.hosts = cfg, out, hosts
+        self.p = Progress(total=15, log_dir=out / "logs")
+        self.tp = [PY, "-m", "torchpp"]
+
+    def path(self, *parts: str) -> Path:
+        return self.out.joinpath(*parts)
+
+    # --- measure
+    def profile(self) -> list[Path]:
+        c, d = self.cfg, self.path("hosts")
+        d.mkdir(parents=True, exist_ok=True)
+        shell = (f"exec {shlex.quote(PY)} -m torchpp profile --model {c.model} --seq-len {c.seq_len} "
+                 f"--batch {c.profile_batches} --iters 3 --warmup 1 --threads 1 --quiet --host \"$HOST\" "
+                 f"--out {shlex.quote(str(d))}/layers_\"$HOST\".json")
+        argv = self.hosts.each_host(shell, self.path("logs", "profile"))
+        self.p.run(f"profile {len(self.hosts.names)} hosts ({c.model}, batch {c.profile_batches})", argv)
+        files = [d / f"layers_{h}.json" for h in self.hosts.names]
+        missing = [str(f) for f in files if not f.exists()]
+        if missing:
+            raise DemoError(f"profile wrote no {', '.join(missing)}")
+        return files
+
+    def capacities(self, files: list[Path]) -> Path:
+        out = self.path("capacities.json")
+        text = self.p.run("capacities", [*self.tp, "capacities", "--inputs", *map(str, files), "--ref-host",
+                                         self.hosts.names[0], "--out", str(out)])
+        self.p.note("\n".join(x for x in text.splitlines() if "capacity" in x))
+        return out
+
+    def bandwidth(self) -> Path:
+        d = self.path("bandwidth")
+        argv = [*self.tp, "bandwidth", "probe", "--out-dir", str(d), "--sizes", "64K,512K", "--repeats", "3",
+                "--pair-budget", "4", "--timeout", "120"]
+        cmd = self.hosts.probe(argv, self.path("logs", "probe"))
+        text = self.p.run("bandwidth probe (all pairs, gloo)", cmd)
+        self.p.note("\n".join(x.strip() for x in text.splitlines() if "->" in x and "Mbit/s" in x))
+        return d / "bandwidth.json"
+
+    def memory(self, ref_layers: Path) -> Path:
+        out = self.path("memory_model.json")
+        text = self.p.run("calibrate memory (random spans, fresh processes)",
+                          [*self.tp, "calibrate-memory", "--layers", str(ref_layers), "--model", self.cfg.model,
+                           "--samples", str(self.cfg.memory_samples), "--microbatch", "2", "--threads", "1",
+                           "--out", str(out)])
+        self.p.note(text.strip().splitlines()[-1])
+        return out
+
+    # --- plan
+    def plan(self, files: list[Path], cap: Path, bw: Path, mem: Path, devices: Path) -> Path:
+        d = self.path("plan")
+        text = self.p.run("plan (DP over stages, groups, device orders, micro-batching)",
+                          [*self.tp, "plan", "--layers", *map(str, files), "--capacities", str(cap), "--bandwidth",
+                           str(bw), "--memory-model", str(mem), "--devices", str(devices), "--global-batch",
+                           str(self.cfg.global_batch), "--compare", "even,dp", "--out-dir", str(d)])
+        self.p.note("\n".join(x for x in text.splitlines() if x.startswith(("plan:", "predicted", "stage ", "    "))
+                              and "candidate" not in x)[:2000])
+        return d / "plan.json"
+
+    def even_plan(self, planned: Path) -> Path:
+        from .formats import Plan
+
+        p = Plan.load(planned)
+        n = len(self.hosts.names)
+        out = self.path("even", "plan.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        self.p.run(f"even split over {n} hosts (baseline)",
+                   [*self.tp, "plan", "--strategy", "pp", "--stages", str(min(n, p.model.num_layers)), "--model",
+                    self.cfg.model, "--global-batch", str(self.cfg.global_batch), "--microbatches",
+                    str(p.num_microbatches), "--seq-len", str(self.cfg.seq_len), "--hosts",
+                    ",".join(self.hosts.names[:n]), "--out", str(out)])
+        return out
+
+    # --- run and look
+    def train(self, name: str, plan: Path, files: list[Path], bw: Path) -> RunResult:
+        c, d = self.cfg, self.path("runs", name)
+        d.mkdir(parents=True, exist_ok=True)
+        pred = d / "predicted.json"
+        text = self.p.run(f"{name}: predict (simulate the plan's action lists)",
+                          [*self.tp, "simulate", "plan", str(plan), "--bandwidth", str(bw), "--layers",
+                           *map(str, files), "--comm", "links", "--trace", str(pred)])
+        predicted = next((float(x.split()[3]) for x in text.splitlines() if x.startswith("predicted step time")),
+                         None)
+        traces, logs = d / "traces", d / "logs"
+        trace_steps = ",".join(str(s) for s in range(2, c.steps + 1))
+        argv = ["-m", "torchpp.train", "--plan", str(plan), "--model", c.model, "--data", "synthetic", "--steps",
+                str(c.steps), "--threads", "1", "--seed", "0", "--trace-dir", str(traces), "--trace-steps",
+                trace_steps, "--log-dir", str(logs), "--timeout-s", "300"]
+        self.p.run(f"{name}: train {c.steps} steps with traces", self.hosts.ranks(plan, argv, d / "hosts"),
+                   timeout=c.timeout_s)
+        steps = measured_step_times(logs)
+        report = d / "report"
+        text = self.p.run(f"{name}: analyse the timelines",
+                          [*self.tp, "analyze", str(traces), "--plan", str(plan), "--predicted", str(pred), "--out",
+                           str(report)])
+        self.p.note("\n".join([x for x in text.splitlines() if not x.startswith("$")][:2]))
+        return RunResult(name=name, plan=str(plan), measured_step_s=statistics.median(steps),
+                         predicted_step_s=predicted, steps_s=steps, report=str(report / "report.md"),
+                         trace_dir=str(traces))
+
+    def replan(self, res: RunResult, files: list[Path], cap: Path, bw: Path, mem: Path, devices: Path) -> Path:
+        d = self.path("replan")
+        text = self.p.run("replan from the measured timelines",
+                          [*self.tp, "replan", "--plan", res.plan, "--traces", res.trace_dir, "--layers",
+                           *map(str, files), "--capacities", str(cap), "--bandwidth", str(bw), "--memory-model",
+                           str(mem), "--devices", str(devices), "--out-dir", str(d)])
+        summary = d / "replan_summary.txt"
+        self.p.note(summary.read_text()[:1500] if summary.exists() else text[-1500:])
+        return d / "plan.json"
+
+    def main(self) -> dict:
+        c, out = self.cfg, self.out
+        print(f"torchpp demo: {c.model}, seq {c.seq_len}, global batch {c.global_batch}, on {self.hosts.mode} "
+              f"({', '.join(self.hosts.names)}); outputs in {out}", flush=True)
+        files = self.profile()
+        cap = self.capacities(files)
+        bw = self.bandwidth()
+        mem = self.memory(files[0])
+        devices = self.path("devices.json")
+        devices.write_text(json.dumps(self.hosts.devices(), indent=1) + "\n")
+        planned = self.plan(files, cap, bw, mem, devices)
+        even = self.even_plan(planned)
+        results = [self.train("even", even, files, bw), self.train("plan", planned, files, bw)]
+        replanned = self.replan(results[1], files, cap, bw, mem, devices)
+        results.append(self.train("replan", replanned, files, bw))
+        return self.summarise(results)
+
+    def summarise(self, results: list[RunResult]) -> dict:
+        base = results[0].measured_step_s
+        lines = [f"# torchpp demo ({self.hosts.mode}: {', '.join(self.hosts.names)})", "",
+                 f"{self.cfg.model}, seq {self.cfg.seq_len}, global batch {self.cfg.global_batch}; measured = "
+                 f"median of rank 0's step times after the first ({self.cfg.steps - 1} steps)", "",
+                 "| plan | measured step (s) | predicted (s) | error | vs even |", "|---|---|---|---|---|"]
+        for r in results:
+            pred = f"{r.predicted_step_s:.4f}" if r.predicted_step_s is not None else "–"
+            err = f"{100 * r.error:+.1f}%" if r.error is not None else "–"
+            lines.append(f"| {r.name} | {r.measured_step_s:.4f} | {pred} | {err} | {r.measured_step_s / base:.3f}x |")
+        lines += ["", "files:"] + [f"- {r.name}: plan {r.plan}, report {r.report}, timelines {r.trace_dir}"
+                                   for r in results]
+        lines += [f"- plan summary {self.path('plan', 'summary.txt')}, Gantt {self.path('plan', 'gantt.png')}",
+                  f"- replan summary {self.path('replan', 'replan_summary.txt')}",
+                  f"- every command and its output: {self.p.log_dir}"]
+        text = "\n".join(lines)
+        self.path("summary.md").write_text(text + "\n")
+        summary = {"format": "torchpp.demo/1", "mode": self.hosts.mode, "hosts": self.hosts.names,
+                   "config": asdict(self.cfg), "runs": [{**asdict(r), "error": r.error} for r in results],
+                   "seconds": time.monotonic() - self.p.t0}
+        self.path("summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        print("\n" + text, flush=True)
+        print(f"\ndone in {summary['seconds']:.0f}s; open the timelines in https://ui.perfetto.dev or "
+              "chrome://tracing", flush=True)
+        return summary
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=Path("out/demo"), help="where every file goes (default out/demo)")
+    p.add_argument("--local", action="store_true", help="local processes even where the emulated cluster is possible")
+    p.add_argument("--cluster", type=Path, default=Path(DemoConfig.cluster), help="cluster config (default hetero4)")
+    p.add_argument("--hosts", type=int, default=DemoConfig.local_hosts, help="local processes (default 2)")
+    p.add_argument("--model", default=None, help=f"preset (default {DemoConfig.model})")
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 6)")
+    p.add_argument("--quick", action="store_true", help="a small, fast run (tiny model, 3 steps)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .cli import UsageError
+
+    cfg = DemoConfig.quick() if args.quick else DemoConfig()
+    if args.model:
+        cfg.model = args.model
+    if args.steps is not None:
+        if args.steps < 2:
+            raise UsageError(f"--steps: expected at least 2 (the first is warm-up), got {args.steps}")
+        cfg.steps = args.steps
+    if args.hosts < 1:
+        raise UsageError(f"--hosts: expected at least 1, got {args.hosts}")
+    why = "--local was given" if args.local else cluster_available()
+    try:
+        if why is None:
+            cfg.cluster = str(args.cluster)
+            return _with_cluster(cfg, args.out)
+        print(f"torchpp demo: not using the emulated cluster ({why}); the hosts are {args.hosts} local processes "
+              "on this machine, which share its cores, so their speeds and links are this machine's", flush=True)
+        Demo(cfg, args.out, LocalHosts(args.hosts)).main()
+    except DemoError as e:
+        print(f"torchpp demo: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _with_cluster(cfg: DemoConfig, out: Path) -> int:
+    from .cluster import tc
+
+    hosts = ClusterHosts(Path(cfg.cluster))
+    up = [PY, "-m", "torchpp", "cluster", "up", "-c", cfg.cluster]
+    if hosts.cfg.needs_netem and not tc.netem_available():
+        print("torchpp demo: this kernel has no netem qdisc, so the cluster's link delays are left out; "
+              "its link rates, CPU quotas and memory limits apply", flush=True)
+        up.append("--skip-netem")
+    down = [PY, "-m", "torchpp", "cluster", "down", "-c", cfg.cluster]
+    demo = Demo(cfg, out, hosts)
+    demo.p.total += 2
+    demo.p.run(f"cluster up ({hosts.cfg.name}: {len(hosts.names)} namespaces, cgroups, tc)", up)
+    try:
+        demo.main()
+    finally:
+        demo.p.run(f"cluster down ({hosts.cfg.name})", down)
+    return 0
