@@ -1,5 +1,6 @@
 """replan: recovers a host that is truly slower than its profile, links, optimizer and memory from
 timelines, writes inputs `torchpp plan` reads back, and names the file and field of a mismatch."""
+import dataclasses
 import json
 import math
 import os
@@ -54,7 +55,7 @@ def files(d: Path, speeds: dict[str, float], rate: float) -> tuple[list[Path], P
     paths = []
     for h, s in speeds.items():
         lf = layers_file(h, num_layers=L, speed=s, batch=2, layer_param_bytes=2_000_000, act_bytes_per_sample=20_000,
-                         embed_fwd_s=0.1, tail_fwd_s=0.5)
+                         embed_fwd_s=0.1, tail_fwd_s=0.5, fixed_fraction=0.25)
         paths.append(lf.save(d / f"layers_{h}.json"))
     bw = uniform_links(list(speeds), rate)
     return paths, bw.save(d / "bandwidth.json")
@@ -66,7 +67,7 @@ def write_traces(plan: Plan, true_dir: Path, hosts: dict[str, float], trace_dir:
 
     lp = [true_dir / f"layers_{h}.json" for h in hosts]
     cost, bytes_of = measured_cost(plan, lp, true_dir / "bandwidth.json")
-    cost.rank = {r: type(rc)(rc.host, rc.stage, rc.fwd, rc.bwd, TRUE_OPT * cost.p.stage_param_bytes(rc.stage))
+    cost.rank = {r: dataclasses.replace(rc, optimizer=TRUE_OPT * cost.p.stage_param_bytes(rc.stage))
                  for r, rc in cost.rank.items()}
     trace_dir.mkdir(parents=True, exist_ok=True)
     prof = cost.p
@@ -127,6 +128,7 @@ def test_replan_recovers_a_2x_slower_host_and_moves_layers_off_it(run_dir, capsy
     assert abs(old["prediction_error"]) > 0.2      # the claimed profiles were far off
     assert s["layers_per_host"]["b"] == {"old": 2, "new": s["layers_per_host"]["b"]["new"]}
     assert s["layers_per_host"]["b"]["new"] < 2
+    assert s["work_share"]["b"]["new"] < s["work_share"]["b"]["old"] == pytest.approx(1 / 3)
     assert s["new_plan"]["predicted_step_time_s"] < old["repriced_step_time_s"]
     assert s["predicted_gain"] > 0.05
     text = (out / "replan_summary.txt").read_text()
@@ -149,6 +151,8 @@ def test_corrected_files_round_trip_through_plan(run_dir, capsys):
     for x, y in zip([b_old.embed, *b_old.layers, b_old.tail], [b_new.embed, *b_new.layers, b_new.tail]):
         assert y.forward_time_s == pytest.approx(2 * x.forward_time_s, rel=0.03)
         assert y.backward_time_s == pytest.approx(2 * x.backward_time_s, rel=0.03)
+        assert y.forward_fixed_s == pytest.approx(2 * x.forward_fixed_s, rel=0.03) and x.forward_fixed_s > 0
+        assert y.backward_fixed_s == pytest.approx(2 * x.backward_fixed_s, rel=0.03)
         assert y.param_bytes == x.param_bytes
     assert Bandwidth.load(out / "bandwidth.json").rate("a", "b") == pytest.approx(TRUE_RATE, rel=0.03)
     # links the run did not use keep their old rate
@@ -173,10 +177,10 @@ def test_host_with_two_layer_ranges_gets_a_factor_per_range(tmp_path):
                      layer_ranges=[(0, 2), (2, 4), (4, 6)], group_sizes=[1, 1, 1], hosts=["x", "y", "x"])
     prof = Profiles.from_layers(lfs)
     true = Profiles.from_layers(lfs)
-    true.fwd["x"], true.bwd["x"] = true.fwd["x"].copy(), true.bwd["x"].copy()
-    for lo, hi, k in ((0, 3, 1.5), (3, 5, 1.0), (5, 8, 3.0)):  # blocks: embed + layers 0,1 | 2,3 | 4,5 + tail
-        true.fwd["x"][lo:hi] *= k
-        true.bwd["x"][lo:hi] *= k
+    for tab in (true.fwd, true.bwd, true.fwd0, true.bwd0):
+        tab["x"] = tab["x"].copy()
+        for lo, hi, k in ((0, 3, 1.5), (3, 5, 1.0), (5, 8, 3.0)):  # blocks: embed + layers 0,1 | 2,3 | 4,5 + tail
+            tab["x"][lo:hi] *= k
     cost = MeasuredCost(plan, true, Links(Bandwidth.load(bwp)))
     (tmp_path / "t").mkdir()
     tr = predicted_trace(plan, replay(build(plan), cost), step=2)
@@ -302,5 +306,5 @@ def test_data_parallel_group_and_overlapping_sends(tmp_path, capsys):
     for k, lk in links.items():
         want = CLAIMED_RATE if lk["kept_old"] else TRUE_RATE
         assert lk["new_bytes_per_sec"] == pytest.approx(want, rel=0.03), k
-    assert s["layers_per_host"]["b"]["new"] < s["layers_per_host"]["b"]["old"]
+    assert s["work_share"]["b"]["new"] < s["work_share"]["b"]["old"] == pytest.approx(0.25)
     assert s["new_plan"]["predicted_step_time_s"] < s["old_plan"]["repriced_step_time_s"]

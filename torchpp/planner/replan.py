@@ -266,6 +266,7 @@ def fit_host(host: str, ranks: Sequence[int], plan: Plan, profiles: Profiles, me
     determine them (e.g. overlapping ranges seen only together) one factor covers all.
     """
     f_tab, b_tab = profiles.table(host)
+    f_fix, b_fix = profiles.fixed(host)  # seconds per call: each forward/backward pays them once
     info = {}
     for r in ranks:
         st = plan.stage_of_rank(r)
@@ -283,11 +284,14 @@ def fit_host(host: str, ranks: Sequence[int], plan: Plan, profiles: Profiles, me
         lo, hi, rec, n = info[c.rank]
         inside = [lo <= a and b <= hi for a, b in groups]
         if c.kind == "F":
-            rows_f.append([n * f_tab[a:b].sum() if ok else 0.0 for (a, b), ok in zip(groups, inside)])
+            rows_f.append([f_fix[a:b].sum() + n * f_tab[a:b].sum() if ok else 0.0
+                           for (a, b), ok in zip(groups, inside)])
             y_f.append(c.seconds)
         else:
-            rows_b.append([n * b_tab[a:b].sum() if ok else 0.0 for (a, b), ok in zip(groups, inside)])
-            rec_rows.append([n * (f_tab[a:b] * rec[a:b]).sum() if ok else 0.0 for (a, b), ok in zip(groups, inside)])
+            rows_b.append([b_fix[a:b].sum() + n * b_tab[a:b].sum() if ok else 0.0
+                           for (a, b), ok in zip(groups, inside)])
+            rec_rows.append([((f_fix[a:b] + n * f_tab[a:b]) * rec[a:b]).sum() if ok else 0.0
+                             for (a, b), ok in zip(groups, inside)])
             y_b.append(c.seconds)
     if not y_f or not y_b:
         raise ValueError(f"host {host}: the timelines hold no forward/backward events of its ranks {list(ranks)}")
@@ -310,15 +314,17 @@ def fit_host(host: str, ranks: Sequence[int], plan: Plan, profiles: Profiles, me
                    measured_s=float(y_all.sum()) / (len(yf) or 1), predicted_s=float(p_all.sum()) / (len(yf) or 1))
 
 
-def corrected_table(profiles: Profiles, fit: HostFit) -> tuple[np.ndarray, np.ndarray]:
-    """The host's per-sample tables times its factors (blocks it did not run: its overall factors)."""
+def corrected_table(profiles: Profiles, fit: HostFit) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The host's tables times its factors, per-sample and per-call parts alike (blocks it did not
+    run: its overall factors): (forward, backward per sample, forward, backward per call)."""
     f, b = profiles.table(fit.host)
+    f0, b0 = profiles.fixed(fit.host)
     kf = np.full(len(f), fit.forward)
     kb = np.full(len(b), fit.backward)
     for g in fit.groups:
         lo, hi = g["blocks"]
         kf[lo:hi], kb[lo:hi] = g["forward"], g["backward"]
-    return f * kf, b * kb
+    return f * kf, b * kb, f0 * kf, b0 * kb
 
 
 @dataclass
@@ -467,24 +473,29 @@ def template_from_model(plan: Plan) -> LayersFile:
                       layers=layers, step_time_s=3 * sum(flops) / nominal, peak_rss_bytes=0)
 
 
-def corrected_layers_file(template: LayersFile, host: str, f: np.ndarray, b: np.ndarray) -> LayersFile:
-    """``template``'s bytes and run with ``host``'s corrected per-sample times (raw samples dropped:
-    these are corrected figures, not measurements)."""
+def corrected_layers_file(template: LayersFile, host: str, f: np.ndarray, b: np.ndarray, f0: np.ndarray,
+                          b0: np.ndarray) -> LayersFile:
+    """``template``'s bytes and run with ``host``'s corrected times (per sample ``f``/``b``, per call
+    ``f0``/``b0``); raw samples and per-batch means are dropped: these are corrected figures."""
     n = template.run.batch
     blocks = [template.embed, *template.layers, template.tail]
     new = [BlockProfile(name=bl.name, index=bl.index, param_bytes=bl.param_bytes,
                         activation_bytes_per_sample=bl.activation_bytes_per_sample,
-                        forward_time_s=float(f[j] * n), backward_time_s=float(b[j] * n))
+                        forward_time_s=float(f0[j] + f[j] * n), backward_time_s=float(b0[j] + b[j] * n),
+                        forward_fixed_s=float(f0[j]), backward_fixed_s=float(b0[j]))
            for j, bl in enumerate(blocks)]
     return LayersFile(host=host, model=template.model, run=template.run, embed_param_bytes=template.embed_param_bytes,
                       tail_param_bytes=template.tail_param_bytes, embed=new[0], tail=new[-1], layers=new[1:-1],
-                      step_time_s=float((f.sum() + b.sum()) * n), peak_rss_bytes=template.peak_rss_bytes)
+                      step_time_s=float(f0.sum() + b0.sum() + (f.sum() + b.sum()) * n),
+                      peak_rss_bytes=template.peak_rss_bytes)
 
 
-def capacity(profiles: Profiles, ref: str, host: str) -> float:
-    """Median over decoder layers of ref forward / host forward (as ``torchpp capacities``)."""
-    fr, fh = profiles.table(ref)[0][1:-1], profiles.table(host)[0][1:-1]
-    return float(np.median(fr / np.maximum(fh, 1e-30)))
+def capacity(profiles: Profiles, ref: str, host: str, batch: int) -> float:
+    """Median over decoder layers of ref forward / host forward on ``batch`` samples (as
+    ``torchpp capacities``)."""
+    def t(h: str) -> np.ndarray:
+        return (profiles.fixed(h)[0] + batch * profiles.table(h)[0])[1:-1]
+    return float(np.median(t(ref) / np.maximum(t(host), 1e-30)))
 
 
 # ----------------------------------------------------------------------------- the command
@@ -562,7 +573,7 @@ def run(args: argparse.Namespace) -> int:
     planned = sorted({d.host for s in plan.stages for d in s.devices})
     if not files:
         f0, b0 = prof.table(default_template.host)
-        for x in (prof.fwd, prof.bwd, prof.origin):
+        for x in (prof.fwd, prof.bwd, prof.fwd0, prof.bwd0, prof.origin):
             del x[default_template.host]
         for h in sorted(set(hosts) | set(planned)):
             prof.set_table(h, f0, b0, 1, "model FLOPs at a nominal 1 GFLOP/s")
@@ -584,14 +595,15 @@ def run(args: argparse.Namespace) -> int:
             ranks_of[d.host].append(d.rank)
     fits = {h: fit_host(h, rs, plan, prof, meas) for h, rs in sorted(ranks_of.items())}
     ref = cap.ref_host if cap is not None and cap.ref_host in prof.fwd else (files[0].host if files else planned[0])
-    old_cap = {h: capacity(prof, ref, h) for h in prof.fwd}
+    cap_batch = next((lf.run.batch for lf in files if lf.host == ref), default_template.run.batch)
+    old_cap = {h: capacity(prof, ref, h, cap_batch) for h in prof.fwd}
     new = Profiles(model=prof.model, seq_len=prof.seq_len, param_bytes=prof.param_bytes, act_bytes=prof.act_bytes)
     for h in prof.fwd:
-        f, b = corrected_table(prof, fits[h]) if h in fits else prof.table(h)
-        new.fwd[h], new.bwd[h] = f, b
+        new.fwd[h], new.bwd[h], new.fwd0[h], new.bwd0[h] = (corrected_table(prof, fits[h]) if h in fits else
+                                                              (*prof.table(h), *prof.fixed(h)))
         new.origin[h] = (f"{old_origin[h]} × measured factors (forward {fits[h].forward:.3g}, backward "
                          f"{fits[h].backward:.3g})" if h in fits else old_origin[h])
-    new_cap = {h: capacity(new, ref, h) for h in new.fwd}
+    new_cap = {h: capacity(new, ref, h, cap_batch) for h in new.fwd}
     for h, fit in fits.items():
         print(f"  {h}: measured/predicted {fit.factor:.3f} (forward {fit.forward:.3f}, backward {fit.backward:.3f}) "
               f"over {fit.points} timings, capacity {old_cap[h]:.3g} -> {new_cap[h]:.3g}")
@@ -633,7 +645,8 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Any] = {"layers": []}
     for h in all_hosts:
-        lf = corrected_layers_file(templates.get(h, default_template), h, new.fwd[h], new.bwd[h])
+        lf = corrected_layers_file(templates.get(h, default_template), h, new.fwd[h], new.bwd[h], new.fwd0[h],
+                                   new.bwd0[h])
         written["layers"].append(lf.save(out / f"layers_{h}.json"))
     bw.save(out / "bandwidth.json")
     written["bandwidth"] = out / "bandwidth.json"
@@ -718,6 +731,7 @@ def run(args: argparse.Namespace) -> int:
                                       "samples": [d.samples for d in s.devices]} for s in plan.stages]
     summary["predicted_gain"] = repriced / new_step - 1.0
     summary["layers_per_host"] = {h: {"old": _layers_of(plan, h), "new": _layers_of(new_plan, h)} for h in all_hosts}
+    summary["work_share"] = {h: {"old": _work_share(plan, h), "new": _work_share(new_plan, h)} for h in all_hosts}
     write_json(out / "replan_summary.json", summary)
     text = summary_text(summary)
     (out / "replan_summary.txt").write_text(text)
@@ -734,6 +748,12 @@ def _mem_pred(plan: Plan, profiles: Profiles, memory: MemoryEstimator, rank: int
 def _layers_of(plan: Plan, host: str) -> int:
     """Decoder layers on the host's stage(s) (0 when it is idle)."""
     return sum(s.num_layers for s in plan.stages if any(d.host == host for d in s.devices))
+
+
+def _work_share(plan: Plan, host: str) -> float:
+    """Fraction of the step's decoder-layer work (layers x samples) the host computes."""
+    return sum(s.num_layers * d.samples for s in plan.stages for d in s.devices if d.host == host) / (
+        plan.model.num_layers * plan.micro_batch_size)
 
 
 def _fmt_rate(x: float | None) -> str:
@@ -755,22 +775,24 @@ def summary_text(s: dict[str, Any]) -> str:
              f"{100 * s['predicted_gain']:+.1f}% throughput over the old plan (both with the corrected costs)", "",
              f"per host (measured / predicted compute; capacity relative to {s['capacity_ref_host']}):",
              f"  {'host':<14} {'layers':<12} {'timings':>7} {'factor':>7} {'fwd':>6} {'bwd':>6} {'fit rms':>8} "
-             f"{'capacity old -> new':>20}  layers old -> new"]
+             f"{'capacity old -> new':>20}  layers old -> new  work share old -> new"]
     for h, v in s["hosts"].items():
         rng = ",".join(f"[{a},{b})" for a, b in v["layers"])
-        lay = s["layers_per_host"].get(h, {})
+        lay, work = s["layers_per_host"].get(h, {}), s["work_share"].get(h, {})
         lines.append(f"  {h:<14} {rng:<12} {v['timings']:>7} {v['factor']:>7.3f} {v['forward_factor']:>6.3f} "
                      f"{v['backward_factor']:>6.3f} {100 * v['fit_rms_rel']:>7.1f}% "
                      f"{v['old_capacity']:>9.3g} -> {v['new_capacity']:<8.3g}  "
-                     f"{lay.get('old', 0)} -> {lay.get('new', 0)}")
+                     f"{lay.get('old', 0):>6} -> {lay.get('new', 0):<6}  "
+                     f"{100 * work.get('old', 0):>7.1f}% -> {100 * work.get('new', 0):.1f}%")
         if len(v["groups"]) > 1:
             lines.append("      per block group: " + ", ".join(
                 f"blocks [{g['blocks'][0]},{g['blocks'][1]}) fwd {g['forward']:.3f} bwd {g['backward']:.3f}"
                 for g in v["groups"]))
     for h, v in s["unmeasured_hosts"].items():
-        lay = s["layers_per_host"].get(h, {})
+        lay, work = s["layers_per_host"].get(h, {}), s["work_share"].get(h, {})
         lines.append(f"  {h:<14} {'(idle)':<12} {0:>7} {'–':>7} {'–':>6} {'–':>6} {'–':>8} "
-                     f"{v['capacity']:>9.3g} (kept)   {lay.get('old', 0)} -> {lay.get('new', 0)}")
+                     f"{v['capacity']:>9.3g} (kept)    {lay.get('old', 0):>6} -> {lay.get('new', 0):<6}  "
+                     f"{100 * work.get('old', 0):>7.1f}% -> {100 * work.get('new', 0):.1f}%")
     lines += ["", "links (measured from matched send/recv pairs, waiting for the sender excluded):"]
     if not s["links"]:
         lines.append("  none between different hosts")
@@ -794,8 +816,10 @@ def summary_text(s: dict[str, Any]) -> str:
     for r, v in m["ranks"].items():
         lines.append(f"  rank {r}: measured {v['measured_peak_bytes'] / 2**20:.1f} MiB, predicted before "
                      f"{v['old_predicted_bytes'] / 2**20:.1f} MiB, now {v['new_predicted_bytes'] / 2**20:.1f} MiB")
-    lines += ["", "old plan: " + " | ".join(f"[{st['layers'][0]},{st['layers'][1]}) {'+'.join(st['hosts'])}"
-                                         for st in o["stages"]),
-              "new plan: " + " | ".join(f"[{st['layers'][0]},{st['layers'][1]}) {'+'.join(st['hosts'])}"
-                                         for st in s["new_plan"]["stages"])]
+    def layout(stages):
+        return " | ".join(f"[{st['layers'][0]},{st['layers'][1]}) "
+                          + "+".join(f"{h}({n})" for h, n in zip(st["hosts"], st["samples"])) for st in stages)
+
+    lines += ["", f"old plan: {layout(o['stages'])}", f"new plan: {layout(s['new_plan']['stages'])}"
+              f"   (layers [start,end), host(samples per micro-batch))"]
     return "\n".join(lines) + "\n"
