@@ -15,7 +15,8 @@ from torchpp.cli import main
 from torchpp.formats import GB, Bandwidth, LayersFile, MemoryModel, Plan
 from torchpp.planner.cost import Links, MeasuredCost, Profiles
 from torchpp.planner.memory import MemoryEstimator
-from torchpp.planner.replan import fit_host, memory_terms, read_run
+from torchpp.planner.replan import call_gaps, fit_host, memory_terms, read_run
+from torchpp.trace.analyze import Event
 from torchpp.planner.report import predict
 from torchpp.planner.simple import make_plan
 from torchpp.planner.synthetic import layers_file, uniform_links
@@ -256,6 +257,12 @@ def test_replan_reads_a_real_run(tmp_path):
     assert {lk["link"] for lk in s["links"]} == {"host0|host1", "host1|host0"}
     assert all(lk["messages"] == 4 and lk["new_bytes_per_sec"] > 0 for lk in s["links"])
     assert all(v["measured_peak_bytes"] > 0 for v in s["memory"]["ranks"].values())
+    # the runtime's own time per call is measured, written and priced: the old plan, re-priced, is
+    # close to what it measured (loosely: the machine may be shared)
+    assert all(h["call_overhead_s"] > 0 for h in s["hosts"].values())
+    assert LayersFile.load(tmp_path / "r" / "layers_host0.json").call_overhead_s == \
+        s["hosts"]["host0"]["call_overhead_s"]
+    assert abs(s["old_plan"]["repriced_error"]) < 0.5
     assert set(s["optimizer_measured_hosts"]) == {"host0", "host1"}
     plan = Plan.load(tmp_path / "r" / "plan.json")
     assert plan.predicted["step_time_s"] > 0
@@ -308,3 +315,23 @@ def test_data_parallel_group_and_overlapping_sends(tmp_path, capsys):
         assert lk["new_bytes_per_sec"] == pytest.approx(want, rel=0.03), k
     assert s["work_share"]["b"]["new"] < s["work_share"]["b"]["old"] == pytest.approx(0.25)
     assert s["new_plan"]["predicted_step_time_s"] < s["old_plan"]["repriced_step_time_s"]
+
+
+def test_runtime_time_between_calls_is_measured_and_priced(tmp_path):
+    """Gaps between compute calls count as runtime time only beyond waiting for data."""
+    ev = [Event(0, 0, "F", 0, 0.0, 1.0), Event(0, 0, "recv_grad", 0, 0.2, 1.6, 64, 1, blocked_s=0.5),
+          Event(0, 0, "F", 1, 1.7, 2.7), Event(0, 0, "B", 0, 2.75, 3.75), Event(0, 0, "allreduce", None, 3.8, 4.0),
+          Event(0, 0, "optimizer", None, 4.1, 4.2)]
+    assert call_gaps(ev)[0] == pytest.approx([0.2, 0.05])
+    # a layers file's call overhead is paid by every forward and backward of a stage
+    lf = layers_file("a", num_layers=2, batch=1)
+    lf.call_overhead_s = 0.25
+    lf.save(tmp_path / "layers_a.json")
+    again = LayersFile.load(tmp_path / "layers_a.json")
+    assert again.call_overhead_s == 0.25
+    prof, base = Profiles.from_layers([again]), Profiles.from_layers([layers_file("a", num_layers=2, batch=1)])
+    plan = make_plan(lf.model, seq_len=16, global_batch=2, num_microbatches=2, layer_ranges=[(0, 2)],
+                     group_sizes=[1], hosts=["a"])
+    st = plan.stages[0]
+    assert prof.stage_time("a", st, 1) == pytest.approx(base.stage_time("a", st, 1) + 0.25)
+    assert prof.stage_time("a", st, 1, backward=True) == pytest.approx(base.stage_time("a", st, 1, True) + 0.25)

@@ -81,6 +81,8 @@ class Measurements:
     """rank -> largest peak RSS over the traced steps (bytes)."""
     files: list[str] = field(default_factory=list)
     trace_hosts: dict[int, str] = field(default_factory=dict)
+    gaps: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+    """rank -> runtime seconds between consecutive compute calls beyond waiting (see call_gaps)."""
 
     @property
     def step_time_s(self) -> float:
@@ -191,6 +193,8 @@ def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "p
                 sends[(e.rank, e.peer, e.kind[5:], e.microbatch)] = e
             elif e.kind.startswith("recv"):
                 recvs.append(e)
+        for r, g in call_gaps(evs).items():
+            out.gaps[r].extend(g)
         clipped = _row_clipped(list(sends.values()) + recvs)
         for rv in recvs:
             sd = sends.get((rv.peer, rv.rank, rv.kind[5:], rv.microbatch))
@@ -201,6 +205,26 @@ def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "p
             secs = rv.end - first.start
             unc = (rtt.get(sd.rank, 0.0) + rtt.get(rv.rank, 0.0)) / 2
             out.transfers.append(Transfer(int(sd.rank), int(rv.rank), int(rv.bytes), secs, unc, id(first) in clipped))
+    return out
+
+
+def call_gaps(events: Sequence[Event]) -> dict[int, list[float]]:
+    """Per rank, the time between consecutive forward/backward calls not spent waiting for a
+    receive: what the runtime itself costs per call (dispatching actions, posting messages,
+    copying), which block timings do not contain. The end of the step (all-reduce, optimizer) is
+    left out: waiting for a collective's peers is not always inside its event."""
+    by: dict[int, list[Event]] = defaultdict(list)
+    for e in events:
+        by[e.rank].append(e)
+    out: dict[int, list[float]] = {}
+    for r, evs in by.items():
+        comp = sorted((e for e in evs if e.kind in ("F", "B")), key=lambda e: e.start)
+        waits = [(e.end, e.wait_s) for e in evs if e.kind.startswith("recv")]
+        gaps = []
+        for a, b in zip(comp, comp[1:]):
+            waited = sum(w for end, w in waits if a.end - 1e-6 <= end <= b.start + 1e-6)
+            gaps.append(max(0.0, (b.start - a.end) - waited))
+        out[r] = gaps
     return out
 
 
@@ -474,7 +498,7 @@ def template_from_model(plan: Plan) -> LayersFile:
 
 
 def corrected_layers_file(template: LayersFile, host: str, f: np.ndarray, b: np.ndarray, f0: np.ndarray,
-                          b0: np.ndarray) -> LayersFile:
+                          b0: np.ndarray, call_s: float = 0.0) -> LayersFile:
     """``template``'s bytes and run with ``host``'s corrected times (per sample ``f``/``b``, per call
     ``f0``/``b0``); raw samples and per-batch means are dropped: these are corrected figures."""
     n = template.run.batch
@@ -487,7 +511,7 @@ def corrected_layers_file(template: LayersFile, host: str, f: np.ndarray, b: np.
     return LayersFile(host=host, model=template.model, run=template.run, embed_param_bytes=template.embed_param_bytes,
                       tail_param_bytes=template.tail_param_bytes, embed=new[0], tail=new[-1], layers=new[1:-1],
                       step_time_s=float(f0.sum() + b0.sum() + (f.sum() + b.sum()) * n),
-                      peak_rss_bytes=template.peak_rss_bytes)
+                      peak_rss_bytes=template.peak_rss_bytes, call_overhead_s=float(call_s))
 
 
 def capacity(profiles: Profiles, ref: str, host: str, batch: int) -> float:
@@ -601,12 +625,15 @@ def run(args: argparse.Namespace) -> int:
     for h in prof.fwd:
         new.fwd[h], new.bwd[h], new.fwd0[h], new.bwd0[h] = (corrected_table(prof, fits[h]) if h in fits else
                                                               (*prof.table(h), *prof.fixed(h)))
+        gaps = [g for r in ranks_of.get(h, []) for g in meas.gaps.get(r, [])]
+        new.call[h] = float(np.mean(gaps)) if gaps else prof.call.get(h, 0.0)
         new.origin[h] = (f"{old_origin[h]} × measured factors (forward {fits[h].forward:.3g}, backward "
                          f"{fits[h].backward:.3g})" if h in fits else old_origin[h])
     new_cap = {h: capacity(new, ref, h, cap_batch) for h in new.fwd}
     for h, fit in fits.items():
         print(f"  {h}: measured/predicted {fit.factor:.3f} (forward {fit.forward:.3f}, backward {fit.backward:.3f}) "
-              f"over {fit.points} timings, capacity {old_cap[h]:.3g} -> {new_cap[h]:.3g}")
+              f"over {fit.points} timings, capacity {old_cap[h]:.3g} -> {new_cap[h]:.3g}, runtime "
+              f"{1e3 * new.call[h]:.2f} ms per call")
 
     links = fit_links(plan, meas, old_bw)
     bw = Bandwidth(bytes_per_sec=dict(old_bw.bytes_per_sec), latency_s=dict(old_bw.latency_s),
@@ -646,7 +673,7 @@ def run(args: argparse.Namespace) -> int:
     written: dict[str, Any] = {"layers": []}
     for h in all_hosts:
         lf = corrected_layers_file(templates.get(h, default_template), h, new.fwd[h], new.bwd[h], new.fwd0[h],
-                                   new.bwd0[h])
+                                   new.bwd0[h], new.call.get(h, 0.0))
         written["layers"].append(lf.save(out / f"layers_{h}.json"))
     bw.save(out / "bandwidth.json")
     written["bandwidth"] = out / "bandwidth.json"
@@ -692,6 +719,7 @@ def run(args: argparse.Namespace) -> int:
                       "groups": f.groups, "fit_rms_rel": f.rms_rel,
                       "measured_s_per_microbatch": f.measured_s, "predicted_s_per_microbatch": f.predicted_s,
                       "old_capacity": old_cap[h], "new_capacity": new_cap[h], "old_table": old_origin[h],
+                      "old_call_overhead_s": prof.call.get(h, 0.0), "call_overhead_s": new.call[h],
                       "trace_host": sorted({meas.trace_hosts[r] for r in f.ranks if r in meas.trace_hosts})}
                   for h, f in fits.items()},
         "unmeasured_hosts": {h: {"capacity": old_cap[h], "table": old_origin[h]} for h in all_hosts if h not in fits},
@@ -775,13 +803,13 @@ def summary_text(s: dict[str, Any]) -> str:
              f"{100 * s['predicted_gain']:+.1f}% throughput over the old plan (both with the corrected costs)", "",
              f"per host (measured / predicted compute; capacity relative to {s['capacity_ref_host']}):",
              f"  {'host':<14} {'layers':<12} {'timings':>7} {'factor':>7} {'fwd':>6} {'bwd':>6} {'fit rms':>8} "
-             f"{'capacity old -> new':>20}  layers old -> new  work share old -> new"]
+             f"{'capacity old -> new':>20}  {'ms/call':>7}  layers old -> new  work share old -> new"]
     for h, v in s["hosts"].items():
         rng = ",".join(f"[{a},{b})" for a, b in v["layers"])
         lay, work = s["layers_per_host"].get(h, {}), s["work_share"].get(h, {})
         lines.append(f"  {h:<14} {rng:<12} {v['timings']:>7} {v['factor']:>7.3f} {v['forward_factor']:>6.3f} "
                      f"{v['backward_factor']:>6.3f} {100 * v['fit_rms_rel']:>7.1f}% "
-                     f"{v['old_capacity']:>9.3g} -> {v['new_capacity']:<8.3g}  "
+                     f"{v['old_capacity']:>9.3g} -> {v['new_capacity']:<8.3g}  {1e3 * v['call_overhead_s']:>7.2f}  "
                      f"{lay.get('old', 0):>6} -> {lay.get('new', 0):<6}  "
                      f"{100 * work.get('old', 0):>7.1f}% -> {100 * work.get('new', 0):.1f}%")
         if len(v["groups"]) > 1:
@@ -791,8 +819,10 @@ def summary_text(s: dict[str, Any]) -> str:
     for h, v in s["unmeasured_hosts"].items():
         lay, work = s["layers_per_host"].get(h, {}), s["work_share"].get(h, {})
         lines.append(f"  {h:<14} {'(idle)':<12} {0:>7} {'–':>7} {'–':>6} {'–':>6} {'–':>8} "
-                     f"{v['capacity']:>9.3g} (kept)    {lay.get('old', 0):>6} -> {lay.get('new', 0):<6}  "
+                     f"{v['capacity']:>9.3g} (kept)    {'–':>7}  {lay.get('old', 0):>6} -> {lay.get('new', 0):<6}  "
                      f"{100 * work.get('old', 0):>7.1f}% -> {100 * work.get('new', 0):.1f}%")
+    lines += ["  (ms/call: the runtime's own time between two compute calls beyond waiting, added to every "
+              "forward and backward)"]
     lines += ["", "links (measured from matched send/recv pairs, waiting for the sender excluded):"]
     if not s["links"]:
         lines.append("  none between different hosts")
