@@ -13,8 +13,11 @@ range piece; blocks it did not run get its overall factor). The factors multiply
 own table (its layers file, or the scaled reference it was priced with), so the corrected
 table is the host's own from then on. Links get the throughput measured from matched
 send/receive pairs: a message's transfer time runs from when both ends had posted it to when
-it arrived, so waiting for the sender is not counted. The optimizer's seconds per parameter
-byte and, from the ranks' peak RSS, the memory model are refitted too. The corrected
+it arrived, so waiting for the sender is not counted (a message whose slice start was set by
+the previous message on its row is left out). The runtime's own time between two compute
+calls beyond waiting for data (dispatch, posting messages) is measured per host and priced
+on every forward and backward (``LayersFile.call_overhead_s``). The optimizer's seconds per
+parameter byte and, from the ranks' peak RSS, the memory model are refitted too. The corrected
 layers, bandwidth, capacities and memory files are written to the output folder, the same
 search as ``torchpp plan`` runs on them, and ``replan_summary.txt/json`` say what changed:
 per host the old and new speed, the links that changed, the old plan's measured step time
