@@ -15,7 +15,8 @@ from torchpp.cli import main
 from torchpp.formats import GB, Bandwidth, LayersFile, MemoryModel, Plan
 from torchpp.planner.cost import Links, MeasuredCost, Profiles
 from torchpp.planner.memory import MemoryEstimator
-from torchpp.planner.replan import fit_host, memory_terms, read_run
+from torchpp.planner.replan import call_gaps, fit_host, memory_terms, read_run
+from torchpp.trace.analyze import Event
 from torchpp.planner.report import predict
 from torchpp.planner.simple import make_plan
 from torchpp.planner.synthetic import layers_file, uniform_links
@@ -50,7 +51,7 @@ class Noisy:
         return self.cost.allreduce_s(a)
 
 
-def files(d: Path, speeds: dict[str, float], rate: float, fixed: float = 0.0) -> tuple[list[Path], Path]:
+def files(d: Path, speeds: dict[str, float], rate: float, fixed: float = 0.25) -> tuple[list[Path], Path]:
     d.mkdir(parents=True, exist_ok=True)
     paths = []
     for h, s in speeds.items():
@@ -84,7 +85,7 @@ def write_traces(plan: Plan, true_dir: Path, hosts: dict[str, float], trace_dir:
 def run_dir(tmp_path, request):
     """Profiles claim three equal hosts; in truth b is 2x slower and every link half as fast.
     With ``fixed`` (indirect parameter), that share of every block's time is paid per call."""
-    fixed = getattr(request, "param", 0.0)
+    fixed = getattr(request, "param", 0.25)
     claimed = {"a": 1.0, "b": 1.0, "c": 1.0}
     paths, bwp = files(tmp_path / "claimed", claimed, CLAIMED_RATE, fixed)
     files(tmp_path / "true", {"a": 1.0, "b": 0.5, "c": 1.0}, TRUE_RATE, fixed)
@@ -131,6 +132,7 @@ def test_replan_recovers_a_2x_slower_host_and_moves_layers_off_it(run_dir, capsy
     assert abs(old["prediction_error"]) > 0.2      # the claimed profiles were far off
     assert s["layers_per_host"]["b"] == {"old": 2, "new": s["layers_per_host"]["b"]["new"]}
     assert s["layers_per_host"]["b"]["new"] < 2
+    assert s["work_share"]["b"]["new"] < s["work_share"]["b"]["old"] == pytest.approx(1 / 3)
     assert s["new_plan"]["predicted_step_time_s"] < old["repriced_step_time_s"]
     assert s["predicted_gain"] > 0.05
     text = (out / "replan_summary.txt").read_text()
@@ -157,6 +159,8 @@ def test_corrected_files_round_trip_through_plan(run_dir, capsys):
     for x, y in zip([b_old.embed, *b_old.layers, b_old.tail], [b_new.embed, *b_new.layers, b_new.tail]):
         assert y.forward_time_s == pytest.approx(2 * x.forward_time_s, rel=0.03)
         assert y.backward_time_s == pytest.approx(2 * x.backward_time_s, rel=0.03)
+        assert y.forward_fixed_s == pytest.approx(2 * x.forward_fixed_s, rel=0.03) and x.forward_fixed_s > 0
+        assert y.backward_fixed_s == pytest.approx(2 * x.backward_fixed_s, rel=0.03)
         assert y.param_bytes == x.param_bytes
     assert Bandwidth.load(out / "bandwidth.json").rate("a", "b") == pytest.approx(TRUE_RATE, rel=0.03)
     # links the run did not use keep their old rate
@@ -181,10 +185,10 @@ def test_host_with_two_layer_ranges_gets_a_factor_per_range(tmp_path):
                      layer_ranges=[(0, 2), (2, 4), (4, 6)], group_sizes=[1, 1, 1], hosts=["x", "y", "x"])
     prof = Profiles.from_layers(lfs)
     true = Profiles.from_layers(lfs)
-    true.fwd["x"], true.bwd["x"] = true.fwd["x"].copy(), true.bwd["x"].copy()
-    for lo, hi, k in ((0, 3, 1.5), (3, 5, 1.0), (5, 8, 3.0)):  # blocks: embed + layers 0,1 | 2,3 | 4,5 + tail
-        true.fwd["x"][lo:hi] *= k
-        true.bwd["x"][lo:hi] *= k
+    for tab in (true.fwd, true.bwd, true.fwd0, true.bwd0):
+        tab["x"] = tab["x"].copy()
+        for lo, hi, k in ((0, 3, 1.5), (3, 5, 1.0), (5, 8, 3.0)):  # blocks: embed + layers 0,1 | 2,3 | 4,5 + tail
+            tab["x"][lo:hi] *= k
     cost = MeasuredCost(plan, true, Links(Bandwidth.load(bwp)))
     (tmp_path / "t").mkdir()
     tr = predicted_trace(plan, replay(build(plan), cost), step=2)
@@ -234,6 +238,7 @@ def test_plan_trace_mismatch_names_file_and_field(run_dir, capsys):
     assert "F<mb> of rank 0" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_replan_reads_a_real_run(tmp_path):
     """Two local ranks of the tiny preset, traced; replan without layers files (model FLOPs shape them)."""
@@ -259,6 +264,12 @@ def test_replan_reads_a_real_run(tmp_path):
     assert {lk["link"] for lk in s["links"]} == {"host0|host1", "host1|host0"}
     assert all(lk["messages"] == 4 and lk["new_bytes_per_sec"] > 0 for lk in s["links"])
     assert all(v["measured_peak_bytes"] > 0 for v in s["memory"]["ranks"].values())
+    # the runtime's own time per call is measured, written and priced: the old plan, re-priced, is
+    # close to what it measured (loosely: the machine may be shared)
+    assert all(h["call_overhead_s"] > 0 for h in s["hosts"].values())
+    assert LayersFile.load(tmp_path / "r" / "layers_host0.json").call_overhead_s == \
+        s["hosts"]["host0"]["call_overhead_s"]
+    assert abs(s["old_plan"]["repriced_error"]) < 0.5
     assert set(s["optimizer_measured_hosts"]) == {"host0", "host1"}
     plan = Plan.load(tmp_path / "r" / "plan.json")
     assert plan.predicted["step_time_s"] > 0
@@ -309,5 +320,25 @@ def test_data_parallel_group_and_overlapping_sends(tmp_path, capsys):
     for k, lk in links.items():
         want = CLAIMED_RATE if lk["kept_old"] else TRUE_RATE
         assert lk["new_bytes_per_sec"] == pytest.approx(want, rel=0.03), k
-    assert s["layers_per_host"]["b"]["new"] < s["layers_per_host"]["b"]["old"]
+    assert s["work_share"]["b"]["new"] < s["work_share"]["b"]["old"] == pytest.approx(0.25)
     assert s["new_plan"]["predicted_step_time_s"] < s["old_plan"]["repriced_step_time_s"]
+
+
+def test_runtime_time_between_calls_is_measured_and_priced(tmp_path):
+    """Gaps between compute calls count as runtime time only beyond waiting for data."""
+    ev = [Event(0, 0, "F", 0, 0.0, 1.0), Event(0, 0, "recv_grad", 0, 0.2, 1.6, 64, 1, blocked_s=0.5),
+          Event(0, 0, "F", 1, 1.7, 2.7), Event(0, 0, "B", 0, 2.75, 3.75), Event(0, 0, "allreduce", None, 3.8, 4.0),
+          Event(0, 0, "optimizer", None, 4.1, 4.2)]
+    assert call_gaps(ev)[0] == pytest.approx([0.2, 0.05])
+    # a layers file's call overhead is paid by every forward and backward of a stage
+    lf = layers_file("a", num_layers=2, batch=1)
+    lf.call_overhead_s = 0.25
+    lf.save(tmp_path / "layers_a.json")
+    again = LayersFile.load(tmp_path / "layers_a.json")
+    assert again.call_overhead_s == 0.25
+    prof, base = Profiles.from_layers([again]), Profiles.from_layers([layers_file("a", num_layers=2, batch=1)])
+    plan = make_plan(lf.model, seq_len=16, global_batch=2, num_microbatches=2, layer_ranges=[(0, 2)],
+                     group_sizes=[1], hosts=["a"])
+    st = plan.stages[0]
+    assert prof.stage_time("a", st, 1) == pytest.approx(base.stage_time("a", st, 1) + 0.25)
+    assert prof.stage_time("a", st, 1, backward=True) == pytest.approx(base.stage_time("a", st, 1, True) + 0.25)

@@ -334,6 +334,10 @@ class LayersFile:
     forward and each backward)."""
     step_samples_s: list[float] = field(default_factory=list)
     """Wall time of each counted step."""
+    call_overhead_s: float = 0.0
+    """Seconds the pipeline runtime spends between two compute calls of a stage on this host
+    (dispatching, posting messages) beyond waiting for data; measured from timelines by
+    ``torchpp replan``, 0 in a profile. The cost model adds it to every forward and backward."""
     format: str = f"torchpp.{LAYERS_KIND}/{LAYERS_VERSION}"
 
     def to_json(self) -> dict[str, Any]:
@@ -355,6 +359,7 @@ class LayersFile:
             layers=[BlockProfile.parse(x) for x in r.objs("layers", min_len=1)],
             step_time_s=r.float("step_time_s", positive=True), peak_rss_bytes=r.int("peak_rss_bytes", min_value=0),
             step_samples_s=r.floats("step_samples_s", []),
+            call_overhead_s=r.float("call_overhead_s", 0.0, min_value=0.0),
         )
         if len(lf.layers) != lf.model.num_layers:
             raise FormatError(source, "layers", f"{lf.model.num_layers} entries (model.num_layers)", len(lf.layers))

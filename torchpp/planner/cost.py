@@ -47,6 +47,8 @@ class Profiles:
     bwd: dict[str, np.ndarray] = field(default_factory=dict)
     fwd0: dict[str, np.ndarray] = field(default_factory=dict)
     bwd0: dict[str, np.ndarray] = field(default_factory=dict)
+    call: dict[str, float] = field(default_factory=dict)
+    """Per host: runtime seconds per forward or backward call of a stage (LayersFile.call_overhead_s)."""
     origin: dict[str, str] = field(default_factory=dict)
     """How each host's table was obtained (its layers file, capacities table, or scaled)."""
     capacities: Capacities | None = None
@@ -90,6 +92,7 @@ class Profiles:
             bl = [lf.embed, *lf.layers, lf.tail]
             p.set_table(lf.host, [b.forward_time_s for b in bl], [b.backward_time_s for b in bl], lf.run.batch, src,
                         [b.forward_fixed_s for b in bl], [b.backward_fixed_s for b in bl])
+            p.call[lf.host] = lf.call_overhead_s
         if capacities is not None:
             for h, t in capacities.tables.items():
                 if h not in p.fwd:
@@ -133,6 +136,7 @@ class Profiles:
             self.bwd[h] = self.bwd[cap.ref_host] / c
             self.fwd0[h] = self.fwd0[cap.ref_host] / c
             self.bwd0[h] = self.bwd0[cap.ref_host] / c
+            self.call[h] = self.call.get(cap.ref_host, 0.0) / c
             self.origin[h] = f"{cap.ref_host} table / capacity {c:.3g}"
 
     def table(self, host: str) -> tuple[np.ndarray, np.ndarray]:
@@ -171,15 +175,17 @@ class Profiles:
         return float(sum(f[a + 1 + i] for i, r in enumerate(stage.recompute) if r))
 
     def stage_fwd_fixed(self, host: str, stage: PlanStage) -> float:
+        """Per-call part of the forward: the blocks' and the runtime's (``call``)."""
         lo, hi = stage_blocks(stage.layers, stage.has_embed, stage.has_tail)
-        return float(self.fixed(host)[0][lo:hi].sum())
+        return float(self.fixed(host)[0][lo:hi].sum()) + self.call.get(host, 0.0)
 
     def stage_bwd_fixed(self, host: str, stage: PlanStage) -> float:
         """Per-call part of the backward, including the forward of recomputed layers."""
         lo, hi = stage_blocks(stage.layers, stage.has_embed, stage.has_tail)
         f0, b0 = self.fixed(host)
         a = stage.layers[0]
-        return float(b0[lo:hi].sum() + sum(f0[a + 1 + i] for i, r in enumerate(stage.recompute) if r))
+        return float(b0[lo:hi].sum() + sum(f0[a + 1 + i] for i, r in enumerate(stage.recompute) if r)) + \
+            self.call.get(host, 0.0)
 
     def stage_time(self, host: str, stage: PlanStage, samples: int, backward: bool = False) -> float:
         """Seconds of one forward (or backward) call of the stage on ``samples`` samples (0 for none)."""

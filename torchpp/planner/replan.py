@@ -13,8 +13,11 @@ range piece; blocks it did not run get its overall factor). The factors multiply
 own table (its layers file, or the scaled reference it was priced with), so the corrected
 table is the host's own from then on. Links get the throughput measured from matched
 send/receive pairs: a message's transfer time runs from when both ends had posted it to when
-it arrived, so waiting for the sender is not counted. The optimizer's seconds per parameter
-byte and, from the ranks' peak RSS, the memory model are refitted too. The corrected
+it arrived, so waiting for the sender is not counted (a message whose slice start was set by
+the previous message on its row is left out). The runtime's own time between two compute
+calls beyond waiting for data (dispatch, posting messages) is measured per host and priced
+on every forward and backward (``LayersFile.call_overhead_s``). The optimizer's seconds per
+parameter byte and, from the ranks' peak RSS, the memory model are refitted too. The corrected
 layers, bandwidth, capacities and memory files are written to the output folder, the same
 search as ``torchpp plan`` runs on them, and ``replan_summary.txt/json`` say what changed:
 per host the old and new speed, the links that changed, the old plan's measured step time
@@ -78,11 +81,11 @@ class Measurements:
     transfers: list[Transfer] = field(default_factory=list)
     optimizer: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
     peak_rss: dict[int, int] = field(default_factory=dict)
-    base_rss: dict[int, int] = field(default_factory=dict)
-    """Each rank's RSS before its stage was built (the runtime), where the traces record it."""
     """rank -> largest peak RSS over the traced steps (bytes)."""
     files: list[str] = field(default_factory=list)
     trace_hosts: dict[int, str] = field(default_factory=dict)
+    gaps: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+    """rank -> runtime seconds between consecutive compute calls beyond waiting (see call_gaps)."""
 
     @property
     def step_time_s(self) -> float:
@@ -175,9 +178,6 @@ def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "p
         out.steps[n] = analyze(evs).step_time_s
         for r, v in rank_memory(tr).items():
             out.peak_rss[r] = max(out.peak_rss.get(r, 0), v)
-        for r, info in ((tr.get("metadata") or {}).get("ranks") or {}).items():
-            if isinstance(info, Mapping) and info.get("base_rss_bytes"):
-                out.base_rss[int(r)] = int(info["base_rss_bytes"])
         rtt: dict[int, float] = {}
         for r, info in ((tr.get("metadata") or {}).get("ranks") or {}).items():
             if isinstance(info, Mapping) and info.get("host"):
@@ -196,6 +196,8 @@ def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "p
                 sends[(e.rank, e.peer, e.kind[5:], e.microbatch)] = e
             elif e.kind.startswith("recv"):
                 recvs.append(e)
+        for r, g in call_gaps(evs).items():
+            out.gaps[r].extend(g)
         clipped = _row_clipped(list(sends.values()) + recvs)
         for rv in recvs:
             sd = sends.get((rv.peer, rv.rank, rv.kind[5:], rv.microbatch))
@@ -206,6 +208,26 @@ def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "p
             secs = rv.end - first.start
             unc = (rtt.get(sd.rank, 0.0) + rtt.get(rv.rank, 0.0)) / 2
             out.transfers.append(Transfer(int(sd.rank), int(rv.rank), int(rv.bytes), secs, unc, id(first) in clipped))
+    return out
+
+
+def call_gaps(events: Sequence[Event]) -> dict[int, list[float]]:
+    """Per rank, the time between consecutive forward/backward calls not spent waiting for a
+    receive: what the runtime itself costs per call (dispatching actions, posting messages,
+    copying), which block timings do not contain. The end of the step (all-reduce, optimizer) is
+    left out: waiting for a collective's peers is not always inside its event."""
+    by: dict[int, list[Event]] = defaultdict(list)
+    for e in events:
+        by[e.rank].append(e)
+    out: dict[int, list[float]] = {}
+    for r, evs in by.items():
+        comp = sorted((e for e in evs if e.kind in ("F", "B")), key=lambda e: e.start)
+        waits = [(e.end, e.wait_s) for e in evs if e.kind.startswith("recv")]
+        gaps = []
+        for a, b in zip(comp, comp[1:]):
+            waited = sum(w for end, w in waits if a.end - 1e-6 <= end <= b.start + 1e-6)
+            gaps.append(max(0.0, (b.start - a.end) - waited))
+        out[r] = gaps
     return out
 
 
@@ -271,7 +293,7 @@ def fit_host(host: str, ranks: Sequence[int], plan: Plan, profiles: Profiles, me
     determine them (e.g. overlapping ranges seen only together) one factor covers all.
     """
     f_tab, b_tab = profiles.table(host)
-    f0_tab, b0_tab = profiles.fixed(host)  # per-call seconds: a call's time is fixed + samples x per-sample
+    f_fix, b_fix = profiles.fixed(host)  # seconds per call: each forward/backward pays them once
     info = {}
     for r in ranks:
         st = plan.stage_of_rank(r)
@@ -289,13 +311,13 @@ def fit_host(host: str, ranks: Sequence[int], plan: Plan, profiles: Profiles, me
         lo, hi, rec, n = info[c.rank]
         inside = [lo <= a and b <= hi for a, b in groups]
         if c.kind == "F":
-            rows_f.append([f0_tab[a:b].sum() + n * f_tab[a:b].sum() if ok else 0.0
+            rows_f.append([f_fix[a:b].sum() + n * f_tab[a:b].sum() if ok else 0.0
                            for (a, b), ok in zip(groups, inside)])
             y_f.append(c.seconds)
         else:
-            rows_b.append([b0_tab[a:b].sum() + n * b_tab[a:b].sum() if ok else 0.0
+            rows_b.append([b_fix[a:b].sum() + n * b_tab[a:b].sum() if ok else 0.0
                            for (a, b), ok in zip(groups, inside)])
-            rec_rows.append([((f0_tab[a:b] + n * f_tab[a:b]) * rec[a:b]).sum() if ok else 0.0
+            rec_rows.append([((f_fix[a:b] + n * f_tab[a:b]) * rec[a:b]).sum() if ok else 0.0
                              for (a, b), ok in zip(groups, inside)])
             y_b.append(c.seconds)
     if not y_f or not y_b:
@@ -320,8 +342,8 @@ def fit_host(host: str, ranks: Sequence[int], plan: Plan, profiles: Profiles, me
 
 
 def corrected_table(profiles: Profiles, fit: HostFit) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The host's per-sample and per-call tables times its factors (blocks it did not run: its
-    overall factors): forward, backward, forward per call, backward per call."""
+    """The host's tables times its factors, per-sample and per-call parts alike (blocks it did not
+    run: its overall factors): (forward, backward per sample, forward, backward per call)."""
     f, b = profiles.table(fit.host)
     f0, b0 = profiles.fixed(fit.host)
     kf = np.full(len(f), fit.forward)
@@ -478,14 +500,12 @@ def template_from_model(plan: Plan) -> LayersFile:
                       layers=layers, step_time_s=3 * sum(flops) / nominal, peak_rss_bytes=0)
 
 
-def corrected_layers_file(template: LayersFile, host: str, f: np.ndarray, b: np.ndarray,
-                          f0: np.ndarray | None = None, b0: np.ndarray | None = None) -> LayersFile:
-    """``template``'s bytes and run with ``host``'s corrected per-sample times (raw samples dropped:
-    these are corrected figures, not measurements)."""
+def corrected_layers_file(template: LayersFile, host: str, f: np.ndarray, b: np.ndarray, f0: np.ndarray,
+                          b0: np.ndarray, call_s: float = 0.0) -> LayersFile:
+    """``template``'s bytes and run with ``host``'s corrected times (per sample ``f``/``b``, per call
+    ``f0``/``b0``); raw samples and per-batch means are dropped: these are corrected figures."""
     n = template.run.batch
     blocks = [template.embed, *template.layers, template.tail]
-    f0 = np.zeros_like(f) if f0 is None else f0
-    b0 = np.zeros_like(b) if b0 is None else b0
     new = [BlockProfile(name=bl.name, index=bl.index, param_bytes=bl.param_bytes,
                         activation_bytes_per_sample=bl.activation_bytes_per_sample,
                         forward_time_s=float(f0[j] + f[j] * n), backward_time_s=float(b0[j] + b[j] * n),
@@ -494,13 +514,15 @@ def corrected_layers_file(template: LayersFile, host: str, f: np.ndarray, b: np.
     return LayersFile(host=host, model=template.model, run=template.run, embed_param_bytes=template.embed_param_bytes,
                       tail_param_bytes=template.tail_param_bytes, embed=new[0], tail=new[-1], layers=new[1:-1],
                       step_time_s=float(f0.sum() + b0.sum() + (f.sum() + b.sum()) * n),
-                      peak_rss_bytes=template.peak_rss_bytes)
+                      peak_rss_bytes=template.peak_rss_bytes, call_overhead_s=float(call_s))
 
 
-def capacity(profiles: Profiles, ref: str, host: str) -> float:
-    """Median over decoder layers of ref forward / host forward (as ``torchpp capacities``)."""
-    fr, fh = profiles.table(ref)[0][1:-1], profiles.table(host)[0][1:-1]
-    return float(np.median(fr / np.maximum(fh, 1e-30)))
+def capacity(profiles: Profiles, ref: str, host: str, batch: int) -> float:
+    """Median over decoder layers of ref forward / host forward on ``batch`` samples (as
+    ``torchpp capacities``)."""
+    def t(h: str) -> np.ndarray:
+        return (profiles.fixed(h)[0] + batch * profiles.table(h)[0])[1:-1]
+    return float(np.median(t(ref) / np.maximum(t(host), 1e-30)))
 
 
 # ----------------------------------------------------------------------------- the command
@@ -600,17 +622,21 @@ def run(args: argparse.Namespace) -> int:
             ranks_of[d.host].append(d.rank)
     fits = {h: fit_host(h, rs, plan, prof, meas) for h, rs in sorted(ranks_of.items())}
     ref = cap.ref_host if cap is not None and cap.ref_host in prof.fwd else (files[0].host if files else planned[0])
-    old_cap = {h: capacity(prof, ref, h) for h in prof.fwd}
+    cap_batch = next((lf.run.batch for lf in files if lf.host == ref), default_template.run.batch)
+    old_cap = {h: capacity(prof, ref, h, cap_batch) for h in prof.fwd}
     new = Profiles(model=prof.model, seq_len=prof.seq_len, param_bytes=prof.param_bytes, act_bytes=prof.act_bytes)
     for h in prof.fwd:
-        f, b, f0, b0 = corrected_table(prof, fits[h]) if h in fits else (*prof.table(h), *prof.fixed(h))
-        new.fwd[h], new.bwd[h], new.fwd0[h], new.bwd0[h] = f, b, f0, b0
+        new.fwd[h], new.bwd[h], new.fwd0[h], new.bwd0[h] = (corrected_table(prof, fits[h]) if h in fits else
+                                                              (*prof.table(h), *prof.fixed(h)))
+        gaps = [g for r in ranks_of.get(h, []) for g in meas.gaps.get(r, [])]
+        new.call[h] = float(np.mean(gaps)) if gaps else prof.call.get(h, 0.0)
         new.origin[h] = (f"{old_origin[h]} × measured factors (forward {fits[h].forward:.3g}, backward "
                          f"{fits[h].backward:.3g})" if h in fits else old_origin[h])
-    new_cap = {h: capacity(new, ref, h) for h in new.fwd}
+    new_cap = {h: capacity(new, ref, h, cap_batch) for h in new.fwd}
     for h, fit in fits.items():
         print(f"  {h}: measured/predicted {fit.factor:.3f} (forward {fit.forward:.3f}, backward {fit.backward:.3f}) "
-              f"over {fit.points} timings, capacity {old_cap[h]:.3g} -> {new_cap[h]:.3g}")
+              f"over {fit.points} timings, capacity {old_cap[h]:.3g} -> {new_cap[h]:.3g}, runtime "
+              f"{1e3 * new.call[h]:.2f} ms per call")
 
     links = fit_links(plan, meas, old_bw)
     bw = Bandwidth(bytes_per_sec=dict(old_bw.bytes_per_sec), latency_s=dict(old_bw.latency_s),
@@ -641,8 +667,6 @@ def run(args: argparse.Namespace) -> int:
     memory = old_mem
     if meas.peak_rss and not args.no_memory_refit:
         mem_model, mem_how = refit_memory(plan, prof, meas.peak_rss, old_mem)
-        mem_model.process_bytes = (float(statistics.median(meas.base_rss.values())) if meas.base_rss
-                                   else old_mem.process)
     elif args.no_memory_refit:
         mem_how = "kept (--no-memory-refit)"
 
@@ -652,7 +676,7 @@ def run(args: argparse.Namespace) -> int:
     written: dict[str, Any] = {"layers": []}
     for h in all_hosts:
         lf = corrected_layers_file(templates.get(h, default_template), h, new.fwd[h], new.bwd[h], new.fwd0[h],
-                                   new.bwd0[h])
+                                   new.bwd0[h], new.call.get(h, 0.0))
         written["layers"].append(lf.save(out / f"layers_{h}.json"))
     bw.save(out / "bandwidth.json")
     written["bandwidth"] = out / "bandwidth.json"
@@ -698,6 +722,7 @@ def run(args: argparse.Namespace) -> int:
                       "groups": f.groups, "fit_rms_rel": f.rms_rel,
                       "measured_s_per_microbatch": f.measured_s, "predicted_s_per_microbatch": f.predicted_s,
                       "old_capacity": old_cap[h], "new_capacity": new_cap[h], "old_table": old_origin[h],
+                      "old_call_overhead_s": prof.call.get(h, 0.0), "call_overhead_s": new.call[h],
                       "trace_host": sorted({meas.trace_hosts[r] for r in f.ranks if r in meas.trace_hosts})}
                   for h, f in fits.items()},
         "unmeasured_hosts": {h: {"capacity": old_cap[h], "table": old_origin[h]} for h in all_hosts if h not in fits},
@@ -723,8 +748,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"old plan: measured {meas.step_time_s:.4g} s, predicted "
           + (f"{old_pred:.4g} s" if old_pred is not None else "(none)")
           + f", re-priced with corrected costs {repriced:.4g} s")
-    if args.devices is not None:  # budgets from the plan's prediction already leave the runtime out
-        budget = memory.budgets(budget)
     new_plan, _ = search_and_write(sargs, prof2, links2, hosts, budget, memory,
                                    {"layers": written["layers"], "bandwidth": written["bandwidth"],
                                     **{k: written[k] for k in ("memory_model", "devices") if k in written}},
@@ -739,6 +762,7 @@ def run(args: argparse.Namespace) -> int:
                                       "samples": [d.samples for d in s.devices]} for s in plan.stages]
     summary["predicted_gain"] = repriced / new_step - 1.0
     summary["layers_per_host"] = {h: {"old": _layers_of(plan, h), "new": _layers_of(new_plan, h)} for h in all_hosts}
+    summary["work_share"] = {h: {"old": _work_share(plan, h), "new": _work_share(new_plan, h)} for h in all_hosts}
     write_json(out / "replan_summary.json", summary)
     text = summary_text(summary)
     (out / "replan_summary.txt").write_text(text)
@@ -755,6 +779,12 @@ def _mem_pred(plan: Plan, profiles: Profiles, memory: MemoryEstimator, rank: int
 def _layers_of(plan: Plan, host: str) -> int:
     """Decoder layers on the host's stage(s) (0 when it is idle)."""
     return sum(s.num_layers for s in plan.stages if any(d.host == host for d in s.devices))
+
+
+def _work_share(plan: Plan, host: str) -> float:
+    """Fraction of the step's decoder-layer work (layers x samples) the host computes."""
+    return sum(s.num_layers * d.samples for s in plan.stages for d in s.devices if d.host == host) / (
+        plan.model.num_layers * plan.micro_batch_size)
 
 
 def _fmt_rate(x: float | None) -> str:
@@ -776,22 +806,26 @@ def summary_text(s: dict[str, Any]) -> str:
              f"{100 * s['predicted_gain']:+.1f}% throughput over the old plan (both with the corrected costs)", "",
              f"per host (measured / predicted compute; capacity relative to {s['capacity_ref_host']}):",
              f"  {'host':<14} {'layers':<12} {'timings':>7} {'factor':>7} {'fwd':>6} {'bwd':>6} {'fit rms':>8} "
-             f"{'capacity old -> new':>20}  layers old -> new"]
+             f"{'capacity old -> new':>20}  {'ms/call':>7}  layers old -> new  work share old -> new"]
     for h, v in s["hosts"].items():
         rng = ",".join(f"[{a},{b})" for a, b in v["layers"])
-        lay = s["layers_per_host"].get(h, {})
+        lay, work = s["layers_per_host"].get(h, {}), s["work_share"].get(h, {})
         lines.append(f"  {h:<14} {rng:<12} {v['timings']:>7} {v['factor']:>7.3f} {v['forward_factor']:>6.3f} "
                      f"{v['backward_factor']:>6.3f} {100 * v['fit_rms_rel']:>7.1f}% "
-                     f"{v['old_capacity']:>9.3g} -> {v['new_capacity']:<8.3g}  "
-                     f"{lay.get('old', 0)} -> {lay.get('new', 0)}")
+                     f"{v['old_capacity']:>9.3g} -> {v['new_capacity']:<8.3g}  {1e3 * v['call_overhead_s']:>7.2f}  "
+                     f"{lay.get('old', 0):>6} -> {lay.get('new', 0):<6}  "
+                     f"{100 * work.get('old', 0):>7.1f}% -> {100 * work.get('new', 0):.1f}%")
         if len(v["groups"]) > 1:
             lines.append("      per block group: " + ", ".join(
                 f"blocks [{g['blocks'][0]},{g['blocks'][1]}) fwd {g['forward']:.3f} bwd {g['backward']:.3f}"
                 for g in v["groups"]))
     for h, v in s["unmeasured_hosts"].items():
-        lay = s["layers_per_host"].get(h, {})
+        lay, work = s["layers_per_host"].get(h, {}), s["work_share"].get(h, {})
         lines.append(f"  {h:<14} {'(idle)':<12} {0:>7} {'–':>7} {'–':>6} {'–':>6} {'–':>8} "
-                     f"{v['capacity']:>9.3g} (kept)   {lay.get('old', 0)} -> {lay.get('new', 0)}")
+                     f"{v['capacity']:>9.3g} (kept)    {'–':>7}  {lay.get('old', 0):>6} -> {lay.get('new', 0):<6}  "
+                     f"{100 * work.get('old', 0):>7.1f}% -> {100 * work.get('new', 0):.1f}%")
+    lines += ["  (ms/call: the runtime's own time between two compute calls beyond waiting, added to every "
+              "forward and backward)"]
     lines += ["", "links (measured from matched send/recv pairs, waiting for the sender excluded):"]
     if not s["links"]:
         lines.append("  none between different hosts")
@@ -815,8 +849,10 @@ def summary_text(s: dict[str, Any]) -> str:
     for r, v in m["ranks"].items():
         lines.append(f"  rank {r}: measured {v['measured_peak_bytes'] / 2**20:.1f} MiB, predicted before "
                      f"{v['old_predicted_bytes'] / 2**20:.1f} MiB, now {v['new_predicted_bytes'] / 2**20:.1f} MiB")
-    lines += ["", "old plan: " + " | ".join(f"[{st['layers'][0]},{st['layers'][1]}) {'+'.join(st['hosts'])}"
-                                         for st in o["stages"]),
-              "new plan: " + " | ".join(f"[{st['layers'][0]},{st['layers'][1]}) {'+'.join(st['hosts'])}"
-                                         for st in s["new_plan"]["stages"])]
+    def layout(stages):
+        return " | ".join(f"[{st['layers'][0]},{st['layers'][1]}) "
+                          + "+".join(f"{h}({n})" for h, n in zip(st["hosts"], st["samples"])) for st in stages)
+
+    lines += ["", f"old plan: {layout(o['stages'])}", f"new plan: {layout(s['new_plan']['stages'])}"
+              f"   (layers [start,end), host(samples per micro-batch))"]
     return "\n".join(lines) + "\n"

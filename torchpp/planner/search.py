@@ -136,7 +136,7 @@ class Tables:
             f0, b0 = p.fixed(name)  # seconds per call: paid once per micro-batch, whatever its size
             pf0 = np.concatenate([[0.0], np.cumsum(f0)])
             pb0 = np.concatenate([[0.0], np.cumsum(b0)])
-            fb0 = rng(pf0, bstart, bend) + rng(pb0, bstart, bend)
+            fb0 = rng(pf0, bstart, bend) + rng(pb0, bstart, bend) + 2 * p.call.get(name, 0.0)  # + runtime per call
             self.tau0[(h, 0)] = fb0
             self.tau0[(h, 1)] = fb0 + rng(pf0, cuts + 1, cuts + 1)
         self.full_time = {h: float(sum(p.table(n)[0]) + sum(p.table(n)[1])) for h, n in enumerate(pb.hosts)}
