@@ -42,23 +42,34 @@ def _why_not() -> str | None:
 pytestmark = [pytest.mark.root, pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))]
 
 
+OWN = ("tpt", "test-", "throttle-")
+"""Name starts of what these tests create (clusters tpt*, cgroups test-*/throttle-*): clusters
+other people run on this machine meanwhile are neither touched nor counted."""
+
+
+def _own(name: str) -> bool:
+    return name.startswith(OWN) or name.startswith(tuple(f"cluster-{o}" for o in OWN))
+
+
 def snapshot() -> dict:
-    """Everything torchpp could have left behind, as seen from the root namespace."""
+    """Everything these tests could have left behind: their namespaces, cgroups and state files,
+    and any link or torchpp qdisc in the root namespace (a cluster never adds either)."""
     links = subprocess.run([tool("ip"), "-o", "link"], capture_output=True, text=True).stdout
-    qdiscs = [d for d in tc.shaped_devices()]
-    return {"netns": [n for n in netns.list_all() if n.startswith(PREFIX)],
+    return {"netns": [n for n in netns.list_all() if n.startswith(PREFIX + "-") and _own(n[len(PREFIX) + 1:])],
             "links": sorted(l.split(":")[1].strip() for l in links.splitlines()),
-            "qdiscs": qdiscs,
-            "cgroups": sorted(str(h.mount / PREFIX) for h in cgroups.detect().values() if (h.mount / PREFIX).exists()),
-            "state": sorted(p.name for p in STATE_DIR.glob("cluster-*.json")) if STATE_DIR.is_dir() else []}
+            "qdiscs": tc.shaped_devices(),
+            "cgroups": [g for g in cgroups.list_groups() if _own(g)],
+            "state": sorted(p.name for p in STATE_DIR.glob("cluster-*.json") if _own(p.stem))
+            if STATE_DIR.is_dir() else []}
 
 
 @pytest.fixture
 def clean():
-    """Asserts the test left the machine as it found it (also cleaning up if not)."""
+    """Asserts the test left the machine as it found it."""
     before = snapshot()
     if before["netns"] or before["cgroups"] or before["state"]:
-        pytest.skip(f"torchpp objects already exist on this machine ({before}); not touching them")
+        pytest.skip(f"objects these tests create already exist ({before}); another run of them is going on "
+                    f"or crashed: `torchpp cluster down -n NAME` / `torchpp throttle clear` to remove them")
     yield before
     after = snapshot()
     assert after == before, f"left behind: {after}"
@@ -180,12 +191,12 @@ def test_throttle_pid_then_clear_releases_without_killing(clean):
 # ------------------------------------------------------------------------------ clusters
 def test_run_sets_env_cgroup_and_worst_exit_code(two_hosts, tmp_path):
     script = ("echo HOST=$HOST RANK=$RANK WS=$WORLD_SIZE NODE=$NODE_RANK MA=$MASTER_ADDR MP=$MASTER_PORT; "
-              "cat /proc/self/cgroup; ip -o -4 addr show dev eth0; exit $RANK")
+              "echo WORDS={host}/{rank}; cat /proc/self/cgroup; ip -o -4 addr show dev eth0; exit $RANK")
     rc, res = cluster.run("tpt2", ["sh", "-c", script], tmp_path / "logs", timeout=60, log=lambda *_: None)
     assert rc == 1 and [r.returncode for r in res] == [0, 1]
     for i, h in enumerate(("a", "b")):
         text = (tmp_path / "logs" / f"{h}.log").read_text()
-        assert f"HOST={h} RANK={i} WS=2 NODE={i} MA=10.77.99.1 MP=29555" in text
+        assert f"HOST={h} RANK={i} WS=2 NODE={i} MA=10.77.99.1 MP=29555" in text and f"WORDS={h}/{i}" in text
         assert f"/{PREFIX}/cluster-tpt2/{h}" in text  # in its own cgroup
         assert f"10.77.99.{i + 1}/24" in text  # and its own namespace with its address
     assert json.loads((tmp_path / "logs" / "run.json").read_text())["hosts"][1]["returncode"] == 1

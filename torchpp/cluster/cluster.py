@@ -314,11 +314,19 @@ class _Follower:
                 self.emit(host, line.decode(errors="replace"))
 
 
+def expand(argv: list[str], p: Placement) -> list[str]:
+    """``{host}`` and ``{rank}`` in the command's words become this process's host name and rank
+    (its plan rank, else its host's index), e.g. ``--out layers_{host}.json``."""
+    rank = str(p.node_rank if p.rank is None else p.rank)
+    return [w.replace("{host}", p.host).replace("{rank}", rank) for w in argv]
+
+
 def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None, log=print,
         grace_s: float = 5.0, follow=None, plan: str | os.PathLike | None = None
         ) -> tuple[int, list[HostResult]]:
     """Run ``argv`` once in every host (its namespace and cgroup), or with ``plan`` once per
-    plan rank on that rank's host, and wait for all of them.
+    plan rank on that rank's host, and wait for all of them. ``{host}`` and ``{rank}`` in
+    ``argv`` are replaced per process (see ``expand``).
 
     Each process's stdout and stderr go to ``log_dir/<host>.log`` (``<host>.rank<R>.log`` under
     a plan; with ``follow``, line by line to ``follow(label, line)`` as well). On timeout,
@@ -351,7 +359,7 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
         for p, env, path in zip(places, envs, paths):
             f = open(path, "wb")
             files.append(f)
-            procs.append(subprocess.Popen(netns.exec_argv(state["hosts"][p.host_index]["netns"], argv), env=env,
+            procs.append(subprocess.Popen(netns.exec_argv(state["hosts"][p.host_index]["netns"], expand(argv, p)), env=env,
                                           stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           preexec_fn=groups[p.host_index].preexec, start_new_session=True))
         while len(codes) < len(procs):
