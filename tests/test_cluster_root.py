@@ -138,6 +138,34 @@ def test_cpu_quota_quarter_core(clean):
     assert 0.2 <= ratio <= 0.3, f"throttled/unthrottled speed {ratio:.3f} (CPU share {share:.3f}), expected 0.2..0.3"
 
 
+SHARE = """
+import time
+t0 = time.perf_counter(); c0 = time.process_time(); n = 0
+while time.perf_counter() - t0 < 3.0:
+    n += 1
+print("share", (time.process_time() - c0) / (time.perf_counter() - t0))
+"""
+
+
+def test_hosts_get_their_quota_on_a_busy_machine(tmp_path, clean, monkeypatch):
+    """With as many other busy processes as cores, a 0.8-core and a 0.3-core host still get
+    (about) 0.8 and 0.3 of a core: the quota is reserved, not only capped."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    cfg = ClusterConfig.load(write_config(tmp_path, "tptw", [{"name": "big", "cpu": 0.8}, {"name": "small", "cpu": 0.3}]))
+    hogs = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        cluster.up(cfg, log=lambda *_: None)
+        rc, res = cluster.run("tptw", [PY, "-c", SHARE], tmp_path / "logs", timeout=60, log=lambda *_: None)
+        assert rc == 0
+        share = {r.host: float(r.log.read_text().split()[-1]) for r in res}
+        assert 0.65 <= share["big"] <= 0.85 and 0.22 <= share["small"] <= 0.33, share
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+        cluster.down(cfg.name, log=lambda *_: None)
+
+
 def test_memory_limit_kills_overuse(clean):
     """A process allocating past its memory limit is killed (OOM), one under it is not."""
     alloc = "import sys; b = bytearray(int(sys.argv[1]) * 2**20); b[::4096] = b'x' * len(b[::4096]); print('ok')"

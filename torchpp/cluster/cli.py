@@ -120,6 +120,7 @@ def _throttle_proc(args: argparse.Namespace) -> int:
         group = cgroups.Cgroup(name, ctl).create()
         if cpu:
             group.set_cpu(cpu)
+            group.reserve(cpu)
         if mem:
             group.set_memory(mem)
         for p in tree:

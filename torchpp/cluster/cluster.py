@@ -98,10 +98,15 @@ def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any
             group = cgroups.Cgroup(cfg.cgroup_name(i), ctl).create()
             if h.cpu is not None:
                 group.set_cpu(h.cpu)
+            if "cpu" in group.controllers:
+                # On a busy machine each host still gets its quota (cgroups.py: weights).
+                if h.cpu is not None:
+                    group.reserve(h.cpu)
             if h.memory is not None:
                 group.set_memory(h.memory)
             log(f"  {h.name:<10} {cfg.address(i):<12} cpu {h.cpu if h.cpu else 'all':<5} "
                 f"memory {_gib(h.memory):<8} up: {hosts[i]['uplink']}; down: {hosts[i]['downlink']}")
+        cgroups.weigh_inner_groups()
         for l in cfg.links:
             log(f"  link {l.src} -> {l.dst}: {l.shape.describe()}")
         total = sum(h.cpu or os.cpu_count() or 1 for h in cfg.hosts)
@@ -146,6 +151,7 @@ def down(name: str, log=print) -> dict[str, list[str]]:
             removed.append(ns)
     with contextlib.suppress(FileNotFoundError):
         state_path(name).unlink()
+    cgroups.weigh_inner_groups()  # other clusters' parent no longer counts this one
     if removed or found["cgroups"]:
         log(f"cluster {name}: removed {len(removed)} namespace(s) and {len(found['cgroups'])} cgroup(s)")
     else:
