@@ -77,7 +77,7 @@ def probe_rate(rate: str, tmp: Path) -> tuple[float, float]:
 
 
 def profile_hosts(config: Path, out: Path, model: str, layers: int, seq_len: int, batch: int,
-                  iters: int) -> list[dict]:
+                  iters: int, period_ms: float | None = None) -> list[dict]:
     """Profile every host of ``config`` concurrently under its quota; compare with 1/quota."""
     import dataclasses
 
@@ -91,6 +91,10 @@ def profile_hosts(config: Path, out: Path, model: str, layers: int, seq_len: int
     out.mkdir(parents=True, exist_ok=True)
     cluster.up(cfg, skip_netem=True, log=lambda *_: None)  # delays do not matter here
     try:
+        if period_ms:
+            for i, h in enumerate(cfg.hosts):  # same quota, finer slices: throttling stalls get shorter
+                g = cgroups.existing(cfg.cgroup_name(i))
+                g.set_cpu(h.cpu, period_us=int(period_ms * 1000))
         rc, res = cluster.run(cfg.name, [sys.executable, "-m", "torchpp", "profile", "--model", model, "--layers",
                                          str(layers), "--seq-len", str(seq_len), "--batch", str(batch), "--iters",
                                          str(iters), "--warmup", "2", "--quiet", "--host", "{host}", "--out",
@@ -130,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-model", default="qwen3-small")
     p.add_argument("--profile-layers", type=int, default=4)
     p.add_argument("--profile-iters", type=int, default=6)
+    p.add_argument("--cfs-period-ms", type=float, default=None,
+                   help="CFS period of the profiled hosts (default: the kernel's 100 ms)")
     args = p.parse_args(argv)
     os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
     rows = []
@@ -150,13 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.skip_profiles:
         prof = profile_hosts(args.profile_config, args.out, args.profile_model, args.profile_layers, 64, 2,
-                             args.profile_iters)
+                             args.profile_iters, args.cfs_period_ms)
         with open(args.out / "profiles.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(prof[0]))
             w.writeheader()
             w.writerows(prof)
         print(f"profiles of {args.profile_config.stem} ({args.profile_model}, {args.profile_layers} layers, "
-              f"batch 2 x seq 64, {args.profile_iters} iters), all hosts at once; reference = largest quota:")
+              f"batch 2 x seq 64, {args.profile_iters} iters), all hosts at once, CFS period "
+              f"{args.cfs_period_ms or 100:g} ms; reference = largest quota:")
         print(f"{'host':<10} {'quota':>6} {'compute/step':>13} {'x quota':>8} {'speed/ref':>10} {'quota/ref':>10} "
               f"{'ratio':>6} {'capacity':>9} {'ratio':>6}")
         for r in prof:

@@ -44,14 +44,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--global-batch", type=int, default=6, help="samples per step (divisible by 3)")
     p.add_argument("--microbatches", type=int, default=3, help="pipeline micro-batches per step")
     p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--steps", type=int, default=3, help="training steps per run (the first is warm-up)")
+    p.add_argument("--steps", type=int, default=4, help="training steps per run (the first is warm-up)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per training run before it is killed")
     p.add_argument("--out", type=Path, default=ROOT / "out" / "seed003")
     p.add_argument("--no-probe", action="store_true", help="skip measuring each rate with `torchpp bandwidth probe`")
     p.add_argument("--launcher", choices=["plan", "torchrun"], default="plan",
                    help="plan: one python process per plan rank (`cluster run --plan`); torchrun: torchrun "
                         "--nproc-per-node 1 on every host, as seed 003 starts it")
-    p.add_argument("--probe-sizes", default="64K,512K,2M", help="message sizes of `torchpp bandwidth probe`")
+    p.add_argument("--probe-sizes", default="64K,512K,2M,8M", help="message sizes of `torchpp bandwidth probe`")
     return p.parse_args(argv)
 
 

@@ -242,3 +242,12 @@ def test_expand_host_and_rank_words():
     assert expand(argv, Placement(host_index=1, host="b", node_rank=1)) == [
         "profile", "--host", "b", "--out", "d/layers_b.json", "--seed=1"]
     assert expand(argv, Placement(host_index=0, host="a", rank=2))[-1] == "--seed=2"
+
+
+def test_cpu_period_bounds_checked_before_any_write():
+    g = cgroups.Cgroup("never-created", ("cpu",), hier={})
+    for bad in (500, 2_000_000):
+        with pytest.raises(ValueError, match="cpu period"):
+            g.set_cpu(0.5, period_us=bad)
+    with pytest.raises(ValueError, match="positive"):
+        g.set_cpu(0.0)

@@ -140,16 +140,21 @@ class Cgroup:
                 path.mkdir(parents=True, exist_ok=True)
         return self
 
-    def set_cpu(self, cores: float) -> None:
-        """Quota of ``cores`` CPUs (0.25 = a quarter of one core) per 100 ms period."""
+    def set_cpu(self, cores: float, period_us: int = CFS_PERIOD_US) -> None:
+        """Quota of ``cores`` CPUs (0.25 = a quarter of one core) per ``period_us`` (100 ms).
+
+        A shorter period spreads the same quota into shorter run/stall slices (smoother speed
+        at millisecond scale); the kernel needs quota and period of at least 1 ms."""
         if not cores > 0:
             raise ValueError(f"cpu: expected a positive number of cores, got {cores!r}")
-        quota = max(1000, int(round(cores * CFS_PERIOD_US)))
+        if not 1000 <= period_us <= 1_000_000:
+            raise ValueError(f"cpu period: expected 1 ms to 1 s, got {period_us} us")
+        quota = max(1000, int(round(cores * period_us)))
         h, path = _hierarchy("cpu", self.hier), self.paths()["cpu"]
         if h.version == 2:
-            _write(path / "cpu.max", f"{quota} {CFS_PERIOD_US}")
+            _write(path / "cpu.max", f"{quota} {period_us}")
         else:
-            _write(path / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+            _write(path / "cpu.cfs_period_us", str(period_us))
             _write(path / "cpu.cfs_quota_us", str(quota))
 
     def set_weight(self, processes: float) -> None:
