@@ -185,10 +185,11 @@ def test_throttle_cli_runs_command_in_group_and_removes_it(clean):
     assert f"/{PREFIX}/throttle-" in out.stdout
 
 
-def test_throttle_pid_then_clear_releases_without_killing(clean):
+def test_throttle_pid_then_clear_releases_without_killing(clean, capsys):
     """`throttle cpu --pid` limits a running process tree; `clear` releases it alive."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     import psutil
+
+    from torchpp.cli import main
     proc = subprocess.Popen(["sh", "-c", "sleep 60 & wait"])
     child = None
     try:
@@ -196,17 +197,16 @@ def test_throttle_pid_then_clear_releases_without_killing(clean):
         while not psutil.Process(proc.pid).children() and time.monotonic() < deadline:
             time.sleep(0.02)
         child = psutil.Process(proc.pid).children()[0].pid
-        out = subprocess.run([PY, "-m", "torchpp", "throttle", "cpu", "0.3", "--pid", str(proc.pid)],
-                             capture_output=True, text=True, timeout=60, env=env)
-        assert out.returncode == 0 and "2 process(es)" in out.stdout, out.stdout + out.stderr
+        capsys.readouterr()
+        assert main(["throttle", "cpu", "0.3", "--pid", str(proc.pid)]) == 0
+        out = capsys.readouterr().out
+        assert "2 process(es)" in out, out
         for pid in (proc.pid, child):
             assert f"/{PREFIX}/throttle-pid{proc.pid}" in Path(f"/proc/{pid}/cgroup").read_text()
-        status = subprocess.run([PY, "-m", "torchpp", "throttle", "status"], capture_output=True, text=True,
-                                timeout=60, env=env).stdout
+        assert main(["throttle", "status"]) == 0
+        status = capsys.readouterr().out
         assert f"throttle-pid{proc.pid}: 2 process(es)" in status and "30000" in status, status
-        out = subprocess.run([PY, "-m", "torchpp", "throttle", "clear"], capture_output=True, text=True,
-                             timeout=60, env=env)
-        assert out.returncode == 0, out.stderr
+        assert main(["throttle", "clear"]) == 0
         assert proc.poll() is None and PREFIX not in Path(f"/proc/{child}/cgroup").read_text()
     finally:
         for pid in (child, proc.pid):
@@ -361,7 +361,7 @@ def test_probe_measures_configured_rate(two_hosts, tmp_path):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
-def test_killed_run_command_leaves_nothing(two_hosts, tmp_path, sig):
+def test_killed_run_command_leaves_nothing(two_hosts, tmp_path, sig, capsys):
     """SIGTERM to `torchpp cluster run` kills every host's process tree (exit 130). After a
     SIGKILL it has no chance to: `torchpp cluster down` then kills what still runs and removes
     the cluster (the fixture checks nothing is left)."""
@@ -386,9 +386,11 @@ def test_killed_run_command_leaves_nothing(two_hosts, tmp_path, sig):
             assert netns.pids(two_hosts.host_ns(i)) == []
     else:
         assert all(netns.pids(two_hosts.host_ns(i)) for i in range(2)), "the hosts' processes outlive a SIGKILL"
-        out = subprocess.run([PY, "-m", "torchpp", "cluster", "down", "-n", "tpt2"], capture_output=True, text=True,
-                             timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        assert out.returncode == 0 and "removed 3 namespace(s)" in out.stdout, out.stdout + out.stderr
+        from torchpp.cli import main
+        capsys.readouterr()
+        assert main(["cluster", "down", "-n", "tpt2"]) == 0
+        out = capsys.readouterr().out
+        assert "removed 3 namespace(s)" in out, out
         assert cluster.leftovers("tpt2") == {"namespaces": [], "cgroups": []}
     for pid in started:
         assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", pid
@@ -433,9 +435,9 @@ def test_down_after_killed_up(tmp_path, clean):
         proc.wait(timeout=10)
         assert cluster.leftovers("tptk")["namespaces"], "up made nothing before it was killed"
     finally:
-        out = subprocess.run([PY, "-m", "torchpp", "cluster", "down", "-c", str(path)], capture_output=True,
-                             text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert out.returncode == 0, out.stdout + out.stderr
+        from torchpp.cli import main
+        rc = main(["cluster", "down", "-c", str(path)])
+    assert rc == 0
     assert cluster.leftovers("tptk") == {"namespaces": [], "cgroups": []}
 
 
