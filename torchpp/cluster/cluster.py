@@ -98,10 +98,7 @@ def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any
             group = cgroups.Cgroup(cfg.cgroup_name(i), ctl).create()
             if h.cpu is not None:
                 group.set_cpu(h.cpu)
-            if "cpu" in group.controllers:
-                # On a busy machine each host still gets its quota (cgroups.py: weights).
-                if h.cpu is not None:
-                    group.reserve(h.cpu)
+                group.reserve(h.cpu)  # on a busy machine each host still gets its quota (cgroups.py)
             if h.memory is not None:
                 group.set_memory(h.memory)
             log(f"  {h.name:<10} {cfg.address(i):<12} cpu {h.cpu if h.cpu else 'all':<5} "
