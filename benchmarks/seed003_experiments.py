@@ -1,10 +1,13 @@
 """Seed 003 on an emulated cluster: a 3-stage pipeline vs 3-rank data parallelism at three
 link rates (10 Mbit/s, 100 Mbit/s, 1 Gbit/s), same model, same global batch.
 
-    sudo python benchmarks/seed003_experiments.py            # about 5-10 minutes on 2 cores
+    sudo python benchmarks/seed003_experiments.py            # about 5 minutes on 2 cores
 
-For each rate: bring up `configs/cluster/pi3.json` with every link at that rate, run
-`torchrun -m torchpp.train` once with a pp plan and once with a dp plan (`torchpp plan`),
+For each rate: bring up `configs/cluster/pi3.json` with every link at that rate, measure the
+links with `torchpp bandwidth probe`, run `python -m torchpp.train` once with a pp plan and
+once with a dp plan (`torchpp plan`), one process per plan rank on its host
+(`torchpp cluster run --plan`; `--launcher torchrun` starts torchrun on every host instead, as
+seed 003 does),
 take the step time as rank 0 timed it (metrics.jsonl; median over steps 2.., the first is
 warm-up) and, as a cross-check, the span of each merged timeline (`timeline_step<N>_all.json`,
 first to last event of any rank), take the cluster down.
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -36,16 +40,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", type=Path, default=ROOT / "configs" / "cluster" / "pi3.json")
     p.add_argument("--rates", default="10mbit,100mbit,1gbit")
     p.add_argument("--model", default="qwen3-small", help="preset (qwen3-small: 7.3M parameters, hidden 256)")
-    p.add_argument("--layers", type=int, default=6, help="decoder layers kept (a multiple of 3 splits evenly)")
+    p.add_argument("--layers", type=int, default=3, help="decoder layers kept (a multiple of 3 splits evenly)")
     p.add_argument("--global-batch", type=int, default=6, help="samples per step (divisible by 3)")
     p.add_argument("--microbatches", type=int, default=3, help="pipeline micro-batches per step")
     p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--steps", type=int, default=3, help="training steps per run (the first is warm-up)")
+    p.add_argument("--steps", type=int, default=4, help="training steps per run (the first is warm-up)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per training run before it is killed")
     p.add_argument("--out", type=Path, default=ROOT / "out" / "seed003")
     p.add_argument("--no-probe", action="store_true", help="skip measuring each rate with `torchpp bandwidth probe`")
-    p.add_argument("--launcher", choices=["torchrun", "python"], default="torchrun",
-                   help="torchrun (as seed 003) or one plain python process per host")
+    p.add_argument("--launcher", choices=["plan", "torchrun"], default="plan",
+                   help="plan: one python process per plan rank (`cluster run --plan`); torchrun: torchrun "
+                        "--nproc-per-node 1 on every host, as seed 003 starts it")
+    p.add_argument("--probe-sizes", default="64K,512K,2M,8M", help="message sizes of `torchpp bandwidth probe`")
     return p.parse_args(argv)
 
 
@@ -63,7 +69,7 @@ def make_plans(args: argparse.Namespace, hosts: list[str], out: Path) -> dict[st
 
 def train_argv(args: argparse.Namespace, plan: Path, trace_dir: Path, log_dir: Path) -> list[str]:
     head = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1"]
-            if args.launcher == "torchrun" else [sys.executable])
+            if args.launcher == "torchrun" else [sys.executable])  # plan: ranks come from `cluster run --plan`
     return [*head, "-m", "torchpp.train", "--plan", str(plan), "--model", args.model, "--layers", str(args.layers),
             "--data", "synthetic", "--steps", str(args.steps), "--threads", "1", "--timeout-s", str(args.timeout),
             "--trace-dir", str(trace_dir), "--trace-steps", ",".join(str(s) for s in range(2, args.steps + 1)),
@@ -94,6 +100,8 @@ def step_times(trace_dir: Path) -> dict[int, float]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    t_start = time.monotonic()
     base = ClusterConfig.load(args.config)
     hosts = [h.name for h in base.hosts]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -113,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_probe:
                 pdir = args.out / "probe" / rate_text
                 rc, res = cluster.run(cfg.name, [sys.executable, "-m", "torchpp", "bandwidth", "probe", "--out-dir",
-                                                 str(pdir), "--sizes", "64K,512K,2M,8M"], args.out / "logs" /
-                                      f"probe_{rate_text}", timeout=300)
+                                                 str(pdir), "--sizes", args.probe_sizes, "--pair-budget", "4",
+                                                 "--repeats", "2", "--pings", "5"],
+                                      args.out / "logs" / f"probe_{rate_text}", timeout=300)
                 if rc == 0:
                     from torchpp.formats import Bandwidth
                     rates = Bandwidth.load(pdir / "bandwidth.json").bytes_per_sec.values()
@@ -128,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                     shutil.rmtree(d, ignore_errors=True)
                 t0 = time.monotonic()
                 rc, res = cluster.run(cfg.name, train_argv(args, plans[mode], trace_dir, metrics), logs,
-                                      timeout=args.timeout)
+                                      timeout=args.timeout, plan=plans[mode] if args.launcher == "plan" else None)
                 wall = time.monotonic() - t0
                 if rc != 0:
                     bad = next(r for r in res if r.returncode != 0)
@@ -155,7 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             cluster.down(cfg.name)
     write_outputs(rows, args)
+    print(f"seed 003 done in {time.monotonic() - t_start:.0f}s")
     return 0
+
+
+def base_hosts(args: argparse.Namespace):
+    return ClusterConfig.load(args.config).hosts
 
 
 def write_outputs(rows: list[dict], args: argparse.Namespace) -> None:
@@ -171,7 +185,10 @@ def write_outputs(rows: list[dict], args: argparse.Namespace) -> None:
     by = {(r["mode"], r["rate_mbit"]): r["step_time_s"] for r in rows}
     lines = [f"Seed 003 on `{args.config.name}`: {args.model} ({args.layers} layers), global batch "
              f"{args.global_batch}, seq {args.seq_len}, PP with {args.microbatches} micro-batches; "
-             f"median step time over steps 2..{args.steps}.", "",
+             f"median step time over steps 2..{args.steps}.",
+             f"Hosts: {', '.join(f'{h.name} ({h.cpu:g} core, {h.memory / 2**30:g} GiB)' for h in base_hosts(args))}; "
+             f"every link at the rate of the row; launcher: {args.launcher}; delays: "
+             f"{rows[0]['delay']}.", "",
              "| link | probed (Mbit/s) | PP 3-stage step (s) | DP 3-rank step (s) | DP / PP | "
              "timeline span PP / DP (s) |", "|---|---|---|---|---|---|"]
     span = {(r["mode"], r["rate_mbit"]): r["timeline_span_s"] for r in rows}

@@ -42,23 +42,34 @@ def _why_not() -> str | None:
 pytestmark = [pytest.mark.root, pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))]
 
 
+OWN = ("tpt", "test-", "throttle-")
+"""Name starts of what these tests create (clusters tpt*, cgroups test-*/throttle-*): clusters
+other people run on this machine meanwhile are neither touched nor counted."""
+
+
+def _own(name: str) -> bool:
+    return name.startswith(OWN) or name.startswith(tuple(f"cluster-{o}" for o in OWN))
+
+
 def snapshot() -> dict:
-    """Everything torchpp could have left behind, as seen from the root namespace."""
+    """Everything these tests could have left behind: their namespaces, cgroups and state files,
+    and any link or torchpp qdisc in the root namespace (a cluster never adds either)."""
     links = subprocess.run([tool("ip"), "-o", "link"], capture_output=True, text=True).stdout
-    qdiscs = [d for d in tc.shaped_devices()]
-    return {"netns": [n for n in netns.list_all() if n.startswith(PREFIX)],
+    return {"netns": [n for n in netns.list_all() if n.startswith(PREFIX + "-") and _own(n[len(PREFIX) + 1:])],
             "links": sorted(l.split(":")[1].strip() for l in links.splitlines()),
-            "qdiscs": qdiscs,
-            "cgroups": sorted(str(h.mount / PREFIX) for h in cgroups.detect().values() if (h.mount / PREFIX).exists()),
-            "state": sorted(p.name for p in STATE_DIR.glob("cluster-*.json")) if STATE_DIR.is_dir() else []}
+            "qdiscs": tc.shaped_devices(),
+            "cgroups": [g for g in cgroups.list_groups() if _own(g)],
+            "state": sorted(p.name for p in STATE_DIR.glob("cluster-*.json") if _own(p.stem))
+            if STATE_DIR.is_dir() else []}
 
 
 @pytest.fixture
 def clean():
-    """Asserts the test left the machine as it found it (also cleaning up if not)."""
+    """Asserts the test left the machine as it found it."""
     before = snapshot()
     if before["netns"] or before["cgroups"] or before["state"]:
-        pytest.skip(f"torchpp objects already exist on this machine ({before}); not touching them")
+        pytest.skip(f"objects these tests create already exist ({before}); another run of them is going on "
+                    f"or crashed: `torchpp cluster down -n NAME` / `torchpp throttle clear` to remove them")
     yield before
     after = snapshot()
     assert after == before, f"left behind: {after}"
@@ -127,6 +138,34 @@ def test_cpu_quota_quarter_core(clean):
     assert 0.2 <= ratio <= 0.3, f"throttled/unthrottled speed {ratio:.3f} (CPU share {share:.3f}), expected 0.2..0.3"
 
 
+SHARE = """
+import time
+t0 = time.perf_counter(); c0 = time.process_time(); n = 0
+while time.perf_counter() - t0 < 3.0:
+    n += 1
+print("share", (time.process_time() - c0) / (time.perf_counter() - t0))
+"""
+
+
+def test_hosts_get_their_quota_on_a_busy_machine(tmp_path, clean, monkeypatch):
+    """With as many other busy processes as cores, a 0.8-core and a 0.3-core host still get
+    (about) 0.8 and 0.3 of a core: the quota is reserved, not only capped."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    cfg = ClusterConfig.load(write_config(tmp_path, "tptw", [{"name": "big", "cpu": 0.8}, {"name": "small", "cpu": 0.3}]))
+    hogs = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        cluster.up(cfg, log=lambda *_: None)
+        rc, res = cluster.run("tptw", [PY, "-c", SHARE], tmp_path / "logs", timeout=60, log=lambda *_: None)
+        assert rc == 0
+        share = {r.host: float(r.log.read_text().split()[-1]) for r in res}
+        assert 0.65 <= share["big"] <= 0.85 and 0.22 <= share["small"] <= 0.33, share
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+        cluster.down(cfg.name, log=lambda *_: None)
+
+
 def test_memory_limit_kills_overuse(clean):
     """A process allocating past its memory limit is killed (OOM), one under it is not."""
     alloc = "import sys; b = bytearray(int(sys.argv[1]) * 2**20); b[::4096] = b'x' * len(b[::4096]); print('ok')"
@@ -146,10 +185,11 @@ def test_throttle_cli_runs_command_in_group_and_removes_it(clean):
     assert f"/{PREFIX}/throttle-" in out.stdout
 
 
-def test_throttle_pid_then_clear_releases_without_killing(clean):
+def test_throttle_pid_then_clear_releases_without_killing(clean, capsys):
     """`throttle cpu --pid` limits a running process tree; `clear` releases it alive."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     import psutil
+
+    from torchpp.cli import main
     proc = subprocess.Popen(["sh", "-c", "sleep 60 & wait"])
     child = None
     try:
@@ -157,17 +197,16 @@ def test_throttle_pid_then_clear_releases_without_killing(clean):
         while not psutil.Process(proc.pid).children() and time.monotonic() < deadline:
             time.sleep(0.02)
         child = psutil.Process(proc.pid).children()[0].pid
-        out = subprocess.run([PY, "-m", "torchpp", "throttle", "cpu", "0.3", "--pid", str(proc.pid)],
-                             capture_output=True, text=True, timeout=60, env=env)
-        assert out.returncode == 0 and "2 process(es)" in out.stdout, out.stdout + out.stderr
+        capsys.readouterr()
+        assert main(["throttle", "cpu", "0.3", "--pid", str(proc.pid)]) == 0
+        out = capsys.readouterr().out
+        assert "2 process(es)" in out, out
         for pid in (proc.pid, child):
             assert f"/{PREFIX}/throttle-pid{proc.pid}" in Path(f"/proc/{pid}/cgroup").read_text()
-        status = subprocess.run([PY, "-m", "torchpp", "throttle", "status"], capture_output=True, text=True,
-                                timeout=60, env=env).stdout
+        assert main(["throttle", "status"]) == 0
+        status = capsys.readouterr().out
         assert f"throttle-pid{proc.pid}: 2 process(es)" in status and "30000" in status, status
-        out = subprocess.run([PY, "-m", "torchpp", "throttle", "clear"], capture_output=True, text=True,
-                             timeout=60, env=env)
-        assert out.returncode == 0, out.stderr
+        assert main(["throttle", "clear"]) == 0
         assert proc.poll() is None and PREFIX not in Path(f"/proc/{child}/cgroup").read_text()
     finally:
         for pid in (child, proc.pid):
@@ -180,12 +219,12 @@ def test_throttle_pid_then_clear_releases_without_killing(clean):
 # ------------------------------------------------------------------------------ clusters
 def test_run_sets_env_cgroup_and_worst_exit_code(two_hosts, tmp_path):
     script = ("echo HOST=$HOST RANK=$RANK WS=$WORLD_SIZE NODE=$NODE_RANK MA=$MASTER_ADDR MP=$MASTER_PORT; "
-              "cat /proc/self/cgroup; ip -o -4 addr show dev eth0; exit $RANK")
+              "echo WORDS={host}/{rank}; cat /proc/self/cgroup; ip -o -4 addr show dev eth0; exit $RANK")
     rc, res = cluster.run("tpt2", ["sh", "-c", script], tmp_path / "logs", timeout=60, log=lambda *_: None)
     assert rc == 1 and [r.returncode for r in res] == [0, 1]
     for i, h in enumerate(("a", "b")):
         text = (tmp_path / "logs" / f"{h}.log").read_text()
-        assert f"HOST={h} RANK={i} WS=2 NODE={i} MA=10.77.99.1 MP=29555" in text
+        assert f"HOST={h} RANK={i} WS=2 NODE={i} MA=10.77.99.1 MP=29555" in text and f"WORDS={h}/{i}" in text
         assert f"/{PREFIX}/cluster-tpt2/{h}" in text  # in its own cgroup
         assert f"10.77.99.{i + 1}/24" in text  # and its own namespace with its address
     assert json.loads((tmp_path / "logs" / "run.json").read_text())["hosts"][1]["returncode"] == 1
@@ -322,7 +361,7 @@ def test_probe_measures_configured_rate(two_hosts, tmp_path):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
-def test_killed_run_command_leaves_nothing(two_hosts, tmp_path, sig):
+def test_killed_run_command_leaves_nothing(two_hosts, tmp_path, sig, capsys):
     """SIGTERM to `torchpp cluster run` kills every host's process tree (exit 130). After a
     SIGKILL it has no chance to: `torchpp cluster down` then kills what still runs and removes
     the cluster (the fixture checks nothing is left)."""
@@ -347,9 +386,11 @@ def test_killed_run_command_leaves_nothing(two_hosts, tmp_path, sig):
             assert netns.pids(two_hosts.host_ns(i)) == []
     else:
         assert all(netns.pids(two_hosts.host_ns(i)) for i in range(2)), "the hosts' processes outlive a SIGKILL"
-        out = subprocess.run([PY, "-m", "torchpp", "cluster", "down", "-n", "tpt2"], capture_output=True, text=True,
-                             timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        assert out.returncode == 0 and "removed 3 namespace(s)" in out.stdout, out.stdout + out.stderr
+        from torchpp.cli import main
+        capsys.readouterr()
+        assert main(["cluster", "down", "-n", "tpt2"]) == 0
+        out = capsys.readouterr().out
+        assert "removed 3 namespace(s)" in out, out
         assert cluster.leftovers("tpt2") == {"namespaces": [], "cgroups": []}
     for pid in started:
         assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", pid
@@ -394,9 +435,9 @@ def test_down_after_killed_up(tmp_path, clean):
         proc.wait(timeout=10)
         assert cluster.leftovers("tptk")["namespaces"], "up made nothing before it was killed"
     finally:
-        out = subprocess.run([PY, "-m", "torchpp", "cluster", "down", "-c", str(path)], capture_output=True,
-                             text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert out.returncode == 0, out.stdout + out.stderr
+        from torchpp.cli import main
+        rc = main(["cluster", "down", "-c", str(path)])
+    assert rc == 0
     assert cluster.leftovers("tptk") == {"namespaces": [], "cgroups": []}
 
 

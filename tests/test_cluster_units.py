@@ -237,3 +237,20 @@ def test_plan_host_outside_the_cluster_names_file_field_and_host():
         plan_placements(STATE3, _plan(["a", "zz"], [1, 1]), "plan.json")
     assert e.value.source == "plan.json" and e.value.field_path == "stages[1].devices[0].host"
     assert "zz" in str(e.value) and "a, b, c" in str(e.value)
+
+
+def test_expand_host_and_rank_words():
+    from torchpp.cluster.cluster import Placement, expand
+    argv = ["profile", "--host", "{host}", "--out", "d/layers_{host}.json", "--seed={rank}"]
+    assert expand(argv, Placement(host_index=1, host="b", node_rank=1)) == [
+        "profile", "--host", "b", "--out", "d/layers_b.json", "--seed=1"]
+    assert expand(argv, Placement(host_index=0, host="a", rank=2))[-1] == "--seed=2"
+
+
+def test_cpu_period_bounds_checked_before_any_write():
+    g = cgroups.Cgroup("never-created", ("cpu",), hier={})
+    for bad in (500, 2_000_000):
+        with pytest.raises(ValueError, match="cpu period"):
+            g.set_cpu(0.5, period_us=bad)
+    with pytest.raises(ValueError, match="positive"):
+        g.set_cpu(0.0)

@@ -8,8 +8,16 @@ as a v1 hierarchy is used there (it cannot be enabled in v2 while bound to v1), 
 cgroup2 mount that lists it in ``cgroup.controllers``.
 
 All groups live under a ``torchpp`` directory in each hierarchy, so ``clear_all`` removes
-exactly what torchpp made. A child process joins its group before exec (see ``Cgroup.preexec``),
-so every descendant it starts is limited too.
+exactly what torchpp made.
+
+A quota only caps a group. When the machine is busy, CFS divides it by weight (v1
+``cpu.shares``, v2 ``cpu.weight``), and a group with the default weight competes like one
+ordinary process however many hosts it holds: every emulated host then gets the same small
+share, and a 0.8-core host runs no faster than a 0.3-core one. So a limited group also gets a
+weight of ``RESERVE_WEIGHT`` ordinary processes per core of its quota (``reserve``), and each
+group above it the sum of its children (``weigh_inner_groups``): the quota becomes a
+reservation as well as a cap, so each host gets its quota while other processes keep the
+machine busy, and never more; what the quotas leave free stays with everything else.
 """
 from __future__ import annotations
 
@@ -25,7 +33,11 @@ from typing import Iterator
 
 from .system import PREFIX, NotPermitted, require_writable
 
-CFS_PERIOD_US = 10000
+CFS_PERIOD_US = 10_000
+"""10 ms: a 0.3-core host then stalls for 7 ms at a time, not 70 ms (see ``set_cpu``)."""
+RESERVE_WEIGHT = 16
+"""Ordinary processes' worth of CPU weight per core of quota: with it a 0.8-core host still gets
+0.8 of a core beside three busy processes on the same core (weight w wins w / (w + 3) of it)."""
 CONTROLLERS = ("cpu", "memory")
 
 
@@ -131,23 +143,35 @@ class Cgroup:
                 path.mkdir(parents=True, exist_ok=True)
         return self
 
-    def set_cpu(self, cores: float) -> None:
-        """Quota of ``cores`` CPUs (0.25 = a quarter of one core) per 10 ms period.
+    def set_cpu(self, cores: float, period_us: int = CFS_PERIOD_US) -> None:
+        """Quota of ``cores`` CPUs (0.25 = a quarter of one core) per ``period_us`` (10 ms).
 
-        A short period spreads the throttling finely: with the default 100 ms a 0.3-core host
-        runs at full speed for 30 ms and then stops for 70 ms, so millisecond-long blocks are
-        measured either unthrottled or with a 70 ms hole, and a pipeline rank that idles
-        computes its next micro-batch at full speed; at 10 ms it behaves like a slower CPU."""
+        A short period spreads the throttling finely: with 100 ms a 0.3-core host runs at full
+        speed for 30 ms and then stops for 70 ms, so millisecond-long blocks are measured either
+        unthrottled or with a 70 ms hole, and a pipeline rank that idled computes its next
+        micro-batch at full speed; at 10 ms it behaves more like a slower CPU. The kernel needs
+        quota and period of at least 1 ms: for tiny quotas the period grows instead."""
         if not cores > 0:
             raise ValueError(f"cpu: expected a positive number of cores, got {cores!r}")
-        period = max(CFS_PERIOD_US, math.ceil(1000 / cores))  # the kernel's smallest quota is 1 ms
-        quota = max(1000, int(round(cores * period)))
+        if not 1000 <= period_us <= 1_000_000:
+            raise ValueError(f"cpu period: expected 1 ms to 1 s, got {period_us} us")
+        period_us = min(1_000_000, max(period_us, math.ceil(1000 / cores)))
+        quota = max(1000, int(round(cores * period_us)))
         h, path = _hierarchy("cpu", self.hier), self.paths()["cpu"]
         if h.version == 2:
-            _write(path / "cpu.max", f"{quota} {period}")
+            _write(path / "cpu.max", f"{quota} {period_us}")
         else:
-            _write(path / "cpu.cfs_period_us", str(period))
+            _write(path / "cpu.cfs_period_us", str(period_us))
             _write(path / "cpu.cfs_quota_us", str(quota))
+
+    def set_weight(self, processes: float) -> None:
+        """CPU weight worth ``processes`` ordinary (nice 0) processes under contention."""
+        h, path = _hierarchy("cpu", self.hier), self.paths()["cpu"]
+        _write_weight(h, path, processes)
+
+    def reserve(self, cores: float) -> None:
+        """Weight that lets this group reach a quota of ``cores`` on a busy machine."""
+        self.set_weight(max(1.0, RESERVE_WEIGHT * cores))
 
     def set_memory(self, limit_bytes: int) -> None:
         h, path = _hierarchy("memory", self.hier), self.paths()["memory"]
@@ -163,7 +187,8 @@ class Cgroup:
         out: dict[str, str] = {}
         for c, path in self.paths().items():
             v = _hierarchy(c, self.hier).version
-            names = {("cpu", 1): ["cpu.cfs_quota_us", "cpu.cfs_period_us"], ("cpu", 2): ["cpu.max"],
+            names = {("cpu", 1): ["cpu.cfs_quota_us", "cpu.cfs_period_us", "cpu.shares"],
+                     ("cpu", 2): ["cpu.max", "cpu.weight"],
                      ("memory", 1): ["memory.limit_in_bytes"], ("memory", 2): ["memory.max"]}[(c, v)]
             for n in names:
                 with contextlib.suppress(OSError):
@@ -209,6 +234,39 @@ class Cgroup:
 
     def exists(self) -> bool:
         return any(p.exists() for p in self.dirs())
+
+
+_V1_UNIT, _V2_UNIT = 1024, 100  # the default weight of one group (and of one process on v1)
+
+
+def weigh_inner_groups(hier: dict[str, Hierarchy] | None = None) -> None:
+    """Give every torchpp group that holds groups (``torchpp/``, ``cluster-<name>/``) the summed
+    weight of its children, deepest first; call after adding or removing groups."""
+    hier = detect() if hier is None else hier
+    h = hier.get("cpu")
+    root = h.mount / PREFIX if h else None
+    if root is None or not root.is_dir():
+        return
+    for d, subdirs, _ in sorted(os.walk(root), key=lambda t: -len(Path(t[0]).parts)):
+        if subdirs:
+            with contextlib.suppress(OSError, NotPermitted):
+                _write_weight(h, Path(d), sum(_read_weight(h, Path(d) / c) for c in subdirs))
+
+
+def _write_weight(h: Hierarchy, path: Path, processes: float) -> None:
+    if h.version == 2:
+        _write(path / "cpu.weight", str(min(10000, max(1, round(_V2_UNIT * processes)))))
+    else:
+        _write(path / "cpu.shares", str(min(262144, max(2, round(_V1_UNIT * processes)))))
+
+
+def _read_weight(h: Hierarchy, path: Path) -> float:
+    try:
+        if h.version == 2:
+            return int((path / "cpu.weight").read_text()) / _V2_UNIT
+        return int((path / "cpu.shares").read_text()) / _V1_UNIT
+    except (OSError, ValueError):
+        return 1.0
 
 
 def _prune_empty_parents(path: Path) -> None:
@@ -265,6 +323,7 @@ def limited(name: str, cpu: float | None = None, memory: int | None = None) -> I
         group.create()
         if cpu is not None:
             group.set_cpu(cpu)
+            group.reserve(cpu)
         if memory is not None:
             group.set_memory(memory)
         yield group

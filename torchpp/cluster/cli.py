@@ -120,6 +120,7 @@ def _throttle_proc(args: argparse.Namespace) -> int:
         group = cgroups.Cgroup(name, ctl).create()
         if cpu:
             group.set_cpu(cpu)
+            group.reserve(cpu)
         if mem:
             group.set_memory(mem)
         for p in tree:
@@ -231,7 +232,9 @@ def configure_cluster(p: argparse.ArgumentParser) -> None:
                                    "NNODES, RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set (torchrun also "
                                    "finds its --nnodes/--node-rank/--master-* there). With --plan, run it once per "
                                    "rank of the plan, on that rank's host, with RANK and WORLD_SIZE of the plan "
-                                   "(no torchrun: `-- python -m torchpp.train --plan plan.json ...`).")
+                                   "(no torchrun: `-- python -m torchpp.train --plan plan.json ...`). In COMMAND, "
+                                   "{host} and {rank} become each process's host name and rank, e.g. "
+                                   "`-- python -m torchpp profile --host {host} --out layers_{host}.json`.")
     _name_args(q)
     q.add_argument("--plan", type=Path, default=None,
                    help="plan.json: one process per rank, placed on the host its devices[] entry names")

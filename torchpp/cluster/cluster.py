@@ -98,10 +98,12 @@ def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any
             group = cgroups.Cgroup(cfg.cgroup_name(i), ctl).create()
             if h.cpu is not None:
                 group.set_cpu(h.cpu)
+                group.reserve(h.cpu)  # on a busy machine each host still gets its quota (cgroups.py)
             if h.memory is not None:
                 group.set_memory(h.memory)
             log(f"  {h.name:<10} {cfg.address(i):<12} cpu {h.cpu if h.cpu else 'all':<5} "
                 f"memory {_gib(h.memory):<8} up: {hosts[i]['uplink']}; down: {hosts[i]['downlink']}")
+        cgroups.weigh_inner_groups()
         for l in cfg.links:
             log(f"  link {l.src} -> {l.dst}: {l.shape.describe()}")
         total = sum(h.cpu or os.cpu_count() or 1 for h in cfg.hosts)
@@ -146,6 +148,7 @@ def down(name: str, log=print) -> dict[str, list[str]]:
             removed.append(ns)
     with contextlib.suppress(FileNotFoundError):
         state_path(name).unlink()
+    cgroups.weigh_inner_groups()  # other clusters' parent no longer counts this one
     if removed or found["cgroups"]:
         log(f"cluster {name}: removed {len(removed)} namespace(s) and {len(found['cgroups'])} cgroup(s)")
     else:
@@ -314,11 +317,19 @@ class _Follower:
                 self.emit(host, line.decode(errors="replace"))
 
 
+def expand(argv: list[str], p: Placement) -> list[str]:
+    """``{host}`` and ``{rank}`` in the command's words become this process's host name and rank
+    (its plan rank, else its host's index), e.g. ``--out layers_{host}.json``."""
+    rank = str(p.node_rank if p.rank is None else p.rank)
+    return [w.replace("{host}", p.host).replace("{rank}", rank) for w in argv]
+
+
 def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None, log=print,
         grace_s: float = 5.0, follow=None, plan: str | os.PathLike | None = None
         ) -> tuple[int, list[HostResult]]:
     """Run ``argv`` once in every host (its namespace and cgroup), or with ``plan`` once per
-    plan rank on that rank's host, and wait for all of them.
+    plan rank on that rank's host, and wait for all of them. ``{host}`` and ``{rank}`` in
+    ``argv`` are replaced per process (see ``expand``).
 
     Each process's stdout and stderr go to ``log_dir/<host>.log`` (``<host>.rank<R>.log`` under
     a plan; with ``follow``, line by line to ``follow(label, line)`` as well). On timeout,
@@ -351,7 +362,7 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
         for p, env, path in zip(places, envs, paths):
             f = open(path, "wb")
             files.append(f)
-            procs.append(subprocess.Popen(netns.exec_argv(state["hosts"][p.host_index]["netns"], argv), env=env,
+            procs.append(subprocess.Popen(netns.exec_argv(state["hosts"][p.host_index]["netns"], expand(argv, p)), env=env,
                                           stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           preexec_fn=groups[p.host_index].preexec, start_new_session=True))
         while len(codes) < len(procs):
