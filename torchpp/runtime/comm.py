@@ -1,9 +1,12 @@
 """Point-to-point and group communication over gloo, with bounded waits and named failures.
 
 Receives are posted ahead (``irecv`` into a preallocated buffer) and sends are non-blocking,
-so transfers overlap compute. Each outstanding operation is waited on by a daemon thread,
-which stamps the moment it completed (gloo's p2p works offer no futures): the trace shows
-when data really arrived, and the compute loop blocks only when it needs the data.
+so transfers overlap compute (gloo's own I/O thread moves the bytes). The compute loop waits
+on an operation only when it needs the data. While a step is traced (``stamp``), each
+outstanding operation is also waited on by a daemon thread, which stamps the moment it
+completed (gloo's p2p works offer no futures), so the trace shows when data really arrived;
+untraced steps start no threads (on a machine with fewer cores than ranks, every extra
+thread that wakes up takes time from the compute of some rank).
 
 Every wait is bounded by ``timeout_s``: a dead peer (connection closed) or a stalled one
 (timeout) becomes a :class:`PeerError` that names the action and the peer, never a hang.
@@ -54,6 +57,8 @@ class Pending:
     work: object
     posted_s: float
     timeout_s: float
+    threaded: bool = True
+    """A waiter thread stamps ``done_s``; otherwise :meth:`Comm.wait` waits inline."""
     done_s: float | None = None
     error: BaseException | None = None
     _event: threading.Event = field(default_factory=threading.Event)
@@ -97,6 +102,8 @@ class Comm:
     def __init__(self, rank: int, timeout_s: float):
         self.rank, self.timeout_s = rank, timeout_s
         self.groups: dict[tuple[int, ...], object] = {}
+        self.stamp = False
+        """Stamp each operation's completion from a waiter thread (for traces)."""
 
     def make_groups(self, schedule: Schedule) -> None:
         """Create every all-reduce group of the schedule; all ranks call this in the same order."""
@@ -113,8 +120,9 @@ class Comm:
             work = fn(tensor, action.peer, tag=tag_of(action))
         except RuntimeError as e:
             raise PeerError(self._message(action, time.perf_counter(), e)) from None
-        p = Pending(action, tensor, work, time.perf_counter(), self.timeout_s)
-        threading.Thread(target=p._wait, name=f"wait-{action}", daemon=True).start()
+        p = Pending(action, tensor, work, time.perf_counter(), self.timeout_s, threaded=self.stamp)
+        if self.stamp:
+            threading.Thread(target=p._wait, name=f"wait-{action}", daemon=True).start()
         return p
 
     def irecv(self, action: Action, tensor: torch.Tensor) -> Pending:
@@ -125,7 +133,10 @@ class Comm:
 
     def wait(self, p: Pending) -> torch.Tensor:
         start = time.perf_counter()
-        if not p._event.wait(self.timeout_s + 5.0) and p.error is None:
+        if not p.threaded:
+            if p.done_s is None:
+                p._wait()
+        elif not p._event.wait(self.timeout_s + 5.0) and p.error is None:
             p.error = TimeoutError("waiter did not return")
         if p.error is not None:
             raise PeerError(self._message(p.action, start, p.error)) from None

@@ -79,6 +79,7 @@ class Executor:
         T, H = self.plan.seq_len, self.stage.hidden_size
         dtype = self.stage.dtype
         pending: dict[Action, Pending] = {}
+        comm.stamp = obs is not None
         for act in self.actions:  # post every receive of the step ahead
             if act.is_recv:
                 lo, hi = act.samples
