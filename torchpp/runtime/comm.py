@@ -158,14 +158,18 @@ class Comm:
                 size = 0
             buckets[-1].append(t)
             size += t.numel() * t.element_size()
+        buckets = [b for b in buckets if b]
+        # a bucket of one contiguous tensor (the tied weight's gradient) is reduced in place: no copy
+        inplace = [len(b) == 1 and b[0].is_contiguous() for b in buckets]
         start = time.perf_counter()
         try:
-            flats = [torch._utils._flatten_dense_tensors(b) for b in buckets if b]
+            flats = [b[0] if one else torch._utils._flatten_dense_tensors(b) for b, one in zip(buckets, inplace)]
             works = [dist.all_reduce(f, group=group, async_op=True) for f in flats]
             for w in works:
                 w.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as e:
             raise PeerError(self._message(action, start, e)) from None
-        for b, f in zip([b for b in buckets if b], flats):
-            for t, r in zip(b, torch._utils._unflatten_dense_tensors(f, b)):
-                t.copy_(r)
+        for b, f, one in zip(buckets, flats, inplace):
+            if not one:
+                for t, r in zip(b, torch._utils._unflatten_dense_tensors(f, b)):
+                    t.copy_(r)
