@@ -2,11 +2,13 @@
 
 Receives are posted ahead (``irecv`` into a preallocated buffer) and sends are non-blocking,
 so transfers overlap compute (gloo's own I/O thread moves the bytes). The compute loop waits
-on an operation only when it needs the data. While a step is traced (``stamp``), each
-outstanding operation is also waited on by a daemon thread, which stamps the moment it
-completed (gloo's p2p works offer no futures), so the trace shows when data really arrived;
-untraced steps start no threads (on a machine with fewer cores than ranks, every extra
-thread that wakes up takes time from the compute of some rank).
+on a receive only when it needs the data. Sends are waited on, in the order they were
+posted, by one long-lived daemon thread per rank, so a sent buffer is freed as soon as it
+has gone (gloo's p2p works make no progress on their own and offer no futures). While a step
+is traced (``stamp``), every operation gets its own waiter thread, which stamps the moment
+it completed, so the trace shows when data really arrived; untraced steps start no threads
+(on a machine with fewer cores than ranks, every extra thread takes time from some rank's
+compute).
 
 Every wait is bounded by ``timeout_s``: a dead peer (connection closed) or a stalled one
 (timeout) becomes a :class:`PeerError` that names the action and the peer, never a hang.
@@ -14,6 +16,7 @@ Every wait is bounded by ``timeout_s``: a dead peer (connection closed) or a sta
 from __future__ import annotations
 
 import datetime
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -76,6 +79,12 @@ class Pending:
         return self.tensor.numel() * self.tensor.element_size()
 
 
+def _reap(sends: "queue.SimpleQueue[Pending]") -> None:
+    """Wait on each send in turn; its waiter stamps it done (or failed) and drops nothing else."""
+    while True:
+        sends.get()._wait()
+
+
 def guarded(rank: int, what: str, timeout_s: float, fn, /, *args, **kwargs):
     """Run a collective; a failure becomes a :class:`PeerError` naming ``what``."""
     start = time.perf_counter()
@@ -104,6 +113,7 @@ class Comm:
         self.groups: dict[tuple[int, ...], object] = {}
         self.stamp = False
         """Stamp each operation's completion from a waiter thread (for traces)."""
+        self._sends: queue.SimpleQueue[Pending] | None = None
 
     def make_groups(self, schedule: Schedule) -> None:
         """Create every all-reduce group of the schedule; all ranks call this in the same order."""
@@ -120,9 +130,15 @@ class Comm:
             work = fn(tensor, action.peer, tag=tag_of(action))
         except RuntimeError as e:
             raise PeerError(self._message(action, time.perf_counter(), e)) from None
-        p = Pending(action, tensor, work, time.perf_counter(), self.timeout_s, threaded=self.stamp)
+        send = fn is dist.isend
+        p = Pending(action, tensor, work, time.perf_counter(), self.timeout_s, threaded=self.stamp or send)
         if self.stamp:
             threading.Thread(target=p._wait, name=f"wait-{action}", daemon=True).start()
+        elif send:
+            if self._sends is None:
+                self._sends = queue.SimpleQueue()
+                threading.Thread(target=_reap, args=(self._sends,), name=f"sends-rank{self.rank}", daemon=True).start()
+            self._sends.put(p)
         return p
 
     def irecv(self, action: Action, tensor: torch.Tensor) -> Pending:
