@@ -192,9 +192,13 @@ def test_traces_show_every_action_with_aligned_clocks(runs):
     ends = {e["id"]: e for e in ev if e["ph"] == "f"}
     assert starts and set(starts) == set(ends)
     rtt_us = max(merged["metadata"]["clock_rtt_s"]) * 1e6
-    for fid, s in starts.items():  # after alignment no message arrives before it was sent
+    # After alignment no message arrives before it was sent. The send row is laid out without
+    # overlap, so a send is drawn from the end of the previous one, whose completion a waiter
+    # thread stamps, late by up to a scheduler time slice or two when the cores are busy.
+    slack_us = rtt_us / 2 + 25_000
+    for fid, s in starts.items():
         assert s["pid"] != ends[fid]["pid"]
-        assert s["ts"] <= ends[fid]["ts"] + rtt_us / 2 + 1000
+        assert s["ts"] <= ends[fid]["ts"] + slack_us
     blocks = [e for e in xs if e.get("cat") == "block"]
     assert {(e["name"], e["args"]["pass"]) for e in blocks if e["pid"] == 2} >= {
         ("layer1", "forward"), ("layer3", "backward"), ("tail", "forward"), ("tail", "backward")}

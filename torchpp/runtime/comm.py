@@ -1,9 +1,14 @@
 """Point-to-point and group communication over gloo, with bounded waits and named failures.
 
 Receives are posted ahead (``irecv`` into a preallocated buffer) and sends are non-blocking,
-so transfers overlap compute. Each outstanding operation is waited on by a daemon thread,
-which stamps the moment it completed (gloo's p2p works offer no futures): the trace shows
-when data really arrived, and the compute loop blocks only when it needs the data.
+so transfers overlap compute (gloo's own I/O thread moves the bytes). The compute loop waits
+on a receive only when it needs the data. Sends are waited on, in the order they were
+posted, by one long-lived daemon thread per rank, so a sent buffer is freed as soon as it
+has gone (gloo's p2p works make no progress on their own and offer no futures). While a step
+is traced (``stamp``), every operation gets its own waiter thread, which stamps the moment
+it completed, so the trace shows when data really arrived; untraced steps start no threads
+(on a machine with fewer cores than ranks, every extra thread takes time from some rank's
+compute).
 
 Every wait is bounded by ``timeout_s``: a dead peer (connection closed) or a stalled one
 (timeout) becomes a :class:`PeerError` that names the action and the peer, never a hang.
@@ -11,6 +16,7 @@ Every wait is bounded by ``timeout_s``: a dead peer (connection closed) or a sta
 from __future__ import annotations
 
 import datetime
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -54,6 +60,8 @@ class Pending:
     work: object
     posted_s: float
     timeout_s: float
+    threaded: bool = True
+    """A waiter thread stamps ``done_s``; otherwise :meth:`Comm.wait` waits inline."""
     done_s: float | None = None
     error: BaseException | None = None
     _event: threading.Event = field(default_factory=threading.Event)
@@ -69,6 +77,12 @@ class Pending:
     @property
     def nbytes(self) -> int:
         return self.tensor.numel() * self.tensor.element_size()
+
+
+def _reap(sends: "queue.SimpleQueue[Pending]") -> None:
+    """Wait on each send in turn; its waiter stamps it done (or failed) and drops nothing else."""
+    while True:
+        sends.get()._wait()
 
 
 def guarded(rank: int, what: str, timeout_s: float, fn, /, *args, **kwargs):
@@ -97,6 +111,9 @@ class Comm:
     def __init__(self, rank: int, timeout_s: float):
         self.rank, self.timeout_s = rank, timeout_s
         self.groups: dict[tuple[int, ...], object] = {}
+        self.stamp = False
+        """Stamp each operation's completion from a waiter thread (for traces)."""
+        self._sends: queue.SimpleQueue[Pending] | None = None
 
     def make_groups(self, schedule: Schedule) -> None:
         """Create every all-reduce group of the schedule; all ranks call this in the same order."""
@@ -113,8 +130,15 @@ class Comm:
             work = fn(tensor, action.peer, tag=tag_of(action))
         except RuntimeError as e:
             raise PeerError(self._message(action, time.perf_counter(), e)) from None
-        p = Pending(action, tensor, work, time.perf_counter(), self.timeout_s)
-        threading.Thread(target=p._wait, name=f"wait-{action}", daemon=True).start()
+        send = fn is dist.isend
+        p = Pending(action, tensor, work, time.perf_counter(), self.timeout_s, threaded=self.stamp or send)
+        if self.stamp:
+            threading.Thread(target=p._wait, name=f"wait-{action}", daemon=True).start()
+        elif send:
+            if self._sends is None:
+                self._sends = queue.SimpleQueue()
+                threading.Thread(target=_reap, args=(self._sends,), name=f"sends-rank{self.rank}", daemon=True).start()
+            self._sends.put(p)
         return p
 
     def irecv(self, action: Action, tensor: torch.Tensor) -> Pending:
@@ -125,7 +149,10 @@ class Comm:
 
     def wait(self, p: Pending) -> torch.Tensor:
         start = time.perf_counter()
-        if not p._event.wait(self.timeout_s + 5.0) and p.error is None:
+        if not p.threaded:
+            if p.done_s is None:
+                p._wait()
+        elif not p._event.wait(self.timeout_s + 5.0) and p.error is None:
             p.error = TimeoutError("waiter did not return")
         if p.error is not None:
             raise PeerError(self._message(p.action, start, p.error)) from None
@@ -147,14 +174,18 @@ class Comm:
                 size = 0
             buckets[-1].append(t)
             size += t.numel() * t.element_size()
+        buckets = [b for b in buckets if b]
+        # a bucket of one contiguous tensor (the tied weight's gradient) is reduced in place: no copy
+        inplace = [len(b) == 1 and b[0].is_contiguous() for b in buckets]
         start = time.perf_counter()
         try:
-            flats = [torch._utils._flatten_dense_tensors(b) for b in buckets if b]
+            flats = [b[0] if one else torch._utils._flatten_dense_tensors(b) for b, one in zip(buckets, inplace)]
             works = [dist.all_reduce(f, group=group, async_op=True) for f in flats]
             for w in works:
                 w.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as e:
             raise PeerError(self._message(action, start, e)) from None
-        for b, f in zip([b for b in buckets if b], flats):
-            for t, r in zip(b, torch._utils._unflatten_dense_tensors(f, b)):
-                t.copy_(r)
+        for b, f, one in zip(buckets, flats, inplace):
+            if not one:
+                for t, r in zip(b, torch._utils._unflatten_dense_tensors(f, b)):
+                    t.copy_(r)

@@ -1,8 +1,10 @@
 """Runs one rank's action list (``schedules.build``) for one optimizer step.
 
-The list is the schedule; this loop adds nothing to the order. Receives of the whole step
-are posted before the first action, sends are non-blocking and awaited before the
-optimizer step, so communication overlaps compute as far as the order allows.
+The list is the schedule; this loop adds nothing to the order. Each receive is posted
+``RECV_LOOKAHEAD`` forward/backward passes before the pass that needs it (or at the start of
+the step), sends are non-blocking and awaited before the optimizer step, so communication
+overlaps compute as far as the order allows while only a few receive buffers are alive at a
+time (posting all of a step's receives at once would hold 2m activation-sized buffers).
 
 Loss scaling: the last stage divides each token-loss sum by the number of predicted tokens
 in the *global* batch, so the gradients of all micro-batches and all ranks simply add up to
@@ -24,6 +26,26 @@ from ..formats import Plan
 from ..models.stages import Stage
 from ..schedules import Action, Kind, sample_ranges
 from .comm import Comm, Pending, PeerError, describe
+
+RECV_LOOKAHEAD = 2
+"""A receive is posted this many forward/backward passes before the pass that consumes it."""
+
+
+def receive_posting(actions: list[Action], lookahead: int = RECV_LOOKAHEAD) -> dict[int, list[Action]]:
+    """index in ``actions`` -> the receives to post just before executing that action.
+
+    A receive is consumed by the first forward/backward after it in the list; it is posted
+    before the pass ``lookahead`` passes earlier (at index 0 when there is none)."""
+    passes = [i for i, a in enumerate(actions) if a.kind in (Kind.FORWARD, Kind.BACKWARD)]
+    out: dict[int, list[Action]] = {}
+    seen = 0
+    for i, a in enumerate(actions):
+        if a.kind in (Kind.FORWARD, Kind.BACKWARD):
+            seen += 1
+        elif a.is_recv:
+            at = passes[seen - lookahead] if seen >= lookahead else 0
+            out.setdefault(at, []).append(a)
+    return out
 
 
 class StepObserver(Protocol):
@@ -67,6 +89,7 @@ class Executor:
         self.tied = tied
         self.tied_contributor = self.pstage.devices[0].rank == rank
         self.observer: StepObserver | None = None
+        self.posting = receive_posting(actions)
 
     def _rows(self, mb: int, lo: int, hi: int) -> slice:
         base = mb * self.plan.micro_batch_size
@@ -79,10 +102,7 @@ class Executor:
         T, H = self.plan.seq_len, self.stage.hidden_size
         dtype = self.stage.dtype
         pending: dict[Action, Pending] = {}
-        for act in self.actions:  # post every receive of the step ahead
-            if act.is_recv:
-                lo, hi = act.samples
-                pending[act] = comm.irecv(act, torch.empty((hi - lo, T, H), dtype=dtype))
+        comm.stamp = obs is not None
         sends: list[Pending] = []
         parts: dict[tuple[Kind, int], list[tuple[int, torch.Tensor]]] = {}
         inputs: dict[int, torch.Tensor] = {}
@@ -95,7 +115,10 @@ class Executor:
             if act.kind == Kind.SEND_GRAD:
                 grad_sends[act.microbatch] = grad_sends.get(act.microbatch, 0) + 1
 
-        for act in self.actions:
+        for i, act in enumerate(self.actions):
+            for r in self.posting.get(i, ()):
+                lo, hi = r.samples
+                pending[r] = comm.irecv(r, torch.empty((hi - lo, T, H), dtype=dtype))
             k, mb = act.kind, act.microbatch
             if act.is_recv:
                 t0 = time.perf_counter()
