@@ -22,7 +22,7 @@ def run_demo(out: Path, *extra: str, timeout: float = 900) -> subprocess.Complet
 def check_artefacts(out: Path, hosts: list[str]) -> dict:
     for h in hosts:
         lf = LayersFile.load(out / "hosts" / f"layers_{h}.json")
-        assert lf.host == h and lf.run.batches == [1, 2]
+        assert lf.host == h and lf.run.batches == [1, 2, 8]
     cap = Capacities.load(out / "capacities.json")
     assert set(cap.capacity) == set(hosts)
     bw = Bandwidth.load(out / "bandwidth" / "bandwidth.json")

@@ -32,7 +32,9 @@ class DemoConfig:
 
     model: str = "qwen3-small"
     seq_len: int = 64
-    profile_batches: str = "1,4"
+    profile_batches: str = "1,4,16"
+    """Batch sizes each host is profiled at: spanning the micro-batch sizes the planner may pick,
+    so a call's time is interpolated, not extrapolated."""
     global_batch: int = 16
     steps: int = 6
     """Optimizer steps per training run; the first is warm-up and not counted."""
@@ -43,7 +45,7 @@ class DemoConfig:
 
     @staticmethod
     def quick() -> "DemoConfig":
-        return DemoConfig(model="qwen3-tiny", seq_len=32, profile_batches="1,2", global_batch=8, steps=3,
+        return DemoConfig(model="qwen3-tiny", seq_len=32, profile_batches="1,2,8", global_batch=8, steps=3,
                           memory_samples=3)
 
 
@@ -266,7 +268,8 @@ class Demo:
         out = self.path("memory_model.json")
         text = self.p.run("calibrate memory (random spans, fresh processes)",
                           [*self.tp, "calibrate-memory", "--layers", str(ref_layers), "--model", self.cfg.model,
-                           "--samples", str(self.cfg.memory_samples), "--microbatch", "2", "--threads", "1",
+                           "--samples", str(self.cfg.memory_samples), "--microbatch",
+                           str(max(2, self.cfg.global_batch // 2)), "--threads", "1",
                            "--out", str(out)])
         self.p.note(text.strip().splitlines()[-1])
         return out
