@@ -33,6 +33,24 @@ def memory_errors(report_dir: Path) -> list[tuple[int, float, float]]:
     return out
 
 
+def predict_fixed(path: Path, meas) -> None:
+    """Give a fixed-strategy plan the planner's prediction (step time, per-device memory), priced
+    from the same measurements, so analyze can compare its memory too."""
+    from torchpp.formats import Bandwidth, Capacities, Devices, LayersFile, MemoryModel, Plan
+    from torchpp.planner.cost import Links, Profiles
+    from torchpp.planner.memory import MemoryEstimator
+    from torchpp.planner.report import predict
+
+    plan = Plan.load(path)
+    prof = Profiles.from_layers([LayersFile.load(f) for f in meas.files], Capacities.load(meas.capacities),
+                                [str(f) for f in meas.files], str(meas.capacities))
+    memory = MemoryEstimator.fitted(MemoryModel.load(meas.memory), str(meas.memory))
+    dv = Devices.load(meas.devices)
+    budget = memory.budgets({h: dv.memory_bytes(h) for h in dv.hosts})
+    plan.predicted, _ = predict(plan, prof, Links(Bandwidth.load(meas.bandwidth), str(meas.bandwidth)), memory, budget)
+    plan.save(path)
+
+
 def run(demo: Demo) -> dict:
     hosts = demo.hosts.names
     meas = demo.measure_and_plan()
@@ -53,6 +71,8 @@ def run(demo: Demo) -> dict:
                [*demo.tp, "plan", "--strategy", "pp", "--stages", str(len(hosts)), "--hosts", ",".join(order),
                 "--microbatches", str(m), *common, "--out", str(bad)])
     plans["unbalanced"] = bad
+    for name in ("even", "dp", "unbalanced"):
+        predict_fixed(plans[name], meas)
     results = {name: demo.train(name, p, meas) for name, p in plans.items()}
     replanned = demo.replan(results["unbalanced"], meas)
     results["replan"] = demo.train("replan", replanned, meas)

@@ -127,8 +127,11 @@ def test_calibrate_memory_end_to_end_in_subprocesses(tmp_path):
     lf.save(tmp_path / "layers_local.json")
     out = tmp_path / "memory_model.json"
     assert main(["calibrate-memory", "--layers", str(tmp_path / "layers_local.json"), "--model", "qwen3-tiny",
-                 "--samples", "3", "--microbatch", "2", "--out", str(out)]) == 0
+                 "--samples", "3", "--microbatch", "2,8", "--out", str(out)]) == 0
     mm = MemoryModel.load(out)
     assert len(mm.samples) == 3 and len(mm.residuals) == 3
+    assert [s.batch for s in mm.samples] == [2, 8, 2] and mm.microbatch == 8  # sizes taken in turn
+    assert all(s.process_bytes > 50 * 2**20 for s in mm.samples)  # the runtime itself, recorded apart
+    assert mm.process_bytes == sorted(s.process_bytes for s in mm.samples)[1]
     assert all(s.peak_bytes > 0 for s in mm.samples)
     assert min(mm.base, mm.alpha, mm.Kp) >= 0

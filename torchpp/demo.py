@@ -38,7 +38,7 @@ class DemoConfig:
     global_batch: int = 16
     steps: int = 6
     """Optimizer steps per training run; the first is warm-up and not counted."""
-    memory_samples: int = 5
+    memory_samples: int = 6
     cluster: str = "configs/cluster/hetero4.json"
     local_hosts: int = 2
     timeout_s: float = 900.0
@@ -46,7 +46,7 @@ class DemoConfig:
     @staticmethod
     def quick() -> "DemoConfig":
         return DemoConfig(model="qwen3-tiny", seq_len=32, profile_batches="1,2,8", global_batch=8, steps=3,
-                          memory_samples=3)
+                          memory_samples=4)
 
 
 @dataclass
@@ -269,7 +269,8 @@ class Demo:
         text = self.p.run("calibrate memory (random spans, fresh processes)",
                           [*self.tp, "calibrate-memory", "--layers", str(ref_layers), "--model", self.cfg.model,
                            "--samples", str(self.cfg.memory_samples), "--microbatch",
-                           str(max(2, self.cfg.global_batch // 2)), "--threads", "1",
+                           f"{max(1, self.cfg.global_batch // 8)},{max(2, self.cfg.global_batch // 2)}",
+                           "--threads", "1",
                            "--out", str(out)])
         self.p.note(text.strip().splitlines()[-1])
         return out

@@ -92,20 +92,25 @@ def measure_span(model: str, start: int, end: int, has_embed: bool, has_tail: bo
     return int(rec["peak_bytes"]), int(rec.get("base_rss_bytes", 0))
 
 
-def calibrate(lf: LayersFile, model: str, *, samples: int, batch: int, seq_len: int | None = None, seed: int = 0,
-              timeout_s: float = 300.0, threads: int = 1, progress=print) -> MemoryModel:
+def calibrate(lf: LayersFile, model: str, *, samples: int, batch: int | Sequence[int], seq_len: int | None = None,
+              seed: int = 0, timeout_s: float = 300.0, threads: int = 1, progress=print) -> MemoryModel:
+    """Spans take the micro-batch sizes in turn: with one size, weights and activations both
+    grow with a span's length and the fit can hardly tell them apart; with several they can."""
     seq = seq_len or lf.run.seq_len
+    sizes = [batch] if isinstance(batch, int) else list(batch)
     spans = random_spans(lf.model.num_layers, samples, seed)
     rows = []
     for i, (s, e) in enumerate(spans):
+        batch = sizes[i % len(sizes)]
         w, a, he, ht = span_sums(lf, s, e)
         peak, proc = measure_span(model, s, e, he, ht, batch, seq, timeout_s, threads)
         rows.append(MemorySample(start=s, end=e, has_embed=he, has_tail=ht, weights_bytes=w,
                                  activation_bytes_per_sample=a, batch=batch, peak_bytes=peak, process_bytes=proc))
-        progress(f"  span {i + 1}/{len(spans)} [{s:>3}, {e:>3}){' +embed' if he else ''}{' +tail' if ht else ''}: "
+        progress(f"  span {i + 1}/{len(spans)} [{s:>3}, {e:>3}){' +embed' if he else ''}{' +tail' if ht else ''} "
+                 f"x {batch}: "
                  f"weights {w / 2**20:8.1f} MiB, peak +{peak / 2**20:8.1f} MiB")
     mm = fit(rows)
-    mm.host, mm.model, mm.microbatch = lf.host, model, batch
+    mm.host, mm.model, mm.microbatch = lf.host, model, max(sizes)
     mm.process_bytes = float(statistics.median(r.process_bytes for r in rows))
     return mm
 
@@ -114,7 +119,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", required=True, type=Path, help="layers_<host>.json of this host (bytes per block)")
     p.add_argument("--model", required=True, help="preset name or local checkpoint (the profiled model)")
     p.add_argument("--samples", type=int, default=20, help="number of random spans")
-    p.add_argument("--microbatch", type=int, default=None, help="samples per span run (default: run.batch)")
+    p.add_argument("--microbatch", default=None, help="samples per span run, or sizes taken in turn such as 2,8 "
+                   "(better separates weights from activations; default: run.batch)")
     p.add_argument("--seq-len", type=int, default=None, help="default: the layers file's run.seq_len")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
@@ -137,8 +143,14 @@ def run(args: argparse.Namespace) -> int:
                           lf.model.num_layers)
     if args.samples < 3:
         raise UsageError("--samples: expected at least 3 spans (three coefficients are fitted)")
-    batch = args.microbatch or lf.run.batch
-    print(f"calibrating memory of {args.model} on {lf.host}: {args.samples} span(s), micro-batch {batch}")
+    try:
+        batch = [int(x) for x in str(args.microbatch).split(",")] if args.microbatch else [lf.run.batch]
+    except ValueError:
+        raise UsageError(f"--microbatch: expected an integer or a list such as 2,8, got {args.microbatch!r}") from None
+    if min(batch) < 1:
+        raise UsageError(f"--microbatch: expected sizes >= 1, got {args.microbatch!r}")
+    print(f"calibrating memory of {args.model} on {lf.host}: {args.samples} span(s), micro-batch "
+          f"{', '.join(map(str, batch))}")
     mm = calibrate(lf, args.model, samples=args.samples, batch=batch, seq_len=args.seq_len, seed=args.seed,
                    timeout_s=args.timeout, threads=args.threads)
     mm.save(args.out)
