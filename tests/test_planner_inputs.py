@@ -135,3 +135,22 @@ def test_calibrate_memory_end_to_end_in_subprocesses(tmp_path):
     assert mm.process_bytes == sorted(s.process_bytes for s in mm.samples)[1]
     assert all(s.peak_bytes > 0 for s in mm.samples)
     assert min(mm.base, mm.alpha, mm.Kp) >= 0
+
+
+@pytest.mark.timeout(240)
+def test_memory_probe_counts_optimizer_moments_beside_activations():
+    """A training rank's backward runs beside AdamW's two moments, which exist only after the
+    first step: the probe's peak over three steps exceeds a one-step peak by about 2 × weights."""
+    import subprocess
+    import sys
+
+    def peak(steps: int) -> dict:
+        out = subprocess.run([sys.executable, "-m", "torchpp.planner.memory_probe", "--model", "qwen3-small",
+                              "--start", "2", "--end", "5", "--batch", "8", "--seq-len", "64", "--steps", str(steps)],
+                             capture_output=True, text=True, timeout=200, check=True).stdout
+        return json.loads(out.strip().splitlines()[-1])
+
+    one, three = peak(1), peak(3)
+    weights = 3 * 3_148_288  # three qwen3-small decoder layers, fp32
+    assert three["steps"] == 3 and one["steps"] == 1
+    assert three["peak_bytes"] - one["peak_bytes"] >= 1.0 * weights, (one, three)

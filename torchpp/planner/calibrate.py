@@ -1,8 +1,9 @@
 """`torchpp calibrate-memory`: fit ``peak ≈ base + alpha·Σweights + Kp·Σactivation·B`` (seed 000 step 4).
 
 Random spans [s, e) of decoder layers (with the embedding when s = 0 and the tail when e = N,
-as a stage would hold them) each run forward + backward + one AdamW step in a fresh
-subprocess (:mod:`torchpp.planner.memory_probe`), which reports its peak RSS increase. The
+as a stage would hold them) are each built as the runtime builds a stage and trained for a
+few AdamW steps (the moments exist from the second on) in a fresh subprocess
+(:mod:`torchpp.planner.memory_probe`), which reports its peak RSS increase. The
 three coefficients are fitted by non-negative least squares (scipy.optimize.nnls); the file
 keeps the samples, the residuals and R². ``alpha`` thus covers weights, gradients and
 optimizer state; ``Kp`` the activations of one micro-batch, which the planner multiplies by

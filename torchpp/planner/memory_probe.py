@@ -1,7 +1,7 @@
 """One memory-calibration span, run in its own process: ``python -m torchpp.planner.memory_probe``.
 
-Builds only what a stage holding decoder layers [start, end) (plus the embedding and/or tail)
-holds, runs one forward + backward + AdamW step on ``batch`` samples, and prints one JSON line
+Builds the stage the runtime would build for decoder layers [start, end) (plus the embedding
+and/or tail), runs a few forward + backward + AdamW steps on ``batch`` samples, and prints one JSON line
 with the peak resident-set increase over the process's RSS before the model was built. The
 peak is sampled with psutil from a background thread (torch releases the GIL in its kernels).
 A fresh process per span keeps one span's allocator state out of the next span's figure.
@@ -12,6 +12,8 @@ import argparse
 import json
 import threading
 import time
+
+PROBE_STEPS = 3
 
 
 class PeakRSS:
@@ -42,48 +44,46 @@ class PeakRSS:
 
 
 def run_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, batch: int, seq_len: int,
-             threads: int = 1) -> dict:
+             threads: int = 1, steps: int = PROBE_STEPS) -> dict:
+    """The runtime's own stage (``build_stage``) and optimizer, trained ``steps`` times.
+
+    One step is not enough: AdamW's moments only exist after the first ``step()``, so the first
+    backward's activations sit beside weights and gradients alone, while every later one sits
+    beside the moments too; from the second step on the peak is the one a training rank sees."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from ..models.presets import load_config, num_hidden_layers
+    from ..models.stages import StageSpec, build_stage
+    from ..runtime.trainer import make_optimizer
 
     torch.set_num_threads(threads)
     cfg = load_config(model)
     total = num_hidden_layers(cfg)
     if not 0 <= start < end <= total:
         raise ValueError(f"span [{start}, {end}) outside the model's {total} layers")
-    n = end - start
-    from ..models.presets import set_num_hidden_layers
-
-    set_num_hidden_layers(cfg, n)
+    if steps < 1:
+        raise ValueError(f"steps: expected at least 1, got {steps}")
     vocab = int(cfg.vocab_size)
-    if not has_embed and not has_tail:
-        cfg.vocab_size = 8  # neither vocabulary matrix lives on such a stage
-    if has_embed != has_tail:
-        cfg.tie_word_embeddings = True  # the stage holds exactly one vocabulary matrix
-    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
     with PeakRSS() as rss:
-        m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-        m.train()
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
-        hidden = int(getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd"))
-        if has_embed:
-            kw = {"input_ids": torch.randint(0, vocab, (batch, seq_len))}
-        else:
-            kw = {"inputs_embeds": torch.randn(batch, seq_len, hidden)}
-        if has_tail:
-            ids = kw.get("input_ids")
-            labels = ids if ids is not None else torch.randint(0, vocab, (batch, seq_len))
-            loss = m(**kw, labels=labels).loss
-            loss.backward()
-        else:
-            out = m.base_model(**kw).last_hidden_state
-            out.backward(torch.randn_like(out))
-        opt.step()
-        opt.zero_grad(set_to_none=False)
+        stage = build_stage(model, cfg, StageSpec(layers=(start, end), has_embed=has_embed, has_tail=has_tail))
+        opt = make_optimizer("adamw", stage.parameters(), 1e-4, 0.0)
+        for _ in range(steps):
+            if has_embed:
+                x = torch.randint(0, vocab, (batch, seq_len), generator=gen)
+            else:  # a received activation: the runtime computes its gradient to send it back
+                x = torch.randn(batch, seq_len, stage.hidden_size, generator=gen).requires_grad_(True)
+            if has_tail:
+                labels = torch.randint(0, vocab, (batch, seq_len), generator=gen)
+                stage.forward(x, labels, batch * (seq_len - 1)).backward()
+            else:
+                out = stage.forward(x)
+                out.backward(torch.randn(out.shape, generator=gen))
+            del x
+            opt.step()
+            opt.zero_grad(set_to_none=True)
     return {"start": start, "end": end, "has_embed": has_embed, "has_tail": has_tail, "batch": batch,
-            "peak_bytes": int(rss.peak - rss.base), "base_rss_bytes": int(rss.base)}
+            "steps": steps, "peak_bytes": int(rss.peak - rss.base), "base_rss_bytes": int(rss.base)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--seq-len", type=int, required=True)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--steps", type=int, default=PROBE_STEPS)
     a = p.parse_args(argv)
-    print(json.dumps(run_span(a.model, a.start, a.end, a.embed, a.tail, a.batch, a.seq_len, a.threads)), flush=True)
+    print(json.dumps(run_span(a.model, a.start, a.end, a.embed, a.tail, a.batch, a.seq_len, a.threads, a.steps)),
+          flush=True)
     return 0
 
 
