@@ -21,34 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from torchpp.demo import Demo, DemoConfig, DemoError, demo_hosts  # noqa: E402
-
-
-def memory_errors(report_dir: Path) -> list[tuple[int, float, float]]:
-    rep = json.loads((report_dir / "report.json").read_text())
-    out = []
-    for r, v in rep.get("memory", {}).items():
-        if v.get("measured_peak_bytes") and v.get("predicted_peak_bytes"):
-            out.append((int(r), v["predicted_peak_bytes"] / 2**20, v["measured_peak_bytes"] / 2**20))
-    return out
-
-
-def predict_fixed(path: Path, meas) -> None:
-    """Give a fixed-strategy plan the planner's prediction (step time, per-device memory), priced
-    from the same measurements, so analyze can compare its memory too."""
-    from torchpp.formats import Bandwidth, Capacities, Devices, LayersFile, MemoryModel, Plan
-    from torchpp.planner.cost import Links, Profiles
-    from torchpp.planner.memory import MemoryEstimator
-    from torchpp.planner.report import predict
-
-    plan = Plan.load(path)
-    prof = Profiles.from_layers([LayersFile.load(f) for f in meas.files], Capacities.load(meas.capacities),
-                                [str(f) for f in meas.files], str(meas.capacities))
-    memory = MemoryEstimator.fitted(MemoryModel.load(meas.memory), str(meas.memory))
-    dv = Devices.load(meas.devices)
-    budget = memory.budgets({h: dv.memory_bytes(h) for h in dv.hosts})
-    plan.predicted, _ = predict(plan, prof, Links(Bandwidth.load(meas.bandwidth), str(meas.bandwidth)), memory, budget)
-    plan.save(path)
+from torchpp.demo import Demo, DemoConfig, DemoError, demo_hosts, price_fixed  # noqa: E402
 
 
 def run(demo: Demo) -> dict:
@@ -60,7 +33,7 @@ def run(demo: Demo) -> dict:
     m = Plan.load(planned).num_microbatches
     common = ["--model", demo.cfg.model, "--global-batch", str(demo.cfg.global_batch), "--seq-len",
               str(demo.cfg.seq_len)]
-    plans = {"plan": planned, "even": demo.even_plan(planned)}
+    plans = {"plan": planned, "even": demo.even_plan(planned, meas)}
     dp = demo.path("dp", "plan.json")
     demo.p.run("data-parallel plan", [*demo.tp, "plan", "--strategy", "dp", "--devices", str(len(hosts)), "--hosts",
                                       ",".join(hosts), "--microbatches", "1", *common, "--out", str(dp)])
@@ -71,19 +44,17 @@ def run(demo: Demo) -> dict:
                [*demo.tp, "plan", "--strategy", "pp", "--stages", str(len(hosts)), "--hosts", ",".join(order),
                 "--microbatches", str(m), *common, "--out", str(bad)])
     plans["unbalanced"] = bad
-    for name in ("even", "dp", "unbalanced"):
-        predict_fixed(plans[name], meas)
+    for name in ("dp", "unbalanced"):
+        price_fixed(plans[name], meas)
     results = {name: demo.train(name, p, meas) for name, p in plans.items()}
     replanned = demo.replan(results["unbalanced"], meas)
     results["replan"] = demo.train("replan", replanned, meas)
 
     rows, errs = [], []
     for name, r in results.items():
-        mem_rows = memory_errors(Path(r.report).parent)
         rows.append({"run": name, "plan": r.plan, "predicted_s": r.predicted_step_s, "measured_s": r.measured_step_s,
                      "error": r.error, "steps_s": r.steps_s,
-                     "memory_mib": [{"rank": k, "predicted": p, "measured": q, "error": (p - q) / q}
-                                    for k, p, q in mem_rows]})
+                     "memory_mib": r.memory_mib})
         errs.append(abs(r.error))
     meas = {r["run"]: r["measured_s"] for r in rows}
     best = min(meas["plan"], meas["replan"])

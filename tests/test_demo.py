@@ -46,6 +46,9 @@ def check_artefacts(out: Path, hosts: list[str]) -> dict:
         for png in ("gantt.png", "stages.png"):
             assert (report / png).read_bytes()[:4] == b"\x89PNG"
         assert (traces.parent / "predicted.json").exists()
+        # every run, the even baseline too, is priced for memory and compared rank by rank
+        assert sorted(x["rank"] for x in r["memory_mib"]) == list(range(plan.world_size)), r["memory_mib"]
+        assert r["memory_error"] == max((x["error"] for x in r["memory_mib"]), key=abs)
     for f in ("plan.json", "summary.txt", "gantt.png", "stages.csv"):
         assert (out / "plan" / f).exists(), f
     assert (out / "replan" / "plan.json").exists() and (out / "replan" / "replan_summary.txt").exists()

@@ -200,6 +200,24 @@ class Measured:
     plan: Path
 
 
+def price_fixed(path: Path, m: Measured) -> None:
+    """Give a fixed-strategy plan the planner's prediction (step time, per-device memory) from
+    the same measurements as the searched plan, so analyze compares its memory too."""
+    from .formats import Bandwidth, Capacities, Devices, LayersFile, MemoryModel, Plan
+    from .planner.cost import Links, Profiles
+    from .planner.memory import MemoryEstimator
+    from .planner.report import predict
+
+    plan = Plan.load(path)
+    prof = Profiles.from_layers([LayersFile.load(f) for f in m.files], Capacities.load(m.capacities),
+                                [str(f) for f in m.files], str(m.capacities))
+    memory = MemoryEstimator.fitted(MemoryModel.load(m.memory), str(m.memory))
+    dv = Devices.load(m.devices)
+    budget = memory.budgets({h: dv.memory_bytes(h) for h in dv.hosts})
+    plan.predicted, _ = predict(plan, prof, Links(Bandwidth.load(m.bandwidth), str(m.bandwidth)), memory, budget)
+    plan.save(path)
+
+
 @dataclass
 class RunResult:
     name: str
@@ -209,12 +227,29 @@ class RunResult:
     steps_s: list[float]
     report: str
     trace_dir: str
+    memory_mib: list[dict] = field(default_factory=list)
+    """Per rank with a prediction: predicted and measured peak MiB of its stage, and the error."""
 
     @property
     def error(self) -> float | None:
         if self.predicted_step_s is None:
             return None
         return (self.predicted_step_s - self.measured_step_s) / self.measured_step_s
+
+    @property
+    def memory_error(self) -> float | None:
+        """The worst rank's relative error of predicted against measured peak memory."""
+        return max((x["error"] for x in self.memory_mib), key=abs, default=None)
+
+
+def memory_rows(report_json: Path) -> list[dict]:
+    rep = json.loads(report_json.read_text()) if report_json.exists() else {}
+    out = []
+    for r, v in sorted((rep.get("memory") or {}).items(), key=lambda kv: int(kv[0])):
+        p, q = v.get("predicted_peak_bytes"), v.get("measured_peak_bytes")
+        if p and q:
+            out.append({"rank": int(r), "predicted": p / 2**20, "measured": q / 2**20, "error": (p - q) / q})
+    return out
 
 
 def measured_step_times(log_dir: Path) -> list[float]:
@@ -287,7 +322,7 @@ class Demo:
                               and "candidate" not in x)[:2000])
         return d / "plan.json"
 
-    def even_plan(self, planned: Path) -> Path:
+    def even_plan(self, planned: Path, m: Measured | None = None) -> Path:
         from .formats import Plan
 
         p = Plan.load(planned)
@@ -299,6 +334,8 @@ class Demo:
                     self.cfg.model, "--global-batch", str(self.cfg.global_batch), "--microbatches",
                     str(p.num_microbatches), "--seq-len", str(self.cfg.seq_len), "--hosts",
                     ",".join(self.hosts.names[:n]), "--out", str(out)])
+        if m is not None:
+            price_fixed(out, m)
         return out
 
     # --- run and look
@@ -326,7 +363,7 @@ class Demo:
         self.p.note("\n".join([x for x in text.splitlines() if not x.startswith("$")][:2]))
         return RunResult(name=name, plan=str(plan), measured_step_s=statistics.median(steps),
                          predicted_step_s=predicted, steps_s=steps, report=str(report / "report.md"),
-                         trace_dir=str(traces))
+                         trace_dir=str(traces), memory_mib=memory_rows(report / "report.json"))
 
     def replan(self, res: RunResult, m: Measured) -> Path:
         d = self.path("replan")
@@ -355,7 +392,7 @@ class Demo:
 
     def main(self) -> dict:
         m = self.measure_and_plan()
-        even = self.even_plan(m.plan)
+        even = self.even_plan(m.plan, m)
         results = [self.train("even", even, m), self.train("plan", m.plan, m)]
         replanned = self.replan(results[1], m)
         results.append(self.train("replan", replanned, m))
@@ -366,11 +403,15 @@ class Demo:
         lines = [f"# torchpp demo ({self.hosts.mode}: {', '.join(self.hosts.names)})", "",
                  f"{self.cfg.model}, seq {self.cfg.seq_len}, global batch {self.cfg.global_batch}; measured = "
                  f"median of rank 0's step times after the first ({self.cfg.steps - 1} steps)", "",
-                 "| plan | measured step (s) | predicted (s) | error | vs even |", "|---|---|---|---|---|"]
+                 "| plan | measured step (s) | predicted (s) | error | vs even | peak memory error (worst rank) |",
+                 "|---|---|---|---|---|---|"]
         for r in results:
             pred = f"{r.predicted_step_s:.4f}" if r.predicted_step_s is not None else "–"
             err = f"{100 * r.error:+.1f}%" if r.error is not None else "–"
-            lines.append(f"| {r.name} | {r.measured_step_s:.4f} | {pred} | {err} | {r.measured_step_s / base:.3f}x |")
+            me = r.memory_error
+            mem = f"{100 * me:+.1f}% ({len(r.memory_mib)} rank(s))" if me is not None else "–"
+            lines.append(f"| {r.name} | {r.measured_step_s:.4f} | {pred} | {err} | {r.measured_step_s / base:.3f}x "
+                         f"| {mem} |")
         lines += ["", "files:"] + [f"- {r.name}: plan {r.plan}, report {r.report}, timelines {r.trace_dir}"
                                    for r in results]
         lines += [f"- plan summary {self.path('plan', 'summary.txt')}, Gantt {self.path('plan', 'gantt.png')}",
@@ -379,7 +420,8 @@ class Demo:
         text = "\n".join(lines)
         self.path("summary.md").write_text(text + "\n")
         summary = {"format": "torchpp.demo/1", "mode": self.hosts.mode, "hosts": self.hosts.names,
-                   "config": asdict(self.cfg), "runs": [{**asdict(r), "error": r.error} for r in results],
+                   "config": asdict(self.cfg), "runs": [{**asdict(r), "error": r.error, "memory_error": r.memory_error}
+                                                      for r in results],
                    "seconds": time.monotonic() - self.p.t0}
         self.path("summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         print("\n" + text, flush=True)
