@@ -109,13 +109,42 @@ def test_memory_fit_recovers_coefficients_and_round_trips(tmp_path):
     assert MemoryModel.load(tmp_path / "seed.json").predict(10, 100, 2, in_flight=3) == 1 + 20 + 3 * 100 * 2 * 3
 
 
+def test_memory_fit_separates_the_tail_factor(tmp_path):
+    """Spans with and without the tail: the logits' own factor Kt is recovered beside Kp, and
+    the planner's per-block activations weight the tail by Kt / Kp."""
+    import numpy as np
+
+    from torchpp.planner.memory import MemoryEstimator
+
+    base, alpha, kp, kt = 1e8, 4.0, 30.0, 1.5
+    spans = [(0, 1, 1e6, 1e4, 0, 2), (0, 2, 2e6, 2e4, 0, 8), (1, 4, 3e6, 3e4, 0, 2), (2, 4, 5e6, 1e4 + 3e5, 3e5, 8),
+             (3, 4, 4e6, 5e3 + 3e5, 3e5, 2), (1, 3, 2e6, 2e4, 0, 8)]
+    rows = [MemorySample(start=s, end=e, has_embed=False, has_tail=t > 0, weights_bytes=int(w),
+                         activation_bytes_per_sample=int(a), tail_activation_bytes_per_sample=int(t), batch=b,
+                         peak_bytes=int(base + alpha * w + b * (kp * (a - t) + kt * t)))
+            for s, e, w, a, t, b in spans]
+    mm = fit(rows)
+    assert (mm.base, mm.alpha, mm.Kp, mm.Kt) == pytest.approx((base, alpha, kp, kt), rel=1e-5)
+    mm.save(tmp_path / "mm.json")
+    assert MemoryModel.load(tmp_path / "mm.json").Kt == pytest.approx(kt)
+    est = MemoryEstimator.fitted(mm)
+    acts = est.activations(np.array([1.0, 2.0, 2.0, 10.0]))
+    assert list(acts) == pytest.approx([1.0, 2.0, 2.0, 10.0 * kt / kp])
+    assert mm.predict(1e6, 1e4 + 3e5, 4, in_flight=1, tail_activation_bytes_per_sample=3e5) == pytest.approx(
+        base + alpha * 1e6 + 4 * (kp * 1e4 + kt * 3e5))
+    # without tail spans there is nothing to tell Kt apart: one factor, as before
+    assert fit([r for r in rows if not r.has_tail]).Kt is None
+
+
 def test_random_spans_distinct_and_sums():
     spans = random_spans(8, 10, seed=1)
     assert len(set(spans)) == 10 and all(0 <= s < e <= 8 for s, e in spans)
     assert len({e - s for s, e in spans}) >= 5
+    assert sum(e == 8 for _, e in spans) >= 3  # a third end with the tail, for Kt
+    assert sum(e == 8 for _, e in random_spans(8, 4, seed=2)) >= 2
     lf = layers_file("a", num_layers=4, layer_param_bytes=[1, 2, 3, 4], embed_param_bytes=100, tail_param_bytes=1000)
     assert span_sums(lf, 0, 2)[:3] == (103, 3 * 64, True)
-    assert span_sums(lf, 3, 4)[:4] == (1004, 2 * 64, False, True)
+    assert span_sums(lf, 3, 4) == (1004, 2 * 64, False, True, 64)
 
 
 @pytest.mark.timeout(240)

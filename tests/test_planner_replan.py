@@ -76,7 +76,7 @@ def write_traces(plan: Plan, true_dir: Path, hosts: dict[str, float], trace_dir:
         tl = replay(build(plan), Noisy(cost, n))
         tr = predicted_trace(plan, tl, step=n, bytes_of=bytes_of)
         for r, md in tr["metadata"]["ranks"].items():
-            W, K, const, _ = memory_terms(plan, prof, int(r))
+            W, K, const, _ = memory_terms(plan, prof, int(r), TRUE_MEMORY)
             md["peak_rss_bytes"] = int(TRUE_MEMORY.base + TRUE_MEMORY.alpha * W + TRUE_MEMORY.kp * K + const)
         (trace_dir / f"timeline_step{n}_all.json").write_text(json.dumps(tr))
 

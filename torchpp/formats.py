@@ -725,6 +725,8 @@ class MemorySample:
     predicted_bytes: float = 0.0
     process_bytes: int = 0
     """RSS of the span's process before its model was built (the torch runtime)."""
+    tail_activation_bytes_per_sample: int = 0
+    """The part of ``activation_bytes_per_sample`` that is the tail's output (the logits)."""
 
 
 @dataclass(kw_only=True)
@@ -747,11 +749,22 @@ class MemoryModel:
     process_bytes: float = 0.0
     """Median RSS of the calibration processes before a model was built: what the torch runtime
     itself takes on a device, which the planner reserves from every device's budget."""
+    Kt: float | None = None
+    """Bytes held per byte of the tail's output (the logits) per sample. A decoder layer keeps
+    tens of tensors the size of its output for backward, the tail a copy or two of its logits,
+    so one factor for both over- or under-counts whichever stage holds the tail; ``None``
+    (files without it) means ``Kp``."""
     format: str = f"torchpp.{MEMORY_KIND}/{MEMORY_VERSION}"
 
+    @property
+    def tail_factor(self) -> float:
+        return self.Kp if self.Kt is None else self.Kt
+
     def predict(self, weights_bytes: float, activation_bytes_per_sample: float, samples: float,
-                in_flight: int = 1) -> float:
-        return self.base + self.alpha * weights_bytes + self.Kp * activation_bytes_per_sample * samples * in_flight
+                in_flight: int = 1, tail_activation_bytes_per_sample: float = 0.0) -> float:
+        body = activation_bytes_per_sample - tail_activation_bytes_per_sample
+        return self.base + self.alpha * weights_bytes + samples * in_flight * (
+            self.Kp * body + self.tail_factor * tail_activation_bytes_per_sample)
 
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)
@@ -777,13 +790,15 @@ class MemoryModel:
                 weights_bytes=sr.int("weights_bytes", min_value=0),
                 activation_bytes_per_sample=sr.int("activation_bytes_per_sample", min_value=0),
                 batch=sr.int("batch", min_value=1), peak_bytes=sr.int("peak_bytes"),
-                predicted_bytes=sr.float("predicted_bytes", 0.0), process_bytes=sr.int("process_bytes", 0, min_value=0)))
+                predicted_bytes=sr.float("predicted_bytes", 0.0), process_bytes=sr.int("process_bytes", 0, min_value=0),
+                tail_activation_bytes_per_sample=sr.int("tail_activation_bytes_per_sample", 0, min_value=0)))
         r2 = r.raw("r2", None)
         return MemoryModel(base=r.float("base"), alpha=r.float("alpha", min_value=0.0), Kp=r.float("Kp", min_value=0.0),
                            r2=float("nan") if r2 is None else r.float("r2"), residuals=r.floats("residuals", []),
                            samples=samples, host=r.str("host", ""), model=r.str("model", ""),
                            microbatch=r.int("microbatch", 0, min_value=0),
-                           process_bytes=r.float("process_bytes", 0.0, min_value=0.0))
+                           process_bytes=r.float("process_bytes", 0.0, min_value=0.0),
+                           Kt=None if r.raw("Kt", None) is None else r.float("Kt", min_value=0.0))
 
     @staticmethod
     def load(path: str | os.PathLike) -> "MemoryModel":

@@ -7,7 +7,10 @@ few AdamW steps (the moments exist from the second on) in a fresh subprocess
 three coefficients are fitted by non-negative least squares (scipy.optimize.nnls); the file
 keeps the samples, the residuals and R². ``alpha`` thus covers weights, gradients and
 optimizer state; ``Kp`` the activations of one micro-batch, which the planner multiplies by
-the 1F1B in-flight count ``min(stages − stage_index, microbatches)``.
+the 1F1B in-flight count ``min(stages − stage_index, microbatches)``. The tail's output (the
+logits) gets its own factor ``Kt``: a decoder layer keeps tens of tensors its output's size for
+backward, the tail one or two copies of its logits, and one factor for both mis-prices
+whichever stage holds the tail.
 """
 from __future__ import annotations
 
@@ -28,38 +31,52 @@ from .cost import stage_blocks
 
 
 def random_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, int]]:
-    """Distinct spans, spread over lengths so the fit sees small and large stages."""
+    """Distinct spans, spread over lengths so the fit sees small and large stages; a third of
+    them (at least two) end with the tail, so its own factor Kt can be fitted."""
     rng = random.Random(seed)
     all_spans = [(s, e) for s in range(num_layers) for e in range(s + 1, num_layers + 1)]
     if count >= len(all_spans):
         return all_spans
     rng.shuffle(all_spans)
+    tails = [sp for sp in all_spans if sp[1] == num_layers]
+    want = min(len(tails), max(2, count // 3), count)
+    out = [tails[i] for i in sorted(rng.sample(range(len(tails)), want))] if want else []
     by_len: dict[int, list[tuple[int, int]]] = {}
     for sp in all_spans:
-        by_len.setdefault(sp[1] - sp[0], []).append(sp)
-    out: list[tuple[int, int]] = []
+        if sp not in out:
+            by_len.setdefault(sp[1] - sp[0], []).append(sp)
     while len(out) < count:  # round-robin over lengths
         for n in sorted(by_len):
             if by_len[n] and len(out) < count:
                 out.append(by_len[n].pop())
+    rng.shuffle(out)
     return out
 
 
-def span_sums(lf: LayersFile, start: int, end: int) -> tuple[int, int, bool, bool]:
-    """Σweights and Σactivation-per-sample of a stage holding layers [start, end)."""
+def span_sums(lf: LayersFile, start: int, end: int) -> tuple[int, int, bool, bool, int]:
+    """Σweights, Σactivation-per-sample, embed?, tail? and the tail's activation of a stage
+    holding layers [start, end)."""
     has_embed, has_tail = start == 0, end == lf.model.num_layers
     blocks = [lf.embed, *lf.layers, lf.tail]
     params = [lf.embed_param_bytes, *[b.param_bytes for b in lf.layers], lf.tail_param_bytes]
     lo, hi = stage_blocks((start, end), has_embed, has_tail)
     return (int(sum(params[lo:hi])), int(sum(b.activation_bytes_per_sample for b in blocks[lo:hi])),
-            has_embed, has_tail)
+            has_embed, has_tail, int(lf.tail.activation_bytes_per_sample) if has_tail else 0)
 
 
 def fit(samples: Sequence[MemorySample]) -> MemoryModel:
-    """NNLS fit of base, alpha, Kp; columns are scaled so their magnitudes do not matter."""
+    """NNLS fit of base, alpha, Kp and, when spans with and without the tail are both present,
+    the tail's own factor Kt; columns are scaled so their magnitudes do not matter."""
     from scipy.optimize import nnls
 
-    A = np.array([[1.0, s.weights_bytes, s.activation_bytes_per_sample * s.batch] for s in samples])
+    tails = {s.tail_activation_bytes_per_sample > 0 for s in samples}
+    with_kt = tails == {True, False} and len(samples) >= 5
+    rows = []
+    for s in samples:
+        body = (s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample) * s.batch
+        tail = s.tail_activation_bytes_per_sample * s.batch
+        rows.append([1.0, s.weights_bytes, body, tail] if with_kt else [1.0, s.weights_bytes, body + tail])
+    A = np.array(rows, dtype=float)
     y = np.array([float(s.peak_bytes) for s in samples])
     scale = np.where(np.abs(A).max(axis=0) > 0, np.abs(A).max(axis=0), 1.0)
     coef, _ = nnls(A / scale, y)
@@ -70,7 +87,7 @@ def fit(samples: Sequence[MemorySample]) -> MemoryModel:
     r2 = 1.0 - float((res ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan")
     out = [MemorySample(**{**s.__dict__, "predicted_bytes": float(p)}) for s, p in zip(samples, pred)]
     return MemoryModel(base=float(coef[0]), alpha=float(coef[1]), Kp=float(coef[2]), r2=r2,
-                       residuals=[float(r) for r in res], samples=out)
+                       residuals=[float(r) for r in res], samples=out, Kt=float(coef[3]) if with_kt else None)
 
 
 def measure_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, batch: int, seq_len: int,
@@ -103,10 +120,11 @@ def calibrate(lf: LayersFile, model: str, *, samples: int, batch: int | Sequence
     rows = []
     for i, (s, e) in enumerate(spans):
         batch = sizes[i % len(sizes)]
-        w, a, he, ht = span_sums(lf, s, e)
+        w, a, he, ht, at = span_sums(lf, s, e)
         peak, proc = measure_span(model, s, e, he, ht, batch, seq, timeout_s, threads)
         rows.append(MemorySample(start=s, end=e, has_embed=he, has_tail=ht, weights_bytes=w,
-                                 activation_bytes_per_sample=a, batch=batch, peak_bytes=peak, process_bytes=proc))
+                                 activation_bytes_per_sample=a, batch=batch, peak_bytes=peak, process_bytes=proc,
+                                 tail_activation_bytes_per_sample=at))
         progress(f"  span {i + 1}/{len(spans)} [{s:>3}, {e:>3}){' +embed' if he else ''}{' +tail' if ht else ''} "
                  f"x {batch}: "
                  f"weights {w / 2**20:8.1f} MiB, peak +{peak / 2**20:8.1f} MiB")
@@ -155,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
     mm = calibrate(lf, args.model, samples=args.samples, batch=batch, seq_len=args.seq_len, seed=args.seed,
                    timeout_s=args.timeout, threads=args.threads)
     mm.save(args.out)
-    print(f"wrote {args.out}: base {mm.base / 2**20:.1f} MiB, alpha {mm.alpha:.3f}, Kp {mm.Kp:.3f}, R² {mm.r2:.4f}, "
+    print(f"wrote {args.out}: base {mm.base / 2**20:.1f} MiB, alpha {mm.alpha:.3f}, Kp {mm.Kp:.3f}, "
+          f"{'' if mm.Kt is None else f'Kt {mm.Kt:.3f} (tail), '}R² {mm.r2:.4f}, "
           f"max |residual| {max(abs(r) for r in mm.residuals) / 2**20:.1f} MiB; the runtime itself "
           f"{mm.process_bytes / 2**20:.0f} MiB per process")
     return 0

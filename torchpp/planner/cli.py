@@ -11,7 +11,6 @@ search): ``--strategy even|dp|pp``.
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 
@@ -78,8 +77,6 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import UsageError
-
     if args.strategy is None and (args.layers or args.estimate):
         return run_search(args)
     if args.strategy is None:

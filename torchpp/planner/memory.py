@@ -8,7 +8,8 @@ with W the stage's parameter bytes, s the samples of a micro-batch this device c
 n = min(stages − stage_index, microbatches) the micro-batches 1F1B keeps in flight on the
 stage, A_kept the activation bytes per sample of layers whose activations are kept, and
 A_recomputed those of recomputed layers, which keep only their input (one tensor) per
-micro-batch plus, during backward, one layer's activations at a time.
+micro-batch plus, during backward, one layer's activations at a time. The tail's share of
+A_kept (its logits) counts with its own fitted factor Kt instead of Kp (``activations``).
 
 The analytic model (no calibration file): base 0, alpha 4 (fp32 weights, gradients and the two
 AdamW moments), Kp ``activation_factor`` (default 16: a transformer layer keeps roughly that
@@ -17,6 +18,8 @@ many tensors the size of its output for backward; calibrate-memory measures it i
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..formats import MemoryModel
 
@@ -40,6 +43,16 @@ class MemoryEstimator:
     process: float = 0.0
     """Bytes the torch runtime takes in every process before a stage is built (calibrated; 0 for
     the analytic model). Predictions are of a stage's own peak; budgets are reduced by this."""
+    kt: float | None = None
+    """Factor of the tail's output (the logits); None: the same as ``kp``."""
+
+    def activations(self, act_bytes: np.ndarray) -> np.ndarray:
+        """Per-block activation bytes per sample (embed, layers..., tail) weighted so that ``kp``
+        times them prices every block: the tail's entry is scaled by ``kt / kp``."""
+        out = np.array(act_bytes, dtype=float)
+        if self.kt is not None and self.kp > 0:
+            out[-1] *= self.kt / self.kp
+        return out
 
     def budgets(self, budget: dict[str, float]) -> dict[str, float]:
         """Each device's memory left for its stage once the runtime is loaded."""
@@ -54,8 +67,9 @@ class MemoryEstimator:
     def fitted(mm: MemoryModel, source: str = "memory_model.json") -> "MemoryEstimator":
         r2 = f", R² {mm.r2:.3f}" if mm.r2 == mm.r2 else ""
         rt = f"; {mm.process_bytes / 2**20:.0f} MiB runtime reserved per device" if mm.process_bytes else ""
+        kt = f", Kt {mm.Kt:.2f} (tail)" if mm.Kt is not None else ""
         return MemoryEstimator(mm.base, mm.alpha, mm.Kp, f"fitted {source} (base {mm.base / 2**20:.0f} MiB, "
-                               f"alpha {mm.alpha:.2f}, Kp {mm.Kp:.2f}{r2}{rt})", mm.process_bytes)
+                               f"alpha {mm.alpha:.2f}, Kp {mm.Kp:.2f}{kt}{r2}{rt})", mm.process_bytes, mm.Kt)
 
     def static(self, weights: float) -> float:
         return self.base + self.alpha * weights

@@ -417,7 +417,8 @@ def fit_optimizer(plan: Plan, profiles: Profiles, meas: Measurements) -> dict[st
     return {h: float(statistics.mean(v)) for h, v in per.items()}
 
 
-def memory_terms(plan: Plan, profiles: Profiles, rank: int) -> tuple[float, float, float, tuple[int, int, int]]:
+def memory_terms(plan: Plan, profiles: Profiles, rank: int, memory: MemoryEstimator
+                 ) -> tuple[float, float, float, tuple[int, int, int]]:
     """(weights W, Kp's multiplier, bytes independent of the coefficients, (samples, in-flight, A)) of a rank.
 
     The planner's memory model is ``base + alpha·W + s·n·(Kp·A_kept + A_rec) + Kp·A_max·s``.
@@ -425,7 +426,7 @@ def memory_terms(plan: Plan, profiles: Profiles, rank: int) -> tuple[float, floa
     st = plan.stage_of_rank(rank)
     lo, hi = stage_blocks(st.layers, st.has_embed, st.has_tail)
     W = float(profiles.param_bytes[lo:hi].sum())
-    acts = profiles.act_bytes
+    acts = memory.activations(profiles.act_bytes)  # the tail's logits weighted by Kt / Kp
     rec = [float(acts[st.layers[0] + 1 + i]) for i, r in enumerate(st.recompute) if r]
     kept = float(acts[lo:hi].sum()) - sum(rec)
     s = plan.device_of_rank(rank).samples
@@ -438,7 +439,7 @@ def refit_memory(plan: Plan, profiles: Profiles, peaks: Mapping[int, int], prior
     """Fit the memory model to the ranks' peaks: all three coefficients where at least three ranks
     differ and the fit keeps both slopes positive, else the base alone (the prior's slopes kept)."""
     ranks = sorted(peaks)
-    rows = [memory_terms(plan, profiles, r) for r in ranks]
+    rows = [memory_terms(plan, profiles, r, prior) for r in ranks]
     W = np.array([x[0] for x in rows])
     K = np.array([x[1] for x in rows])
     y = np.array([float(peaks[r]) for r in ranks]) - np.array([x[2] for x in rows])
@@ -468,7 +469,8 @@ def refit_memory(plan: Plan, profiles: Profiles, peaks: Mapping[int, int], prior
     mm = MemoryModel(base=float(base), alpha=float(alpha), Kp=float(kp),
                      r2=1.0 - float((res ** 2).sum()) / ss if ss > 0 else float("nan"),
                      residuals=[float(x) for x in res], samples=samples, model=plan.model.name,
-                     microbatch=plan.micro_batch_size, host="measured ranks")
+                     microbatch=plan.micro_batch_size, host="measured ranks",
+                     Kt=None if prior.kt is None or prior.kp <= 0 else float(kp) * prior.kt / prior.kp)
     return mm, how
 
 
@@ -772,7 +774,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _mem_pred(plan: Plan, profiles: Profiles, memory: MemoryEstimator, rank: int) -> float:
-    W, K, const, _ = memory_terms(plan, profiles, rank)
+    W, K, const, _ = memory_terms(plan, profiles, rank, memory)
     return memory.base + memory.alpha * W + memory.kp * K + const
 
 

@@ -37,7 +37,7 @@ def device_memory(plan: Plan, profiles: Profiles, memory: MemoryEstimator) -> di
     for s in plan.stages:
         lo, hi = stage_blocks(s.layers, s.has_embed, s.has_tail)
         W = float(profiles.param_bytes[lo:hi].sum())
-        acts = profiles.act_bytes
+        acts = memory.activations(profiles.act_bytes)
         a = s.layers[0]
         rec = [acts[a + 1 + i] for i, r in enumerate(s.recompute) if r]
         kept = float(acts[lo:hi].sum()) - float(sum(rec))

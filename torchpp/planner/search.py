@@ -110,7 +110,7 @@ class Tables:
             return np.where(valid, prefix[hi][None, :] - prefix[lo][:, None], 0.0)
 
         pw = np.concatenate([[0.0], np.cumsum(p.param_bytes)])
-        pa = np.concatenate([[0.0], np.cumsum(p.act_bytes)])
+        pa = np.concatenate([[0.0], np.cumsum(pb.memory.activations(p.act_bytes))])
         self.W = rng(pw, bstart, bend)
         A = rng(pa, bstart, bend)
         Alay = rng(pa, cuts + 1, cuts + 1)                   # decoder layers only
