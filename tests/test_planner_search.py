@@ -6,7 +6,7 @@ import random
 import pytest
 
 from torchpp.cli import main
-from torchpp.formats import Bandwidth, FormatError, GB, LayersFile, Plan
+from torchpp.formats import Bandwidth, GB, LayersFile, Plan
 from torchpp.planner.cost import Links, Profiles, price
 from torchpp.planner.memory import MemoryEstimator
 from torchpp.planner.report import device_memory

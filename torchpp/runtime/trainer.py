@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..formats import FormatError, Plan, file_hash, validate_plan
-from ..models.presets import DTYPES, ModelSpecError, hidden_size, is_preset, load_config, num_hidden_layers
+from ..models.presets import DTYPES, hidden_size, is_preset, load_config, num_hidden_layers
 from ..models.stages import StageSpec, build_stage, count_targets
 from ..schedules import Schedule, build
 from . import checkpoint as ckpt
@@ -198,7 +198,6 @@ def train(cfg: TrainConfig, prepared: Prepared | None = None) -> TrainSummary:
     """Run ``cfg.steps`` optimizer steps on this rank (all ranks call this together)."""
     rank, world = world_from_env()
     prep = prepared or prepare(cfg, world)
-    plan, schedule = prep.plan, prep.schedule
     torch.set_num_threads(cfg.threads or default_threads())
     created = guarded(rank, f"joining the world of {world} rank(s)", cfg.timeout_s, init_world, rank, world,
                       cfg.timeout_s)
