@@ -113,9 +113,9 @@ def test_v2_files_written(tmp_path):
     g.set_cpu(0.25)
     g.set_memory(2**30)
     leaf = root / "torchpp" / "cluster-t" / "h0"
-    assert (leaf / "cpu.max").read_text() == "2500 10000"  # 10 ms periods: throttling spread finely
-    g.set_cpu(0.05)  # below the kernel's 1 ms smallest quota at 10 ms: the period grows instead
-    assert (leaf / "cpu.max").read_text() == "1000 20000"
+    assert (leaf / "cpu.max").read_text() == "25000 100000"  # the kernel's 100 ms periods
+    g.set_cpu(0.005)  # below the kernel's 1 ms smallest quota at 100 ms: the period grows instead
+    assert (leaf / "cpu.max").read_text() == "1000 200000"
     g.set_cpu(0.25)
     assert (leaf / "memory.max").read_text() == str(2**30)
     assert "+cpu" in (root / "cgroup.subtree_control").read_text() or \

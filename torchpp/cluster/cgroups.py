@@ -33,8 +33,8 @@ from typing import Iterator
 
 from .system import PREFIX, NotPermitted, require_writable
 
-CFS_PERIOD_US = 10_000
-"""10 ms: a 0.3-core host then stalls for 7 ms at a time, not 70 ms (see ``set_cpu``)."""
+CFS_PERIOD_US = 100_000
+"""100 ms, the kernel's default (see ``set_cpu`` for why not shorter)."""
 RESERVE_WEIGHT = 16
 """Ordinary processes' worth of CPU weight per core of quota: with it a 0.8-core host still gets
 0.8 of a core beside three busy processes on the same core (weight w wins w / (w + 3) of it)."""
@@ -144,13 +144,15 @@ class Cgroup:
         return self
 
     def set_cpu(self, cores: float, period_us: int = CFS_PERIOD_US) -> None:
-        """Quota of ``cores`` CPUs (0.25 = a quarter of one core) per ``period_us`` (10 ms).
+        """Quota of ``cores`` CPUs (0.25 = a quarter of one core) per ``period_us`` (100 ms).
 
-        A short period spreads the throttling finely: with 100 ms a 0.3-core host runs at full
-        speed for 30 ms and then stops for 70 ms, so millisecond-long blocks are measured either
-        unthrottled or with a 70 ms hole, and a pipeline rank that idled computes its next
-        micro-batch at full speed; at 10 ms it behaves more like a slower CPU. The kernel needs
-        quota and period of at least 1 ms: for tiny quotas the period grows instead."""
+        A shorter period would spread the throttling more finely (at 100 ms a 0.3-core host runs
+        30 ms and stops 70 ms), but quotas of a few milliseconds are of the order of the
+        scheduler's tick and its 5 ms bandwidth slice, and then the quota is not what is
+        delivered: at 10 ms periods a 0.25-core quota gave between 0.16 and 0.25 of a core from
+        run to run; at 100 ms it gives 0.247. Pipeline steps last far longer than a period, so
+        they see the average. The kernel needs quota and period of at least 1 ms: for tiny
+        quotas the period grows instead."""
         if not cores > 0:
             raise ValueError(f"cpu: expected a positive number of cores, got {cores!r}")
         if not 1000 <= period_us <= 1_000_000:
