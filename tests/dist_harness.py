@@ -68,3 +68,17 @@ def run_cases(cases: list[dict[str, Any]], nprocs: int, workdir: Path, timeout_s
     bad = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode != 0]
     if bad:
         raise AssertionError(f"ranks exited with codes {bad}")
+
+
+def single_process_losses(model, opt, data, steps: int) -> list[float]:
+    """Plain HF training of the whole model on the whole batch: the reference that pipeline and
+    cluster runs must reproduce (losses per step; the model is trained in place)."""
+    losses = []
+    for step in range(steps):
+        ids = data.batch(step)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses

@@ -268,6 +268,7 @@ def _assert_equals_single_process(out: Path) -> None:
     HF training of the whole model on the whole batch."""
     import torch
 
+    from dist_harness import single_process_losses
     from torchpp.data import SyntheticTokens
     from torchpp.models.presets import build_model
     from torchpp.models.stages import read_tensors
@@ -276,14 +277,7 @@ def _assert_equals_single_process(out: Path) -> None:
     model = build_model("qwen3-tiny", seed=7)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0, eps=TRAIN_EPS)
     data = SyntheticTokens(vocab_size=model.config.vocab_size, seq_len=TRAIN_SEQ, global_batch=8, seed=7)
-    losses = []
-    for step in range(TRAIN_STEPS):
-        ids = data.batch(step)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
+    losses = single_process_losses(model, opt, data, TRAIN_STEPS)
     got = {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics" / "metrics.jsonl").read_text().splitlines())
            if "loss" in r}
     assert [got[s + 1] for s in range(TRAIN_STEPS)] == pytest.approx(losses, abs=1e-5)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dist_harness import run_cases
+from dist_harness import run_cases, single_process_losses
 from torchpp.data import SyntheticTokens
 from torchpp.models.presets import build_model, load_config, model_info
 from torchpp.models.stages import read_tensors, safetensors_index
@@ -110,15 +110,7 @@ def reference(case: Case) -> tuple[torch.nn.Module, list[float]]:
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=case.lr, weight_decay=0.0, eps=case.eps)
     data = SyntheticTokens(vocab_size=model.config.vocab_size, seq_len=SEQ, global_batch=case.mbs * case.m, seed=7)
-    losses = []
-    for step in range(STEPS):
-        ids = data.batch(step)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return model, losses
+    return model, single_process_losses(model, opt, data, STEPS)
 
 
 @pytest.mark.parametrize("name", list(CASES))
