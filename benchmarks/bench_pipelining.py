@@ -51,6 +51,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from torchpp.planner.simple import even_layer_ranges as even_split  # noqa: E402  (the split torchpp plans use)
+
 SYSTEMS = ("single", "torchpp", "peer")
 
 
@@ -73,17 +75,6 @@ class Setup:
     @property
     def micro_batch_size(self) -> int:
         return self.batch // self.microbatches
-
-
-def even_split(num_layers: int, p: int) -> list[tuple[int, int]]:
-    """Decoder layers in p contiguous ranges of equal size (the first ranges take any remainder)."""
-    q, r = divmod(num_layers, p)
-    out, a = [], 0
-    for i in range(p):
-        b = a + q + (1 if i < r else 0)
-        out.append((a, b))
-        a = b
-    return out
 
 
 # ----------------------------------------------------------------------------- inside a rank
