@@ -13,12 +13,17 @@ One run measures, on this machine, with gloo on CPU and one torch thread per ran
   first and the last stage as torchpp does (the library does not tie weights across stages);
 * the block profile of the model (``torchpp.profiling``, one micro-batch, one thread), from
   which the pipeline bound ``(m + p - 1) x max over stages of (forward + backward per
-  micro-batch)`` is computed for each split.
+  micro-batch)`` is computed for each split;
+* ``compute``: the same bound with each stage's forward + backward timed in the pipelines' own
+  processes, every stage at once (so the cores are as busy as in a pipeline step), in every
+  round ("bound@run"). On a machine whose speed drifts by 10-20% over minutes, a bound taken
+  minutes apart from the pipelines (the profile, before and after) says as much about the drift
+  as about the pipelines; the per-round ratio does not.
 
-Step times: for each p, torchpp and the peer run in the same p processes, one optimizer step
-each in turn (torchpp first on even steps, the peer first on odd ones), so load that drifts on a
-shared machine hits both alike; each step ends with an all-reduce on both systems, and the time
-is rank 0's. The median of the measured steps (after --warmup) is reported, and, as a check, the
+Step times: for each p, torchpp, the peer and the stages' bare compute run in the same p
+processes, one step each in turn (the order rotating through all six permutations), so load
+that drifts on a shared machine hits all alike; each step ends with an all-reduce on both
+systems, and the time is rank 0's. The median of the measured steps (after --warmup) is reported, and, as a check, the
 median of the per-step ratios. Memory: every system also runs on its own in freshly launched
 processes (one per rank, env:// rendezvous on loopback, bounded by --timeout-s, killed if they
 overrun), whose peak RSS psutil samples every 20 ms (plus the kernel's high-water mark);
@@ -113,8 +118,8 @@ class RankResult:
     peak_rss_bytes: int
     hwm_bytes: int
     """The kernel's high-water mark of the resident set (getrusage ru_maxrss)."""
-    alternating: dict[str, dict[str, list[float]]] = field(default_factory=dict)
-    """``alternating`` runs: per system, its step times and losses."""
+    alternating: dict[str, dict[str, list]] = field(default_factory=dict)
+    """``alternating`` runs: per system, its step times and losses (and the stages' compute per rank)."""
 
 
 def _run_single(s: Setup) -> tuple[list[float], list[float]]:
@@ -191,6 +196,70 @@ class TorchppSteps:
         return time.perf_counter() - t0, float(stats[0])
 
 
+class StageCompute:
+    """The bound's ingredient measured where the pipelines run: each rank times m forward +
+    backward passes of its own stage (a separate copy with the same weights, random inputs and
+    output gradients, no communication), so machine drift hits this and the pipelines alike.
+
+    ``at_once`` ranks compute together (in waves, after a barrier): min(p, cores) keeps the
+    cores as busy as in a pipeline's steady state without giving a stage less than a core;
+    1 times each stage with the rest of the machine idle, as the block profile does, and the
+    ratio of the two is what running side by side costs on this machine."""
+
+    def __init__(self, s: Setup, plan: Path, rank: int, world: int, at_once: int):
+        import torch
+
+        from torchpp.data import SyntheticTokens
+        from torchpp.models.stages import StageSpec, build_stage, count_targets
+        from torchpp.runtime.trainer import TrainConfig, prepare
+
+        prep = prepare(TrainConfig(plan=plan, lr=s.lr, seed=s.seed, threads=1, timeout_s=s.timeout_s,
+                                   layers=s.layers), world)
+        self.plan = prep.plan
+        self.pstage = self.plan.stage_of_rank(rank)
+        self.stage = build_stage(prep.model, prep.config, StageSpec.from_plan(self.plan, self.pstage.index),
+                                 seed=s.seed + 1, dtype=self.plan.model.dtype)
+        self.m, self.mbs = s.microbatches, self.plan.micro_batch_size
+        data = SyntheticTokens(vocab_size=self.plan.model.vocab_size, seq_len=s.seq_len, global_batch=s.batch,
+                               seed=s.seed + 1)
+        self.ids = data.batch(0)
+        self.n_tokens = count_targets(self.ids)
+        gen = torch.Generator().manual_seed(s.seed + rank)
+        shape = (self.mbs, s.seq_len, self.stage.hidden_size)
+        self.x = torch.randn(shape, generator=gen, dtype=self.stage.dtype)
+        self.dy = torch.randn(shape, generator=gen, dtype=self.stage.dtype)
+        self.rank, self.world, self.at_once = rank, world, at_once
+        self.per_rank: list[list[float]] = []
+        """Per round: every rank's seconds for its m passes."""
+
+    def step(self, index: int) -> tuple[float, float]:
+        """Seconds of m forward + backward passes of the slowest stage (all-reduced max)."""
+        import torch
+        import torch.distributed as dist
+
+        st = self.pstage
+        t = torch.zeros(self.world, dtype=torch.float64)
+        for wave in range(0, self.world, self.at_once):
+            dist.barrier()
+            if not wave <= self.rank < wave + self.at_once:
+                continue
+            t0 = time.perf_counter()
+            for mb in range(self.m):
+                rows = slice(mb * self.mbs, (mb + 1) * self.mbs)
+                x = self.ids[rows] if st.has_embed else self.x.detach().requires_grad_(True)
+                out = self.stage.forward(x, self.ids[rows] if st.has_tail else None, self.n_tokens)
+                if st.has_tail:
+                    out.backward()
+                else:
+                    torch.autograd.backward(out, self.dy)
+            t[self.rank] = time.perf_counter() - t0
+        for p in self.stage.parameters():
+            p.grad = None
+        dist.all_reduce(t)
+        self.per_rank.append(t.tolist())
+        return float(t.max()), 0.0
+
+
 class PeerSteps:
     """``torch.distributed.pipelining``: whole model on every rank, sliced, ``Schedule1F1B``."""
 
@@ -206,6 +275,7 @@ class PeerSteps:
         from torchpp.data import SyntheticTokens
         from torchpp.models.presets import build_model, load_config
         from torchpp.models.stages import Stage, StagePaths, StageSpec, _get, _set, count_targets
+        from torchpp.runtime.trainer import make_optimizer
 
         torch.set_num_threads(1)
         self.s = s
@@ -245,7 +315,8 @@ class PeerSteps:
         pstage = PipelineStage(part, rank, world, torch.device("cpu"), group=group)
         self.sched = Schedule1F1B(pstage, s.microbatches,
                                   loss_fn=lambda logits, target: Stage.loss(logits, target, count_targets(target)))
-        self.opt = torch.optim.AdamW(list(part.parameters()), lr=s.lr, weight_decay=0.0)
+        # the same optimizer as torchpp (fused AdamW), so the comparison is of the pipelines alone
+        self.opt = make_optimizer("adamw", list(part.parameters()), s.lr, 0.0)
         self.tied = None
         if getattr(cfg, "tie_word_embeddings", False):
             self.tied = (_get(model, parts.token).weight if first else
@@ -295,22 +366,30 @@ def _run_peer(s: Setup, rank: int, world: int) -> tuple[list[float], list[float]
 
 
 def _run_alternating(s: Setup, plan: Path, rank: int, world: int) -> dict[str, dict[str, list[float]]]:
-    """Both systems in the same processes, one step each in turn (ABBA order): load that drifts
-    hits both alike, so their ratio is measured far more precisely than in separate runs."""
+    """Both systems and the stages' bare compute in the same processes, one step each in turn
+    (the order rotating through all permutations): load that drifts hits all three alike, so
+    their ratios are measured far more precisely than in separate runs."""
     import datetime
 
     import torch.distributed as dist
 
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=s.timeout_s))
     try:
-        systems = {"torchpp": TorchppSteps(s, plan, rank, world), "peer": PeerSteps(s, rank, world)}
+        cores = os.cpu_count() or 1
+        systems = {"torchpp": TorchppSteps(s, plan, rank, world), "peer": PeerSteps(s, rank, world),
+                   "compute": StageCompute(s, plan, rank, world, at_once=min(world, cores)),
+                   "compute_alone": StageCompute(s, plan, rank, world, at_once=1)}
         out = {k: {"step_times_s": [], "losses": []} for k in systems}
+        names = list(systems)  # rotations and their reverses in turn: no member always goes first
+        orders = [names[k:] + names[:k] for k in range(len(names))]
+        orders = [o for pair in zip(orders, [o[::-1] for o in orders]) for o in pair]
         for i in range(s.warmup + s.steps):
-            names = ("torchpp", "peer") if i % 2 == 0 else ("peer", "torchpp")
-            for name in names:
+            for name in orders[i % len(orders)]:
                 dt, loss = systems[name].step(i)
                 out[name]["step_times_s"].append(dt)
                 out[name]["losses"].append(loss)
+        for name in ("compute", "compute_alone"):
+            out[name]["per_rank_s"] = systems[name].per_rank
         return out
     finally:
         dist.destroy_process_group()
@@ -433,6 +512,15 @@ class Row:
     """Median step time of the same system run on its own in fresh processes."""
     vs_peer: float | None = None
     vs_bound: float | None = None
+    """Against the bound from the block profile (measured before and after the pipelines)."""
+    vs_bound_here: float | None = None
+    """Median over rounds of step time / the bound from the stages' compute in the same round."""
+    bound_here_s: float | None = None
+    """Median over rounds of (m + p - 1) x the slowest stage's forward + backward per micro-batch,
+    measured in the same processes in the same round, min(p, cores) stages at once."""
+    vs_bound_one: float | None = None
+    """As ``vs_bound_here`` with the stages timed one at a time (the rest of the machine idle)."""
+    bound_one_s: float | None = None
     speedup_vs_single: float | None = None
     bound_s: float | None = None
     peak_rss_mib: list[float] = field(default_factory=list)
@@ -458,12 +546,16 @@ def format_table(rows: list[Row], s: Setup) -> str:
     lines = [f"{s.model}{'' if s.layers is None else f' ({s.layers} layers)'}: batch {s.batch} x {s.seq_len}, "
              f"{s.microbatches} micro-batches, 1 thread per rank; step s: median (pipelines: torchpp and peer "
              f"alternating step by step in the same processes)",
-             f"{'system':<8} {'ranks':>5} {'step s':>7} {'vs peer':>7} {'vs bound':>8} {'bound s':>7} {'speedup':>7} "
-             f"{'alone s':>7}  {'peak RSS MiB/rank':<20} {'|dloss|':>7}"]
+             f"{'system':<8} {'ranks':>5} {'step s':>7} {'vs peer':>7} {'vs bound':>8} {'bound s':>7} "
+             f"{'vs bound@run':>12} {'bound@run s':>11} {'vs bound@run1':>13} {'speedup':>7} {'alone s':>7}  "
+             f"{'peak RSS MiB/rank':<20} "
+             f"{'|dloss|':>7}"]
     for r in rows:
         rss = " ".join(f"{x:.0f}" for x in r.peak_rss_mib)
         lines.append(f"{r.system:<8} {r.ranks:>5} {r.step_s:7.3f} {f(r.vs_peer, '7.3f'):>7} {f(r.vs_bound, '8.3f'):>8} "
-                     f"{f(r.bound_s, '7.3f'):>7} {f(r.speedup_vs_single, '7.2f'):>7} {f(r.alone_step_s, '7.3f'):>7}  "
+                     f"{f(r.bound_s, '7.3f'):>7} {f(r.vs_bound_here, '12.3f'):>12} {f(r.bound_here_s, '11.3f'):>11} "
+                     f"{f(r.vs_bound_one, '13.3f'):>13} "
+                     f"{f(r.speedup_vs_single, '7.2f'):>7} {f(r.alone_step_s, '7.3f'):>7}  "
                      f"{rss:<20} {f(r.max_loss_diff_vs_single, '7.1e'):>7}")
     return "\n".join(lines)
 
@@ -476,15 +568,15 @@ def chart(rows: list[Row], path: Path, title: str) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     labels, vals, colors = [], [], []
-    palette = {"single": "tab:gray", "torchpp": "tab:blue", "peer": "tab:orange", "bound": "tab:green"}
+    palette = {"single": "tab:gray", "torchpp": "tab:blue", "peer": "tab:orange", "bound": "tab:green", "bound@run": "tab:olive"}
     for r in rows:
         labels.append(f"{r.system}\n{r.ranks} rank(s)")
         vals.append(r.step_s)
         colors.append(palette[r.system])
         if r.system == "peer" and r.bound_s is not None:
-            labels.append(f"bound\n{r.ranks} ranks")
-            vals.append(r.bound_s)
-            colors.append(palette["bound"])
+            labels += [f"bound (profile)\n{r.ranks} ranks", f"bound (at run)\n{r.ranks} ranks"]
+            vals += [r.bound_s, r.bound_here_s]
+            colors += [palette["bound"], palette["bound@run"]]
     ax1.bar(range(len(vals)), vals, color=colors)
     ax1.set_xticks(range(len(vals)), labels, fontsize=8)
     ax1.set_ylabel("step time, s (median)")
@@ -518,7 +610,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--microbatches", type=int, default=None, help="micro-batches per step (default 8)")
     p.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="pipeline sizes to compare")
     p.add_argument("--steps", type=int, default=None,
-                   help="measured steps of each system in the alternating runs (default 12; --quick 6)")
+                   help="measured steps of each system in the alternating runs (default 24; --quick 8)")
     p.add_argument("--alone-steps", type=int, default=None,
                    help="measured steps of the separate runs (memory, single process; default 4; --quick 2)")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured steps at the start of each run")
@@ -535,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     q = a.quick
     s = Setup(model=a.model or ("qwen3-tiny" if q else "qwen3-small"), layers=a.layers,
               batch=a.batch or (8 if q else 16), seq_len=a.seq_len or (32 if q else 128),
-              microbatches=a.microbatches or (4 if q else 8), steps=a.steps or (6 if q else 12),
+              microbatches=a.microbatches or (4 if q else 8), steps=a.steps or (8 if q else 24),
               warmup=min(a.warmup, 1) if q else a.warmup, timeout_s=a.timeout_s)
     alone = dataclasses.replace(s, steps=a.alone_steps or (2 if q else 4))
     if s.batch % s.microbatches:
@@ -584,8 +676,18 @@ def main(argv: list[str] | None = None) -> int:
         ranges = even_split(n_layers, p)
         costs = stage_costs(blocks, ranges)
         bound = (s.microbatches + p - 1) * max(costs)
+        scale = (s.microbatches + p - 1) / s.microbatches
+        here = [scale * t for t in meas(alt[p][0].alternating["compute"]["step_times_s"], s.warmup)]
+        one = [scale * t for t in meas(alt[p][0].alternating["compute_alone"]["step_times_s"], s.warmup)]
+        per_rank = {k: meas(alt[p][0].alternating[k]["per_rank_s"], s.warmup) for k in ("compute", "compute_alone")}
+        per_stage = {k: [statistics.median(col) / s.microbatches for col in zip(*v)] for k, v in per_rank.items()}
         bounds[p] = {"layer_ranges": ranges, "stage_fb_s": costs, "bound_s": bound,
-                     "cpu_bound_s": s.microbatches * sum(costs) / min(p, cores)}
+                     "cpu_bound_s": s.microbatches * sum(costs) / min(p, cores),
+                     "stage_fb_at_run_s": per_stage["compute"], "stage_fb_at_run_one_at_a_time_s":
+                     per_stage["compute_alone"], "at_once": min(p, cores),
+                     # what computing side by side costs: per round, the slowest stage together vs one at a time
+                     "side_by_side_slowdown": statistics.median(
+                         max(x) / max(y) for x, y in zip(per_rank["compute"], per_rank["compute_alone"]))}
         for system in ("torchpp", "peer"):
             rec = alt[p][0].alternating[system]
             ts = meas(rec["step_times_s"], s.warmup)
@@ -594,6 +696,10 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(Row(system=system, ranks=p, step_s=statistics.median(ts), steps=len(ts),
                             alone_step_s=statistics.median(meas(res[0].step_times_s, alone.warmup)),
                             bound_s=bound, vs_bound=statistics.median(ts) / bound,
+                            bound_here_s=statistics.median(here),
+                            vs_bound_here=statistics.median(x / y for x, y in zip(ts, here)),
+                            bound_one_s=statistics.median(one),
+                            vs_bound_one=statistics.median(x / y for x, y in zip(ts, one)),
                             speedup_vs_single=single_step / statistics.median(ts),
                             peak_rss_mib=[r.peak_rss_bytes / 2**20 for r in res],
                             hwm_mib=[r.hwm_bytes / 2**20 for r in res], max_loss_diff_vs_single=max(diffs)))
@@ -609,10 +715,17 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table)
     print(f"bound = (m + p - 1) x max over stages of (forward + backward per micro-batch), from the block profiles "
-          f"of this run (median of {sum(len(lf.layers[0].forward_samples_s) for lf in profiles)} steps)")
+          f"of this run (median of {sum(len(lf.layers[0].forward_samples_s) for lf in profiles)} steps, taken before "
+          f"and after the pipelines); bound@run: the same formula with each stage's forward + backward timed in the "
+          f"pipelines' processes, min(p, cores) stages at once, in every round; bound@run1: the same with the "
+          f"stages timed one at a time (vs bound@run, @run1: median of per-round ratios)")
     for p, b in bounds.items():
         print(f"  p={p}: stages {b['layer_ranges']}: f+b per micro-batch "
-              f"{' '.join(f'{c * 1e3:.1f}' for c in b['stage_fb_s'])} ms; torchpp/peer: median of per-step ratios "
+              f"{' '.join(f'{c * 1e3:.1f}' for c in b['stage_fb_s'])} ms (profile), "
+              f"{' '.join(f'{c * 1e3:.1f}' for c in b['stage_fb_at_run_s'])} ms (at run, {b['at_once']} at once), "
+              f"{' '.join(f'{c * 1e3:.1f}' for c in b['stage_fb_at_run_one_at_a_time_s'])} ms (at run, one at a "
+              f"time; side by side costs x{b['side_by_side_slowdown']:.3f}); "
+              f"torchpp/peer: median of per-step ratios "
               f"{b['paired_ratio_median']:.3f}, ratio of first quartiles {b['fast_quartile_ratio']:.3f}; "
               f"with {cores} cores no schedule beats m x sum / min(p, cores) = {b['cpu_bound_s']:.3f} s")
     print(f"load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after, on {cores} cores; "
@@ -620,11 +733,14 @@ def main(argv: list[str] | None = None) -> int:
 
     with open(out / "results.csv", "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["system", "ranks", "step_median_s", "steps", "vs_peer", "vs_bound", "bound_s", "speedup_vs_single",
+        w.writerow(["system", "ranks", "step_median_s", "steps", "vs_peer", "vs_bound", "bound_s", "vs_bound_at_run",
+                    "bound_at_run_s", "vs_bound_at_run_one_at_a_time",
+                    "bound_at_run_one_at_a_time_s", "speedup_vs_single",
                     "alone_step_median_s", "peak_rss_mib_per_rank", "hwm_mib_per_rank", "max_loss_diff_vs_single"])
         o = lambda x: "" if x is None else f"{x:.6g}"  # noqa: E731
         for r in rows:
             w.writerow([r.system, r.ranks, o(r.step_s), r.steps, o(r.vs_peer), o(r.vs_bound), o(r.bound_s),
+                        o(r.vs_bound_here), o(r.bound_here_s), o(r.vs_bound_one), o(r.bound_one_s),
                         o(r.speedup_vs_single), o(r.alone_step_s), " ".join(f"{x:.1f}" for x in r.peak_rss_mib),
                         " ".join(f"{x:.1f}" for x in r.hwm_mib), o(r.max_loss_diff_vs_single)])
     (out / "results.json").write_text(json.dumps({

@@ -56,6 +56,9 @@ def run_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, 
     from ..models.stages import StageSpec, build_stage
     from ..runtime.trainer import make_optimizer
 
+    from ..runtime.allocator import retain_freed_memory
+
+    retain_freed_memory()  # the allocator policy of a training rank, whose peak this predicts
     torch.set_num_threads(threads)
     cfg = load_config(model)
     total = num_hidden_layers(cfg)

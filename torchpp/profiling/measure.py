@@ -21,6 +21,7 @@ import torch
 from ..formats import BlockProfile, LayersFile, RunInfo
 from ..models.blocks import EMBED, TAIL, find_parts, layer_block
 from ..models.presets import DTYPES, build_model, load_config, model_info
+from ..runtime.allocator import retain_freed_memory
 from ..trace.chrome import TraceWriter
 from .hooks import BlockProfiler, StepTimes
 from .timer import SpanTimer
@@ -86,6 +87,7 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
     if limit is not None and pc.seq_len > limit:
         raise ValueError(f"--seq-len: expected at most {limit} (the model's position limit), got {pc.seq_len}")
     torch.set_num_threads(pc.threads)
+    retain_freed_memory()  # time blocks under the allocator policy training runs with
     model = build_model(pc.model, seed=pc.seed, dtype=pc.dtype, config=cfg)
     parts = find_parts(model)
     all_ids = torch.randint(0, int(cfg.vocab_size), (pc.batch, pc.seq_len),
