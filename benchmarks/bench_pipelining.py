@@ -20,6 +20,11 @@ One run measures, on this machine, with gloo on CPU and one torch thread per ran
   minutes apart from the pipelines (the profile, before and after) says as much about the drift
   as about the pipelines; the per-round ratio does not.
 
+torchpp keeps freed memory in the process (``torchpp.runtime.allocator``); in the shared
+processes the peer and the bare compute run under the same policy, and the block profile
+applies it too, so every ratio compares like with like. The separate memory runs use each
+system as it comes (the peer with the C library's default).
+
 Step times: for each p, torchpp, the peer and the stages' bare compute run in the same p
 processes, one step each in turn (the order rotating through all six permutations), so load
 that drifts on a shared machine hits all alike; each step ends with an all-reduce on both
@@ -400,6 +405,12 @@ def worker(spec_path: Path) -> None:
     s = Setup(**spec["setup"])
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     extra: dict[str, Any] = {}
+    if spec["system"] == "alternating":
+        # torchpp's allocator policy (train() sets it) is process-wide: the peer and the bare stage
+        # compute in these processes run under it too, so their ratios compare pipelines alone
+        from torchpp.runtime.allocator import retain_freed_memory
+
+        retain_freed_memory()
     with RssSampler() as rss:
         if spec["system"] == "single":
             times, losses = _run_single(s)
