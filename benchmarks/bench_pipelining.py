@@ -577,7 +577,7 @@ def chart(rows: list[Row], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 4.8), gridspec_kw={"width_ratios": [3, 2]})
     labels, vals, colors = [], [], []
     palette = {"single": "tab:gray", "torchpp": "tab:blue", "peer": "tab:orange", "bound": "tab:green", "bound@run": "tab:olive"}
     for r in rows:
@@ -585,7 +585,7 @@ def chart(rows: list[Row], path: Path, title: str) -> None:
         vals.append(r.step_s)
         colors.append(palette[r.system])
         if r.system == "peer" and r.bound_s is not None:
-            labels += [f"bound (profile)\n{r.ranks} ranks", f"bound (at run)\n{r.ranks} ranks"]
+            labels += [f"bound\nprofile\n{r.ranks} ranks", f"bound\nat run\n{r.ranks} ranks"]
             vals += [r.bound_s, r.bound_here_s]
             colors += [palette["bound"], palette["bound@run"]]
     ax1.bar(range(len(vals)), vals, color=colors)
