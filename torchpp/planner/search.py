@@ -17,7 +17,8 @@ Search (Asteroid's Algorithm 2, widened):
   compute); plus the group's ring all-reduce divided by m.
 * The best candidates per (order, b, stage count), ranked by (m + S − 1) × bottleneck, get
   integer sample counts (Algorithm 1), per-layer recomputation from a MILP under each device's
-  memory cap, and are then priced by replaying their action lists (cost.price).
+  memory cap, and are then priced by replaying their action lists (cost.price): the top k by
+  that estimate, and the best of every (micro-batch size, stage count) whatever its rank.
 * The bottleneck ignores fill/drain and transfer latency, so the best few priced plans are then
   refined by local search on the priced step time (:func:`refine`): move a cut by one layer,
   shift a stage, swap two stages' groups, merge or split stages, move a device between groups
@@ -436,14 +437,26 @@ def search(pb: Problem, progress=None) -> SearchResult:
         raise InfeasibleError(infeasible_message(pb, t))
     cands.sort(key=lambda x: x[0])
     seen, picked = set(), []
-    for est, val, b, order, stages in cands:
+
+    def pick(cand) -> None:
+        est, val, b, order, stages = cand
         key = (b, tuple((st.cut, tuple(sorted(order[x] for x in range(*st.hosts)))) for st in stages))
-        if key in seen:
-            continue
-        seen.add(key)
-        picked.append((est, val, b, order, stages))
+        if key not in seen:
+            seen.add(key)
+            picked.append(cand)
+
+    for cand in cands:
         if len(picked) >= pb.top_k:
             break
+        pick(cand)
+    # The estimate leaves communication out, so on slow links it flatters deep pipelines and can
+    # fill the top k with them; the best candidate of every (micro-batch size, stage count) is
+    # priced too, so a shape (one device with big micro-batches, say) is never left unpriced.
+    shapes: dict[tuple[int, int], tuple] = {}
+    for cand in cands:
+        shapes.setdefault((cand[2], len(cand[4])), cand)
+    for cand in shapes.values():
+        pick(cand)
     priced: list[tuple[float, Plan]] = []
     seeds: list[tuple[float, int, list[tuple[tuple[int, int], tuple[int, ...]]]]] = []
     for est, val, b, order, stages in picked:
