@@ -54,9 +54,8 @@ def run_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, 
 
     from ..models.presets import load_config, num_hidden_layers
     from ..models.stages import StageSpec, build_stage
-    from ..runtime.trainer import make_optimizer
-
     from ..runtime.allocator import retain_freed_memory
+    from ..runtime.trainer import make_optimizer
 
     retain_freed_memory()  # the allocator policy of a training rank, whose peak this predicts
     torch.set_num_threads(threads)

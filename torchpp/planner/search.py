@@ -449,8 +449,8 @@ def search(pb: Problem, progress=None) -> SearchResult:
         if len(picked) >= pb.top_k:
             break
         pick(cand)
-    # The estimate leaves communication out, so on slow links it flatters deep pipelines and can
-    # fill the top k with them; the best candidate of every (micro-batch size, stage count) is
+    # The estimate leaves the tied embedding's sync and the fill/drain transfers out, so on slow
+    # links it flatters pipelines and can fill the top k with them; the best candidate of every (micro-batch size, stage count) is
     # priced too, so a shape (one device with big micro-batches, say) is never left unpriced.
     shapes: dict[tuple[int, int], tuple] = {}
     for cand in cands:
