@@ -15,8 +15,8 @@ One run measures, on this machine, with gloo on CPU and one torch thread per ran
   which the pipeline bound ``(m + p - 1) x max over stages of (forward + backward per
   micro-batch)`` is computed for each split;
 * ``compute``: the same bound with each stage's forward + backward timed in the pipelines' own
-  processes, every stage at once (so the cores are as busy as in a pipeline step), in every
-  round ("bound@run"). On a machine whose speed drifts by 10-20% over minutes, a bound taken
+  processes in every round, min(p, cores) stages at once (so the cores are as busy as in a
+  pipeline step; "bound@run") and, as ``compute_alone``, one stage at a time ("bound@run1"). On a machine whose speed drifts by 10-20% over minutes, a bound taken
   minutes apart from the pipelines (the profile, before and after) says as much about the drift
   as about the pipelines; the per-round ratio does not.
 
@@ -26,7 +26,7 @@ applies it too, so every ratio compares like with like. The separate memory runs
 system as it comes (the peer with the C library's default).
 
 Step times: for each p, torchpp, the peer and the stages' bare compute run in the same p
-processes, one step each in turn (the order rotating through all six permutations), so load
+processes, one step each in turn (the order rotating, forwards and backwards), so load
 that drifts on a shared machine hits all alike; each step ends with an all-reduce on both
 systems, and the time is rank 0's. The median of the measured steps (after --warmup) is reported, and, as a check, the
 median of the per-step ratios. Memory: every system also runs on its own in freshly launched
@@ -42,6 +42,7 @@ average), ``step_times.png`` and the ranks' logs.
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import dataclasses
 import json
@@ -237,6 +238,12 @@ class StageCompute:
         self.per_rank: list[list[float]] = []
         """Per round: every rank's seconds for its m passes."""
 
+    def timed(self, at_once: int) -> "StageCompute":
+        """The same stage and inputs, timed with ``at_once`` ranks computing together."""
+        other = copy.copy(self)
+        other.at_once, other.per_rank = at_once, []
+        return other
+
     def step(self, index: int) -> tuple[float, float]:
         """Seconds of m forward + backward passes of the slowest stage (all-reduced max)."""
         import torch
@@ -370,7 +377,7 @@ def _run_peer(s: Setup, rank: int, world: int) -> tuple[list[float], list[float]
         dist.destroy_process_group()
 
 
-def _run_alternating(s: Setup, plan: Path, rank: int, world: int) -> dict[str, dict[str, list[float]]]:
+def _run_alternating(s: Setup, plan: Path, rank: int, world: int) -> dict[str, dict[str, list]]:
     """Both systems and the stages' bare compute in the same processes, one step each in turn
     (the order rotating through all permutations): load that drifts hits all three alike, so
     their ratios are measured far more precisely than in separate runs."""
@@ -381,9 +388,9 @@ def _run_alternating(s: Setup, plan: Path, rank: int, world: int) -> dict[str, d
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=s.timeout_s))
     try:
         cores = os.cpu_count() or 1
+        compute = StageCompute(s, plan, rank, world, at_once=min(world, cores))
         systems = {"torchpp": TorchppSteps(s, plan, rank, world), "peer": PeerSteps(s, rank, world),
-                   "compute": StageCompute(s, plan, rank, world, at_once=min(world, cores)),
-                   "compute_alone": StageCompute(s, plan, rank, world, at_once=1)}
+                   "compute": compute, "compute_alone": compute.timed(1)}
         out = {k: {"step_times_s": [], "losses": []} for k in systems}
         names = list(systems)  # rotations and their reverses in turn: no member always goes first
         orders = [names[k:] + names[:k] for k in range(len(names))]
