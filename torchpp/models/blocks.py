@@ -23,7 +23,8 @@ EMBED, TAIL = "embed", "tail"
 # Attribute names (on the base model) of the modules that make up each block, in the order
 # the forward runs them. The first name of each list found on the base model is used,
 # except for embeddings, where every name found belongs to the block.
-_EMBED_NAMES = ("embed_tokens", "wte", "word_embeddings", "wpe", "embed_positions", "drop", "embed_dropout")
+_EMBED_NAMES = ("embed_tokens", "wte", "word_embeddings", "embed_in", "wpe", "embed_positions", "drop", "embed_dropout",
+                "emb_dropout")
 _NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
 _LAYER_LIST_NAMES = ("layers", "h", "layer", "blocks")
 _ROTARY_NAMES = ("rotary_emb",)
@@ -180,11 +181,21 @@ def find_parts(model: nn.Module) -> ModelParts:
     if head_name is None:
         raise UnsupportedModelError(f"{kind}: no lm_head (get_output_embeddings() is not a child module)")
     rotary = next((n for n in _ROTARY_NAMES if n in children), None)
+    _check_all_placed(kind, prefix, children, {*embed_names, layers_name, norm_name, rotary})
     tied = head.weight is in_emb.weight if in_emb is not None and hasattr(head, "weight") else False
     return ModelParts(model=model, base_path=prefix, embed_paths=[f"{prefix}.{n}" for n in embed_names],
                       layers_path=f"{prefix}.{layers_name}", norm_path=f"{prefix}.{norm_name}",
                       lm_head_path=head_name, rotary_path=None if rotary is None else f"{prefix}.{rotary}",
                       tied_embeddings=bool(tied))
+
+
+def _check_all_placed(kind: str, prefix: str, children: dict[str, nn.Module], placed: set) -> None:
+    """Refuse a base model with a module in no block: its forward would silently be skipped."""
+    stray = [n for n, m in children.items() if n not in placed
+             and (any(True for _ in m.parameters()) or any(True for _ in m.buffers()))]
+    if stray:
+        raise UnsupportedModelError(f"{kind}: module {prefix}.{stray[0]} is in no block (torchpp runs only embeddings, "
+                                    "decoder layers, the final norm and the rotary embedding)")
 
 
 def dtype_bytes(dtype: torch.dtype) -> int:

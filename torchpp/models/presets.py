@@ -51,8 +51,14 @@ def is_preset(name: str) -> bool:
     return name in PRESETS
 
 
-def load_config(model: str, num_layers: int | None = None) -> PretrainedConfig:
-    """Config of a preset name or a local HF checkpoint directory (never downloads)."""
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
+
+
+def load_config(model: str, num_layers: int | None = None, attn_implementation: str | None = None) -> PretrainedConfig:
+    """Config of a preset name or a local HF checkpoint directory (never downloads).
+
+    Raises :class:`ModelSpecError` naming the feature when torchpp cannot train the model
+    exactly as HF does, so ``plan``, ``profile`` and ``train`` all refuse it up front."""
     if model in PRESETS:
         cls, kw = PRESETS[model]
         cfg = cls(**kw)
@@ -63,13 +69,65 @@ def load_config(model: str, num_layers: int | None = None) -> PretrainedConfig:
                                  "checkpoint directory with config.json")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         cfg = AutoConfig.from_pretrained(str(p), local_files_only=True)
-    cfg._attn_implementation = "eager" if getattr(cfg, "model_type", "") == "gpt2" else "sdpa"
+    cfg._attn_implementation = choose_attn_implementation(cfg, attn_implementation)
     if num_layers is not None:
         total = num_hidden_layers(cfg)
         if not 1 <= num_layers <= total:
             raise ModelSpecError(f"--layers: expected 1..{total} for {model}, got {num_layers}")
         set_num_hidden_layers(cfg, num_layers)
+    check_supported(cfg, model)
     return cfg
+
+
+def _causal_lm_class(cfg: PretrainedConfig) -> type:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)]
+    except KeyError:
+        raise ModelSpecError(f"model_type {getattr(cfg, 'model_type', '?')!r}: torchpp does not support it "
+                             "(no AutoModelForCausalLM class for its config)") from None
+
+
+def choose_attn_implementation(cfg: PretrainedConfig, requested: str | None = None) -> str:
+    """``requested`` if given, else SDPA where the model class supports it and eager where HF
+    requires it (Gemma2, Bloom: attention soft-capping or biases SDPA cannot express)."""
+    if requested is not None:
+        if requested not in ATTN_IMPLEMENTATIONS:
+            raise ModelSpecError(f"attention implementation: expected one of {', '.join(ATTN_IMPLEMENTATIONS)}, "
+                                 f"got {requested!r}")
+        return requested
+    if getattr(cfg, "model_type", "") == "gpt2":
+        return "eager"
+    return "sdpa" if getattr(_causal_lm_class(cfg), "_supports_sdpa", False) else "eager"
+
+
+def check_supported(cfg: PretrainedConfig, model: str = "") -> None:
+    """Raise :class:`ModelSpecError` with one line naming what torchpp cannot run exactly."""
+    key = f"{cfg._attn_implementation}:{cfg.to_json_string(use_diff=False)}"
+    if key not in _CHECKED:
+        _CHECKED[key] = _unsupported(cfg)
+    if _CHECKED[key] is not None:
+        raise ModelSpecError(f"{model or type(cfg).__name__}: torchpp does not support {_CHECKED[key]}")
+
+
+_CHECKED: dict[str, str | None] = {}
+
+
+def _unsupported(cfg: PretrainedConfig) -> str | None:
+    """Build the model on the meta device (no memory) and look at what a stage would run."""
+    from .blocks import UnsupportedModelError, find_parts
+    from .semantics import unsupported_feature
+
+    try:
+        with torch.device("meta"):
+            m = _causal_lm_class(cfg)(cfg)
+        parts = find_parts(m)
+    except UnsupportedModelError as e:
+        return f"its module layout ({e})"
+    except (ValueError, TypeError) as e:
+        return f"this configuration ({str(e).splitlines()[0]})"
+    return unsupported_feature(cfg, m, parts)
 
 
 def num_hidden_layers(cfg: PretrainedConfig) -> int:

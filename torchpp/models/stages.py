@@ -1,6 +1,7 @@
 """One pipeline stage of a HuggingFace causal LM, built on its rank alone.
 
-The whole model is constructed on the meta device (no memory), its blocks are found with
+The whole model is constructed with its parameters on the meta device (no memory) and its
+buffers computed for real by their own constructors, its blocks are found with
 :func:`torchpp.models.blocks.find_parts`, every module the stage does not own is dropped, and
 only what is left is materialised: with a preset it is initialised
 per parameter name (``presets.init_parameters``), so the stage holds exactly the tensors the
@@ -9,12 +10,16 @@ whole model would hold; with a local checkpoint only the stage's tensors are rea
 checkpoints written by the stages together load into the HF model.
 
 A stage computes exactly what the whole model computes: positions are rebuilt per stage,
-rotary cos/sin are recomputed from the stage's own ``rotary_emb`` buffers, the causal mask is
-rebuilt per stage with the model's own ``create_causal_mask`` (eager attention without a mask
-would silently attend to the future), and each layer keeps its original index.
+rotary cos/sin are recomputed from the stage's own ``rotary_emb`` buffers, the masks are
+rebuilt per stage with the model's own mask functions (eager attention without a mask would
+silently attend to the future), each layer keeps its original index, and the model-level
+scalings of the config are applied (:mod:`torchpp.models.semantics`). Dropout draws from a
+stream seeded per (seed, step, micro-batch, block), the same whatever the split.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +129,9 @@ class Stage:
         self.module, self.cfg, self.spec, self.parts = module, cfg, spec, parts
         self.layer_list = _get(module, parts.layers)
         self.profiler: BlockObserver | None = None
+        self.seed = 0
+        self.rng_key: tuple[int, int] | None = None
+        """(step, micro-batch) of the pass being run; set by the executor so dropout is split-invariant."""
         self.tied_copy = bool(getattr(cfg, "tie_word_embeddings", False)) and spec.has_tail and not spec.has_embed
 
     # -- parameters
@@ -177,7 +185,8 @@ class Stage:
         if spec.has_embed:
             if prof:
                 prof.begin("embed")
-            h = self._embed(x, pos)
+            with self._dropout_stream(-1):
+                h = self._embed(x, pos)
             if prof:
                 prof.end("embed", None, h)
         a, b = spec.layers
@@ -190,6 +199,8 @@ class Stage:
                     prof.begin(f"layer{i}")
                 out = checkpoint(call, layer, i, h, use_reentrant=False) if rec and torch.is_grad_enabled() \
                     else call(layer, i, h)
+                if isinstance(out, tuple):  # layers that still return (hidden, ...) (Falcon)
+                    out = out[0]
                 if prof:
                     prof.end(f"layer{i}", h, out)
                 h = out
@@ -209,31 +220,39 @@ class Stage:
         h = _get(m, self.parts.token)(ids)
         for p in self.parts.positions:
             h = h + _get(m, p)(pos)
+        mult = getattr(self.cfg, "embedding_multiplier", None)  # Granite scales the embedding output
+        if mult is not None and mult != 1:
+            h = h * mult
         for p in self.parts.dropouts:
             h = _get(m, p)(h)
         return h
 
     def _layer_caller(self, h: torch.Tensor, pos: torch.Tensor) -> Callable:
         """A function (layer, index, hidden) -> hidden with this stage's masks and rotary cos/sin."""
-        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+        from .semantics import layer_inputs
 
-        cfg = self.cfg
-        kw = dict(config=cfg, inputs_embeds=h, attention_mask=None, past_key_values=None, position_ids=pos)
-        types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * self.spec.layers[1])
-        masks = {"full_attention": create_causal_mask(**kw)}
-        if "sliding_attention" in types:
-            masks["sliding_attention"] = create_sliding_window_causal_mask(**kw)
-        extra = {}
-        if self.parts.rotary is not None:
-            extra["position_embeddings"] = _get(self.module, self.parts.rotary)(h, pos)
+        masks, rotary, types, extra = layer_inputs(self.cfg, self.module, self.parts, h, pos, self.spec.layers[1])
 
         def call(layer: nn.Module, i: int, x: torch.Tensor) -> torch.Tensor:
-            return layer(x, attention_mask=masks[types[i]], position_ids=pos, **extra)
+            kw = dict(extra)
+            if rotary is not None:
+                kw["position_embeddings"] = rotary[types[i]]
+            with self._dropout_stream(i):
+                return layer(x, attention_mask=masks[types[i]], position_ids=pos, **kw)
         return call
 
+    def _dropout_stream(self, block: int):
+        """Seed the random stream of one block from (seed, step, micro-batch, block), so dropout
+        draws the same masks however the model is split (a no-op outside training)."""
+        if self.rng_key is None or not self.module.training:
+            return contextlib.nullcontext()
+        return _seeded(self.seed, *self.rng_key, block)
+
     def logits(self, h: torch.Tensor) -> torch.Tensor:
+        from .semantics import scale_logits
+
         h = _get(self.module, self.parts.norm)(h)
-        return _get(self.module, self.parts.lm_head)(h)
+        return scale_logits(self.cfg, _get(self.module, self.parts.lm_head)(h))
 
     @staticmethod
     def loss(logits: torch.Tensor, labels: torch.Tensor, n_tokens: int) -> torch.Tensor:
@@ -242,6 +261,14 @@ class Stage:
         ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), shift.reshape(-1),
                                                ignore_index=-100, reduction="sum")
         return ce / n_tokens
+
+
+@contextlib.contextmanager
+def _seeded(*key: int):
+    seed = int.from_bytes(hashlib.sha256(":".join(map(str, key)).encode()).digest()[:8], "little") & ((1 << 63) - 1)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
 
 
 def count_targets(labels: torch.Tensor) -> int:
@@ -262,7 +289,7 @@ def build_stage(model: str, cfg, spec: StageSpec, *, seed: int = 0, dtype: str =
     a, b = spec.layers
     if not (0 <= a <= b <= n):
         raise ModelSpecError(f"stage layers [{a}, {b}): expected a range inside the model's {n} layers")
-    with torch.device("meta"):
+    with parameters_on_meta():  # buffers are computed on CPU by the model's own constructors
         hf = AutoModelForCausalLM.from_config(cfg, dtype=DTYPES[dtype])
     parts = StagePaths.of(hf)
     tied = bool(getattr(cfg, "tie_word_embeddings", False))
@@ -276,13 +303,11 @@ def build_stage(model: str, cfg, spec: StageSpec, *, seed: int = 0, dtype: str =
     if not spec.has_tail:
         _set(hf, parts.norm, None)
         _set(hf, parts.lm_head, None)
-    rotary_cls = type(_get(hf, parts.rotary)) if parts.rotary else None
-    hf.to_empty(device="cpu")
-    if rotary_cls is not None:  # buffers computed in __init__: rebuild them for real
-        _set(hf, parts.rotary, rotary_cls(config=cfg))
+    _materialise_parameters(hf)
     if tied and spec.has_embed and spec.has_tail:
         _get(hf, parts.lm_head).weight = _get(hf, parts.token).weight
     stage = Stage(hf, cfg, spec, parts)
+    stage.seed = seed
     source = weights if weights is not None else (None if is_preset(model) else model)
     if source is None:
         _init_stage(stage, seed, float(getattr(cfg, "initializer_range", 0.02)))
@@ -290,6 +315,39 @@ def build_stage(model: str, cfg, spec: StageSpec, *, seed: int = 0, dtype: str =
         load_stage_weights(stage, source)
     hf.train()
     return stage
+
+
+@contextlib.contextmanager
+def parameters_on_meta():
+    """Construct modules with every parameter on the meta device and every buffer for real.
+
+    Buffers (rotary frequencies, Gemma's ``embed_scale``, anything a constructor computes) are
+    small and only their constructor knows their values, so they are kept as built; parameters
+    are large and are filled later from the checkpoint or the seeded init."""
+    original = nn.Module.register_parameter
+
+    def register(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:
+            param = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+        original(self, name, param)
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+def _materialise_parameters(model: nn.Module) -> None:
+    """Give every meta parameter CPU storage (uninitialised), keeping shared parameters shared."""
+    made: dict[int, nn.Parameter] = {}
+    for m in model.modules():
+        for name, p in list(m._parameters.items()):
+            if p is None or not p.is_meta:
+                continue
+            if id(p) not in made:
+                made[id(p)] = nn.Parameter(torch.empty_like(p, device="cpu"), requires_grad=p.requires_grad)
+            m._parameters[name] = made[id(p)]
 
 
 @torch.no_grad()
@@ -358,11 +416,34 @@ def read_tensors(directory: str | Path, names: list[str], aliases: dict[str, str
     return out
 
 
+def _converted_tensors(stage: Stage, directory: str | Path, names: list[str],
+                       aliases: dict[str, str]) -> dict[str, torch.Tensor]:
+    """The stage's tensors as HF's own loader produces them (its checkpoint key conversions:
+    renames, per-expert tensors merged). Loads the whole model once, on CPU, then keeps the
+    stage's part."""
+    from transformers import AutoModelForCausalLM
+
+    whole = AutoModelForCausalLM.from_pretrained(str(directory), config=stage.cfg, dtype=stage.dtype,
+                                                 local_files_only=True)
+    state = dict(whole.named_parameters(remove_duplicate=False))
+    out = {}
+    for n in names:
+        key = n if n in state else aliases.get(n)
+        if key not in state:
+            raise ModelSpecError(f"{directory}: tensor {n!r} is missing from the checkpoint")
+        out[n] = state[key].detach()
+    return out
+
+
 @torch.no_grad()
 def load_stage_weights(stage: Stage, directory: str | Path) -> None:
     params = dict(stage.named_parameters())
     aliases = {n: stage.source_name(n) for n in params if stage.source_name(n) != n}
-    tensors = read_tensors(directory, list(params), aliases)
+    index = safetensors_index(directory)
+    if all(n in index or aliases.get(n) in index for n in params):
+        tensors = read_tensors(directory, list(params), aliases)
+    else:  # saved under HF's on-disk names (MoE experts per file, GPT-NeoX's embed_out): HF converts them
+        tensors = _converted_tensors(stage, directory, list(params), aliases)
     for n, p in params.items():
         t = tensors[n]
         if tuple(t.shape) != tuple(p.shape):
