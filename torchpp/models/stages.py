@@ -185,7 +185,7 @@ class Stage:
         if spec.has_embed:
             if prof:
                 prof.begin("embed")
-            with self._dropout_stream(-1):
+            with self._dropout_stream(self.rng_key, -1):
                 h = self._embed(x, pos)
             if prof:
                 prof.end("embed", None, h)
@@ -232,21 +232,22 @@ class Stage:
         from .semantics import layer_inputs
 
         masks, rotary, types, extra = layer_inputs(self.cfg, self.module, self.parts, h, pos, self.spec.layers[1])
+        key = self.rng_key  # fixed now: a recompute in the backward runs after later forwards
 
         def call(layer: nn.Module, i: int, x: torch.Tensor) -> torch.Tensor:
             kw = dict(extra)
             if rotary is not None:
                 kw["position_embeddings"] = rotary[types[i]]
-            with self._dropout_stream(i):
+            with self._dropout_stream(key, i):
                 return layer(x, attention_mask=masks[types[i]], position_ids=pos, **kw)
         return call
 
-    def _dropout_stream(self, block: int):
+    def _dropout_stream(self, key: tuple[int, int] | None, block: int):
         """Seed the random stream of one block from (seed, step, micro-batch, block), so dropout
         draws the same masks however the model is split (a no-op outside training)."""
-        if self.rng_key is None or not self.module.training:
+        if key is None or not self.module.training:
             return contextlib.nullcontext()
-        return _seeded(self.seed, *self.rng_key, block)
+        return _seeded(self.seed, *key, block)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         from .semantics import scale_logits

@@ -90,6 +90,8 @@ class Executor:
         self.tied_contributor = self.pstage.devices[0].rank == rank
         self.observer: StepObserver | None = None
         self.posting = receive_posting(actions)
+        self.step_index = 0
+        """Steps done so far (set to the resumed step); with the micro-batch it seeds dropout."""
 
     def _rows(self, mb: int, lo: int, hi: int) -> slice:
         base = mb * self.plan.micro_batch_size
@@ -137,6 +139,7 @@ class Executor:
                 else:
                     x = _joined(parts.pop((Kind.RECV_ACT, mb)), a, b).requires_grad_(True)
                 labels = ids[self._rows(mb, a, b)] if st.has_tail else None
+                self.stage.rng_key = (self.step_index, mb)
                 out = self.stage.forward(x, labels, n_tokens)
                 inputs[mb], outputs[mb] = x, out
                 if st.has_tail:
@@ -204,6 +207,7 @@ class Executor:
         if pending or parts or outputs:
             raise RuntimeError(f"rank {self.rank}: step ended with unconsumed messages or activations "
                                f"({len(pending)} receives, {len(parts)} parts, {len(outputs)} outputs)")
+        self.step_index += 1
         return StepResult(loss=float(loss), compute_s=compute_s, comm_wait_s=wait_s, sent_bytes=sent)
 
     def _release_finished(self, sends: list[Pending]) -> int:

@@ -253,6 +253,7 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
         log.print(f"resumed from {ckpt.step_dir(cfg.checkpoint_dir, start)} (step {start})")
         log.event({"event": "resume", "from_step": start, "restart_count": _env_int("TORCHELASTIC_RESTART_COUNT", 0)})
     executor = Executor(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm, optimizer=optimizer)
+    executor.step_index = start
     needs_tokens = pstage.has_embed or pstage.has_tail
     source = open_source(cfg.data, seq_len=plan.seq_len, global_batch=plan.global_batch,
                          vocab_size=plan.model.vocab_size, seed=cfg.seed,
