@@ -1,4 +1,8 @@
-"""Token batches for training: local text/JSON files (via ``datasets``) or a synthetic source.
+"""Token batches for training: local text, JSON, CSV or Parquet files (via ``datasets``) or a synthetic source.
+
+Tables (``.json``/``.jsonl``/``.csv``/``.parquet``) are read by column: the text column
+(``text`` unless named) is the training text, every other column is ignored. Anything else is
+read as UTF-8 text; a file that does not decode (a binary file) is refused, naming it.
 
 Every rank that needs tokens (the first stage for inputs, the last stage for labels) computes
 the same global batch for a given step, so the data order is a pure function of
@@ -43,8 +47,14 @@ class SyntheticTokens:
         return torch.randint(0, self.vocab_size, (self.global_batch, self.seq_len), generator=g, dtype=torch.int64)
 
 
+TABLES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+"""Suffix -> the ``datasets`` builder that reads it as a table."""
+TEXTS = (".txt", ".md")
+SUFFIXES = (*TEXTS, *TABLES)
+
+
 class PackedText:
-    """Local ``.txt``/``.json``/``.jsonl`` files, tokenised, concatenated and cut into ``seq_len`` blocks.
+    """Local text files and tables, tokenised, concatenated and cut into ``seq_len`` blocks.
 
     Blocks are visited in a seeded permutation per epoch; the step's batch is the next
     ``global_batch`` blocks of that endless sequence. Presets have no tokenizer, so their
@@ -83,31 +93,53 @@ class PackedText:
 
 def _files(path: Path) -> list[Path]:
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.suffix in (".txt", ".json", ".jsonl") and p.is_file())
+        files = sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())
         if not files:
-            raise DataError(f"--data: {path}: expected .txt, .json or .jsonl files in the directory, found none")
+            raise DataError(f"--data: {path}: expected {', '.join(SUFFIXES)} files in the directory, found none")
         return files
     if not path.is_file():
-        raise DataError(f"--data: {path}: expected 'synthetic', a text/JSON file or a directory of them")
+        raise DataError(f"--data: {path}: expected 'synthetic', a text/JSON/CSV/Parquet file or a directory of them")
     return [path]
 
 
 def _read_texts(paths: list[Path], field: str) -> list[str]:
     import datasets
-    from datasets import Dataset
 
     datasets.disable_progress_bars()
     texts: list[str] = []
     for p in paths:
-        if p.suffix in (".json", ".jsonl"):
-            ds = Dataset.from_json(str(p), keep_in_memory=True)
-            if field not in ds.column_names:
-                raise DataError(f"{p}: field '{field}': expected a text column, found columns {ds.column_names}")
-            texts += [t for t in ds[field] if isinstance(t, str)]
-        else:
-            ds = Dataset.from_text(str(p), keep_in_memory=True, sample_by="document")
-            texts += list(ds["text"])
+        texts += _read_table(p, field) if p.suffix in TABLES else _read_text(p)
     return texts
+
+
+def _read_table(path: Path, column: str) -> list[str]:
+    """The ``column`` of a JSON/CSV/Parquet table; non-string cells (missing values) are skipped."""
+    from datasets import Dataset
+
+    reader = {"json": Dataset.from_json, "csv": Dataset.from_csv, "parquet": Dataset.from_parquet}[TABLES[path.suffix]]
+    try:
+        ds = reader(str(path), keep_in_memory=True)
+    except Exception as e:  # datasets/pyarrow raise many kinds; the user needs the file and the reason
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"--data: {path}: cannot be read as a {TABLES[path.suffix]} table ({reason[:200]})") from None
+    if column not in ds.column_names:
+        raise DataError(f"--data: {path}: text column '{column}' not found; the table has columns {ds.column_names} "
+                        "(name the text column with --text-column)")
+    return [t for t in ds[column] if isinstance(t, str)]
+
+
+def _read_text(path: Path) -> list[str]:
+    """The whole file as one document; refused when it is not UTF-8 text (a binary file)."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"--data: {path}: not UTF-8 text (undecodable byte at offset {e.start}); expected a text file "
+                        f"or a table ({', '.join(TABLES)})") from None
+    if "\x00" in text:
+        raise DataError(f"--data: {path}: a binary file (NUL bytes); expected a text file or a table "
+                        f"({', '.join(TABLES)})")
+    return [text]
 
 
 def _tokenize(texts: list[str], vocab_size: int, tokenizer_dir: str | Path | None) -> list[int]:
@@ -130,9 +162,10 @@ def _tokenize(texts: list[str], vocab_size: int, tokenizer_dir: str | Path | Non
 
 
 def open_source(data: str, *, seq_len: int, global_batch: int, vocab_size: int, seed: int,
-                tokenizer_dir: str | Path | None = None) -> TokenSource:
-    """``--data synthetic`` or a local path (file or directory of .txt/.json/.jsonl)."""
+                tokenizer_dir: str | Path | None = None, text_column: str = "text") -> TokenSource:
+    """``--data synthetic`` or a local path (a file or a directory of text files and tables);
+    ``text_column`` names the text column of tables."""
     if data == "synthetic":
         return SyntheticTokens(vocab_size=vocab_size, seq_len=seq_len, global_batch=global_batch, seed=seed)
     return PackedText(_files(Path(data)), seq_len=seq_len, global_batch=global_batch, vocab_size=vocab_size,
-                      seed=seed, tokenizer_dir=tokenizer_dir)
+                      seed=seed, tokenizer_dir=tokenizer_dir, text_field=text_column)
