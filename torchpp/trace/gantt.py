@@ -147,7 +147,7 @@ def save_gantt(path: str | Path, panels: Sequence[tuple[str, Sequence[Bar]]], *,
         draw(ax, bars, title, names=names, style=style, show_throttling=show_throttling,
              show_completion_time=show_completion_time)
     axes[-1, 0].set_xlabel(xlabel)
-    kinds = {b.kind for _, bars in panels for b in bars}
+    kinds = {b.kind for _, bars in panels for b in bars if b.end > b.start}
     handles = [Patch(color=c, label=LABELS[k]) for k, c in COLOURS.items() if k in kinds]
     if show_throttling:
         handles.append(Patch(facecolor="white", edgecolor="red", label="throttled"))
