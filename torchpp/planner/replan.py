@@ -243,7 +243,7 @@ def _row_clipped(p2p: list[Event], eps: float = 2e-6) -> set[int]:
         rows[(e.rank, e.kind[:4])].append(e)
     out = set()
     for evs in rows.values():
-        evs.sort(key=lambda e: (e.end, e.start))
+        evs.sort(key=lambda e: (e.start, e.end))  # a row's slices do not overlap; starts order them
         for prev, cur in zip(evs, evs[1:]):
             if abs(cur.start - prev.end) <= eps:
                 out.add(id(cur))

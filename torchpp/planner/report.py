@@ -2,17 +2,11 @@
 
 ``predict`` prices the plan's action lists (cost.price) and derives, per stage, the forward,
 backward, recompute, communication and all-reduce time and each device's memory against its
-budget; the bubble split of seed 004 relative to the mean stage's useful time m·t̄::
-
-    real = T / (m·t̄) − 1
-    ideal = (S − 1) / m
-    imbalance = (m + S − 1)·(max_s (t_s + r_s) − mean_s (t_s + r_s)) / (m·t̄)
-    recompute = (m + S − 1)·mean_s r_s / (m·t̄)
-    communication = real − ideal − imbalance − recompute   (transfers, all-reduce, optimizer)
-
-with t_s a stage's forward+backward time per micro-batch (its slowest device) and r_s its
-recomputation time; and the lower bound G / Σ_d (1 / τ_d), τ_d being device d's time per
-sample for the whole model, i.e. total work over total capacity.
+budget; the bubble split ``real = ideal + imbalance + communication + recompute`` (seconds per
+rank on average) is :func:`torchpp.trace.analyze.analyze` of the replayed timeline — the same
+function ``torchpp analyze`` runs on measured traces and on ``simulate plan``'s predicted trace
+— and the lower bound G / Σ_d (1 / τ_d), τ_d being device d's time per sample for the whole
+model, i.e. total work over total capacity.
 """
 from __future__ import annotations
 
@@ -21,11 +15,11 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
 from ..formats import Plan, file_hash, write_json
 from ..schedules import Kind
 from ..sim.replay import Timeline
+from ..sim.trace import recompute_of, timeline_events
+from ..trace.analyze import analyze
 from .cost import Links, Profiles, price, stage_blocks
 from .memory import MemoryEstimator, in_flight
 from .search import fmt_bytes
@@ -50,17 +44,12 @@ def device_memory(plan: Plan, profiles: Profiles, memory: MemoryEstimator) -> di
 def predict(plan: Plan, profiles: Profiles, links: Links, memory: MemoryEstimator, budget: Mapping[str, float],
             optimizer_s_per_byte=None) -> tuple[dict[str, Any], Timeline]:
     step, tl = price(plan, profiles, links, optimizer_s_per_byte)
-    m, S = plan.num_microbatches, plan.num_stages
     mem = device_memory(plan, profiles, memory)
-    stages, t_s, r_s = [], [], []
+    stages = []
     for s in plan.stages:
         fwd = max(profiles.stage_time(d.host, s, d.samples) for d in s.devices)
         rec = max(d.samples * profiles.stage_recompute(d.host, s) for d in s.devices)
         bwd = max(profiles.stage_time(d.host, s, d.samples, backward=True) for d in s.devices) - rec
-        tb = max(profiles.stage_time(d.host, s, d.samples) + profiles.stage_time(d.host, s, d.samples, backward=True)
-                 - d.samples * profiles.stage_recompute(d.host, s) for d in s.devices)
-        t_s.append(tb)
-        r_s.append(rec)
         comm = max(sum(sp.end - sp.start for sp in tl.spans[d.rank] if sp.action.is_send) for d in s.devices)
         ar = max(sum(sp.end - sp.ready for sp in tl.spans[d.rank] if sp.action.kind == Kind.ALLREDUCE)
                  for d in s.devices)
@@ -72,13 +61,7 @@ def predict(plan: Plan, profiles: Profiles, links: Links, memory: MemoryEstimato
                          "budget_bytes": int(budget.get(d.host, 0)) if d.host in budget else None}
                         for d in s.devices],
         })
-    tbar = float(np.mean(t_s))
-    D = m * tbar
-    tr = np.array(t_s) + np.array(r_s)
-    real = step / D - 1
-    ideal = (S - 1) / m
-    imb = (m + S - 1) * (tr.max() - tr.mean()) / D
-    recomp = (m + S - 1) * float(np.mean(r_s)) / D
+    bubble = analyze(timeline_events(plan, tl, recompute_of=recompute_of(plan, profiles))).bubble
     hosts = list(budget) or sorted({d.host for s in plan.stages for d in s.devices})
     profiles.ensure(hosts)
     cap = sum(1.0 / float(profiles.table(h)[0].sum() + profiles.table(h)[1].sum()) for h in hosts)
@@ -86,8 +69,7 @@ def predict(plan: Plan, profiles: Profiles, links: Links, memory: MemoryEstimato
     pred = {
         "step_time_s": step, "throughput_samples_per_s": plan.global_batch / step,
         "lower_bound_s": lb, "ratio_to_lower_bound": step / lb,
-        "bubble": {"real": real, "ideal": ideal, "imbalance": float(imb), "communication": real - ideal - imb - recomp,
-                   "recompute": recomp},
+        "bubble": bubble,
         "memory_model": memory.source,
         "memory_bytes_per_rank": {str(r): int(v) for r, v in sorted(mem.items())},
         "stages": stages,
@@ -123,7 +105,12 @@ def write_outputs(out_dir: Path, plan: Plan, tl: Timeline, meta: dict[str, Any],
                             f"{sp.start:.6f}", f"{sp.end:.6f}"])
     write_json(out_dir / "plan_meta.json", meta)
     (out_dir / "summary.txt").write_text(summary_text(plan, meta, compare))
-    gantt(out_dir / "gantt.png", plan, tl)
+    from ..trace.gantt import bars_from_events, save_gantt
+
+    names = {r: f"rank {r} · s{plan.stage_of_rank(r).index} · {plan.device_of_rank(r).host}" for r in tl.spans}
+    save_gantt(out_dir / "gantt.png", [(f"predicted step: {tl.makespan:.4g} s",
+                                        bars_from_events(timeline_events(plan, tl)))],
+               names=names, xlabel="seconds (predicted)")
 
 
 def summary_text(plan: Plan, meta: dict[str, Any], compare: Sequence[dict] = ()) -> str:
@@ -150,7 +137,7 @@ def summary_text(plan: Plan, meta: dict[str, Any], compare: Sequence[dict] = ())
                      f"{ps['forward_s']:>8.4g} {ps['backward_s']:>8.4g} {ps['recompute_s']:>8.4g} "
                      f"{ps['comm_s']:>10.4g} {ps['allreduce_s']:>10.4g}  {mem}"
                      + (f"  recompute {ps['recomputed_layers']} layer(s)" if ps["recomputed_layers"] else ""))
-    lines += ["", "bubble (relative to the mean stage's useful time m·t̄):",
+    lines += ["", "bubble (seconds per rank on average, measured on the predicted timeline as `torchpp analyze` does):",
               "    real    =   ideal   + imbalance + communication + recompute",
               f"  {b.get('real', 0):8.4f}  = {b.get('ideal', 0):8.4f}  + {b.get('imbalance', 0):8.4f}  + "
               f"{b.get('communication', 0):8.4f}      + {b.get('recompute', 0):8.4f}"]
@@ -165,46 +152,6 @@ def summary_text(plan: Plan, meta: dict[str, Any], compare: Sequence[dict] = ())
         lines += ["", f"search: {s.get('mode', '')}; {s.get('dp_candidates', 0)} DP candidates, "
                       f"{s.get('priced', 0)} priced, {s.get('planning_time_s', 0):.3f} s"]
     return "\n".join(lines) + "\n"
-
-
-_COLORS = {Kind.FORWARD: "#4c78a8", Kind.BACKWARD: "#72b7b2", Kind.SEND_ACT: "#f58518", Kind.SEND_GRAD: "#e45756",
-           Kind.ALLREDUCE: "#b279a2", Kind.OPTIMIZER: "#9d755d"}
-
-
-def gantt(path: Path, plan: Plan, tl: Timeline) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    ranks = sorted(tl.spans)
-    fig, ax = plt.subplots(figsize=(12, 0.5 * len(ranks) + 1.5))
-    for y, r in enumerate(ranks):
-        for sp in tl.spans[r]:
-            k = sp.action.kind
-            if k not in _COLORS or sp.end <= sp.start:
-                continue
-            if k == Kind.ALLREDUCE:
-                start = sp.ready
-            else:
-                start = sp.start
-            off, h = (0.3, 0.35) if sp.action.is_send else (0.0, 0.8)
-            ax.broken_barh([(start, sp.end - start)], (y - 0.4 + off, h), facecolors=_COLORS[k], edgecolor="white",
-                           linewidth=0.3)
-            if k in (Kind.FORWARD, Kind.BACKWARD) and len(ranks) <= 16:
-                ax.text(start + (sp.end - start) / 2, y, f"{k.value}{sp.action.microbatch}", ha="center",
-                        va="center", fontsize=6, color="white")
-    ax.set_yticks(range(len(ranks)))
-    ax.set_yticklabels([f"rank {r} · s{plan.stage_of_rank(r).index} · {plan.device_of_rank(r).host}" for r in ranks])
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds (predicted)")
-    ax.set_title(f"predicted step: {tl.makespan:.4g} s")
-    ax.legend(handles=[Patch(color=c, label=k.name.lower()) for k, c in _COLORS.items()], loc="upper right",
-              fontsize=7, ncol=3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def input_hashes(paths: Mapping[str, Sequence[Path] | Path | None]) -> dict[str, str]:

@@ -243,7 +243,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..schedules import build
     from .engine import SimOptions, simulate
     from .measured import measured_cost
-    from .trace import predicted_trace
+    from .trace import predicted_trace, recompute_of
 
     plan = Plan.load(args.plan)
     cost, bytes_of = measured_cost(plan, args.layers, args.bandwidth, args.capacities)
@@ -253,7 +253,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"predicted step time: {res.makespan:.6f} s ({args.comm} comm, {plan.schedule}, "
           f"{plan.num_stages} stages, {plan.world_size} ranks)")
     _print_utilisation(res)
-    trace = predicted_trace(plan, res.timeline, bytes_of=bytes_of,
+    trace = predicted_trace(plan, res.timeline, bytes_of=bytes_of, recompute_of=recompute_of(plan, cost.p),
                             metadata={"plan": str(args.plan), "comm": args.comm, "step_time_s": res.makespan})
     print(f"trace: {write_json(args.trace, trace)}")
     if args.gantt is not None:

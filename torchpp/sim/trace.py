@@ -1,27 +1,36 @@
-"""A priced schedule as a predicted Chrome trace, in exactly the runtime's form.
+"""A priced schedule as a predicted Chrome trace, in exactly the runtime's form, and as the
+analysis' events.
 
 What :class:`torchpp.trace.timeline.StepRecorder` writes for a measured step, this writes for
 a predicted one: per rank a process ``rank R · stage S · host H`` with rows compute, send,
 recv and collective; ``F<mb>``/``B<mb>``/``optimizer`` with {stage, microbatch, layers,
-samples}; ``send_*``/``recv_*`` with {stage, microbatch, peer, bytes, samples, blocked_s},
-laid out one after another on their row (a slice starts when its message became the row's
-next outstanding one: receives are posted at the start of the step, sends when reached);
-``allreduce`` with {stage, group, tied, bytes}; a flow from each send's start to its
-receive's end with the runtime's ids; the per-rank traces merged as
+samples, recompute_s}; ``send_*``/``recv_*`` with {stage, microbatch, peer, bytes, samples,
+blocked_s}, laid out one after another on their row (a slice starts when its message became
+the row's next outstanding one: receives are posted at the start of the step, sends when
+reached); ``allreduce`` with {stage, group, tied, bytes}; a flow from each send's start to
+its receive's end with the runtime's ids; the per-rank traces merged as
 ``timeline_step<N>_all.json`` is. A predicted and a measured timeline therefore open side by
 side and :mod:`torchpp.trace.analyze` reads both.
+
+:func:`timeline_events` gives the analysis the same events the predicted trace gives when read
+back (one layout, :func:`rank_slices`, serves both), without the trace's float round trip;
+times are written unrounded so the two analyses agree to 1e-9 s.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..formats import Plan
 from ..schedules import Action, Kind
+from ..trace.analyze import Event
 from ..trace.chrome import TraceWriter, merge
 from .replay import Span, Timeline
 
 _P2P = {Kind.SEND_ACT: ("send", "send_act"), Kind.SEND_GRAD: ("send", "send_grad"),
         Kind.RECV_ACT: ("recv", "recv_act"), Kind.RECV_GRAD: ("recv", "recv_grad")}
+PerAction = Callable[[int, Action], float]
+"""(rank, action) → a number (bytes moved, seconds of recomputation)."""
 
 
 def event_name(a: Action) -> str:
@@ -36,29 +45,34 @@ def event_name(a: Action) -> str:
     return _P2P[a.kind][1]
 
 
-def rank_trace(plan: Plan, rank: int, spans: list[Span], *, step: int = 0,
-               bytes_of: Callable[[int, Action], float] | None = None) -> dict[str, Any]:
-    """One rank's predicted step, as its runtime recorder would have written it."""
-    from ..trace.timeline import p2p_event
+def event_kind(a: Action) -> str:
+    """The analysis' kind of an action (``F``, ``B``, ``send_act``, …)."""
+    return a.kind.value if a.kind in (Kind.FORWARD, Kind.BACKWARD) else event_name(a)
 
-    st = plan.stage_of_rank(rank)
-    host = plan.device_of_rank(rank).host
-    w = TraceWriter(world_size=plan.world_size, rank=rank,
-                    metadata={"step": step, "rank": rank, "stage": st.index, "host": host, "clock_offset_s": 0.0,
-                              "clock_rtt_s": 0.0, "clock": "predicted"})
-    w.name_process(rank, f"rank {rank} · stage {st.index} · host {host}")
-    nbytes = (lambda a: int(round(bytes_of(rank, a)))) if bytes_of is not None else (lambda a: 0)
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """One span as its trace row shows it."""
+
+    row: str
+    """compute, send, recv or collective."""
+    span: Span
+    start: float
+    end: float
+    blocked: float = 0.0
+    """Receives: how long compute waited for the message."""
+
+
+def rank_slices(spans: list[Span]) -> list[Slice]:
+    """Lay one rank's spans out on the trace rows, as the runtime's recorder does."""
+    out: list[Slice] = []
     p2p: list[tuple[str, Span, float]] = []
     for s in spans:
         a = s.action
         if a.kind in (Kind.FORWARD, Kind.BACKWARD, Kind.OPTIMIZER):
-            args: dict[str, Any] = {"stage": a.stage, "microbatch": a.microbatch, "layers": list(st.layers)}
-            if a.samples is not None:
-                args["samples"] = list(a.samples)
-            w.complete(rank, "compute", event_name(a), s.start, s.end - s.start, args)
-        elif a.kind == Kind.ALLREDUCE:
-            w.complete(rank, "collective", "allreduce", s.ready, s.end - s.ready,
-                       {"stage": a.stage, "group": list(a.group or ()), "tied": a.tied, "bytes": nbytes(a)})
+            out.append(Slice("compute", s, s.start, s.end))
+        elif a.kind == Kind.ALLREDUCE:  # the collective itself: from its last member's arrival
+            out.append(Slice("collective", s, s.ready, s.end))
         elif a.is_send:
             p2p.append(("send", s, s.start))  # posted when the rank reaches it
         else:
@@ -67,19 +81,75 @@ def rank_trace(plan: Plan, rank: int, spans: list[Span], *, step: int = 0,
         prev_end = float("-inf")
         # a message is done when it has arrived (Span.ready); a receive may be reached later
         for _, s, posted in sorted((p for p in p2p if p[0] == row), key=lambda p: p[1].ready):
-            a = s.action
             start = max(posted, prev_end)
             prev_end = s.ready
-            blocked = s.end - s.start if row == "recv" else 0.0
-            p2p_event(w, rank, step, row, a, start, s.ready - start, nbytes(a), blocked)
+            out.append(Slice(row, s, start, s.ready, s.end - s.start if row == "recv" else 0.0))
+    return out
+
+
+def recompute_of(plan: Plan, profiles) -> PerAction:
+    """Seconds of recomputation inside each BACKWARD, from the profiles the plan was priced with
+    (``profiles.stage_recompute(host, stage)``: per sample)."""
+    def rec(rank: int, a: Action) -> float:
+        if a.kind != Kind.BACKWARD:
+            return 0.0
+        d = plan.device_of_rank(rank)
+        n = a.samples[1] - a.samples[0] if a.samples is not None else d.samples
+        return n * profiles.stage_recompute(d.host, plan.stages[a.stage])
+    return rec
+
+
+def timeline_events(plan: Plan, timeline: Timeline, *, bytes_of: PerAction | None = None,
+                    recompute_of: PerAction | None = None) -> list[Event]:
+    """The analysis' events of a predicted timeline: those its predicted trace reads back as."""
+    out = []
+    for rank in sorted(timeline.spans):
+        for sl in rank_slices(timeline.spans[rank]):
+            a = sl.span.action
+            kind = event_kind(a)
+            p2p = sl.row in ("send", "recv")
+            nbytes = int(round(bytes_of(rank, a))) if bytes_of is not None and kind not in ("F", "B", "optimizer") \
+                else 0
+            rec = recompute_of(rank, a) if recompute_of is not None and kind == "B" else 0.0
+            out.append(Event(rank, a.stage, kind, a.microbatch, sl.start, sl.end, nbytes,
+                             a.peer if p2p else None, float(rec or 0.0), sl.blocked if p2p else None))
+    return out
+
+
+def rank_trace(plan: Plan, rank: int, spans: list[Span], *, step: int = 0, bytes_of: PerAction | None = None,
+               recompute_of: PerAction | None = None) -> dict[str, Any]:
+    """One rank's predicted step, as its runtime recorder would have written it."""
+    from ..trace.timeline import p2p_event
+
+    st = plan.stage_of_rank(rank)
+    host = plan.device_of_rank(rank).host
+    w = TraceWriter(world_size=plan.world_size, rank=rank, precise=True,
+                    metadata={"step": step, "rank": rank, "stage": st.index, "host": host, "clock_offset_s": 0.0,
+                              "clock_rtt_s": 0.0, "clock": "predicted"})
+    w.name_process(rank, f"rank {rank} · stage {st.index} · host {host}")
+    nbytes = (lambda a: int(round(bytes_of(rank, a)))) if bytes_of is not None else (lambda a: 0)
+    for sl in rank_slices(spans):
+        a = sl.span.action
+        if sl.row == "compute":
+            args: dict[str, Any] = {"stage": a.stage, "microbatch": a.microbatch, "layers": list(st.layers)}
+            if a.samples is not None:
+                args["samples"] = list(a.samples)
+            if a.kind == Kind.BACKWARD and recompute_of is not None and recompute_of(rank, a):
+                args["recompute_s"] = recompute_of(rank, a)
+            w.complete(rank, "compute", event_name(a), sl.start, sl.end - sl.start, args)
+        elif sl.row == "collective":
+            w.complete(rank, "collective", "allreduce", sl.start, sl.end - sl.start,
+                       {"stage": a.stage, "group": list(a.group or ()), "tied": a.tied, "bytes": nbytes(a)})
+        else:
+            p2p_event(w, rank, step, sl.row, a, sl.start, sl.end - sl.start, nbytes(a), sl.blocked)
     return w.to_json()
 
 
-def predicted_trace(plan: Plan, timeline: Timeline, *, step: int = 0,
-                    bytes_of: Callable[[int, Action], float] | None = None,
-                    metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+def predicted_trace(plan: Plan, timeline: Timeline, *, step: int = 0, bytes_of: PerAction | None = None,
+                    recompute_of: PerAction | None = None, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
     """All ranks merged with zero clock offsets, like the runtime's ``timeline_step<N>_all.json``."""
     ranks = sorted(timeline.spans)
-    traces = [rank_trace(plan, r, timeline.spans[r], step=step, bytes_of=bytes_of) for r in ranks]
+    traces = [rank_trace(plan, r, timeline.spans[r], step=step, bytes_of=bytes_of, recompute_of=recompute_of)
+              for r in ranks]
     return merge(traces, [0.0] * len(traces),
                  metadata={"step": step, "predicted": True, "source": "torchpp simulate", **(metadata or {})})

@@ -1,17 +1,29 @@
 """Read a step's timeline (measured or predicted) and say where the time went.
 
-Bubble split (seconds of one step, per rank on average), with p stages, m micro-batches,
-c_s the per-micro-batch compute of stage s (its slowest device), c̄ their mean, c_max the
-largest and r̄ the mean per-micro-batch recompute:
+The same function reads measured traces from the runtime and predicted timelines from the
+simulator (``torchpp.sim.trace.timeline_events``, or the predicted Chrome trace read back),
+so a plan's predicted bubble and ``torchpp analyze`` of its predicted trace are one number.
 
-    real          = T − m·(c̄ − r̄)                 idle time of the average rank
-    ideal         = (p − 1)·c̄                      fill/drain of a balanced pipeline
-    imbalance     = (m − 1)·(c_max − c̄)            the slowest stage holding the rest up
-    communication = T − (Σ_s c_s + (m − 1)·c_max)  everything above the compute-bound makespan
-    recompute     = m·r̄
+Bubble split, in seconds of one step [t0, t1] (T = t1 − t0), per rank then averaged over
+ranks; every term is a sum of measured intervals on the rank's compute thread, none is a
+remainder of the others and none is negative:
 
-so that real = ideal + imbalance + communication + recompute exactly. The same function
-reads measured traces from the runtime and predicted traces from the simulator.
+- **useful** U_r: the F/B durations less the recomputation inside the B events.
+- **recompute** r_r: the B events' ``recompute_s``.
+- **communication** k_r: the part of each receive's blocked time after the matching send
+  started on the peer (the transfer itself), plus all-reduce and optimizer time (both are
+  synchronisation the step waits for; the optimizer is counted here, not as useful work).
+- **pipeline wait** W_r: the gaps with no action, plus the part of each receive's blocked
+  time before the matching send started (waiting for the peer's compute). A receive whose
+  send is not in the timeline counts wholly as communication. W_r is split into
+  **ideal** = min(W_r, (p − 1)·c̄), the fill/drain a balanced pipeline has (c̄ the mean over
+  stages of the per-micro-batch F+B time of the stage's slowest device), and
+  **imbalance** = W_r − ideal.
+
+The intervals are swept in time order and clipped where they overlap (clock noise in
+measured traces), so U_r + r_r + k_r + W_r = T and ``real`` = T − U_r =
+ideal + imbalance + communication + recompute, exact up to rounding (checked in code).
+``compute_bound_s`` = Σ_s c_s + (m − 1)·max_s c_s, the makespan with free communication.
 """
 from __future__ import annotations
 
@@ -24,6 +36,7 @@ from typing import Any, Iterable
 COMPUTE_KINDS = ("F", "B")
 COMM_KINDS = ("send_act", "recv_act", "send_grad", "recv_grad", "allreduce")
 KINDS = COMPUTE_KINDS + COMM_KINDS + ("optimizer",)
+BUBBLE_TERMS = ("ideal", "imbalance", "communication", "recompute")
 _MB = re.compile(r"^([FB])(\d+)$")
 
 
@@ -84,6 +97,16 @@ class RankStats:
     optimizer_s: float = 0.0
     idle_s: float = 0.0
     microbatches: int = 0
+    useful_s: float = 0.0
+    """F/B time less recomputation."""
+    wait_s: float = 0.0
+    """Pipeline wait: gaps plus receive time before the peer's send started."""
+    transfer_s: float = 0.0
+    """Receive time after the peer's send started."""
+    real_s: float = 0.0
+    ideal_s: float = 0.0
+    imbalance_s: float = 0.0
+    communication_s: float = 0.0
 
 
 @dataclass
@@ -96,6 +119,8 @@ class StepAnalysis:
     """Per stage: forward seconds per micro-batch (slowest device of the group)."""
     stage_backward_s: list[float]
     bubble: dict[str, float]
+    """Seconds per rank on average: real, ideal, imbalance, communication, recompute; and
+    compute_bound_s."""
     critical_path: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -112,6 +137,35 @@ def analyze(events: Iterable[Event]) -> StepAnalysis:
         raise ValueError("timeline has no pipeline events (F<mb>/B<mb>/send/recv/allreduce/optimizer with args.stage)")
     t0, t1 = min(e.start for e in evs), max(e.end for e in evs)
     T = t1 - t0
+    ranks = rank_stats(evs, T)
+    p = max(s.stage for s in ranks.values()) + 1
+    m = max((s.microbatches for s in ranks.values()), default=0) or 1
+    fwd, bwd = [0.0] * p, [0.0] * p
+    for s in ranks.values():
+        k = max(s.microbatches, 1)
+        if (s.forward_s + s.backward_s) / k > fwd[s.stage] + bwd[s.stage]:
+            fwd[s.stage], bwd[s.stage] = s.forward_s / k, s.backward_s / k
+    c = [f + b for f, b in zip(fwd, bwd)]
+    fill = (p - 1) * sum(c) / p
+    by_rank: dict[int, list[Event]] = defaultdict(list)
+    for e in evs:
+        by_rank[e.rank].append(e)
+    sends = send_starts(evs)
+    for r, st in ranks.items():
+        split_rank(st, by_rank[r], sends, t0, t1, fill)
+    n = len(ranks)
+    bubble = {"real": sum(s.real_s for s in ranks.values()) / n,
+              "ideal": sum(s.ideal_s for s in ranks.values()) / n,
+              "imbalance": sum(s.imbalance_s for s in ranks.values()) / n,
+              "communication": sum(s.communication_s for s in ranks.values()) / n,
+              "recompute": sum(s.recompute_s for s in ranks.values()) / n,
+              "compute_bound_s": sum(c) + (m - 1) * max(c)}
+    return StepAnalysis(step_time_s=T, num_stages=p, num_microbatches=m, ranks=ranks, stage_forward_s=fwd,
+                        stage_backward_s=bwd, bubble=bubble, critical_path=critical_path(evs))
+
+
+def rank_stats(evs: list[Event], T: float) -> dict[int, RankStats]:
+    """Per rank, the seconds of each kind of event (as recorded, before any clipping)."""
     ranks: dict[int, RankStats] = {}
     mbs: dict[int, set] = defaultdict(set)
     for e in evs:
@@ -121,7 +175,6 @@ def analyze(events: Iterable[Event]) -> StepAnalysis:
             mbs[e.rank].add(e.microbatch)
         elif e.kind == "B":
             st.backward_s += e.dur
-            st.recompute_s += e.recompute_s
         elif e.kind.startswith("recv"):
             st.recv_wait_s += e.wait_s
         elif e.kind.startswith("send"):
@@ -134,20 +187,58 @@ def analyze(events: Iterable[Event]) -> StepAnalysis:
         st.compute_s = st.forward_s + st.backward_s
         st.microbatches = len(mbs[r])
         st.idle_s = max(0.0, T - st.compute_s - st.recv_wait_s - st.allreduce_s - st.optimizer_s)
-    p = max(s.stage for s in ranks.values()) + 1
-    m = max((s.microbatches for s in ranks.values()), default=0) or 1
-    fwd, bwd, rec = [0.0] * p, [0.0] * p, [0.0] * p
-    for s in ranks.values():
-        k = max(s.microbatches, 1)
-        if (s.forward_s + s.backward_s) / k > fwd[s.stage] + bwd[s.stage]:
-            fwd[s.stage], bwd[s.stage], rec[s.stage] = s.forward_s / k, s.backward_s / k, s.recompute_s / k
-    c = [f + b for f, b in zip(fwd, bwd)]
-    cbar, cmax, rbar = sum(c) / p, max(c), sum(rec) / p
-    bubble = {"real": T - m * (cbar - rbar), "ideal": (p - 1) * cbar, "imbalance": (m - 1) * (cmax - cbar),
-              "communication": T - (sum(c) + (m - 1) * cmax), "recompute": m * rbar}
-    bubble["compute_bound_s"] = sum(c) + (m - 1) * cmax
-    return StepAnalysis(step_time_s=T, num_stages=p, num_microbatches=m, ranks=ranks, stage_forward_s=fwd,
-                        stage_backward_s=bwd, bubble=bubble, critical_path=critical_path(evs))
+    return ranks
+
+
+def send_starts(evs: list[Event]) -> dict[tuple, float]:
+    """(src, dst, act|grad, microbatch) → when that send started on its rank."""
+    return {(e.rank, e.peer, e.kind[5:], e.microbatch): e.start for e in evs if e.kind.startswith("send")}
+
+
+def occupancy(evs: list[Event], sends: dict[tuple, float]) -> list[tuple[float, float, str, float]]:
+    """The rank's compute thread as (start, end, what, recompute) intervals, what ∈ {compute,
+    sync, wait, transfer}; a blocked receive is cut where the matching send started."""
+    out = []
+    for e in evs:
+        if e.kind in COMPUTE_KINDS:
+            out.append((e.start, e.end, "compute", e.recompute_s if e.kind == "B" else 0.0))
+        elif e.kind in ("allreduce", "optimizer"):
+            out.append((e.start, e.end, "sync", 0.0))
+        elif e.kind.startswith("recv"):
+            blocked = e.dur if e.blocked_s is None else e.blocked_s
+            if blocked <= 0.0:
+                continue
+            b0, b1 = e.end - blocked, e.end
+            sent = sends.get((e.peer, e.rank, e.kind[5:], e.microbatch))
+            cut = b0 if sent is None else min(max(sent, b0), b1)
+            out += [(b0, cut, "wait", 0.0), (cut, b1, "transfer", 0.0)]
+    return sorted(out, key=lambda x: (x[0], x[1]))
+
+
+def split_rank(st: RankStats, evs: list[Event], sends: dict[tuple, float], t0: float, t1: float,
+               fill: float) -> None:
+    """Fill in the rank's bubble terms from its intervals (see the module docstring)."""
+    acc = {"compute": 0.0, "sync": 0.0, "wait": 0.0, "transfer": 0.0}
+    recompute, cursor = 0.0, t0
+    for start, end, what, rec in occupancy(evs, sends):
+        if end <= cursor:
+            continue
+        acc["wait"] += max(0.0, start - cursor)  # nothing ran: the rank waited for the pipeline
+        length = end - max(start, cursor)
+        acc[what] += length
+        recompute += min(rec, length)
+        cursor = end
+    acc["wait"] += t1 - cursor
+    st.recompute_s = recompute
+    st.useful_s = acc["compute"] - recompute
+    st.wait_s, st.transfer_s = acc["wait"], acc["transfer"]
+    st.communication_s = acc["transfer"] + acc["sync"]
+    st.ideal_s = min(st.wait_s, fill)
+    st.imbalance_s = st.wait_s - st.ideal_s
+    st.real_s = (t1 - t0) - st.useful_s
+    parts = st.ideal_s + st.imbalance_s + st.communication_s + st.recompute_s
+    if abs(parts - st.real_s) > 1e-9 * max(t1 - t0, 1e-300):
+        raise RuntimeError(f"rank {st.rank}: bubble terms add up to {parts!r}, not real {st.real_s!r}")
 
 
 def critical_path(evs: list[Event]) -> dict[str, float]:

@@ -24,6 +24,9 @@ class TraceWriter:
     rank: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
+    precise: bool = False
+    """Keep times as computed (predicted traces, so analysing them equals analysing the
+    timeline); measured ones are rounded to the nanosecond."""
     _named: set[tuple[int, int | None]] = field(default_factory=set)
 
     def name_process(self, pid: int, name: str, sort_index: int | None = None) -> None:
@@ -47,8 +50,11 @@ class TraceWriter:
 
     def complete(self, pid: int, thread: str, name: str, start_s: float, dur_s: float,
                  args: dict[str, Any] | None = None, cat: str = "torchpp") -> dict[str, Any]:
+        ts, dur = start_s * 1e6, max(dur_s, 0.0) * 1e6
+        if not self.precise:
+            ts, dur = round(ts, 3), round(dur, 3)
         ev = {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": self._thread(pid, thread),
-              "ts": round(start_s * 1e6, 3), "dur": round(max(dur_s, 0.0) * 1e6, 3), "args": args or {}}
+              "ts": ts, "dur": dur, "args": args or {}}
         self.events.append(ev)
         return ev
 
@@ -85,7 +91,7 @@ def merge(traces: list[dict[str, Any]], offsets_s: list[float] | None = None,
         off_us = (offsets_s[i] if offsets_s else 0.0) * 1e6
         for ev in t["traceEvents"]:
             ev = dict(ev)
-            if "ts" in ev:
+            if "ts" in ev and off_us:
                 ev["ts"] = round(ev["ts"] + off_us, 3)
             events.append(ev)
     world = max((t.get("distributedInfo", {}).get("world_size", 1) for t in traces), default=1)

@@ -104,7 +104,8 @@ def write_markdown(rep: dict[str, Any], path: Path) -> None:
                      f"{s['recompute_s']:.4f} | {s['recv_wait_s']:.4f} | {s['allreduce_s']:.4f} | "
                      f"{s['optimizer_s']:.4f} | {s['idle_s']:.4f} |")
     b = m["bubble"]
-    lines += ["", "## Bubble (seconds per rank): real = ideal + imbalance + communication + recompute", "",
+    lines += ["", "## Bubble (seconds per rank on average): real = ideal + imbalance + communication + recompute",
+              "", "Every term is measured from the events (see `torchpp.trace.analyze`); none is a remainder.", "",
               "| real | ideal | imbalance | communication | recompute |", "|---|---|---|---|---|",
               f"| {b['real']:.4f} | {b['ideal']:.4f} | {b['imbalance']:.4f} | {b['communication']:.4f} | "
               f"{b['recompute']:.4f} |", "", "## Per stage (seconds per micro-batch)", "",
@@ -157,7 +158,7 @@ def write_stage_chart(rep: dict[str, Any], path: Path) -> None:
 
 
 def run_analyze(trace_dir: Path, out: Path, plan: Plan | None = None, predicted: Path | None = None) -> dict[str, Any]:
-    from .gantt import save_gantt
+    from .gantt import bars_from_events, rank_names, save_gantt
 
     rep = build_report(trace_dir, plan, predicted)
     out.mkdir(parents=True, exist_ok=True)
@@ -167,7 +168,8 @@ def run_analyze(trace_dir: Path, out: Path, plan: Plan | None = None, predicted:
     panels = [(f"measured (step {rep['measured_step']})", events_from_trace(load_trace(step_path)))]
     if predicted is not None:
         panels.append(("predicted", events_from_trace(load_trace(predicted))))
-    save_gantt(out / "gantt.png", panels)
+    save_gantt(out / "gantt.png", [(title, bars_from_events(evs)) for title, evs in panels],
+               names=rank_names(e for _, evs in panels for e in evs))
     write_stage_chart(rep, out / "stages.png")
     return rep
 

@@ -188,7 +188,7 @@ def p2p_event(w: TraceWriter, rank: int, step: int, row: str, a: Action, start_s
     one form measured (runtime) and predicted (simulator) timelines share."""
     ev = w.complete(rank, row, _P2P_NAMES[a.kind][1], start_s, dur_s,
                     {"stage": a.stage, "microbatch": a.microbatch, "peer": a.peer, "bytes": nbytes,
-                     "samples": list(a.samples or ()), "blocked_s": round(blocked_s, 6)})
+                     "samples": list(a.samples or ()), "blocked_s": blocked_s if w.precise else round(blocked_s, 6)})
     src, dst = (rank, a.peer) if row == "send" else (a.peer, rank)
     fid = flow_id(step, a, src, dst)
     if row == "send":
