@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from ..formats import FormatError, LayersFile, MemoryModel, MemorySample
-from .cost import stage_blocks
+from ..cost import stage_blocks
 
 
 def random_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, int]]:
