@@ -1,6 +1,6 @@
 """What a plan is predicted to do, and the files that show it (seed 000's outputs plus a Gantt).
 
-``predict`` prices the plan's action lists (cost.price) and derives, per stage, the forward,
+``predict`` prices the plan's action lists (sim.measured.price) and derives, per stage, the forward,
 backward, recompute, communication and all-reduce time and each device's memory against its
 budget; the bubble split of seed 004 relative to the mean stage's useful time m·t̄::
 

@@ -17,7 +17,7 @@ Search (Asteroid's Algorithm 2, widened):
   compute); plus the group's ring all-reduce divided by m.
 * The best candidates per (order, b, stage count), ranked by (m + S − 1) × bottleneck, get
   integer sample counts (Algorithm 1), per-layer recomputation from a MILP under each device's
-  memory cap, and are then priced by replaying their action lists (cost.price): the top k by
+  memory cap, and are then priced by replaying their action lists (sim.measured.price): the top k by
   that estimate, and the best of every (micro-batch size, stage count) whatever its rank.
 * The bottleneck ignores fill/drain and transfer latency, so the best few priced plans are then
   refined by local search on the priced step time (:func:`refine`): move a cut by one layer,
