@@ -505,18 +505,14 @@ def block_costs(profiles: list) -> dict[str, float]:
 
 
 def stage_costs(blocks: dict[str, float], ranges: list[tuple[int, int]]) -> list[float]:
-    """Forward + backward seconds per micro-batch of each stage (the sum of its blocks)."""
+    """Forward + backward seconds per micro-batch of each stage (the sum of its blocks, as the
+    cost layer sums them)."""
+    from torchpp.cost import BlockSums, stage_blocks
     from torchpp.models.blocks import EMBED, TAIL, layer_block
 
-    out = []
-    for i, (a, b) in enumerate(ranges):
-        c = sum(blocks[layer_block(j)] for j in range(a, b))
-        if i == 0:
-            c += blocks[EMBED]
-        if i == len(ranges) - 1:
-            c += blocks[TAIL]
-        out.append(c)
-    return out
+    n_layers = len(blocks) - 2
+    per = BlockSums([blocks[EMBED], *[blocks[layer_block(j)] for j in range(n_layers)], blocks[TAIL]])
+    return [float(per(*stage_blocks((a, b), i == 0, i == len(ranges) - 1))) for i, (a, b) in enumerate(ranges)]
 
 
 @dataclass

@@ -23,8 +23,8 @@ import sys
 import time
 
 from torchpp.formats import GB, Bandwidth
-from torchpp.planner.cost import Links, Profiles, price
-from torchpp.planner.memory import MemoryEstimator
+from torchpp.cost import Links, MemoryEstimator, Profiles
+from torchpp.sim.measured import price
 from torchpp.planner.search import InfeasibleError, Problem, StageChoice, Tables, build_plan, search
 from torchpp.planner.synthetic import layers_file, random_instance
 

@@ -7,7 +7,7 @@ import pytest
 
 from torchpp.cli import main
 from torchpp.formats import Plan
-from torchpp.planner.memory import MemoryEstimator
+from torchpp.cost import MemoryEstimator
 from torchpp.planner.report import predict
 from torchpp.planner.simple import make_plan
 from torchpp.planner.synthetic import layers_file, random_instance
@@ -17,7 +17,8 @@ from torchpp.trace.analyze import BUBBLE_TERMS, analyze, events_from_trace
 
 def cost_api():
     """The cost layer's profiles, links and pricing (one place to update when it moves)."""
-    from torchpp.planner.cost import Links, Profiles, price
+    from torchpp.cost import Links, Profiles
+    from torchpp.sim.measured import price
 
     return Profiles, Links, price
 

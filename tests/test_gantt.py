@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from torchpp.planner.memory import MemoryEstimator
+from torchpp.cost import MemoryEstimator
 from torchpp.planner.report import predict, write_outputs
 from torchpp.planner.simple import make_plan
 from torchpp.planner.synthetic import random_instance
@@ -19,7 +19,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def cost_api():
     """The cost layer's profiles, links and measured cost (one place to update when it moves)."""
-    from torchpp.planner.cost import Links, MeasuredCost, Profiles
+    from torchpp.cost import Links, MeasuredCost, Profiles
 
     return Profiles, Links, MeasuredCost
 

@@ -2,7 +2,8 @@
 import pytest
 
 from torchpp.formats import Bandwidth, Capacities, FormatError
-from torchpp.planner.cost import Links, MeasuredCost, Profiles, price, stage_blocks
+from torchpp.cost import Links, MeasuredCost, Profiles, stage_blocks
+from torchpp.sim.measured import price
 from torchpp.planner.simple import make_plan
 from torchpp.planner.synthetic import layers_file, uniform_links
 from torchpp.schedules import Action, Kind

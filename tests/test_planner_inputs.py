@@ -8,7 +8,7 @@ from torchpp.formats import Bandwidth, Capacities, Devices, FormatError, MemoryM
 from torchpp.planner.bandwidth import parse_links_csv
 from torchpp.planner.calibrate import fit, random_spans, span_sums
 from torchpp.planner.capacities import compute_capacities
-from torchpp.planner.cost import Profiles
+from torchpp.cost import MemoryEstimator, Profiles
 from torchpp.planner.synthetic import layers_file
 
 
@@ -106,7 +106,8 @@ def test_memory_fit_recovers_coefficients_and_round_trips(tmp_path):
     mm.save(tmp_path / "mm.json")
     assert MemoryModel.load(tmp_path / "mm.json") == mm
     (tmp_path / "seed.json").write_text(json.dumps({"base": 1.0, "alpha": 2.0, "Kp": 3.0}))
-    assert MemoryModel.load(tmp_path / "seed.json").predict(10, 100, 2, in_flight=3) == 1 + 20 + 3 * 100 * 2 * 3
+    seed = MemoryEstimator.fitted(MemoryModel.load(tmp_path / "seed.json"))
+    assert seed.peak(10, 100, 0.0, 2, 3) == 1 + 20 + 3 * 100 * 2 * 3
 
 
 def test_memory_fit_separates_the_tail_factor(tmp_path):
@@ -114,7 +115,6 @@ def test_memory_fit_separates_the_tail_factor(tmp_path):
     the planner's per-block activations weight the tail by Kt / Kp."""
     import numpy as np
 
-    from torchpp.planner.memory import MemoryEstimator
 
     base, alpha, kp, kt = 1e8, 4.0, 30.0, 1.5
     spans = [(0, 1, 1e6, 1e4, 0, 2), (0, 2, 2e6, 2e4, 0, 8), (1, 4, 3e6, 3e4, 0, 2), (2, 4, 5e6, 1e4 + 3e5, 3e5, 8),
@@ -130,8 +130,8 @@ def test_memory_fit_separates_the_tail_factor(tmp_path):
     est = MemoryEstimator.fitted(mm)
     acts = est.activations(np.array([1.0, 2.0, 2.0, 10.0]))
     assert list(acts) == pytest.approx([1.0, 2.0, 2.0, 10.0 * kt / kp])
-    assert mm.predict(1e6, 1e4 + 3e5, 4, in_flight=1, tail_activation_bytes_per_sample=3e5) == pytest.approx(
-        base + alpha * 1e6 + 4 * (kp * 1e4 + kt * 3e5))
+    kept = float(est.activations(np.array([1e4, 3e5])).sum())  # a decoder layer and the tail
+    assert est.peak(1e6, kept, 0.0, 4, 1) == pytest.approx(base + alpha * 1e6 + 4 * (kp * 1e4 + kt * 3e5))
     # without tail spans there is nothing to tell Kt apart: one factor, as before
     assert fit([r for r in rows if not r.has_tail]).Kt is None
 

@@ -13,8 +13,7 @@ import pytest
 
 from torchpp.cli import main
 from torchpp.formats import GB, Bandwidth, LayersFile, MemoryModel, Plan
-from torchpp.planner.cost import Links, MeasuredCost, Profiles
-from torchpp.planner.memory import MemoryEstimator
+from torchpp.cost import Links, MeasuredCost, MemoryEstimator, Profiles, stage_time
 from torchpp.planner.replan import call_gaps, fit_host, memory_terms, read_run
 from torchpp.trace.analyze import Event
 from torchpp.planner.report import predict
@@ -340,5 +339,5 @@ def test_runtime_time_between_calls_is_measured_and_priced(tmp_path):
     plan = make_plan(lf.model, seq_len=16, global_batch=2, num_microbatches=2, layer_ranges=[(0, 2)],
                      group_sizes=[1], hosts=["a"])
     st = plan.stages[0]
-    assert prof.stage_time("a", st, 1) == pytest.approx(base.stage_time("a", st, 1) + 0.25)
-    assert prof.stage_time("a", st, 1, backward=True) == pytest.approx(base.stage_time("a", st, 1, True) + 0.25)
+    assert stage_time(prof, "a", st).forward(1) == pytest.approx(stage_time(base, "a", st).forward(1) + 0.25)
+    assert stage_time(prof, "a", st).backward(1) == pytest.approx(stage_time(base, "a", st).backward(1) + 0.25)

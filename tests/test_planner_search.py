@@ -7,8 +7,8 @@ import pytest
 
 from torchpp.cli import main
 from torchpp.formats import Bandwidth, GB, LayersFile, Plan
-from torchpp.planner.cost import Links, Profiles, price
-from torchpp.planner.memory import MemoryEstimator
+from torchpp.cost import Links, MemoryEstimator, Profiles
+from torchpp.sim.measured import price
 from torchpp.planner.report import device_memory
 from torchpp.planner.search import InfeasibleError, Problem, StageCosts, Tables, bottlenecks, search
 from torchpp.planner.synthetic import layers_file, random_instance, uniform_links

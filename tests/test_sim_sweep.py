@@ -7,7 +7,8 @@ import pytest
 
 from torchpp.cli import main
 from torchpp.formats import ExperimentConfig, FormatError, SimSettings
-from torchpp.planner.cost import Profiles, price
+from torchpp.cost import Profiles
+from torchpp.sim.measured import price
 from torchpp.planner.simple import make_plan
 from torchpp.planner.synthetic import layers_file, uniform_links
 from torchpp.sim.sweep import COLUMNS, run_sweep, scenarios

@@ -204,8 +204,8 @@ def price_fixed(path: Path, m: Measured) -> None:
     """Give a fixed-strategy plan the planner's prediction (step time, per-device memory) from
     the same measurements as the searched plan, so analyze compares its memory too."""
     from .formats import Bandwidth, Capacities, Devices, LayersFile, MemoryModel, Plan
-    from .planner.cost import Links, Profiles
-    from .planner.memory import MemoryEstimator
+    from .cost import Links, Profiles
+    from .cost import MemoryEstimator
     from .planner.report import predict
 
     plan = Plan.load(path)

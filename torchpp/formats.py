@@ -733,8 +733,9 @@ class MemorySample:
 class MemoryModel:
     """memory_model.json (seed 000 step 4): ``peak ≈ base + alpha·Σweights + Kp·Σactivation·B``.
 
-    Fitted on one forward+backward+optimizer step per span; a 1F1B stage keeps ``in_flight``
-    micro-batches of activations, so the planner multiplies the activation term by that count.
+    Fitted on one forward+backward+optimizer step per span; a stage keeps several micro-batches
+    of activations in flight, so the planner multiplies the activation term by that count
+    (``torchpp.cost.StageMemory`` prices a stage with it).
     """
 
     base: float
@@ -759,12 +760,6 @@ class MemoryModel:
     @property
     def tail_factor(self) -> float:
         return self.Kp if self.Kt is None else self.Kt
-
-    def predict(self, weights_bytes: float, activation_bytes_per_sample: float, samples: float,
-                in_flight: int = 1, tail_activation_bytes_per_sample: float = 0.0) -> float:
-        body = activation_bytes_per_sample - tail_activation_bytes_per_sample
-        return self.base + self.alpha * weights_bytes + samples * in_flight * (
-            self.Kp * body + self.tail_factor * tail_activation_bytes_per_sample)
 
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)

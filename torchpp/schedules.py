@@ -9,6 +9,7 @@ the same order on both sides and that the lists cannot deadlock.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import re
 from collections import deque
@@ -110,6 +111,17 @@ def compute_order(schedule: str, num_stages: int, stage: int, num_microbatches: 
         order += [(Kind.BACKWARD, i) for i in range(m - warmup, m)]
         return order
     raise ValueError(f"unknown schedule {schedule!r}: expected one of 1f1b, gpipe")
+
+
+@functools.lru_cache(maxsize=65536)
+def in_flight(schedule: str, num_stages: int, stage: int, num_microbatches: int) -> int:
+    """Most micro-batches a stage has forwarded and not yet backwarded, read off its order: the
+    activations it holds at its peak (cached: the planner asks for it in its inner loops)."""
+    held = peak = 0
+    for kind, _ in compute_order(schedule, num_stages, stage, num_microbatches):
+        held += 1 if kind == Kind.FORWARD else -1
+        peak = max(peak, held)
+    return peak
 
 
 # ----------------------------------------------------------------------------- passes

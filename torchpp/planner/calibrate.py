@@ -7,7 +7,7 @@ few AdamW steps (the moments exist from the second on) in a fresh subprocess
 three coefficients are fitted by non-negative least squares (scipy.optimize.nnls); the file
 keeps the samples, the residuals and R². ``alpha`` thus covers weights, gradients and
 optimizer state; ``Kp`` the activations of one micro-batch, which the planner multiplies by
-the 1F1B in-flight count ``min(stages − stage_index, microbatches)``. The tail's output (the
+the in-flight count read off the schedule (``schedules.in_flight``). The tail's output (the
 logits) gets its own factor ``Kt``: a decoder layer keeps tens of tensors its output's size for
 backward, the tail one or two copies of its logits, and one factor for both mis-prices
 whichever stage holds the tail.
@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from ..formats import FormatError, LayersFile, MemoryModel, MemorySample
-from .cost import stage_blocks
+from ..cost import BlockSums, stage_blocks
 
 
 def random_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, int]]:
@@ -58,10 +58,11 @@ def span_sums(lf: LayersFile, start: int, end: int) -> tuple[int, int, bool, boo
     holding layers [start, end)."""
     has_embed, has_tail = start == 0, end == lf.model.num_layers
     blocks = [lf.embed, *lf.layers, lf.tail]
-    params = [lf.embed_param_bytes, *[b.param_bytes for b in lf.layers], lf.tail_param_bytes]
+    params = BlockSums([lf.embed_param_bytes, *[b.param_bytes for b in lf.layers], lf.tail_param_bytes])
+    acts = BlockSums([b.activation_bytes_per_sample for b in blocks])
     lo, hi = stage_blocks((start, end), has_embed, has_tail)
-    return (int(sum(params[lo:hi])), int(sum(b.activation_bytes_per_sample for b in blocks[lo:hi])),
-            has_embed, has_tail, int(lf.tail.activation_bytes_per_sample) if has_tail else 0)
+    return (int(params(lo, hi)), int(acts(lo, hi)), has_embed, has_tail,
+            int(lf.tail.activation_bytes_per_sample) if has_tail else 0)
 
 
 def fit(samples: Sequence[MemorySample]) -> MemoryModel:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..formats import Capacities, FormatError, HostTable, LayersFile
-from .cost import Profiles
+from ..cost import Profiles
 
 
 def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequence[str] | None = None) -> Capacities:

@@ -120,8 +120,8 @@ def run_fixed(args: argparse.Namespace) -> int:
 def run_search(args: argparse.Namespace) -> int:
     from ..cli import UsageError
     from ..formats import Bandwidth, Capacities, Devices, FormatError, LayersFile, MemoryModel
-    from .cost import Links, Profiles
-    from .memory import ANALYTIC_KP, MemoryEstimator
+    from ..cost import Links, Profiles
+    from ..cost import ANALYTIC_KP, MemoryEstimator
 
     if args.out_dir is None:
         raise UsageError("--out-dir: expected a directory for plan.json and the reports")

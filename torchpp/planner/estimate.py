@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..formats import GB, Bandwidth, FormatError, Reader, read_json
-from .cost import Profiles
+from ..cost import Profiles
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 

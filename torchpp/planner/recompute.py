@@ -18,43 +18,26 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from ..cost import Span, layer_forward, stage_time
 from .allocate import allocate
 
 if TYPE_CHECKING:
     from .search import Problem, Tables
 
 
-def _stage_terms(pb: "Problem", t: "Tables", hosts: Sequence[int], cut: tuple[int, int]):
-    c, c2 = cut
-    L = t.L
-    p = pb.profiles
-    A_l = p.act_bytes[c + 1:c2 + 1]                        # decoder layers of the stage
-    A_fixed = float(t.A[c, c2] - t.Alay[c, c2])             # embed / tail outputs (never recomputed)
-    W = float(t.W[c, c2])
-    tau = [float(t.tau[(h, 0)][c, c2]) for h in hosts]
-    f = [p.table(pb.hosts[h])[0][c + 1:c2 + 1] for h in hosts]
-    return A_l, A_fixed, W, tau, f, L
-
-
-def memory_per_sample(pb: "Problem", A_l: np.ndarray, A_fixed: float, flags: Sequence[bool], n: int) -> float:
-    r = np.asarray(flags, dtype=bool)
-    kept = float(A_l[~r].sum()) + A_fixed
-    rec = float(A_l[r].sum())
-    amax = float(A_l[r].max()) if r.any() else 0.0
-    return pb.memory.per_sample(kept, rec, n, amax)
-
-
 def choose_recompute(pb: "Problem", t: "Tables", hosts: Sequence[int], cut: tuple[int, int], b: int, n: int
                      ) -> tuple[list[bool], list[int]] | None:
     """(recompute flag per layer, samples per device) minimising the stage time; None if nothing fits."""
-    A_l, A_fixed, W, tau, f, _ = _stage_terms(pb, t, hosts, cut)
-    budget = [pb.budget[pb.hosts[h]] - pb.memory.static(W) for h in hosts]
-    nl = len(A_l)
+    c, c2 = cut
+    names = [pb.hosts[h] for h in hosts]
+    budget = [pb.budget[nm] - float(t.static[c, c2]) for nm in names]
+    nl = c2 - c
 
     def alloc(flags):
-        ps = max(memory_per_sample(pb, A_l, A_fixed, flags, n), 1e-30)  # Kp may be 0 in a fitted model
+        span = Span.of_cut(c, c2, t.L, flags)
+        ps = max(float(t.mem.per_sample(span, n)), 1e-30)  # Kp may be 0 in a fitted model
         caps = [max(0.0, bu) / ps for bu in budget]
-        secs = [tau[j] + float(np.dot(f[j], np.asarray(flags, dtype=float))) for j in range(len(hosts))]
+        secs = [float(stage_time(pb.profiles, nm, span).per_sample) for nm in names]
         return allocate(b, secs, caps)
 
     flags = [False] * nl
@@ -67,8 +50,13 @@ def choose_recompute(pb: "Problem", t: "Tables", hosts: Sequence[int], cut: tupl
     samples = alloc(flags)
     if samples is None:
         return None
+    A_l = t.mem.layer_activations(c, c2)
+    A_fixed = float(t.mem.activations(Span.of_cut(c, c2, t.L, recompute=True)).kept)  # embed / tail outputs
+    terms = pb.memory.recompute_terms(A_l, A_fixed, n)
+    tau = [float(t.tau[(h, 0)][c, c2]) for h in hosts]
+    f = [layer_forward(pb.profiles, nm, c, c2) for nm in names]
     for _ in range(4):
-        new = _milp(pb, A_l, A_fixed, tau, f, budget, samples, n)
+        new = _milp(terms, tau, f, budget, samples)
         if new is None or new == flags:
             break
         s2 = alloc(new)
@@ -78,11 +66,11 @@ def choose_recompute(pb: "Problem", t: "Tables", hosts: Sequence[int], cut: tupl
     return flags, samples
 
 
-def _milp(pb, A_l, A_fixed, tau, f, budget, samples, n) -> list[bool] | None:
-    """Variables [r_0..r_{nl-1}, y, z]; minimise z."""
-    nl, k = len(A_l), len(tau)
-    kp = pb.memory.kp
-    amax = float(A_l.max()) if nl else 0.0
+def _milp(terms: tuple[float, np.ndarray, float], tau, f, budget, samples) -> list[bool] | None:
+    """Variables [r_0..r_{nl-1}, y, z]; minimise z. ``terms``: the memory per sample as a linear
+    form in the flags (``MemoryEstimator.recompute_terms``)."""
+    const_ps, coef_l, coef_y = terms
+    nl, k = len(coef_l), len(tau)
     nv = nl + 2
     rows, lo, hi = [], [], []
     scale_t = max(max(s * t for s, t in zip(samples, tau)), 1e-12)
@@ -93,12 +81,12 @@ def _milp(pb, A_l, A_fixed, tau, f, budget, samples, n) -> list[bool] | None:
         row[:nl] = s * f[d] / scale_t
         row[nl + 1] = -1.0
         rows.append(row); lo.append(-np.inf); hi.append(-s * tau[d] / scale_t)
-        # memory: s·n·(kp·Σ(1−r)A + Σ r A + kp·A_fixed) + s·kp·amax·y ≤ budget
+        # memory: s·(const + Σ r·coef_l + y·coef_y) ≤ budget
         scale_m = max(abs(budget[d]), 1.0)
         row = np.zeros(nv)
-        row[:nl] = s * n * (1.0 - kp) * A_l / scale_m
-        row[nl] = s * kp * amax / scale_m
-        const = s * n * kp * (float(A_l.sum()) + A_fixed)
+        row[:nl] = s * coef_l / scale_m
+        row[nl] = s * coef_y / scale_m
+        const = s * const_ps
         rows.append(row); lo.append(-np.inf); hi.append((budget[d] - const) / scale_m)
     for l in range(nl):  # y ≥ r_l
         row = np.zeros(nv)

@@ -5,7 +5,7 @@
 
 The run's merged timelines (``timeline_step<N>_all.json``, read with
 :mod:`torchpp.trace.analyze`) say how long each rank's forward and backward of every
-micro-batch took. The plan's cost model (:class:`~torchpp.planner.cost.MeasuredCost`) says
+micro-batch took. The plan's cost model (:class:`~torchpp.cost.MeasuredCost`) says
 how long they should have taken. Per host, scale factors are fitted by non-negative least
 squares (``scipy.optimize.nnls``): one forward and one backward factor per group of blocks
 the data can tell apart (a host that ran two different layer ranges gets one factor per
@@ -40,8 +40,10 @@ from ..formats import (Bandwidth, BlockProfile, Capacities, Devices, FormatError
 from ..schedules import Kind, build
 from ..trace.analyze import Event, analyze, events_from_trace
 from ..trace.chrome import load_trace
-from .cost import Links, MeasuredCost, Profiles, price, stage_blocks
-from .memory import ANALYTIC_KP, MemoryEstimator, in_flight
+from ..cost import (ANALYTIC_KP, Links, MeasuredCost, MemoryEstimator, Profiles, StageMemory, block_time,
+                    recompute_runs, stage_blocks)
+from ..schedules import in_flight
+from ..sim.measured import price
 
 LINK_CHANGE = 0.10
 """A link whose measured rate differs from the old one by more than this is reported as changed."""
@@ -292,16 +294,11 @@ def fit_host(host: str, ranks: Sequence[int], plan: Plan, profiles: Profiles, me
     The groups are the pieces the host's block ranges cut the model into; when the ranges do not
     determine them (e.g. overlapping ranges seen only together) one factor covers all.
     """
-    f_tab, b_tab = profiles.table(host)
-    f_fix, b_fix = profiles.fixed(host)  # seconds per call: each forward/backward pays them once
     info = {}
     for r in ranks:
         st = plan.stage_of_rank(r)
         lo, hi = stage_blocks(st.layers, st.has_embed, st.has_tail)
-        rec = np.zeros(len(f_tab), dtype=bool)
-        for i, flag in enumerate(st.recompute):
-            rec[st.layers[0] + 1 + i] = flag
-        info[r] = (lo, hi, rec, plan.device_of_rank(r).samples)
+        info[r] = (lo, hi, recompute_runs(st.layers[0], st.recompute), plan.device_of_rank(r).samples)
     bounds = sorted({x for lo, hi, _, _ in info.values() for x in (lo, hi)})
     groups = [(a, b) for a, b in zip(bounds, bounds[1:]) if any(lo <= a and b <= hi for lo, hi, _, _ in info.values())]
     rows_f, y_f, rows_b, y_b, rec_rows = [], [], [], [], []
@@ -311,14 +308,13 @@ def fit_host(host: str, ranks: Sequence[int], plan: Plan, profiles: Profiles, me
         lo, hi, rec, n = info[c.rank]
         inside = [lo <= a and b <= hi for a, b in groups]
         if c.kind == "F":
-            rows_f.append([f_fix[a:b].sum() + n * f_tab[a:b].sum() if ok else 0.0
-                           for (a, b), ok in zip(groups, inside)])
+            rows_f.append([block_time(profiles, host, a, b, n) if ok else 0.0 for (a, b), ok in zip(groups, inside)])
             y_f.append(c.seconds)
         else:
-            rows_b.append([b_fix[a:b].sum() + n * b_tab[a:b].sum() if ok else 0.0
+            rows_b.append([block_time(profiles, host, a, b, n, backward=True) if ok else 0.0
                            for (a, b), ok in zip(groups, inside)])
-            rec_rows.append([((f_fix[a:b] + n * f_tab[a:b]) * rec[a:b]).sum() if ok else 0.0
-                             for (a, b), ok in zip(groups, inside)])
+            rec_rows.append([sum(block_time(profiles, host, max(x, a), min(y, b), n) for x, y in rec
+                                 if max(x, a) < min(y, b)) if ok else 0.0 for (a, b), ok in zip(groups, inside)])
             y_b.append(c.seconds)
     if not y_f or not y_b:
         raise ValueError(f"host {host}: the timelines hold no forward/backward events of its ranks {list(ranks)}")
@@ -424,14 +420,12 @@ def memory_terms(plan: Plan, profiles: Profiles, rank: int, memory: MemoryEstima
     The planner's memory model is ``base + alpha·W + s·n·(Kp·A_kept + A_rec) + Kp·A_max·s``.
     """
     st = plan.stage_of_rank(rank)
-    lo, hi = stage_blocks(st.layers, st.has_embed, st.has_tail)
-    W = float(profiles.param_bytes[lo:hi].sum())
-    acts = memory.activations(profiles.act_bytes)  # the tail's logits weighted by Kt / Kp
-    rec = [float(acts[st.layers[0] + 1 + i]) for i, r in enumerate(st.recompute) if r]
-    kept = float(acts[lo:hi].sum()) - sum(rec)
+    W = float(profiles.stage_param_bytes(st))
+    a = StageMemory(profiles, memory).activations(st)  # the tail's logits weighted by Kt / Kp
+    kept, rec, amax = float(a.kept), float(a.recomputed), float(a.largest_recomputed)
     s = plan.device_of_rank(rank).samples
-    n = in_flight(plan.num_stages, st.index, plan.num_microbatches, plan.schedule)
-    return W, s * (n * kept + (max(rec) if rec else 0.0)), s * n * sum(rec), (s, n, int(kept))
+    n = in_flight(plan.schedule, plan.num_stages, st.index, plan.num_microbatches)
+    return W, s * (n * kept + amax), s * n * rec, (s, n, int(kept))
 
 
 def refit_memory(plan: Plan, profiles: Profiles, peaks: Mapping[int, int], prior: MemoryEstimator
@@ -774,8 +768,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _mem_pred(plan: Plan, profiles: Profiles, memory: MemoryEstimator, rank: int) -> float:
-    W, K, const, _ = memory_terms(plan, profiles, rank, memory)
-    return memory.base + memory.alpha * W + memory.kp * K + const
+    st = plan.stage_of_rank(rank)
+    n = in_flight(plan.schedule, plan.num_stages, st.index, plan.num_microbatches)
+    return float(StageMemory(profiles, memory).peak(st, plan.device_of_rank(rank).samples, n))
 
 
 def _layers_of(plan: Plan, host: str) -> int:

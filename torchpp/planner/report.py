@@ -1,6 +1,6 @@
 """What a plan is predicted to do, and the files that show it (seed 000's outputs plus a Gantt).
 
-``predict`` prices the plan's action lists (cost.price) and derives, per stage, the forward,
+``predict`` prices the plan's action lists (sim.measured.price) and derives, per stage, the forward,
 backward, recompute, communication and all-reduce time and each device's memory against its
 budget; the bubble split ``real = ideal + imbalance + communication + recompute`` (seconds per
 rank on average) is :func:`torchpp.trace.analyze.analyze` of the replayed timeline — the same
@@ -18,26 +18,22 @@ from typing import Any, Mapping, Sequence
 from ..formats import Plan, file_hash, write_json
 from ..schedules import Kind
 from ..sim.replay import Timeline
+from ..cost import Links, MemoryEstimator, Profiles, StageMemory, stage_time
+from ..schedules import in_flight
+from ..sim.measured import price
 from ..sim.trace import recompute_of, timeline_events
 from ..trace.analyze import analyze
-from .cost import Links, Profiles, price, stage_blocks
-from .memory import MemoryEstimator, in_flight
 from .search import fmt_bytes
 
 
 def device_memory(plan: Plan, profiles: Profiles, memory: MemoryEstimator) -> dict[int, float]:
     """Predicted peak bytes per rank."""
     out = {}
+    mem = StageMemory(profiles, memory)
     for s in plan.stages:
-        lo, hi = stage_blocks(s.layers, s.has_embed, s.has_tail)
-        W = float(profiles.param_bytes[lo:hi].sum())
-        acts = memory.activations(profiles.act_bytes)
-        a = s.layers[0]
-        rec = [acts[a + 1 + i] for i, r in enumerate(s.recompute) if r]
-        kept = float(acts[lo:hi].sum()) - float(sum(rec))
-        n = in_flight(plan.num_stages, s.index, plan.num_microbatches, plan.schedule)
+        n = in_flight(plan.schedule, plan.num_stages, s.index, plan.num_microbatches)
         for d in s.devices:
-            out[d.rank] = memory.peak(W, kept, float(sum(rec)), d.samples, n, float(max(rec)) if rec else 0.0)
+            out[d.rank] = float(mem.peak(s, d.samples, n))
     return out
 
 
@@ -47,9 +43,10 @@ def predict(plan: Plan, profiles: Profiles, links: Links, memory: MemoryEstimato
     mem = device_memory(plan, profiles, memory)
     stages = []
     for s in plan.stages:
-        fwd = max(profiles.stage_time(d.host, s, d.samples) for d in s.devices)
-        rec = max(d.samples * profiles.stage_recompute(d.host, s) for d in s.devices)
-        bwd = max(profiles.stage_time(d.host, s, d.samples, backward=True) for d in s.devices) - rec
+        times = [(d.samples, stage_time(profiles, d.host, s)) for d in s.devices]
+        fwd = max(st.forward(n) for n, st in times)
+        rec = max(st.recompute(n) for n, st in times)
+        bwd = max(st.backward(n) for n, st in times) - rec
         comm = max(sum(sp.end - sp.start for sp in tl.spans[d.rank] if sp.action.is_send) for d in s.devices)
         ar = max(sum(sp.end - sp.ready for sp in tl.spans[d.rank] if sp.action.kind == Kind.ALLREDUCE)
                  for d in s.devices)

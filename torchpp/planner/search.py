@@ -17,7 +17,7 @@ Search (Asteroid's Algorithm 2, widened):
   compute); plus the group's ring all-reduce divided by m.
 * The best candidates per (order, b, stage count), ranked by (m + S − 1) × bottleneck, get
   integer sample counts (Algorithm 1), per-layer recomputation from a MILP under each device's
-  memory cap, and are then priced by replaying their action lists (cost.price): the top k by
+  memory cap, and are then priced by replaying their action lists (sim.measured.price): the top k by
   that estimate, and the best of every (micro-batch size, stage count) whatever its rank.
 * The bottleneck ignores fill/drain and transfer latency, so the best few priced plans are then
   refined by local search on the priced step time (:func:`refine`): move a cut by one layer,
@@ -37,8 +37,9 @@ import numpy as np
 
 from ..formats import Plan, PlanDevice, PlanStage
 from .allocate import waterfill
-from .cost import Links, Profiles, price
-from .memory import MemoryEstimator, in_flight
+from ..cost import Links, MemoryEstimator, Profiles, Span, StageMemory, boundary_bytes, stage_time, stage_weights
+from ..schedules import in_flight
+from ..sim.measured import price
 from .recompute import choose_recompute
 
 INF = float("inf")
@@ -94,7 +95,8 @@ class SearchResult:
 
 # ----------------------------------------------------------------------------- range tables
 class Tables:
-    """Matrices over layer cuts (c, c2), c < c2: every quantity a stage [c, c2) needs."""
+    """Matrices over layer cuts (c, c2), c < c2: every quantity a stage [c, c2) needs, from the
+    cost layer's stage accessors applied to index arrays (the same code that prices one stage)."""
 
     def __init__(self, pb: Problem):
         self.pb = pb
@@ -102,63 +104,40 @@ class Tables:
         L = p.model.num_layers
         self.L = L
         cuts = np.arange(L + 1)
-        bstart = np.where(cuts == 0, 0, cuts + 1)          # first block of a stage starting at cut c
-        bend = np.where(cuts == L, L + 2, cuts + 1)          # end block of a stage ending at cut c2
         valid = cuts[:, None] < cuts[None, :]
         self.valid = valid
-
-        def rng(prefix: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-            return np.where(valid, prefix[hi][None, :] - prefix[lo][:, None], 0.0)
-
-        pw = np.concatenate([[0.0], np.cumsum(p.param_bytes)])
-        pa = np.concatenate([[0.0], np.cumsum(pb.memory.activations(p.act_bytes))])
-        self.W = rng(pw, bstart, bend)
-        A = rng(pa, bstart, bend)
-        Alay = rng(pa, cuts + 1, cuts + 1)                   # decoder layers only
-        self.A, self.Alay = A, Alay
-        act = p.act_bytes
-        amax = np.zeros((L + 1, L + 1))
-        for c in range(L):
-            run = np.maximum.accumulate(act[c + 1:L + 1])
-            amax[c, c + 1:] = run
-        self.Amax = amax
-        self.out_bytes = act[bend - 1]                       # per sample, leaving a stage that ends at c2
+        c, c2 = cuts[:, None], cuts[None, :]
+        self.span = {v: Span.of_cut(c, c2, L, recompute=bool(v)) for v in (0, 1)}
+        """Stage [c, c2) keeping every layer's activations (0) or recomputing every layer (1)."""
+        self.mem = StageMemory(p, pb.memory)
+        self.W = np.where(valid, stage_weights(p, self.span[0]), 0.0)
+        self.static = pb.memory.static(self.W)
+        self.out_bytes = boundary_bytes(p, Span.of_cut(cuts, cuts, L))  # per sample, leaving a stage ending at c2
         self.hosts = pb.hosts
         self.tau: dict[tuple[int, int], np.ndarray] = {}
         self.tau0: dict[tuple[int, int], np.ndarray] = {}
         for h, name in enumerate(pb.hosts):
-            f, b = p.table(name)
-            pf = np.concatenate([[0.0], np.cumsum(f)])
-            pbw = np.concatenate([[0.0], np.cumsum(b)])
-            fb = rng(pf, bstart, bend) + rng(pbw, bstart, bend)
-            rec = rng(pf, cuts + 1, cuts + 1)
-            self.tau[(h, 0)] = np.where(valid, fb, np.inf)
-            self.tau[(h, 1)] = np.where(valid, fb + rec, np.inf)
-            f0, b0 = p.fixed(name)  # seconds per call: paid once per micro-batch, whatever its size
-            pf0 = np.concatenate([[0.0], np.cumsum(f0)])
-            pb0 = np.concatenate([[0.0], np.cumsum(b0)])
-            fb0 = rng(pf0, bstart, bend) + rng(pb0, bstart, bend) + 2 * p.call.get(name, 0.0)  # + runtime per call
-            self.tau0[(h, 0)] = fb0
-            self.tau0[(h, 1)] = fb0 + rng(pf0, cuts + 1, cuts + 1)
-        self.full_time = {h: float(sum(p.table(n)[0]) + sum(p.table(n)[1])) for h, n in enumerate(pb.hosts)}
+            for v in (0, 1):
+                st = stage_time(p, name, self.span[v])
+                self.tau[(h, v)] = np.where(valid, st.per_sample, np.inf)
+                self.tau0[(h, v)] = np.where(valid, st.per_call, 0.0)  # paid once per micro-batch, whatever its size
+        whole = Span.of_cut(0, L, L)
+        self.full_time = {h: float(stage_time(p, n, whole).per_sample) for h, n in enumerate(pb.hosts)}
         self._per_sample: dict[tuple[int, int], np.ndarray] = {}
         self._cap: dict[tuple[int, int, int], np.ndarray] = {}
 
     def per_sample(self, v: int, n: int) -> np.ndarray:
+        """Memory bytes per sample of every stage, ``n`` micro-batches in flight."""
         key = (v, n)
         if key not in self._per_sample:
-            mem = self.pb.memory
-            if v == 0:
-                ps = mem.per_sample(self.A, 0.0, n)
-            else:
-                ps = mem.per_sample(self.A - self.Alay, self.Alay, n, self.Amax)
+            ps = self.mem.per_sample(self.span[v], n)
             self._per_sample[key] = np.where(self.valid, np.maximum(ps, 1e-30), np.inf)
         return self._per_sample[key]
 
     def cap(self, h: int, v: int, n: int) -> np.ndarray:
         key = (h, v, n)
         if key not in self._cap:
-            avail = self.pb.budget[self.hosts[h]] - self.pb.memory.static(self.W)
+            avail = self.pb.budget[self.hosts[h]] - self.static
             self._cap[key] = np.where(self.valid, np.maximum(avail, 0.0) / self.per_sample(v, n), 0.0)
         return self._cap[key]
 
@@ -252,6 +231,12 @@ def stage_cost(pb: Problem, group: Sequence[str], next_group: Sequence[str] | No
 
 
 # ----------------------------------------------------------------------------- the DP
+def suffix_in_flight(schedule: str, stages_after: int, m: int) -> int:
+    """Micro-batches in flight on a stage the DP knows only by the number of stages after it:
+    stage 0 of ``stages_after + 1`` (1F1B and GPipe depend on nothing else)."""
+    return in_flight(schedule, stages_after + 1, 0, m)
+
+
 def dp_order(order: Sequence[int], sc: StageCosts, max_stages: int, max_group: int,
              ) -> dict[int, tuple[float, list[StageChoice]]]:
     """Best bottleneck per stage count for one device order (groups are contiguous runs of it).
@@ -270,7 +255,7 @@ def dp_order(order: Sequence[int], sc: StageCosts, max_stages: int, max_group: i
     V: dict[tuple[int, int], np.ndarray] = {}
     ptr: list[dict[tuple[int, int], tuple[np.ndarray, np.ndarray, list]]] = []
     for (a, i), g in grp.items():
-        V[(a, i)] = sc.stage(g, None, 1 if t.pb.schedule == "1f1b" else m)[:, L].copy()
+        V[(a, i)] = sc.stage(g, None, suffix_in_flight(t.pb.schedule, 0, m))[:, L].copy()
     ptr.append({})
     S_max = min(max_stages, L, N)
     for j in range(S_max):
@@ -282,7 +267,7 @@ def dp_order(order: Sequence[int], sc: StageCosts, max_stages: int, max_group: i
                 best[j + 1] = (float(val), _reconstruct(ptr, j, key, sc, t, m))
         if j + 1 >= S_max:
             break
-        n = min(j + 2, m) if sc.t.pb.schedule == "1f1b" else m
+        n = suffix_in_flight(t.pb.schedule, j + 1, m)
         newV: dict[tuple[int, int], np.ndarray] = {}
         newptr: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, list]] = {}
         for (a2, a), g in grp.items():
@@ -380,7 +365,7 @@ def build_plan(pb: Problem, t: Tables, order: Sequence[int], stages: list[StageC
         a, i = st.hosts
         hosts = [order[x] for x in range(a, i)]
         c, c2 = st.cut
-        n = in_flight(S, s, m, pb.schedule)
+        n = in_flight(pb.schedule, S, s, m)
         names = [pb.hosts[h] for h in hosts]
         layers = list(range(c, c2))
         rec = choose_recompute(pb, t, hosts, (c, c2), b, n)
@@ -613,9 +598,8 @@ def infeasible_message(pb: Problem, t: Tables) -> str:
     """Which devices lack how many bytes for even their smallest possible share."""
     L = t.L
 
-    def need(c: int, c2: int) -> float:
-        return pb.memory.static(float(t.W[c, c2])) + pb.memory.per_sample(
-            float(t.A[c, c2] - t.Alay[c, c2]), float(t.Alay[c, c2]), 1, float(t.Amax[c, c2]))
+    def need(c: int, c2: int) -> float:  # one sample, one micro-batch in flight, every layer recomputed
+        return float(t.mem.peak(Span.of_cut(c, c2, L, recompute=True), 1, 1))
 
     whole = need(0, L)
     single = min(need(c, c + 1) for c in range(L))
@@ -680,7 +664,7 @@ def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_gro
                             pb_, lt = max(pb_, links.time(x, y, 1.0) - l0), max(lt, l0)
                     nx_byte[k, a], nx_lat[k, a] = pb_, lt
         sh["links"] = tuple(x.astype(f32) for x in (ar_lat, ar_unit, nx_lat, nx_byte))
-        AVAIL = np.stack([np.maximum(t.pb.budget[t.hosts[h]] - t.pb.memory.static(t.W), 0.0)
+        AVAIL = np.stack([np.maximum(t.pb.budget[t.hosts[h]] - t.static, 0.0)
                           for h in order]).astype(f32)
         sh["AVAIL"] = AVAIL
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -789,7 +773,7 @@ def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_gro
 
     S_max = min(max_stages, L, N)
     best_by_S: dict[int, tuple[float, list[StageChoice]]] = {}
-    n0 = 1 if t.pb.schedule == "1f1b" else m
+    n0 = suffix_in_flight(t.pb.schedule, 0, m)
     V = np.full((N + 1, L1), np.inf, dtype=f32)
     lastk = np.zeros((N + 1, L1), dtype=int)
     for k in range(1, K + 1):
@@ -804,7 +788,7 @@ def dp_order_fast(order: Sequence[int], sc: StageCosts, max_stages: int, max_gro
             best_by_S[j + 1] = (float(V[0, 0]), _reconstruct_fast(ptrs, lastk, j, L))
         if j + 1 >= S_max:
             break
-        n = _round_up_in_flight(min(j + 2, m), m) if t.pb.schedule == "1f1b" else m
+        n = _round_up_in_flight(suffix_in_flight(t.pb.schedule, j + 1, m), m)
         newV = np.full((N + 1, L1), np.inf, dtype=f32)
         argk = np.zeros((N + 1, L1), dtype=int)
         argc = np.zeros((N + 1, L1), dtype=int)

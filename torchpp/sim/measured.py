@@ -1,12 +1,21 @@
-"""Plan mode's inputs: the planner's measured-cost accessor, loaded from the measurement files."""
+"""Plan mode's inputs and pricing: a plan's action lists replayed against measured costs."""
 from __future__ import annotations
 
 import os
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
+from ..cost import Links, MeasuredCost, Profiles
 from ..formats import Bandwidth, Capacities, LayersFile, Plan
-from ..planner.cost import Links, MeasuredCost, Profiles
-from ..schedules import Action, Kind
+from ..schedules import Action, Kind, build
+from .replay import Timeline, replay
+
+
+def price(plan: Plan, profiles: Profiles, links: Links | Bandwidth,
+          optimizer_s_per_byte: Mapping[str, float] | float | None = None) -> tuple[float, Timeline]:
+    """Step time of ``plan``: replay its action lists (``schedules.build``) against measured costs."""
+    cost = MeasuredCost(plan, profiles, links, optimizer_s_per_byte)
+    tl = replay(build(plan), cost)
+    return tl.makespan, tl
 
 
 def measured_cost(plan: Plan, layers: Sequence[str | os.PathLike], bandwidth: str | os.PathLike,

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..cost import stage_time
 from ..formats import Plan
 from ..schedules import Action, Kind
 from ..trace.analyze import Event
@@ -89,13 +90,13 @@ def rank_slices(spans: list[Span]) -> list[Slice]:
 
 def recompute_of(plan: Plan, profiles) -> PerAction:
     """Seconds of recomputation inside each BACKWARD, from the profiles the plan was priced with
-    (``profiles.stage_recompute(host, stage)``: per sample)."""
+    (the cost layer's ``stage_time(...).recompute``: per sample)."""
     def rec(rank: int, a: Action) -> float:
         if a.kind != Kind.BACKWARD:
             return 0.0
         d = plan.device_of_rank(rank)
         n = a.samples[1] - a.samples[0] if a.samples is not None else d.samples
-        return n * profiles.stage_recompute(d.host, plan.stages[a.stage])
+        return stage_time(profiles, d.host, plan.stages[a.stage]).recompute(n)
     return rec
 
 

@@ -5,8 +5,7 @@ Both have the form of seed 000's model, extended for 1F1B and recomputation::
     peak = base + alpha·W + s·n·(Kp·A_kept + A_recomputed) + Kp·A_max_recomputed·s
 
 with W the stage's parameter bytes, s the samples of a micro-batch this device computes,
-n = min(stages − stage_index, microbatches) the micro-batches 1F1B keeps in flight on the
-stage, A_kept the activation bytes per sample of layers whose activations are kept, and
+n the micro-batches the stage holds at its peak (``schedules.in_flight``, read off its order), A_kept the activation bytes per sample of layers whose activations are kept, and
 A_recomputed those of recomputed layers, which keep only their input (one tensor) per
 micro-batch plus, during backward, one layer's activations at a time. The tail's share of
 A_kept (its logits) counts with its own fitted factor Kt instead of Kp (``activations``).
@@ -25,13 +24,6 @@ from ..formats import MemoryModel
 
 ANALYTIC_ALPHA = 4.0
 ANALYTIC_KP = 16.0
-
-
-def in_flight(num_stages: int, stage_index: int, num_microbatches: int, schedule: str = "1f1b") -> int:
-    """Micro-batches whose activations a stage holds at its peak."""
-    if schedule == "gpipe":
-        return num_microbatches
-    return min(num_stages - stage_index, num_microbatches)
 
 
 @dataclass(frozen=True)
@@ -81,3 +73,11 @@ class MemoryEstimator:
     def peak(self, weights: float, act_kept: float, act_recomputed: float, samples: float, n: int,
              act_max_recomputed: float = 0.0) -> float:
         return self.static(weights) + samples * self.per_sample(act_kept, act_recomputed, n, act_max_recomputed)
+
+    def recompute_terms(self, act_layers: np.ndarray, act_fixed: float, n: int) -> tuple[float, np.ndarray, float]:
+        """``per_sample`` as a linear form in the recompute flags r_l and y = max_l r_l (the
+        recompute MILP's constraint): ``const + Σ_l r_l · coef_l + y · coef_y`` for layers of
+        activation bytes ``act_layers`` and never-recomputed bytes ``act_fixed`` (embed, tail)."""
+        const = n * self.kp * (float(act_layers.sum()) + act_fixed)
+        amax = float(act_layers.max()) if len(act_layers) else 0.0
+        return const, n * (1.0 - self.kp) * act_layers, self.kp * amax

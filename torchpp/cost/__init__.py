@@ -1,0 +1,15 @@
+"""The cost layer: measured profiles, links, the memory model and the one price of a stage.
+
+Below both the planner and the simulator: it imports only ``torchpp.formats``,
+``torchpp.schedules`` and numpy.
+"""
+from .actions import MeasuredCost
+from .links import Links
+from .memory import ANALYTIC_ALPHA, ANALYTIC_KP, MemoryEstimator
+from .profiles import Profiles
+from .stage import (BlockMax, BlockSums, Span, StageMemory, StageTime, block_time, boundary_bytes, layer_forward,
+                    recompute_runs, stage_blocks, stage_time, stage_weights)
+
+__all__ = ["ANALYTIC_ALPHA", "ANALYTIC_KP", "BlockMax", "BlockSums", "Links", "MeasuredCost", "MemoryEstimator",
+           "Profiles", "Span", "StageMemory", "StageTime", "block_time", "boundary_bytes", "layer_forward",
+           "recompute_runs", "stage_blocks", "stage_time", "stage_weights"]

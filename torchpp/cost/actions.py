@@ -1,0 +1,82 @@
+"""The price of every action of a plan's schedule, from measured profiles and links.
+
+:class:`MeasuredCost` is the simulator's cost model (``sim.replay.CostModel``, which it
+satisfies by its methods; naming that protocol here would make the cost layer import the
+simulator). Its compute times come from :func:`torchpp.cost.stage.stage_time`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..formats import Bandwidth, FormatError, Plan, PlanStage
+from ..schedules import Action, Kind
+from .links import Links
+from .profiles import Profiles
+from .stage import StageTime, stage_time
+
+
+@dataclass
+class _RankCost:
+    host: str
+    stage: PlanStage
+    time: StageTime
+    optimizer: float
+
+
+class MeasuredCost:
+    """replay's CostModel for one plan, from measured profiles and links.
+
+    ``optimizer_s_per_byte[h]``: seconds per parameter byte of the optimizer step on host h
+    (0 where not given: the layers file does not measure the optimizer).
+    """
+
+    def __init__(self, plan: Plan, profiles: Profiles, links: Links | Bandwidth,
+                 optimizer_s_per_byte: Mapping[str, float] | float | None = None):
+        self.plan, self.p = plan, profiles
+        self.links = links if isinstance(links, Links) else Links(links)
+        if plan.model.num_layers != profiles.model.num_layers:
+            raise FormatError("plan.json", "model.num_layers", f"{profiles.model.num_layers} (the profiled model)",
+                              plan.model.num_layers)
+        hosts = [d.host for s in plan.stages for d in s.devices]
+        profiles.ensure(hosts)
+        self.rank: dict[int, _RankCost] = {}
+        for s in plan.stages:
+            w = profiles.stage_param_bytes(s)
+            for d in s.devices:
+                if isinstance(optimizer_s_per_byte, Mapping):
+                    o = optimizer_s_per_byte.get(d.host, 0.0)
+                else:
+                    o = float(optimizer_s_per_byte or 0.0)
+                self.rank[d.rank] = _RankCost(d.host, s, stage_time(profiles, d.host, s), o * w)
+
+    @staticmethod
+    def _samples(a: Action, default: int) -> int:
+        return a.samples[1] - a.samples[0] if a.samples is not None else default
+
+    def compute_s(self, rank: int, action: Action) -> float:
+        rc = self.rank[rank]
+        if action.kind == Kind.OPTIMIZER:
+            return rc.optimizer
+        n = self._samples(action, self.plan.device_of_rank(rank).samples)
+        if action.kind == Kind.FORWARD:
+            return rc.time.forward(n)
+        if action.kind == Kind.BACKWARD:
+            return rc.time.backward(n)
+        raise ValueError(f"compute_s: {action} is not a compute action")
+
+    def transfer_s(self, src: int, dst: int, action: Action) -> float:
+        n = self._samples(action, 1)
+        stages = self.plan.stages
+        if action.kind == Kind.SEND_ACT:
+            per = self.p.boundary_bytes(stages[action.stage])
+        elif action.kind == Kind.SEND_GRAD:
+            per = self.p.boundary_bytes(stages[action.stage - 1])
+        else:
+            raise ValueError(f"transfer_s: {action} is not a send")
+        return self.links.time(self.rank[src].host, self.rank[dst].host, per * n)
+
+    def allreduce_s(self, action: Action) -> float:
+        hosts = [self.rank[r].host for r in action.group or ()]
+        nbytes = self.p.tied_bytes if action.tied else self.p.stage_param_bytes(self.plan.stages[action.stage])
+        return self.links.ring_allreduce(hosts, nbytes)

@@ -1,0 +1,42 @@
+"""Link rates and latencies between hosts: the one price of a transfer and of a ring all-reduce."""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from ..formats import Bandwidth, FormatError
+
+
+class Links:
+    """Link rates and latencies between hosts, with errors naming the missing link."""
+
+    def __init__(self, bandwidth: Bandwidth, source: str = "bandwidth.json"):
+        self.bw, self.source = bandwidth, source
+
+    def check(self, hosts: Iterable[str]) -> None:
+        missing = self.bw.missing_links(hosts)
+        if missing:
+            raise FormatError(self.source, f"bytes_per_sec.{missing[0]}",
+                              f"a rate for every link between planned hosts; missing {', '.join(missing[:8])}"
+                              + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+
+    def time(self, src: str, dst: str, nbytes: float) -> float:
+        if src == dst and not self.bw.has(src, dst):
+            return 0.0
+        if not self.bw.has(src, dst):
+            raise FormatError(self.source, f"bytes_per_sec.{Bandwidth.key(src, dst)}", "a link rate (bytes/s)")
+        return self.bw.latency(src, dst) + nbytes / self.bw.rate(src, dst)
+
+    def ring_allreduce(self, hosts: Sequence[str], nbytes: float) -> float:
+        """Ring all-reduce: ``2(k−1)/k · bytes / slowest link`` plus 2(k−1) worst latencies."""
+        k = len(hosts)
+        if k <= 1 or nbytes <= 0:
+            return 0.0
+        pairs = [(a, b) for a in hosts for b in hosts if a != b]
+        if not pairs:
+            return 0.0
+        for a, b in pairs:
+            if not self.bw.has(a, b):
+                raise FormatError(self.source, f"bytes_per_sec.{Bandwidth.key(a, b)}", "a link rate (bytes/s)")
+        slow = min(self.bw.rate(a, b) for a, b in pairs)
+        lat = max(self.bw.latency(a, b) for a, b in pairs)
+        return 2 * (k - 1) / k * nbytes / slow + 2 * (k - 1) * lat

@@ -1,0 +1,152 @@
+"""Measured block costs of one model on every host: per-sample and per-call seconds, bytes.
+
+A call of a block on ``n`` samples costs ``fixed + n * per_sample``: the per-call part is
+fitted by ``torchpp profile --batch 1,4`` (0 when one size was measured) and the per-sample
+part is the rest of the time measured at ``run.batch``. A host with its own layers file uses its
+own table; a host with only a capacity uses the reference host's table divided by its capacity
+(seed 000 step 2). What a stage costs is :mod:`torchpp.cost.stage`'s to say.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ..formats import Capacities, FormatError, HostTable, LayersFile, ModelInfo, PlanStage
+from .stage import boundary_bytes, stage_weights
+
+
+@dataclass
+class Profiles:
+    """Per-host, per-block seconds per sample and per-block bytes of one model.
+
+    ``fwd[h][j]`` / ``bwd[h][j]``: seconds per sample of block j on host h; ``fwd0[h][j]`` /
+    ``bwd0[h][j]``: seconds per call. ``param_bytes[j]``, ``act_bytes[j]``: parameter bytes and
+    output bytes per sample of block j.
+    """
+
+    model: ModelInfo
+    seq_len: int
+    param_bytes: np.ndarray
+    act_bytes: np.ndarray
+    fwd: dict[str, np.ndarray] = field(default_factory=dict)
+    bwd: dict[str, np.ndarray] = field(default_factory=dict)
+    fwd0: dict[str, np.ndarray] = field(default_factory=dict)
+    bwd0: dict[str, np.ndarray] = field(default_factory=dict)
+    call: dict[str, float] = field(default_factory=dict)
+    """Per host: runtime seconds per forward or backward call of a stage (LayersFile.call_overhead_s)."""
+    origin: dict[str, str] = field(default_factory=dict)
+    """How each host's table was obtained (its layers file, capacities table, or scaled)."""
+    capacities: Capacities | None = None
+    capacities_source: str = "capacities.json"
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.param_bytes)
+
+    @property
+    def tied_bytes(self) -> int:
+        """Bytes of the embedding weight shared with lm_head (0 when embeddings are not tied)."""
+        return int(self.param_bytes[0]) if self.model.tied_embeddings else 0
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def from_layers(layers: Sequence[LayersFile], capacities: Capacities | None = None,
+                    sources: Sequence[str] | None = None, capacities_source: str = "capacities.json") -> "Profiles":
+        if not layers:
+            raise ValueError("at least one layers file is needed (the model's bytes come from it)")
+        sources = list(sources) if sources is not None else [f"layers_{lf.host}.json" for lf in layers]
+        first, src0 = layers[0], sources[0]
+        for lf, src in zip(layers[1:], sources[1:]):
+            for key in ("name", "num_layers", "hidden_size", "vocab_size", "tied_embeddings", "dtype"):
+                if getattr(lf.model, key) != getattr(first.model, key):
+                    raise FormatError(src, f"model.{key}", f"{getattr(first.model, key)!r} as in {src0}",
+                                      getattr(lf.model, key))
+            if lf.run.seq_len != first.run.seq_len:
+                raise FormatError(src, "run.seq_len", f"{first.run.seq_len} as in {src0}", lf.run.seq_len)
+        blocks = [first.embed, *first.layers, first.tail]
+        param = np.array([first.embed_param_bytes, *[b.param_bytes for b in first.layers], first.tail_param_bytes],
+                         dtype=float)
+        act = np.array([b.activation_bytes_per_sample for b in blocks], dtype=float)
+        p = Profiles(model=first.model, seq_len=first.run.seq_len, param_bytes=param, act_bytes=act,
+                     capacities=capacities, capacities_source=capacities_source)
+        seen: dict[str, str] = {}
+        for lf, src in zip(layers, sources):
+            if lf.host in seen:
+                raise FormatError(src, "host", f"a host not already measured by {seen[lf.host]}", lf.host)
+            seen[lf.host] = src
+            bl = [lf.embed, *lf.layers, lf.tail]
+            p.set_table(lf.host, [b.forward_time_s for b in bl], [b.backward_time_s for b in bl], lf.run.batch, src,
+                        [b.forward_fixed_s for b in bl], [b.backward_fixed_s for b in bl])
+            p.call[lf.host] = lf.call_overhead_s
+        if capacities is not None:
+            for h, t in capacities.tables.items():
+                if h not in p.fwd:
+                    if len(t.forward_time_s) != p.num_blocks:
+                        raise FormatError(capacities_source, f"tables.{h}.forward_time_s",
+                                          f"{p.num_blocks} entries (embed, {p.num_blocks - 2} layers, tail)",
+                                          len(t.forward_time_s))
+                    p.set_table(h, t.forward_time_s, t.backward_time_s, t.batch, f"{capacities_source} tables.{h}",
+                                t.forward_fixed_s or None, t.backward_fixed_s or None)
+        return p
+
+    def set_table(self, host: str, fwd: Sequence[float], bwd: Sequence[float], batch: int, origin: str,
+                  fwd_fixed: Sequence[float] | None = None, bwd_fixed: Sequence[float] | None = None) -> None:
+        """Times of every block for ``batch`` samples, of which ``*_fixed`` seconds per call."""
+        tf, tb = np.asarray(fwd, dtype=float), np.asarray(bwd, dtype=float)
+        f0 = np.zeros_like(tf) if fwd_fixed is None else np.asarray(fwd_fixed, dtype=float)
+        b0 = np.zeros_like(tb) if bwd_fixed is None else np.asarray(bwd_fixed, dtype=float)
+        if not (len(tf) == len(tb) == len(f0) == len(b0) == self.num_blocks):
+            raise FormatError(origin, "layers", f"{self.num_blocks} blocks", len(tf))
+        if (tf < 0).any() or (tb < 0).any() or (f0 < 0).any() or (b0 < 0).any():
+            raise FormatError(origin, "forward_time_s", "times >= 0")
+        f0, b0 = np.minimum(f0, tf), np.minimum(b0, tb)
+        self.fwd[host], self.bwd[host] = (tf - f0) / batch, (tb - b0) / batch
+        self.fwd0[host], self.bwd0[host], self.origin[host] = f0, b0, origin
+
+    def ensure(self, hosts: Iterable[str], devices_source: str = "devices.json") -> None:
+        """Make every host priceable, scaling the reference table by capacity where needed."""
+        for h in hosts:
+            if h in self.fwd:
+                continue
+            cap = self.capacities
+            if cap is None or h not in cap.capacity:
+                raise FormatError(self.capacities_source if cap else devices_source, f"capacity.{h}",
+                                  f"a capacity for host {h!r} (it has no layers file of its own)"
+                                  + ("" if cap else "; pass --capacities"))
+            if cap.ref_host not in self.fwd:
+                raise FormatError(self.capacities_source, "ref_host", "a host with a layers file or a table "
+                                  f"(to scale for {h!r})", cap.ref_host)
+            c = cap.capacity[h] / cap.capacity[cap.ref_host]
+            self.fwd[h] = self.fwd[cap.ref_host] / c
+            self.bwd[h] = self.bwd[cap.ref_host] / c
+            self.fwd0[h] = self.fwd0[cap.ref_host] / c
+            self.bwd0[h] = self.bwd0[cap.ref_host] / c
+            self.call[h] = self.call.get(cap.ref_host, 0.0) / c
+            self.origin[h] = f"{cap.ref_host} table / capacity {c:.3g}"
+
+    def table(self, host: str) -> tuple[np.ndarray, np.ndarray]:
+        if host not in self.fwd:
+            self.ensure([host])
+        return self.fwd[host], self.bwd[host]
+
+    def fixed(self, host: str) -> tuple[np.ndarray, np.ndarray]:
+        """Seconds per call of every block (forward, backward) on ``host``."""
+        if host not in self.fwd:
+            self.ensure([host])
+        return self.fwd0[host], self.bwd0[host]
+
+    def as_host_table(self, host: str, batch: int) -> HostTable:
+        f, b = self.table(host)
+        f0, b0 = self.fixed(host)
+        return HostTable(batch=batch, forward_time_s=list(f0 + f * batch), backward_time_s=list(b0 + b * batch),
+                         forward_fixed_s=list(f0), backward_fixed_s=list(b0))
+
+    # ------------------------------------------------------------------ stage bytes
+    def stage_param_bytes(self, stage: PlanStage) -> float:
+        return float(stage_weights(self, stage))
+
+    def boundary_bytes(self, stage: PlanStage) -> float:
+        """Bytes per sample of the stage's output (what its next stage receives)."""
+        return float(boundary_bytes(self, stage))

@@ -1,0 +1,264 @@
+"""The one price of a stage: its compute time on a host and its peak memory on a device.
+
+A block is the embedding, one decoder layer or the tail; block ``0`` is the embedding, block
+``i + 1`` decoder layer ``i`` and block ``N + 1`` the tail, so a stage owns a contiguous run of
+blocks ``[lo, hi)`` and its recomputed layers are runs of blocks inside it. Every quantity is a
+difference of prefix sums over blocks (:class:`BlockSums`) or a range maximum
+(:class:`BlockMax`), whose indices may be plain integers (one stage: the simulator, reports,
+re-planning) or numpy index arrays (the planner's tables over every cut ``(c, c2)``): both go
+through the same arithmetic, so the planner's tables equal the scalar accessor exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence, Union
+
+import numpy as np
+
+from ..formats import PlanStage
+
+if TYPE_CHECKING:
+    from .memory import MemoryEstimator
+    from .profiles import Profiles
+
+Index = Union[int, np.ndarray]
+"""A block index: an integer, or an array of them (broadcast elementwise)."""
+
+
+def stage_blocks(layers: tuple[int, int], has_embed: bool, has_tail: bool) -> tuple[int, int]:
+    """Block range [lo, hi) of a stage holding decoder layers [a, b) (plus embed / tail)."""
+    a, b = layers
+    return (0 if has_embed else a + 1), (b + 2 if has_tail else b + 1)
+
+
+def recompute_runs(first_layer: int, flags: Sequence[bool]) -> tuple[tuple[int, int], ...]:
+    """Block ranges of the recomputed layers of a stage starting at decoder layer ``first_layer``
+    (layer ``first_layer + i`` is block ``first_layer + 1 + i``), merged into contiguous runs."""
+    runs: list[tuple[int, int]] = []
+    for i, r in enumerate(flags):
+        if not r:
+            continue
+        blk = layer_blocks(first_layer + i, first_layer + i + 1).start
+        if runs and runs[-1][1] == blk:
+            runs[-1] = (runs[-1][0], blk + 1)
+        else:
+            runs.append((blk, blk + 1))
+    return tuple(runs)
+
+
+@dataclass(frozen=True)
+class Span:
+    """The blocks a stage holds, [lo, hi), and the block runs it recomputes."""
+
+    lo: Index
+    hi: Index
+    runs: tuple[tuple[Index, Index], ...] = ()
+
+    @staticmethod
+    def of_stage(stage: PlanStage) -> "Span":
+        lo, hi = stage_blocks(stage.layers, stage.has_embed, stage.has_tail)
+        return Span(lo, hi, recompute_runs(stage.layers[0], stage.recompute))
+
+    @staticmethod
+    def of_cut(c: Index, c2: Index, num_layers: int, recompute: bool | Sequence[bool] = False) -> "Span":
+        """Stage [c, c2) of a plan cut at layer boundaries (embed with c = 0, tail with c2 = N).
+
+        ``recompute``: a flag per layer, or True for every layer (the only form for arrays)."""
+        lo = np.where(np.asarray(c) == 0, 0, np.asarray(c) + 1)
+        hi = np.where(np.asarray(c2) == num_layers, np.asarray(c2) + 2, np.asarray(c2) + 1)
+        if np.ndim(lo) == 0 and np.ndim(hi) == 0:
+            lo, hi = int(lo), int(hi)
+        if recompute is True:
+            runs: tuple = ((np.asarray(c) + 1, np.asarray(c2) + 1),) if np.ndim(c) or np.ndim(c2) else \
+                ((int(c) + 1, int(c2) + 1),)
+        elif recompute is False:
+            runs = ()
+        else:
+            runs = recompute_runs(int(c), recompute)
+        return Span(lo, hi, runs)
+
+
+class BlockSums:
+    """Prefix sums of a per-block quantity: the sum over blocks [lo, hi) for integers or index arrays."""
+
+    def __init__(self, values: Sequence[float] | np.ndarray):
+        self.prefix = np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=float))])
+
+    def __call__(self, lo: Index, hi: Index) -> float | np.ndarray:
+        return self.prefix[hi] - self.prefix[lo]
+
+    def over(self, runs: tuple[tuple[Index, Index], ...]) -> float | np.ndarray:
+        """Sum over several block runs (0 for none)."""
+        return sum((self(lo, hi) for lo, hi in runs), 0.0)
+
+
+class BlockMax:
+    """Range maxima of a per-block quantity (0 over an empty range), for integers or index arrays."""
+
+    def __init__(self, values: Sequence[float] | np.ndarray):
+        v = np.asarray(values, dtype=float)
+        n = len(v)
+        self.table = np.zeros((n + 1, n + 1))
+        for lo in range(n):
+            self.table[lo, lo + 1:] = np.maximum.accumulate(v[lo:])
+
+    def __call__(self, lo: Index, hi: Index) -> float | np.ndarray:
+        return self.table[lo, hi]
+
+    def over(self, runs: tuple[tuple[Index, Index], ...]) -> float | np.ndarray:
+        out: float | np.ndarray = 0.0
+        for lo, hi in runs:
+            out = np.maximum(out, self(lo, hi))
+        return out
+
+
+# ----------------------------------------------------------------------------- compute time
+@dataclass(frozen=True)
+class StageTime:
+    """A stage's seconds on one host: per sample and per call, forward, backward without the
+    recomputed forwards, and those recomputed forwards (which run inside the backward).
+
+    A call on ``n`` samples costs ``per call + n · per sample``; the per-call part holds the
+    blocks' fixed time and the runtime's own cost of a call (``call``, once per forward and once
+    per backward)."""
+
+    fwd: float | np.ndarray
+    bwd: float | np.ndarray
+    rec: float | np.ndarray
+    fwd0: float | np.ndarray
+    bwd0: float | np.ndarray
+    rec0: float | np.ndarray
+    call: float = 0.0
+
+    @property
+    def forward_per_sample(self):
+        return self.fwd
+
+    @property
+    def backward_per_sample(self):
+        """Backward per sample, the forward of recomputed layers included."""
+        return self.bwd + self.rec
+
+    @property
+    def forward_per_call(self):
+        return self.fwd0 + self.call
+
+    @property
+    def backward_per_call(self):
+        return self.bwd0 + self.rec0 + self.call
+
+    @property
+    def per_sample(self):
+        """Forward + backward per sample, recomputation included (the planner's τ)."""
+        return self.fwd + self.bwd + self.rec
+
+    @property
+    def per_call(self):
+        """Forward + backward per call, recomputation included."""
+        return self.fwd0 + self.bwd0 + 2 * self.call + self.rec0
+
+    def forward(self, samples: int) -> float:
+        """Seconds of one forward call on ``samples`` samples (0 for none)."""
+        return float(self.forward_per_call + samples * self.forward_per_sample) if samples > 0 else 0.0
+
+    def backward(self, samples: int) -> float:
+        """Seconds of one backward call on ``samples`` samples, recomputation included (0 for none)."""
+        return float(self.backward_per_call + samples * self.backward_per_sample) if samples > 0 else 0.0
+
+    def recompute(self, samples: int) -> float:
+        """Per-sample seconds of the recomputed forwards of ``samples`` samples."""
+        return float(samples * self.rec)
+
+
+def stage_time(profiles: "Profiles", host: str, span: Span | PlanStage) -> StageTime:
+    """THE accessor of a stage's compute time on ``host`` (scalar spans or index arrays)."""
+    sp = span if isinstance(span, Span) else Span.of_stage(span)
+    f, b = (BlockSums(x) for x in profiles.table(host))
+    f0, b0 = (BlockSums(x) for x in profiles.fixed(host))
+    return StageTime(fwd=f(sp.lo, sp.hi), bwd=b(sp.lo, sp.hi), rec=f.over(sp.runs),
+                     fwd0=f0(sp.lo, sp.hi), bwd0=b0(sp.lo, sp.hi), rec0=f0.over(sp.runs),
+                     call=profiles.call.get(host, 0.0))
+
+
+def block_time(profiles: "Profiles", host: str, lo: Index, hi: Index, samples: float,
+               backward: bool = False) -> float | np.ndarray:
+    """Seconds of blocks [lo, hi) on ``samples`` samples, without the runtime's per-call cost
+    (what re-planning fits its per-block-group factors against)."""
+    per, fixed = (profiles.table(host), profiles.fixed(host))
+    k = 1 if backward else 0
+    return BlockSums(fixed[k])(lo, hi) + samples * BlockSums(per[k])(lo, hi)
+
+
+def layer_blocks(c: int, c2: int) -> slice:
+    """The blocks of decoder layers [c, c2)."""
+    return slice(c + 1, c2 + 1)
+
+
+def layer_forward(profiles: "Profiles", host: str, c: int, c2: int) -> np.ndarray:
+    """Forward seconds per sample of each decoder layer of [c, c2): what recomputing it adds."""
+    return profiles.table(host)[0][layer_blocks(c, c2)]
+
+
+# ----------------------------------------------------------------------------- memory and bytes
+def stage_weights(profiles: "Profiles", span: Span | PlanStage) -> float | np.ndarray:
+    """Parameter bytes of a stage."""
+    sp = span if isinstance(span, Span) else Span.of_stage(span)
+    return BlockSums(profiles.param_bytes)(sp.lo, sp.hi)
+
+
+def boundary_bytes(profiles: "Profiles", span: Span | PlanStage) -> float | np.ndarray:
+    """Bytes per sample of a stage's output (what its next stage receives)."""
+    sp = span if isinstance(span, Span) else Span.of_stage(span)
+    return profiles.act_bytes[np.asarray(sp.hi) - 1] if np.ndim(sp.hi) else float(profiles.act_bytes[sp.hi - 1])
+
+
+@dataclass(frozen=True)
+class StageActivations:
+    """A stage's activation bytes per sample as the memory model weighs them: kept for backward,
+    recomputed (only their input kept), and the largest recomputed layer (live while recomputing)."""
+
+    kept: float | np.ndarray
+    recomputed: float | np.ndarray
+    largest_recomputed: float | np.ndarray
+
+
+class StageMemory:
+    """THE accessor of a stage's peak memory per device, for one model and one memory model."""
+
+    def __init__(self, profiles: "Profiles", memory: "MemoryEstimator"):
+        self.profiles, self.memory = profiles, memory
+        self.weights = BlockSums(profiles.param_bytes)
+        self.acts = BlockSums(memory.activations(profiles.act_bytes))
+        self._largest: BlockMax | None = None
+
+    @property
+    def largest(self) -> BlockMax:
+        if self._largest is None:
+            self._largest = BlockMax(self.profiles.act_bytes)
+        return self._largest
+
+    def activations(self, span: Span | PlanStage) -> StageActivations:
+        sp = span if isinstance(span, Span) else Span.of_stage(span)
+        rec = self.acts.over(sp.runs)
+        return StageActivations(self.acts(sp.lo, sp.hi) - rec, rec, self.largest.over(sp.runs))
+
+    def layer_activations(self, c: int, c2: int) -> np.ndarray:
+        """Activation bytes per sample of each decoder layer of [c, c2) (as the model weighs them)."""
+        return self.memory.activations(self.profiles.act_bytes)[layer_blocks(c, c2)]
+
+    def per_sample(self, span: Span | PlanStage, in_flight: int) -> float | np.ndarray:
+        """Bytes per sample of one device's share of a micro-batch, ``in_flight`` micro-batches held."""
+        a = self.activations(span)
+        return self.memory.per_sample(a.kept, a.recomputed, in_flight, a.largest_recomputed)
+
+    def static(self, span: Span | PlanStage) -> float | np.ndarray:
+        """Bytes independent of the samples: the base and the weights' (with gradients, optimizer state)."""
+        sp = span if isinstance(span, Span) else Span.of_stage(span)
+        return self.memory.static(self.weights(sp.lo, sp.hi))
+
+    def peak(self, span: Span | PlanStage, samples: float, in_flight: int) -> float | np.ndarray:
+        """Predicted peak bytes of a device computing ``samples`` samples of each micro-batch."""
+        sp = span if isinstance(span, Span) else Span.of_stage(span)
+        a = self.activations(sp)
+        return self.memory.peak(self.weights(sp.lo, sp.hi), a.kept, a.recomputed, samples, in_flight,
+                                a.largest_recomputed)
