@@ -280,7 +280,7 @@ def _data_id(data: str, budget: int = 64 << 20) -> str:
     return f"{root.name} {size} bytes sha256:{h.hexdigest()[:16]}"
 
 
-def _prepare_checkpoints(cfg: TrainConfig, rank: int, roles: ckpt.Roles, stage: Any) -> int:
+def _prepare_checkpoints(cfg: TrainConfig, roles: ckpt.Roles, stage: Any) -> int:
     """Check the checkpoint directory on every rank, clean what a killed write left, and agree on
     the step to resume from (0: none). One error on every rank when any rank's directory is unusable."""
     stage_bytes = ckpt.checkpoint_bytes(stage, cfg.optimizer) if roles.writes_stage else 0
@@ -319,7 +319,7 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
     optimizer = make_optimizer(cfg.optimizer, params, cfg.lr, cfg.weight_decay, cfg.adam_eps)
     start = 0
     if cfg.checkpoint_dir is not None:
-        start = g("checking the checkpoint directory with all ranks", _prepare_checkpoints, cfg, rank, roles, stage)
+        start = g("checking the checkpoint directory with all ranks", _prepare_checkpoints, cfg, roles, stage)
     log = _Log(rank, cfg.log_dir)
     if start > 0:
         ckpt.load(cfg.checkpoint_dir, start, rank=rank, stage=stage, optimizer=optimizer)
@@ -358,19 +358,10 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
             executor.observer, stage.profiler = None, None
             summary.traces += g(f"step {step}: gathering traces on rank 0", write_step, cfg.trace_dir, step, rank,
                                 world, rec.finish())
-        loss = float(stats[0])
-        summary.losses.append(loss)
+        summary.losses.append(float(stats[0]))
         summary.step_times_s.append(dt)
         summary.steps_done = step
-        comp = [float(x) for x in stats[1:1 + S]]
-        wait = [float(x) for x in stats[1 + S:1 + 2 * S]]
-        log.print(f"step {step:>5}/{cfg.steps}  loss {loss:.4f}  {dt:.3f} s  {tokens_per_step / dt:,.0f} tok/s  "
-                  f"compute/stage {' '.join(f'{c:.3f}' for c in comp)} s")
-        log.event({"step": step, "loss": loss, "step_time_s": dt, "tokens_per_s": tokens_per_step / dt,
-                   "compute_s": comp, "comm_wait_s": wait})
-        log.scalars(step, {"train/loss": loss, "perf/step_time_s": dt, "perf/tokens_per_s": tokens_per_step / dt,
-                           **{f"stage{s}/compute_s": comp[s] for s in range(S)},
-                           **{f"stage{s}/comm_wait_s": wait[s] for s in range(S)}})
+        _report_step(log, step, cfg.steps, stats, S, dt, tokens_per_step)
         if cfg.checkpoint_dir is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
                                                or step == cfg.steps):
             info = {"plan": str(cfg.plan), "plan_hash": prep.plan_hash, "model": prep.model, "seed": cfg.seed,
@@ -381,6 +372,21 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
                 log.print(f"checkpoint {d}")
     log.close()
     return summary
+
+
+def _report_step(log: _Log, step: int, steps: int, stats: torch.Tensor, S: int, dt: float,
+                 tokens_per_step: int) -> None:
+    """Rank 0's progress line, metrics.jsonl record and TensorBoard scalars of one step."""
+    loss = float(stats[0])
+    comp = [float(x) for x in stats[1:1 + S]]
+    wait = [float(x) for x in stats[1 + S:1 + 2 * S]]
+    log.print(f"step {step:>5}/{steps}  loss {loss:.4f}  {dt:.3f} s  {tokens_per_step / dt:,.0f} tok/s  "
+              f"compute/stage {' '.join(f'{c:.3f}' for c in comp)} s")
+    log.event({"step": step, "loss": loss, "step_time_s": dt, "tokens_per_s": tokens_per_step / dt,
+               "compute_s": comp, "comm_wait_s": wait})
+    log.scalars(step, {"train/loss": loss, "perf/step_time_s": dt, "perf/tokens_per_s": tokens_per_step / dt,
+                       **{f"stage{s}/compute_s": comp[s] for s in range(S)},
+                       **{f"stage{s}/comm_wait_s": wait[s] for s in range(S)}})
 
 
 def _reduce_stats(res: StepResult, stage: int, group: int, num_stages: int) -> torch.Tensor:
