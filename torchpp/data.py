@@ -147,7 +147,7 @@ def _tokenize(texts: list[str], vocab_size: int, tokenizer_dir: str | Path | Non
                                          for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True, trust_remote_code=False)
         eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
         out: list[int] = []
         for t in texts:

@@ -1,8 +1,10 @@
 """`torchrun -m torchpp.train --plan plan.json`: train a HF causal LM as the plan says.
 
 Every rank runs this module. A bad plan or argument gives one error line on every rank
-(exit 2) before any collective; a failed or stalled peer gives one line naming the action
-and the peer (exit 1) within --timeout-s.
+(exit 2) before any collective; ranks started with different plans, models, data or options,
+or an unusable --checkpoint-dir, give one error line on every rank (exit 2) before any step;
+a failed or stalled peer gives one line naming the action and the peer (exit 1) within
+--timeout-s.
 """
 from __future__ import annotations
 
@@ -42,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-blocks", action="store_true", help="per-block (embed/layer/tail) events in traces")
     p.add_argument("--checkpoint-dir", type=Path, default=None)
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: only the last)")
+    p.add_argument("--keep-checkpoints", type=int, default=3,
+                   help="complete checkpoints kept; older ones are deleted once a newer one is complete (0: keep all)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     p.add_argument("--log-dir", type=Path, default=None, help="TensorBoard scalars and metrics.jsonl (rank 0)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="a peer silent this long is an error")
@@ -55,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     from .formats import FormatError
     from .models.presets import ModelSpecError
     from .runtime.comm import PeerError
+    from .runtime.exchange import DisagreementError
     from .runtime.trainer import TrainConfig, prepare, train, world_from_env
 
     rank = os.environ.get("RANK", "0")
@@ -63,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                           weight_decay=args.weight_decay, optimizer=args.optimizer, adam_eps=args.adam_eps, seed=args.seed,
                           threads=args.threads, trace_dir=args.trace_dir, trace_steps=args.trace_steps,
                           checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                          resume=args.resume, log_dir=args.log_dir, timeout_s=args.timeout_s, layers=args.layers,
+                          keep_checkpoints=args.keep_checkpoints, resume=args.resume, log_dir=args.log_dir, timeout_s=args.timeout_s, layers=args.layers,
                           profile_blocks=args.profile_blocks)
         prepared = prepare(cfg, world_from_env()[1])
     except (FormatError, ModelSpecError, DataError, ValueError) as e:
@@ -71,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         train(cfg, prepared)
+    except DisagreementError as e:
+        print(f"torchpp.train: rank {rank}: error: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(2)  # the same error on every rank; nothing was trained or written
     except (PeerError, DataError, ModelSpecError) as e:
         print(f"torchpp.train: error: {e}", file=sys.stderr, flush=True)
         sys.stdout.flush()

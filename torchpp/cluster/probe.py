@@ -14,6 +14,7 @@ the rate seen so far says they would overrun ``--pair-budget`` seconds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import socket
@@ -126,10 +127,11 @@ def probe(args: argparse.Namespace) -> list[PairResult] | None:
     """Measure every ordered pair; returns the results on rank 0, None elsewhere."""
     import torch.distributed as dist
 
+    from ..runtime.exchange import all_gather_json
+
     rank, world = dist.get_rank(), dist.get_world_size()
     host = args.host or os.environ.get("HOST") or socket.gethostname()
-    hosts: list[str] = [""] * world
-    dist.all_gather_object(hosts, host)
+    hosts = [str(h) for h in all_gather_json(host)]
     if len(set(hosts)) < world:  # several processes per host (torchrun --nproc-per-node > 1)
         hosts = [f"{h}-r{r}" for r, h in enumerate(hosts)]
     mine: list[PairResult] = []
@@ -146,11 +148,12 @@ def probe(args: argparse.Namespace) -> list[PairResult] | None:
                     print(f"  {res.src} -> {res.dst}: {res.bytes_per_sec * 8 / 1e6:9.2f} Mbit/s  "
                           f"latency {res.latency_s * 1e3:7.3f} ms  ({len(points)} size(s))", flush=True)
             dist.barrier()
-    gathered: list[list[PairResult]] = [[] for _ in range(world)]
-    dist.all_gather_object(gathered, mine)
+    gathered = all_gather_json([dataclasses.asdict(r) for r in mine])
     if rank != 0:
         return None
-    results = [r for part in gathered for r in part]
+    results = [PairResult(src=r["src"], dst=r["dst"], bytes_per_sec=float(r["bytes_per_sec"]),
+                          latency_s=float(r["latency_s"]), points=[(int(b), float(t)) for b, t in r["points"]])
+               for part in gathered for r in part]
     print(f"probe: {len(results)} pair(s) in {time.perf_counter() - t_start:.1f}s", flush=True)
     return results
 
@@ -178,7 +181,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("WORLD_SIZE: expected at least 2 processes to measure a link")
     if args.repeats < 1 or args.pings < 1:
         raise UsageError("--repeats and --pings: expected at least 1")
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    from ..runtime.rendezvous import RendezvousError, env_store
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    timeout = datetime.timedelta(seconds=args.timeout)
+    try:
+        store = env_store(rank, world, timeout)  # rank 0 listens on MASTER_ADDR only
+    except RendezvousError as e:
+        raise UsageError(str(e)) from None
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     try:
         results = probe(args)
         if results is not None:

@@ -6,6 +6,7 @@ rank that materialises only its stage gets exactly the tensors the whole model w
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any, Iterable
@@ -67,8 +68,9 @@ def load_config(model: str, num_layers: int | None = None, attn_implementation: 
         if not (p.is_dir() and (p / "config.json").is_file()):
             raise ModelSpecError(f"--model: {model!r} is neither a preset ({', '.join(PRESETS)}) nor a local "
                                  "checkpoint directory with config.json")
+        refuse_remote_code(p)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        cfg = AutoConfig.from_pretrained(str(p), local_files_only=True)
+        cfg = AutoConfig.from_pretrained(str(p), local_files_only=True, trust_remote_code=False)
     cfg._attn_implementation = choose_attn_implementation(cfg, attn_implementation)
     if num_layers is not None:
         total = num_hidden_layers(cfg)
@@ -130,6 +132,38 @@ def _unsupported(cfg: PretrainedConfig) -> str | None:
     return unsupported_feature(cfg, m, parts)
 
 
+def _read_object(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ModelSpecError(f"{path}: expected a JSON object: {e}") from None
+    if not isinstance(data, dict):
+        raise ModelSpecError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def refuse_remote_code(model_dir: Path) -> None:
+    """Raise :class:`ModelSpecError` for a directory that would need its own Python code.
+
+    transformers runs a checkpoint's ``.py`` files when its config or tokenizer config has an
+    ``auto_map`` (and asks on the terminal first); torchpp never does either. A ``model_type``
+    transformers does not know could only be built from such code, so it is refused too."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    why = "torchpp never runs a model directory's own code"
+    cfg_path = model_dir / "config.json"
+    conf = _read_object(cfg_path)
+    if "auto_map" in conf:
+        raise ModelSpecError(f"{cfg_path}: refused: 'auto_map' names the directory's own Python code; {why}")
+    model_type = conf.get("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise ModelSpecError(f"{cfg_path}: refused: model_type {model_type!r} is not an architecture this "
+                             f"transformers knows; {why}")
+    tok_path = model_dir / "tokenizer_config.json"
+    if tok_path.is_file() and "auto_map" in _read_object(tok_path):
+        raise ModelSpecError(f"{tok_path}: refused: 'auto_map' names the directory's own Python code; {why}")
+
+
 def num_hidden_layers(cfg: PretrainedConfig) -> int:
     return int(getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer"))
 
@@ -189,6 +223,7 @@ def build_model(model: str, *, seed: int = 0, dtype: str = "float32", num_layers
         if getattr(cfg, "tie_word_embeddings", False):
             m.tie_weights()
     else:
-        m = AutoModelForCausalLM.from_pretrained(model, config=cfg, dtype=DTYPES[dtype], local_files_only=True)
+        m = AutoModelForCausalLM.from_pretrained(model, config=cfg, dtype=DTYPES[dtype], local_files_only=True,
+                                                 trust_remote_code=False)
     m.train()
     return m

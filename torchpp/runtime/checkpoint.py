@@ -14,12 +14,18 @@ Layout of ``<dir>/step_<N>/`` (N = optimizer steps done):
 Every file is written to a temporary name and renamed. A stage's files are written by the
 lowest rank of its group on each host, and each host's lowest rank writes the index and the
 manifest, so a run on hosts without a shared file system can still resume.
+
+Before the first step the directory is checked (a directory, writable, room for one
+checkpoint) so a bad path fails at once rather than at the first write, and what a killed
+write left (``.*.tmp`` files, step directories without a manifest) is removed. Once a new
+checkpoint is complete on every rank, all but the newest ``keep`` complete ones are deleted.
 """
 from __future__ import annotations
 
 import datetime
 import os
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +40,12 @@ from ..models.stages import Stage, read_tensors
 MANIFEST = "manifest.json"
 CKPT_FORMAT = "torchpp.checkpoint/1"
 _STEP_RE = re.compile(r"^step_(\d+)$")
+OPTIMIZER_STATES = {"adamw": 2, "sgd": 0}
+"""Tensors of a parameter's size the optimizer keeps per parameter (AdamW: both moments)."""
+
+
+class CheckpointDirError(ValueError):
+    """The checkpoint directory cannot hold a checkpoint (a file in the way, not writable, full)."""
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -87,8 +99,13 @@ def optimizer_tensors(stage: Stage, optimizer: torch.optim.Optimizer) -> dict[st
 
 
 def save(root: str | Path, step: int, *, rank: int, roles: Roles, stage: Stage, optimizer: torch.optim.Optimizer,
-         info: dict[str, Any], timeout_s: float) -> Path | None:
-    """All ranks call this after step ``step``; returns the step directory on manifest writers."""
+         info: dict[str, Any], timeout_s: float, keep: int = 0) -> Path | None:
+    """All ranks call this after step ``step``; returns the step directory on manifest writers.
+
+    With ``keep`` > 0, once every rank's manifest is written, manifest writers delete all but
+    the newest ``keep`` complete checkpoints (0 keeps every one)."""
+    from .exchange import all_gather_json
+
     d = step_dir(root, step)
     d.mkdir(parents=True, exist_ok=True)
     s = roles.stage
@@ -101,13 +118,19 @@ def save(root: str | Path, step: int, *, rank: int, roles: Roles, stage: Stage, 
         mine = {"stage": s, "params": sorted(params), "optim": sorted(opt)}
     _atomic(d / f"rng-rank{rank}.pt", lambda tmp: torch.save(torch.get_rng_state(), tmp))
     world = dist.get_world_size() if dist.is_initialized() else 1
-    parts: list[Any] = [None] * world
-    if world > 1:
-        dist.all_gather_object(parts, mine)  # also the barrier: every rank's files are in place
-    else:
-        parts = [mine]
-    if not roles.writes_manifest:
-        return None
+    parts = all_gather_json(mine)  # also the barrier: every rank's files are in place
+    if roles.writes_manifest:
+        _write_index_and_manifest(d, step, parts, stage, world, info)
+    if keep > 0:
+        if world > 1:
+            dist.barrier()  # every host's manifest is written: older checkpoints are no longer needed
+        if roles.writes_manifest:
+            prune(root, keep)
+    return d if roles.writes_manifest else None
+
+
+def _write_index_and_manifest(d: Path, step: int, parts: list[dict[str, Any]], stage: Stage, world: int,
+                              info: dict[str, Any]) -> None:
     weight_map, optim_map = {}, {}
     for part in parts:
         for n in part["params"]:
@@ -122,25 +145,92 @@ def save(root: str | Path, step: int, *, rank: int, roles: Roles, stage: Stage, 
     write_json(d / MANIFEST, {"format": CKPT_FORMAT, "step": step, "files": files, "world_size": world,
                               "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                               **info})
-    return d
+
+
+def is_complete(d: Path) -> bool:
+    """A step directory whose manifest is readable and whose listed files are all present."""
+    if not (d / MANIFEST).is_file():
+        return False
+    try:
+        data = read_json(d / MANIFEST)
+    except ValueError:
+        return False
+    return data.get("format") == CKPT_FORMAT and all((d / f).is_file() for f in data.get("files", []))
+
+
+def complete_steps(root: str | Path) -> list[int]:
+    """Steps with a complete checkpoint in ``root``, oldest first."""
+    r = Path(root)
+    if not r.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in r.iterdir() if (m := _STEP_RE.match(p.name)) and is_complete(p))
+
+
+def prune(root: str | Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints; returns what was deleted."""
+    gone = [step_dir(root, s) for s in complete_steps(root)[:-keep]] if keep > 0 else []
+    for d in gone:
+        shutil.rmtree(d, ignore_errors=True)  # a host sharing the file system may delete it too
+    return gone
+
+
+def clean_leftovers(root: str | Path) -> list[Path]:
+    """Remove what a killed write left: ``.*.tmp`` files and step directories without a complete
+    manifest (never loaded anyway). Call before any rank writes; returns what was removed."""
+    r = Path(root)
+    if not r.is_dir():
+        return []
+    removed: list[Path] = []
+    for p in sorted(r.iterdir()):
+        if _STEP_RE.match(p.name) and p.is_dir():
+            if not is_complete(p):
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
+                continue
+            tmps = sorted(p.glob(".*.tmp"))
+        elif p.name.startswith(".") and p.name.endswith(".tmp") and p.is_file():
+            tmps = [p]
+        else:
+            continue
+        for t in tmps:
+            t.unlink(missing_ok=True)
+            removed.append(t)
+    return removed
+
+
+def checkpoint_bytes(stage: Stage, optimizer: str) -> int:
+    """Bytes this stage's parameters and optimizer state take in a checkpoint."""
+    params = sum(p.numel() * p.element_size() for p in stage.parameters())
+    return params * (1 + OPTIMIZER_STATES.get(optimizer, 2))
+
+
+def check_dir(root: str | Path, need_bytes: int) -> None:
+    """Raise :class:`CheckpointDirError` unless ``root`` is (or can be made) a writable directory
+    with ``need_bytes`` free; creates it."""
+    root = Path(root)
+    for p in (root, *root.parents):
+        if p.exists() or p.is_symlink():
+            if not p.is_dir():
+                what = "is a file" if p == root else f"lies under {p}, which is a file"
+                raise CheckpointDirError(f"--checkpoint-dir {root}: {what}, not a directory")
+            break
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=root, prefix=".writable-", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise CheckpointDirError(f"--checkpoint-dir {root}: not writable: {e.strerror or e}") from None
+    free = shutil.disk_usage(root).free
+    if free < need_bytes:
+        raise CheckpointDirError(f"--checkpoint-dir {root}: {free / 1e6:,.1f} MB free, one checkpoint needs about "
+                                 f"{need_bytes / 1e6:,.1f} MB")
 
 
 def latest_local(root: str | Path) -> int:
-    """The highest step with a manifest in ``root`` (-1 when none)."""
-    best = -1
-    r = Path(root)
-    if not r.is_dir():
-        return best
-    for p in r.iterdir():
-        m = _STEP_RE.match(p.name)
-        if m and (p / MANIFEST).is_file():
-            try:
-                data = read_json(p / MANIFEST)
-            except ValueError:
-                continue
-            if data.get("format") == CKPT_FORMAT and all((p / f).is_file() for f in data.get("files", [])):
-                best = max(best, int(m.group(1)))
-    return best
+    """The highest step with a complete checkpoint in ``root`` (-1 when none)."""
+    steps = complete_steps(root)
+    return steps[-1] if steps else -1
 
 
 def agree_on_step(root: str | Path) -> int:

@@ -7,6 +7,7 @@ error instead of a hang in the first collective.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import socket
@@ -25,7 +26,9 @@ from ..schedules import Schedule, build
 from . import checkpoint as ckpt
 from .allocator import retain_freed_memory
 from .comm import Comm, guarded
+from .exchange import all_gather_json, require_agreement, require_no_errors
 from .executor import Executor, StepResult
+from .rendezvous import env_store
 
 OPTIMIZERS = ("adamw", "sgd")
 
@@ -51,6 +54,9 @@ class TrainConfig:
     """1-based optimizer steps to record (the first step includes warm-up)."""
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 0
+    keep_checkpoints: int = 3
+    """Complete checkpoints kept in ``checkpoint_dir`` (older ones are deleted once a newer one is
+    complete); 0 keeps every one."""
     resume: bool = False
     log_dir: Path | None = None
     timeout_s: float = 300.0
@@ -68,6 +74,8 @@ class TrainConfig:
             raise ValueError(f"--timeout-s: expected seconds > 0, got {self.timeout_s}")
         if self.checkpoint_every < 0:
             raise ValueError(f"--checkpoint-every: expected steps >= 0, got {self.checkpoint_every}")
+        if self.keep_checkpoints < 0:
+            raise ValueError(f"--keep-checkpoints: expected a count >= 0 (0 keeps all), got {self.keep_checkpoints}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads: expected >= 1, got {self.threads}")
         if (self.checkpoint_every or self.resume) and self.checkpoint_dir is None:
@@ -136,11 +144,9 @@ def init_world(rank: int, world_size: int, timeout_s: float) -> bool:
         return False
     timeout = datetime.timedelta(seconds=timeout_s)
     if "MASTER_ADDR" in os.environ:
-        from torch.distributed.rendezvous import rendezvous
-
         # Keys of a restarted attempt must never meet the ones a killed rank left in a store that
         # outlived it (a stale gloo address means "connection refused" in the next group).
-        store, rank, world_size = next(rendezvous("env://", rank, world_size, timeout=timeout))
+        store = env_store(rank, world_size, timeout)
         attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
         store = dist.PrefixStore(f"torchpp/attempt{attempt}", store)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
@@ -223,6 +229,76 @@ def train(cfg: TrainConfig, prepared: Prepared | None = None) -> TrainSummary:
             dist.destroy_process_group()
 
 
+def fingerprint(cfg: TrainConfig, prep: Prepared) -> dict[str, str]:
+    """What every rank must have equal before training: the plan, model, data and the options
+    that change what is computed or written (short values: the error message quotes them)."""
+    plan = prep.plan
+    return {"plan": prep.plan_hash, "model": _model_id(prep), "data": _data_id(cfg.data),
+            "seq_len": str(plan.seq_len), "global_batch": str(plan.global_batch), "dtype": plan.model.dtype,
+            "steps": str(cfg.steps), "lr": repr(cfg.lr), "weight_decay": repr(cfg.weight_decay),
+            "optimizer": cfg.optimizer, "adam_eps": repr(cfg.adam_eps), "seed": str(cfg.seed),
+            "layers": str(cfg.layers), "checkpoint_dir": str(cfg.checkpoint_dir),
+            "checkpoint_every": str(cfg.checkpoint_every), "keep_checkpoints": str(cfg.keep_checkpoints),
+            "resume": str(cfg.resume), "trace_steps": str(list(cfg.trace_steps) if cfg.trace_dir else []),
+            "profile_blocks": str(cfg.profile_blocks)}
+
+
+def _short_hash(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()[:16]
+
+
+def _model_id(prep: Prepared) -> str:
+    """Name (a preset) or directory name, and a hash of the config without where it was read from."""
+    conf = prep.config.to_dict()
+    for k in ("_name_or_path", "transformers_version", "_attn_implementation_autoset"):
+        conf.pop(k, None)
+    name = prep.model if is_preset(prep.model) else Path(prep.model).name
+    digest = _short_hash(json.dumps(conf, sort_keys=True, default=str).encode())
+    if not is_preset(prep.model):
+        weights = sum(p.stat().st_size for p in Path(prep.model).glob("*.safetensors"))
+        return f"{name} config {digest} weights {weights} bytes"
+    return f"{name} config {digest}"
+
+
+def _data_id(data: str, budget: int = 64 << 20) -> str:
+    """``synthetic``, or the data files' names, sizes and a hash of their first ``budget`` bytes."""
+    if data == "synthetic":
+        return data
+    from ..data import _files
+
+    h, size, left = hashlib.sha256(), 0, budget
+    root = Path(data)
+    for f in _files(root):
+        n = f.stat().st_size
+        size += n
+        h.update(f"{f.relative_to(root) if f != root else f.name}:{n}\n".encode())
+        if left > 0:
+            with open(f, "rb") as fh:
+                chunk = fh.read(left)
+            h.update(chunk)
+            left -= len(chunk)
+    return f"{root.name} {size} bytes sha256:{h.hexdigest()[:16]}"
+
+
+def _prepare_checkpoints(cfg: TrainConfig, roles: ckpt.Roles, stage: Any) -> int:
+    """Check the checkpoint directory on every rank, clean what a killed write left, and agree on
+    the step to resume from (0: none). One error on every rank when any rank's directory is unusable."""
+    stage_bytes = ckpt.checkpoint_bytes(stage, cfg.optimizer) if roles.writes_stage else 0
+    per_stage = {int(s): int(b) for s, b in all_gather_json([roles.stage, stage_bytes]) if b}
+    need = sum(per_stage.values()) + (1 << 20)  # rng states, config and indexes
+    problem = None
+    try:
+        ckpt.check_dir(cfg.checkpoint_dir, need)
+        if roles.writes_manifest:
+            ckpt.clean_leftovers(cfg.checkpoint_dir)
+    except (ckpt.CheckpointDirError, OSError) as e:
+        problem = str(e)
+    require_no_errors(problem)  # also the barrier: nobody writes before every host is clean
+    if not (cfg.resume or _env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0):
+        return 0
+    return max(0, ckpt.agree_on_step(cfg.checkpoint_dir))
+
+
 def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummary:
     from ..data import open_source
     from ..trace.timeline import StepRecorder, mark_base_rss, sync_clocks, write_step
@@ -231,23 +307,20 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
     pstage = plan.stage_of_rank(rank)
     comm = Comm(rank, cfg.timeout_s)
     g = lambda what, fn, *a, **kw: guarded(rank, what, cfg.timeout_s, fn, *a, **kw)  # noqa: E731
+    # the first collective: ranks started with different plans or options must stop here, before any write
+    g("comparing plan, model, data and options with all ranks", require_agreement, fingerprint(cfg, prep))
     g("creating the all-reduce groups", comm.make_groups, schedule)
-    hosts: list[Any] = [None] * world
-    g("exchanging host names with all ranks", dist.all_gather_object, hosts, socket.gethostname())
+    hosts = g("exchanging host names with all ranks", all_gather_json, socket.gethostname())
     roles = ckpt.Roles.decide(rank, {r: plan.stage_of_rank(r).index for r in range(world)}, hosts)
-    log = _Log(rank, cfg.log_dir)
-
-    start = 0
-    restarted = _env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0
-    if cfg.checkpoint_dir is not None and (cfg.resume or restarted):
-        found = g("agreeing on the checkpoint to resume from", ckpt.agree_on_step, cfg.checkpoint_dir)
-        if found >= 0:
-            start = found
     spec = StageSpec.from_plan(plan, pstage.index)
     mark_base_rss()  # what the stage adds to this process is what the planner's memory model predicts
     stage = build_stage(prep.model, prep.config, spec, seed=cfg.seed, dtype=plan.model.dtype)
     params = [p for p in stage.parameters()]
     optimizer = make_optimizer(cfg.optimizer, params, cfg.lr, cfg.weight_decay, cfg.adam_eps)
+    start = 0
+    if cfg.checkpoint_dir is not None:
+        start = g("checking the checkpoint directory with all ranks", _prepare_checkpoints, cfg, roles, stage)
+    log = _Log(rank, cfg.log_dir)
     if start > 0:
         ckpt.load(cfg.checkpoint_dir, start, rank=rank, stage=stage, optimizer=optimizer)
         log.print(f"resumed from {ckpt.step_dir(cfg.checkpoint_dir, start)} (step {start})")
@@ -286,29 +359,35 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
             executor.observer, stage.profiler = None, None
             summary.traces += g(f"step {step}: gathering traces on rank 0", write_step, cfg.trace_dir, step, rank,
                                 world, rec.finish())
-        loss = float(stats[0])
-        summary.losses.append(loss)
+        summary.losses.append(float(stats[0]))
         summary.step_times_s.append(dt)
         summary.steps_done = step
-        comp = [float(x) for x in stats[1:1 + S]]
-        wait = [float(x) for x in stats[1 + S:1 + 2 * S]]
-        log.print(f"step {step:>5}/{cfg.steps}  loss {loss:.4f}  {dt:.3f} s  {tokens_per_step / dt:,.0f} tok/s  "
-                  f"compute/stage {' '.join(f'{c:.3f}' for c in comp)} s")
-        log.event({"step": step, "loss": loss, "step_time_s": dt, "tokens_per_s": tokens_per_step / dt,
-                   "compute_s": comp, "comm_wait_s": wait})
-        log.scalars(step, {"train/loss": loss, "perf/step_time_s": dt, "perf/tokens_per_s": tokens_per_step / dt,
-                           **{f"stage{s}/compute_s": comp[s] for s in range(S)},
-                           **{f"stage{s}/comm_wait_s": wait[s] for s in range(S)}})
+        _report_step(log, step, cfg.steps, stats, S, dt, tokens_per_step)
         if cfg.checkpoint_dir is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
                                                or step == cfg.steps):
             info = {"plan": str(cfg.plan), "plan_hash": prep.plan_hash, "model": prep.model, "seed": cfg.seed,
                     "optimizer": cfg.optimizer, "lr": cfg.lr}
             d = g(f"step {step}: writing the checkpoint", ckpt.save, cfg.checkpoint_dir, step, rank=rank, roles=roles,
-                  stage=stage, optimizer=optimizer, info=info, timeout_s=cfg.timeout_s)
+                  stage=stage, optimizer=optimizer, info=info, timeout_s=cfg.timeout_s, keep=cfg.keep_checkpoints)
             if d is not None:
                 log.print(f"checkpoint {d}")
     log.close()
     return summary
+
+
+def _report_step(log: _Log, step: int, steps: int, stats: torch.Tensor, S: int, dt: float,
+                 tokens_per_step: int) -> None:
+    """Rank 0's progress line, metrics.jsonl record and TensorBoard scalars of one step."""
+    loss = float(stats[0])
+    comp = [float(x) for x in stats[1:1 + S]]
+    wait = [float(x) for x in stats[1 + S:1 + 2 * S]]
+    log.print(f"step {step:>5}/{steps}  loss {loss:.4f}  {dt:.3f} s  {tokens_per_step / dt:,.0f} tok/s  "
+              f"compute/stage {' '.join(f'{c:.3f}' for c in comp)} s")
+    log.event({"step": step, "loss": loss, "step_time_s": dt, "tokens_per_s": tokens_per_step / dt,
+               "compute_s": comp, "comm_wait_s": wait})
+    log.scalars(step, {"train/loss": loss, "perf/step_time_s": dt, "perf/tokens_per_s": tokens_per_step / dt,
+                       **{f"stage{s}/compute_s": comp[s] for s in range(S)},
+                       **{f"stage{s}/comm_wait_s": wait[s] for s in range(S)}})
 
 
 def _reduce_stats(res: StepResult, stage: int, group: int, num_stages: int) -> torch.Tensor:

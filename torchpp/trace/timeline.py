@@ -226,11 +226,9 @@ def write_step(trace_dir: str | Path, step: int, rank: int, world_size: int, tra
     """Write this rank's file; rank 0 also writes the merged timeline (all ranks call this)."""
     d = Path(trace_dir)
     out = [write_json(d / f"timeline_step{step}_rank{rank}.json", trace)]
-    gathered: list[Any] = [None] * world_size if rank == 0 else None
-    if world_size > 1:
-        dist.gather_object(trace, gathered, dst=0)
-    else:
-        gathered = [trace]
+    from ..runtime.exchange import gather_json
+
+    gathered = gather_json(trace, dst=0) if world_size > 1 else [trace]
     if rank == 0:
         offs = [float(t.get("metadata", {}).get("clock_offset_s", 0.0)) for t in gathered]
         rtts = [float(t.get("metadata", {}).get("clock_rtt_s", 0.0)) for t in gathered]
