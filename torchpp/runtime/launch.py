@@ -8,7 +8,9 @@ and sends its return value back. A rank that raises is reported with its rank an
 call that overruns its deadline has every process killed. Either way nothing is left running.
 
 ``RankPool`` keeps the processes alive across calls, so what they imported (torch,
-transformers) is paid for once; ``run_ranks`` is a pool used for one call.
+transformers) is paid for once; ``run_ranks`` is a pool used for one call. ``popen_ranks`` and
+``wait_ranks`` are for tests of a command line itself (``torchpp.train``, ``bandwidth probe``):
+one process per rank with torchrun's variables on a free loopback port, under one deadline.
 
 The function, its arguments and its return value cross the process boundary by pickle: they
 are the caller's own code and data, never a peer's. The function must be importable by name
@@ -23,6 +25,7 @@ import os
 import pickle
 import shutil
 import socket
+import subprocess
 import tempfile
 import time
 import traceback
@@ -50,6 +53,52 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def torchrun_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """The variables torchrun gives a rank on one node (env:// rendezvous on loopback)."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def popen_ranks(cmd: list[str], world: int, *, env: dict[str, str] | None = None,
+                per_rank: Callable[[int], dict[str, str]] | None = None, **popen: Any) -> list[subprocess.Popen]:
+    """Start ``cmd`` once per rank as torchrun would on one node, without its agent: ``env``
+    (default: this process's) plus ``torchrun_env`` on a free port plus ``per_rank(rank)``;
+    ``popen`` goes to ``subprocess.Popen``. End them with ``wait_ranks``."""
+    port, procs = free_port(), []
+    try:
+        for r in range(world):
+            rank_env = {**(os.environ if env is None else env), **torchrun_env(r, world, port),
+                        **(per_rank(r) if per_rank else {})}
+            procs.append(subprocess.Popen(cmd, env=rank_env, **popen))
+    except BaseException:
+        _kill_all(procs)
+        raise
+    return procs
+
+
+def wait_ranks(procs: list[subprocess.Popen], timeout_s: float) -> list[tuple[int, Any, Any]]:
+    """Each rank's (exit code, stdout, stderr) once all have exited within ``timeout_s``;
+    otherwise every one is killed and ``RanksTimedOut`` names those still running."""
+    out, deadline = [], time.monotonic() + timeout_s
+    try:
+        for r, p in enumerate(procs):
+            try:
+                o, e = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise RanksTimedOut([i for i, q in enumerate(procs) if q.poll() is None], timeout_s) from None
+            out.append((p.returncode, o, e))
+    finally:
+        _kill_all(procs)
+    return out
+
+
+def _kill_all(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
 
 
 def _redirect_output(path: str) -> None:
