@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import psutil
 import pytest
 
 from dist_harness import on_ranks
-from torchpp.runtime.launch import RankError, RankPool, RanksTimedOut, run_ranks
+from torchpp.runtime.launch import RankError, RankPool, RanksTimedOut, popen_ranks, run_ranks, wait_ranks
 
 
 def _children() -> set[int]:
@@ -129,3 +130,23 @@ def test_decorator_runs_the_body_on_every_rank(rank, world, tmp_path):
 def test_decorated_body_ran_on_both_ranks(tmp_path):
     test_decorator_runs_the_body_on_every_rank(tmp_path=tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0", "rank1"]
+
+
+_CLI = "import os, time; print(os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['HOST']); " \
+       "time.sleep(float(os.environ['NAP']) * int(os.environ['RANK']))"
+
+
+def test_command_per_rank_gets_torchrun_variables(no_leftovers):
+    procs = popen_ranks([sys.executable, "-c", _CLI], 2, env={**os.environ, "NAP": "0"},
+                        per_rank=lambda r: {"HOST": f"h{r}"}, stdout=subprocess.PIPE, text=True)
+    assert wait_ranks(procs, timeout_s=60) == [(0, "0 2 h0\n", None), (0, "1 2 h1\n", None)]
+
+
+def test_command_that_overruns_is_killed(no_leftovers):
+    procs = popen_ranks([sys.executable, "-c", _CLI], 2, env={**os.environ, "NAP": "600"},
+                        per_rank=lambda r: {"HOST": "h"}, stdout=subprocess.DEVNULL)
+    t0 = time.monotonic()
+    with pytest.raises(RanksTimedOut) as e:
+        wait_ranks(procs, timeout_s=3)
+    assert e.value.ranks == [1] and time.monotonic() - t0 < 3 + 5
+    assert all(p.poll() is not None for p in procs)

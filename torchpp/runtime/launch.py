@@ -83,7 +83,7 @@ def wait_ranks(procs: list[subprocess.Popen], timeout_s: float) -> list[tuple[in
     otherwise every one is killed and ``RanksTimedOut`` names those still running."""
     out, deadline = [], time.monotonic() + timeout_s
     try:
-        for r, p in enumerate(procs):
+        for p in procs:
             try:
                 o, e = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
