@@ -30,7 +30,7 @@ processes, one step each in turn (the order rotating, forwards and backwards), s
 that drifts on a shared machine hits all alike; each step ends with an all-reduce on both
 systems, and the time is rank 0's. The median of the measured steps (after --warmup) is reported, and, as a check, the
 median of the per-step ratios. Memory: every system also runs on its own in freshly launched
-processes (one per rank, env:// rendezvous on loopback, bounded by --timeout-s, killed if they
+processes (one per rank, a gloo group through a FileStore, bounded by --timeout-s, killed if they
 overrun), whose peak RSS psutil samples every 20 ms (plus the kernel's high-water mark);
 these runs' step times are shown as "alone". The block profile is measured before and after
 the pipelines run and the median of all its steps is used. All three systems train from the
@@ -48,9 +48,7 @@ import dataclasses
 import json
 import os
 import resource
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -364,123 +362,73 @@ class PeerSteps:
 
 
 def _run_peer(s: Setup, rank: int, world: int) -> tuple[list[float], list[float]]:
-    import datetime
-
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=s.timeout_s))
-    try:
-        peer = PeerSteps(s, rank, world)
-        got = [peer.step(i) for i in range(s.warmup + s.steps)]
-        return [t for t, _ in got], [x for _, x in got]
-    finally:
-        dist.destroy_process_group()
+    peer = PeerSteps(s, rank, world)
+    got = [peer.step(i) for i in range(s.warmup + s.steps)]
+    return [t for t, _ in got], [x for _, x in got]
 
 
 def _run_alternating(s: Setup, plan: Path, rank: int, world: int) -> dict[str, dict[str, list]]:
     """Both systems and the stages' bare compute in the same processes, one step each in turn
     (the order rotating through all permutations): load that drifts hits all three alike, so
     their ratios are measured far more precisely than in separate runs."""
-    import datetime
-
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=s.timeout_s))
-    try:
-        cores = os.cpu_count() or 1
-        compute = StageCompute(s, plan, rank, world, at_once=min(world, cores))
-        systems = {"torchpp": TorchppSteps(s, plan, rank, world), "peer": PeerSteps(s, rank, world),
-                   "compute": compute, "compute_alone": compute.timed(1)}
-        out = {k: {"step_times_s": [], "losses": []} for k in systems}
-        names = list(systems)  # rotations and their reverses in turn: no member always goes first
-        orders = [names[k:] + names[:k] for k in range(len(names))]
-        orders = [o for pair in zip(orders, [o[::-1] for o in orders]) for o in pair]
-        for i in range(s.warmup + s.steps):
-            for name in orders[i % len(orders)]:
-                dt, loss = systems[name].step(i)
-                out[name]["step_times_s"].append(dt)
-                out[name]["losses"].append(loss)
-        for name in ("compute", "compute_alone"):
-            out[name]["per_rank_s"] = systems[name].per_rank
-        return out
-    finally:
-        dist.destroy_process_group()
+    cores = os.cpu_count() or 1
+    compute = StageCompute(s, plan, rank, world, at_once=min(world, cores))
+    systems = {"torchpp": TorchppSteps(s, plan, rank, world), "peer": PeerSteps(s, rank, world),
+               "compute": compute, "compute_alone": compute.timed(1)}
+    out = {k: {"step_times_s": [], "losses": []} for k in systems}
+    names = list(systems)  # rotations and their reverses in turn: no member always goes first
+    orders = [names[k:] + names[:k] for k in range(len(names))]
+    orders = [o for pair in zip(orders, [o[::-1] for o in orders]) for o in pair]
+    for i in range(s.warmup + s.steps):
+        for name in orders[i % len(orders)]:
+            dt, loss = systems[name].step(i)
+            out[name]["step_times_s"].append(dt)
+            out[name]["losses"].append(loss)
+    for name in ("compute", "compute_alone"):
+        out[name]["per_rank_s"] = systems[name].per_rank
+    return out
 
 
-def worker(spec_path: Path) -> None:
-    spec = json.loads(spec_path.read_text())
-    s = Setup(**spec["setup"])
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+def worker(rank: int, world: int, system: str, setup: dict[str, Any], plan: str | None) -> dict[str, Any]:
+    """One rank of one run, in the gloo group ``launch`` started it in: its ``RankResult``."""
+    s = Setup(**setup)
     extra: dict[str, Any] = {}
-    if spec["system"] == "alternating":
+    if system == "alternating":
         # torchpp's allocator policy (train() sets it) is process-wide: the peer and the bare stage
         # compute in these processes run under it too, so their ratios compare pipelines alone
         from torchpp.runtime.allocator import retain_freed_memory
 
         retain_freed_memory()
     with RssSampler() as rss:
-        if spec["system"] == "single":
+        if system == "single":
             times, losses = _run_single(s)
-        elif spec["system"] == "torchpp":
-            times, losses = _run_torchpp(s, Path(spec["plan"]))
-        elif spec["system"] == "peer":
+        elif system == "torchpp":
+            times, losses = _run_torchpp(s, Path(plan))
+        elif system == "peer":
             times, losses = _run_peer(s, rank, world)
         else:
-            extra = _run_alternating(s, Path(spec["plan"]), rank, world)
+            extra = _run_alternating(s, Path(plan), rank, world)
             times, losses = [], []
     hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    res = RankResult(system=spec["system"], ranks=world, rank=rank, step_times_s=times, losses=losses,
-                     peak_rss_bytes=rss.peak, hwm_bytes=hwm, alternating=extra)
-    Path(spec["result"].format(rank=rank)).write_text(json.dumps(asdict(res)))
+    return asdict(RankResult(system=system, ranks=world, rank=rank, step_times_s=times, losses=losses,
+                             peak_rss_bytes=rss.peak, hwm_bytes=hwm, alternating=extra))
 
 
 # ----------------------------------------------------------------------------- the parent
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def launch(system: str, world: int, s: Setup, out: Path, tag: str, plan: Path | None) -> list[RankResult]:
-    """Run one configuration in ``world`` fresh processes; kill them all if any fails or overruns."""
+    """Run one configuration in ``world`` fresh processes (``torchpp.runtime.launch``: one gloo
+    group, each rank's output in ``runs/<tag>_rank<r>.log``, all killed if any fails or overruns)."""
+    from torchpp.runtime.launch import RankError, RanksTimedOut, run_ranks
+
     runs = out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    spec = runs / f"{tag}.json"
-    result = runs / f"{tag}_rank{{rank}}.result.json"
-    spec.write_text(json.dumps({"system": system, "setup": asdict(s), "plan": str(plan) if plan else None,
-                                "result": str(result)}))
-    port = _free_port()
-    procs: list[subprocess.Popen] = []
-    logs = []
-    deadline = time.monotonic() + s.timeout_s + 60 + 10 * (s.warmup + s.steps) * 3
+    deadline_s = s.timeout_s + 60 + 10 * (s.warmup + s.steps) * 3
     try:
-        for r in range(world):
-            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-                       PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-            log = open(runs / f"{tag}_rank{r}.log", "w")
-            logs.append(log)
-            procs.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(spec)],
-                                          env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
-        while any(p.poll() is None for p in procs):
-            if any(p.poll() not in (None, 0) for p in procs):
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{tag}: ranks still running after the deadline; killed (logs in {runs})")
-            time.sleep(0.1)
-        bad = [(r, p.returncode) for r, p in enumerate(procs) if p.poll() not in (None, 0)]
-        if bad:
-            r = bad[0][0]
-            tail = (runs / f"{tag}_rank{r}.log").read_text()[-3000:]
-            raise RuntimeError(f"{tag}: rank {r} exited with code {bad[0][1]}:\n{tail}")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        for log in logs:
-            log.close()
-    return [RankResult(**json.loads(Path(str(result).format(rank=r)).read_text())) for r in range(world)]
+        got = run_ranks(world, worker, system, asdict(s), str(plan) if plan else None, timeout_s=deadline_s,
+                        pg_timeout_s=s.timeout_s, threads=1, log=str(runs / f"{tag}_rank{{rank}}.log"))
+    except (RankError, RanksTimedOut) as e:
+        raise RuntimeError(f"{tag}: {e} (logs in {runs})") from e
+    return [RankResult(**r) for r in got]
 
 
 def profile(s: Setup):
@@ -615,7 +563,6 @@ def chart(rows: list[Row], path: Path, title: str) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--quick", action="store_true", help="qwen3-tiny, batch 8 x 32, 4 micro-batches, few steps")
     p.add_argument("--model", default=None, help="preset (default qwen3-small; --quick: qwen3-tiny)")
     p.add_argument("--layers", type=int, default=None, help="keep only the first N decoder layers")
@@ -635,9 +582,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    if a.worker is not None:
-        worker(a.worker)
-        return 0
     q = a.quick
     s = Setup(model=a.model or ("qwen3-tiny" if q else "qwen3-small"), layers=a.layers,
               batch=a.batch or (8 if q else 16), seq_len=a.seq_len or (32 if q else 128),

@@ -1,73 +1,68 @@
-"""Run training cases on real gloo process groups in spawned processes, with a hard deadline.
+"""Multi-rank tests on the one launcher (``torchpp.runtime.launch``): training cases on a pool
+of gloo ranks, and a decorator that runs a test's body on every rank.
 
-The processes are started once (importing torch and transformers is the slow part) and run
-every case in turn; a case with a smaller world leaves the higher ranks idle. Each case
-joins its own process group through a FileStore in the work directory (no port races).
+The pool's processes are started once (importing torch and transformers is the slow part) and
+run every case in turn; a case with a smaller world leaves the higher ranks idle. Each case
+joins its own process group (a FileStore in the pool's temp dir, so no port races).
 """
 from __future__ import annotations
 
+import functools
+import importlib
+import inspect
 import json
-import os
 import time
-import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-import torch.multiprocessing as mp
+from torchpp.runtime.launch import RankPool, run_ranks
 
 
-def _worker(rank: int, cases: list[dict[str, Any]], workdir: str) -> None:
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
+def _train_case(rank: int, world: int, case: dict[str, Any]) -> None:
     from torchpp.runtime.trainer import TrainConfig, train
 
-    torch.set_num_threads(1)
-    for i, case in enumerate(cases):
-        world = case["world_size"]
-        if rank >= world:
-            continue
-        try:
-            dist.init_process_group("gloo", init_method=f"file://{workdir}/store_{i}", rank=rank, world_size=world,
-                                    timeout=datetime.timedelta(seconds=case.get("timeout_s", 60)))
-            cfg = TrainConfig(**case["config"])
-            summary = train(cfg)
-            if rank == 0:
-                Path(case["result"]).write_text(json.dumps({"losses": summary.losses, "start": summary.start_step}))
-            dist.destroy_process_group()
-        except BaseException:
-            Path(workdir, f"error_case{i}_rank{rank}.txt").write_text(traceback.format_exc())
-            os._exit(1)
+    summary = train(TrainConfig(**case["config"]))
+    if rank == 0:
+        Path(case["result"]).write_text(json.dumps({"losses": summary.losses, "start": summary.start_step}))
 
 
 def run_cases(cases: list[dict[str, Any]], nprocs: int, workdir: Path, timeout_s: float = 300.0) -> None:
-    """Run ``cases`` on ``nprocs`` spawned ranks; raise with the first error's traceback."""
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(r, cases, str(workdir)), daemon=True) for r in range(nprocs)]
-    for p in procs:
-        p.start()
+    """Run ``cases`` one after another on ``nprocs`` ranks, all within ``timeout_s``; raise
+    ``RankError`` (rank and traceback) for the first failure, ``RanksTimedOut`` at the deadline.
+    ``workdir`` is where the cases write; the pool keeps its own stores elsewhere."""
     deadline = time.monotonic() + timeout_s
-    try:
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-            if p.exitcode not in (0, None):
-                break
-    finally:
-        alive = [p for p in procs if p.is_alive()]
-        for p in alive:
-            p.kill()
-            p.join(5)
-    errors = sorted(workdir.glob("error_case*_rank*.txt"))
-    if errors:
-        raise AssertionError(f"{errors[0].name}:\n{errors[0].read_text()}")
-    if alive:
-        raise TimeoutError(f"ranks {[procs.index(p) for p in alive]} still running after {timeout_s:.0f} s")
-    bad = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode != 0]
-    if bad:
-        raise AssertionError(f"ranks exited with codes {bad}")
+    with RankPool(nprocs, threads=1) as pool:
+        for case in cases:
+            pool.run(_train_case, case, world=case["world_size"], timeout_s=max(1.0, deadline - time.monotonic()),
+                     pg_timeout_s=case.get("timeout_s", 60))
+
+
+class _Body:
+    """A decorated test's own function, found by name in the rank (the module attribute is the
+    wrapper that launches it, so the function cannot be pickled by reference itself)."""
+
+    def __init__(self, module: str, name: str):
+        self.module, self.name = module, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        wrapper = getattr(importlib.import_module(self.module), self.name)
+        return wrapper.__wrapped__(*args, **kwargs)
+
+
+def on_ranks(world: int, timeout_s: float = 60.0, threads: int = 1) -> Callable:
+    """Decorator: the test's body ``body(rank, world, **fixtures)`` runs on ``world`` gloo ranks
+    within ``timeout_s``; the test fails with the failing rank's traceback."""
+    def wrap(body: Callable) -> Callable:
+        target = _Body(body.__module__, body.__qualname__)
+
+        @functools.wraps(body)
+        def test(*args: Any, **kwargs: Any) -> None:
+            run_ranks(world, target, *args, timeout_s=timeout_s, threads=threads, **kwargs)
+
+        params = list(inspect.signature(body).parameters.values())[2:]  # pytest fills the rest
+        test.__signature__ = inspect.Signature(params)
+        return test
+    return wrap
 
 
 def single_process_losses(model, opt, data, steps: int) -> list[float]:

@@ -171,24 +171,17 @@ def test_probe_needs_a_distributed_environment(monkeypatch, capsys):
 @pytest.mark.slow
 def test_probe_on_loopback_writes_both_files(tmp_path):
     """Two processes on 127.0.0.1 (no privileges needed): every ordered pair, CSV and JSON agree."""
-    import socket
+    import os
     import subprocess
     import sys
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank, host in enumerate(("left", "right")):
-        env = {**__import__("os").environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "HOST": host, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-m", "torchpp", "bandwidth", "probe", "--out-dir",
-                                       str(tmp_path), "--sizes", "64K,256K", "--repeats", "2", "--timeout", "60"],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    try:
-        outs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
+
+    from torchpp.runtime.launch import popen_ranks, wait_ranks
+    procs = popen_ranks([sys.executable, "-m", "torchpp", "bandwidth", "probe", "--out-dir", str(tmp_path), "--sizes",
+                         "64K,256K", "--repeats", "2", "--timeout", "60"], 2,
+                        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+                        per_rank=lambda rank: {"HOST": ("left", "right")[rank]},
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    outs = [out for _, out, _ in wait_ranks(procs, timeout_s=120)]
     assert [p.returncode for p in procs] == [0, 0], outs
     from torchpp.formats import Bandwidth
     bw = Bandwidth.load(tmp_path / "bandwidth.json")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,14 +18,9 @@ from dist_harness import run_cases
 from torchpp.models.presets import load_config, model_info
 from torchpp.models.stages import read_tensors, safetensors_index
 from torchpp.planner.simple import make_plan
+from torchpp.runtime.launch import popen_ranks, wait_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -36,30 +30,10 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def launch(args: list[str], world: int, port: int | None = None) -> list[subprocess.Popen]:
-    """What torchrun does for one node, without its agent: one process per rank, env://."""
-    port = port or _free_port()
-    procs = []
-    for r in range(world):
-        env = _env(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, "-m", "torchpp.train", *args], env=env, cwd=ROOT,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    return procs
-
-
-def finish(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str, str]]:
-    out, deadline = [], time.monotonic() + timeout
-    try:
-        for p in procs:
-            o, e = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            out.append((p.returncode, o, e))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return out
+def launch(args: list[str], world: int) -> list[subprocess.Popen]:
+    """`torchpp.train` once per rank, as torchrun starts it on one node (env://, a free port)."""
+    return popen_ranks([sys.executable, "-m", "torchpp.train", *args], world, env=_env(), cwd=ROOT,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def write_plan(path: Path, model: str = "qwen3-tiny", layers=((0, 2), (2, 4)), groups=(1, 1), mbs: int = 2,
@@ -86,7 +60,7 @@ def test_bad_plan_fails_on_every_rank_before_any_collective(tmp_path, problem):
     if problem == "model":
         args += ["--model", "llama-tiny"]  # untied; the plan says tied
     procs = launch(args, world=2)
-    results = finish(procs, timeout=150)
+    results = wait_ranks(procs, timeout_s=150)
     for rank, (code, _, err) in enumerate(results):
         lines = [ln for ln in err.splitlines() if "torchpp.train" in ln]
         assert code == 2, err[-2000:]
