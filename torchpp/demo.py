@@ -442,7 +442,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cli import UsageError
+    from .errors import UsageError
 
     cfg = DemoConfig.quick() if args.quick else DemoConfig()
     if args.model:

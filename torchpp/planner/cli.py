@@ -13,20 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _bool(text: str) -> bool:
-    if text.lower() in ("true", "1", "yes"):
-        return True
-    if text.lower() in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+from ..argtypes import boolean as _bool, ints as _ints
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -85,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_fixed(args: argparse.Namespace) -> int:
-    from ..cli import UsageError
+    from ..errors import UsageError
     from ..models.presets import ModelSpecError, load_config, model_info
     from ..schedules import build
     from .simple import dp_plan, even_plan, pp_plan
@@ -118,7 +105,7 @@ def run_fixed(args: argparse.Namespace) -> int:
 
 
 def run_search(args: argparse.Namespace) -> int:
-    from ..cli import UsageError
+    from ..errors import UsageError
     from ..formats import Bandwidth, Capacities, Devices, FormatError, LayersFile, MemoryModel
     from .cost import Links, Profiles
     from .memory import ANALYTIC_KP, MemoryEstimator
@@ -238,7 +225,7 @@ def apply_fixed_ranks(plan, devices) -> bool:
 
 def compare_plans(args, plan, pb, budget) -> list[dict]:
     """Price fixed strategies (and plan files) on the same devices, micro-batching and costs."""
-    from ..cli import UsageError
+    from ..errors import UsageError
     from ..formats import Plan
     from .report import predict
     from .search import fmt_bytes

@@ -529,7 +529,7 @@ def capacity(profiles: Profiles, ref: str, host: str, batch: int) -> float:
 
 # ----------------------------------------------------------------------------- the command
 def configure(p: argparse.ArgumentParser) -> None:
-    from .cli import _ints
+    from ..argtypes import ints as _ints
 
     p.add_argument("--plan", type=Path, required=True, help="plan.json the traced run used")
     p.add_argument("--traces", type=Path, required=True, help="folder with the run's timeline_step<N>_all.json")
@@ -576,7 +576,7 @@ def _budgets(args, plan: Plan, plan_src: str) -> tuple[list[str], dict[str, floa
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import UsageError
+    from ..errors import UsageError
     from .cli import search_and_write
 
     plan_src = str(args.plan)
