@@ -247,7 +247,7 @@ def test_fixed_strategies_still_work(tmp_path):
 
 def test_devices_json_ranks_are_kept_when_complete():
     from torchpp.formats import Devices, validate_plan
-    from torchpp.planner.cli import apply_fixed_ranks
+    from torchpp.planner.api import apply_fixed_ranks
     from torchpp.planner.simple import make_plan
     from torchpp.schedules import build
 

@@ -5,6 +5,9 @@ import argparse
 import importlib
 import os
 import sys
+from typing import Sequence
+
+from .errors import UsageError  # noqa: F401  (re-exported: `torchpp.cli.UsageError`)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -26,30 +29,49 @@ VERBS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Two-word verbs ("bandwidth parse") become sub-verbs of their first word."""
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of `torchpp`; two-word verbs ("bandwidth parse") become sub-verbs of their first word.
+
+    With ``argv`` only the verb it names is configured (its module imported), so `torchpp --help`
+    and a verb that needs neither torch nor transformers start without them; without ``argv``
+    every verb is (the whole command line, for documentation and tests).
+    """
     parser = argparse.ArgumentParser(prog="torchpp", description=__doc__)
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     groups: dict[str, argparse._SubParsersAction] = {}
-    for verb, (module, help_) in VERBS.items():
+    parsers: dict[str, argparse.ArgumentParser] = {}
+    for verb, (_, help_) in VERBS.items():
         head, _, tail = verb.partition(" ")
         if tail:
             if head not in groups:
                 groups[head] = sub.add_parser(head, help=f"{head} commands").add_subparsers(
                     dest="subverb", metavar="SUBVERB", required=True)
-            p = groups[head].add_parser(tail, help=help_, description=help_)
+            parsers[verb] = groups[head].add_parser(tail, help=help_, description=help_)
         else:
-            p = sub.add_parser(verb, help=help_, description=help_)
-        importlib.import_module(module).configure(p)
+            parsers[verb] = sub.add_parser(verb, help=help_, description=help_)
+    for verb in (VERBS if argv is None else chosen_verbs(argv)):
+        importlib.import_module(VERBS[verb][0]).configure(parsers[verb])
     return parser
 
 
-class UsageError(ValueError):
-    """Bad user input: printed as one line naming the argument, exit code 2."""
+def chosen_verbs(argv: Sequence[str]) -> list[str]:
+    """The verb ``argv`` names (``[]`` when it names none: `torchpp --help`, `torchpp bandwidth`).
+
+    The top-level parser takes no options but ``-h``, so the first two words that are not options
+    say which verb runs; anything else is left for argparse to report.
+    """
+    words = [a for a in argv if not a.startswith("-")][:2]
+    if not words:
+        return []
+    if words[0] in VERBS:
+        return [words[0]]
+    pair = " ".join(words)
+    return [pair] if pair in VERBS else []
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

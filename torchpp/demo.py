@@ -203,18 +203,13 @@ class Measured:
 def price_fixed(path: Path, m: Measured) -> None:
     """Give a fixed-strategy plan the planner's prediction (step time, per-device memory) from
     the same measurements as the searched plan, so analyze compares its memory too."""
-    from .formats import Bandwidth, Capacities, Devices, LayersFile, MemoryModel, Plan
-    from .cost import Links, Profiles
-    from .cost import MemoryEstimator
-    from .planner.report import predict
+    from .formats import Plan
+    from .planner import api
 
     plan = Plan.load(path)
-    prof = Profiles.from_layers([LayersFile.load(f) for f in m.files], Capacities.load(m.capacities),
-                                [str(f) for f in m.files], str(m.capacities))
-    memory = MemoryEstimator.fitted(MemoryModel.load(m.memory), str(m.memory))
-    dv = Devices.load(m.devices)
-    budget = memory.budgets({h: dv.memory_bytes(h) for h in dv.hosts})
-    plan.predicted, _ = predict(plan, prof, Links(Bandwidth.load(m.bandwidth), str(m.bandwidth)), memory, budget)
+    costs = api.load(api.PlanInputs(layers=list(m.files), capacities=m.capacities, bandwidth=m.bandwidth,
+                                    devices=m.devices, memory_model=m.memory))
+    plan.predicted = api.predict_plan(plan, costs)
     plan.save(path)
 
 
@@ -442,7 +437,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cli import UsageError
+    from .errors import UsageError
 
     cfg = DemoConfig.quick() if args.quick else DemoConfig()
     if args.model:

@@ -93,7 +93,7 @@ def configure_throttle(p: argparse.ArgumentParser) -> None:
 
 def _throttle_proc(args: argparse.Namespace) -> int:
     import psutil
-    from ..cli import UsageError
+    from ..errors import UsageError
     from . import cgroups
     from .units import parse_size
 
@@ -154,7 +154,7 @@ def _parse_shape(rate, delay, loss):
 
 
 def _throttle_net(args: argparse.Namespace) -> int:
-    from ..cli import UsageError
+    from ..errors import UsageError
     from . import tc
 
     try:
@@ -275,7 +275,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
 
 
 def _cluster_run(args: argparse.Namespace) -> int:
-    from ..cli import UsageError
+    from ..errors import UsageError
     from . import cluster
     cmd = _command(args)
     if not cmd:

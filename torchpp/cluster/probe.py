@@ -172,7 +172,7 @@ def write(results: list[PairResult], out_dir: Path, csv_name: str, json_name: st
 def run(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
-    from ..cli import UsageError
+    from ..errors import UsageError
     missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
     if missing:
         raise UsageError(f"needs {', '.join(missing)} in the environment: run under torchrun or "

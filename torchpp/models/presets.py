@@ -9,12 +9,13 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable
-
-import torch
-from transformers import AutoConfig, GPT2Config, LlamaConfig, PretrainedConfig, Qwen3Config
+from typing import TYPE_CHECKING, Any, Iterable
 
 from ..formats import ModelInfo
+
+if TYPE_CHECKING:  # torch and transformers are imported where used: reading a preset's name costs neither
+    import torch
+    from transformers import PretrainedConfig
 
 # Real Qwen3-0.6B dimensions (28 layers, tied embeddings, 151,936-token vocabulary).
 _QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
@@ -34,14 +35,28 @@ _GPT2_TINY = dict(vocab_size=512, n_embd=64, n_layer=4, n_head=4, n_positions=20
                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
                   bos_token_id=0, eos_token_id=0)
 
-PRESETS: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
-    "qwen3-0.6b": (Qwen3Config, _QWEN3_06B),
-    "qwen3-small": (Qwen3Config, _QWEN3_SMALL),
-    "qwen3-tiny": (Qwen3Config, _QWEN3_TINY),
-    "llama-tiny": (LlamaConfig, _LLAMA_TINY),
-    "gpt2-tiny": (GPT2Config, _GPT2_TINY),
+# preset -> (transformers config class name, its arguments)
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3-0.6b": ("Qwen3Config", _QWEN3_06B),
+    "qwen3-small": ("Qwen3Config", _QWEN3_SMALL),
+    "qwen3-tiny": ("Qwen3Config", _QWEN3_TINY),
+    "llama-tiny": ("LlamaConfig", _LLAMA_TINY),
+    "gpt2-tiny": ("GPT2Config", _GPT2_TINY),
 }
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+def torch_dtypes() -> dict[str, "torch.dtype"]:
+    import torch
+
+    return {name: getattr(torch, name) for name in DTYPE_NAMES}
+
+
+def __getattr__(name: str) -> Any:
+    """``presets.DTYPES`` (name -> torch dtype) is built on first use, so importing presets imports no torch."""
+    if name == "DTYPES":
+        return torch_dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ModelSpecError(ValueError):
@@ -61,8 +76,10 @@ def load_config(model: str, num_layers: int | None = None, attn_implementation: 
     Raises :class:`ModelSpecError` naming the feature when torchpp cannot train the model
     exactly as HF does, so ``plan``, ``profile`` and ``train`` all refuse it up front."""
     if model in PRESETS:
+        import transformers
+
         cls, kw = PRESETS[model]
-        cfg = cls(**kw)
+        cfg = getattr(transformers, cls)(**kw)
     else:
         p = Path(model)
         if not (p.is_dir() and (p / "config.json").is_file()):
@@ -70,6 +87,8 @@ def load_config(model: str, num_layers: int | None = None, attn_implementation: 
                                  "checkpoint directory with config.json")
         refuse_remote_code(p)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from transformers import AutoConfig
+
         cfg = AutoConfig.from_pretrained(str(p), local_files_only=True, trust_remote_code=False)
     cfg._attn_implementation = choose_attn_implementation(cfg, attn_implementation)
     if num_layers is not None:
@@ -118,6 +137,8 @@ _CHECKED: dict[str, str | None] = {}
 
 def _unsupported(cfg: PretrainedConfig) -> str | None:
     """Build the model on the meta device (no memory) and look at what a stage would run."""
+    import torch
+
     from .blocks import UnsupportedModelError, find_parts
     from .semantics import unsupported_feature
 
@@ -192,9 +213,17 @@ def _param_seed(seed: int, name: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
 
 
-@torch.no_grad()
 def init_parameters(model: torch.nn.Module, seed: int, std: float, names: Iterable[str] | None = None) -> None:
     """Deterministic per-name init: norms one, biases zero, everything else N(0, std)."""
+    import torch
+
+    with torch.no_grad():
+        _init_parameters(model, seed, std, names)
+
+
+def _init_parameters(model: torch.nn.Module, seed: int, std: float, names: Iterable[str] | None) -> None:
+    import torch
+
     wanted = set(names) if names is not None else None
     for name, p in model.named_parameters():
         if wanted is not None and name not in wanted:
@@ -214,6 +243,7 @@ def build_model(model: str, *, seed: int = 0, dtype: str = "float32", num_layers
     """The whole causal LM: a preset with seeded init, or a local checkpoint's weights."""
     from transformers import AutoModelForCausalLM
 
+    DTYPES = torch_dtypes()
     if dtype not in DTYPES:
         raise ModelSpecError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
     cfg = config or load_config(model, num_layers)

@@ -150,7 +150,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import UsageError
+    from ..errors import UsageError
     from ..models.presets import ModelSpecError, load_config, num_hidden_layers
 
     lf = LayersFile.load(args.layers)

@@ -523,7 +523,7 @@ def capacity(profiles: Profiles, ref: str, host: str, batch: int) -> float:
 
 # ----------------------------------------------------------------------------- the command
 def configure(p: argparse.ArgumentParser) -> None:
-    from .cli import _ints
+    from ..argtypes import ints as _ints
 
     p.add_argument("--plan", type=Path, required=True, help="plan.json the traced run used")
     p.add_argument("--traces", type=Path, required=True, help="folder with the run's timeline_step<N>_all.json")
@@ -570,8 +570,8 @@ def _budgets(args, plan: Plan, plan_src: str) -> tuple[list[str], dict[str, floa
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import UsageError
-    from .cli import search_and_write
+    from ..errors import UsageError
+    from . import api
 
     plan_src = str(args.plan)
     plan = Plan.load(args.plan)
@@ -700,10 +700,11 @@ def run(args: argparse.Namespace) -> int:
     repriced, _ = price(plan, prof2, links2, opt or None)
 
     # ------------------------------------------------------------------ plan again
-    sargs = argparse.Namespace(
+    options = api.PlanOptions(
         global_batch=args.global_batch or plan.global_batch, schedule=args.schedule or plan.schedule,
-        max_stages=args.max_stages, micro_batch_sizes=args.micro_batch_sizes, no_recompute=args.no_recompute,
-        exact_devices=args.exact_devices, max_group=args.max_group, compare=args.compare, out_dir=out)
+        max_stages=args.max_stages, micro_batch_sizes=args.micro_batch_sizes, recompute=not args.no_recompute,
+        exact_devices=args.exact_devices, max_group=args.max_group,
+        compare=api.compare_names(args.compare))
     summary = {
         "format": "torchpp.replan_summary/1",
         "plan": plan_src, "traces": str(args.traces), "timelines": meas.files,
@@ -744,11 +745,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"old plan: measured {meas.step_time_s:.4g} s, predicted "
           + (f"{old_pred:.4g} s" if old_pred is not None else "(none)")
           + f", re-priced with corrected costs {repriced:.4g} s")
-    new_plan, _ = search_and_write(sargs, prof2, links2, hosts, budget, memory,
-                                   {"layers": written["layers"], "bandwidth": written["bandwidth"],
-                                    **{k: written[k] for k in ("memory_model", "devices") if k in written}},
-                                   devices, opt or None, extra_meta={"replan": {"from_plan": plan_src,
-                                                                                "traces": str(args.traces)}})
+    costs = api.Costs(profiles=prof2, links=links2, hosts=hosts, budget=budget, memory=memory, devices=devices,
+                      optimizer_s_per_byte=opt or None,
+                      sources={"layers": written["layers"], "bandwidth": written["bandwidth"],
+                               **{k: written[k] for k in ("memory_model", "devices") if k in written}})
+    result = api.plan(costs, options, progress=print,
+                      extra_meta={"replan": {"from_plan": plan_src, "traces": str(args.traces)}})
+    api.write(result, out)
+    print(api.written_text(out), end="")
+    new_plan = result.plan
     new_step = float(new_plan.predicted["step_time_s"])
     summary["new_plan"] = {"predicted_step_time_s": new_step, "stages": [
         {"layers": list(s.layers), "hosts": [d.host for d in s.devices], "samples": [d.samples for d in s.devices],

@@ -5,7 +5,7 @@ import argparse
 import socket
 from pathlib import Path
 
-from ..models.presets import DTYPES, ModelSpecError
+from ..models.presets import DTYPE_NAMES, ModelSpecError
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -14,7 +14,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=128, help="tokens per sample (default 128)")
     p.add_argument("--batch", default="2", help="samples per step (default 2); a list such as 1,4 measures every "
                    "size and fits each block's per-call time (the largest size gives the block times)")
-    p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)")
+    p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPE_NAMES)} (default float32)")
     p.add_argument("--iters", type=int, default=6, help="counted steps (default 6)")
     p.add_argument("--warmup", type=int, default=2, help="steps run first and not counted (default 2)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
@@ -29,7 +29,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import UsageError
+    from ..errors import UsageError
     from ..trace.chrome import TraceWriter
     from ..models.presets import load_config
     from .measure import ProfileConfig, format_summary, max_positions, measure_layers, stderr_progress

@@ -28,7 +28,7 @@ def _add_priorities(p: argparse.ArgumentParser) -> None:
 
 
 def _priorities(args: argparse.Namespace):
-    from ..cli import UsageError
+    from ..errors import UsageError
     from .model import COMM_TYPES, Priorities, SimError
 
     shared = None
@@ -157,7 +157,7 @@ def _print_utilisation(result) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ..cli import UsageError
+    from ..errors import UsageError
     from ..formats import FormatError, SimParams
     from .model import SimError
     from .parametric import parametric_plan, run_params

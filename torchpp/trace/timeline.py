@@ -20,14 +20,14 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from ..schedules import Action, Kind
 from ..formats import write_json
 from .chrome import TraceWriter, merge
+
+if TYPE_CHECKING:  # torch is imported where used: writing a predicted trace needs none
+    import torch
 
 _CLOCK_TAG = 1 << 30
 _P2P_NAMES = {Kind.SEND_ACT: ("send", "send_act"), Kind.SEND_GRAD: ("send", "send_grad"),
@@ -49,6 +49,9 @@ def sync_clocks(rank: int, world_size: int, rounds: int = 16) -> ClockSync:
     base = time.perf_counter()
     if world_size == 1:
         return ClockSync(base, 0.0, 0.0)
+    import torch
+    import torch.distributed as dist
+
     buf = torch.zeros(1, dtype=torch.float64)
     if rank == 0:
         for r in range(1, world_size):
@@ -149,6 +152,8 @@ class StepRecorder:
 
     def end(self, name: str, inp: torch.Tensor | None, out: torch.Tensor) -> None:
         t1 = time.perf_counter()
+        import torch
+
         t0 = self._open.pop(name, t1)
         mb = self._mb
         self.writer.complete(self.rank, "blocks", name, self._t(t0), t1 - t0,

@@ -1,0 +1,370 @@
+"""The planning API: inputs and options as dataclasses -> a plan, its prediction and its files.
+
+`torchpp plan` (planner/cli.py), `torchpp replan` and the demo all plan through here, so they
+search, price, compare and write the same way; none of them builds another's arguments.
+
+    costs = load(PlanInputs(layers=[...], bandwidth=bw, devices=dv, capacities=cap))
+    result = plan(costs, PlanOptions(global_batch=32, compare=["even", "dp"]))
+    write(result, Path("out"))        # plan.json, stages.csv, steps.csv, plan_meta.json, summary.txt, gantt.png
+
+Library code: it raises (``UsageError``/``FormatError``/``InfeasibleError``) and reports
+progress through a callback, never prints.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..errors import UsageError
+from ..formats import Bandwidth, Capacities, Devices, FormatError, LayersFile, MemoryModel, Plan
+
+Progress = Callable[[str], None] | None
+OUTPUTS = ("plan.json", "stages.csv", "steps.csv", "plan_meta.json", "summary.txt", "gantt.png")
+SCHEDULES = ("1f1b", "gpipe")
+STRATEGIES = ("even", "dp", "pp")
+
+
+# ----------------------------------------------------------------------------- inputs
+@dataclass(kw_only=True)
+class Estimate:
+    """No measurements: block costs from a model's config, device speeds and links from a spec."""
+    model: str
+    """Preset name or local HF checkpoint directory."""
+    device_spec: Path
+    """``{"devices": {host: {flops, memory_gb}}, "link_gbps", "latency_ms", "links"}`` (planner/estimate.py)."""
+    dtype: str = "float32"
+
+
+@dataclass(kw_only=True)
+class PlanInputs:
+    """The files a plan is made from: measured layers files, or an :class:`Estimate`."""
+    layers: list[Path] = field(default_factory=list)
+    """layers_<host>.json, one per measured host."""
+    estimate: Estimate | None = None
+    capacities: Path | None = None
+    """capacities.json: prices hosts without a layers file."""
+    bandwidth: Path | None = None
+    """bandwidth.json (measured mode; the estimate's links come from its spec)."""
+    devices: Path | None = None
+    """devices.json: the devices to plan for and their memory (estimate mode: a subset of the spec's)."""
+    memory_model: Path | None = None
+    """memory_model.json from calibrate-memory; None: the analytic model."""
+    activation_factor: float | None = None
+    """Analytic memory: bytes kept per byte of block output (None: the model's default)."""
+    tied_embed: bool | None = None
+    """Override the model's tied embeddings."""
+    seq_len: int | None = None
+    """Estimate: tokens per sample (default 128); measured: must equal the layers files'."""
+    optimizer_s_per_gb: float = 0.0
+    """Optimizer step seconds per GB of parameters (not measured by profile)."""
+
+    def __post_init__(self) -> None:
+        if (self.estimate is None) == (not self.layers):
+            raise ValueError("PlanInputs: give layers files or an estimate, not both or neither")
+        if self.estimate is None and (self.bandwidth is None or self.devices is None):
+            raise ValueError(f"PlanInputs: measured layers need bandwidth and devices files, got "
+                             f"bandwidth={self.bandwidth}, devices={self.devices}")
+
+
+@dataclass(kw_only=True)
+class Costs:
+    """Loaded inputs, what the search prices with (``replan`` builds one from corrected costs)."""
+    profiles: Any
+    """cost.Profiles: per-host block times."""
+    links: Any
+    """cost.Links: per-link rate and latency."""
+    hosts: list[str]
+    budget: dict[str, float]
+    """Memory per host in bytes that the plan may use."""
+    memory: Any
+    """cost.MemoryEstimator (None only while :func:`load` reads the files)."""
+    devices: Devices | None = None
+    """devices.json: its ranks are kept when every planned host has one."""
+    optimizer_s_per_byte: float | dict[str, float] | None = None
+    sources: dict[str, Path | list[Path]] = field(default_factory=dict)
+    """Input files, hashed into plan.json's ``inputs``."""
+
+
+# ----------------------------------------------------------------------------- options
+@dataclass(kw_only=True)
+class PlanOptions:
+    """How to search: the batch, the schedule and the limits of the plan space."""
+    global_batch: int = 8
+    schedule: str = "1f1b"
+    max_stages: int | None = None
+    micro_batch_sizes: list[int] | None = None
+    """Only these micro-batch sizes (None: every divisor of the global batch)."""
+    recompute: bool = True
+    """Allow recomputing activations."""
+    exact_devices: int = 5
+    """Search every device order up to this many devices."""
+    max_group: int = 8
+    """Largest group beyond ``exact_devices``."""
+    compare: list[str] = field(default_factory=list)
+    """Also price these on the same devices and costs: ``even``, ``dp``, ``pp`` or plan.json files."""
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"PlanOptions.schedule: expected one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+
+
+@dataclass(kw_only=True)
+class Strategy:
+    """A fixed split, no search: ``even`` (S stages of equal layer counts, optionally groups),
+    ``dp`` (one stage over N devices) or ``pp`` (one device per stage)."""
+    name: str = "even"
+    model: str = "qwen3-tiny"
+    num_layers: int | None = None
+    """Keep only the first N decoder layers."""
+    stages: int = 2
+    group_sizes: list[int] | None = None
+    devices: int | None = None
+    """dp: the device count."""
+    hosts: list[str] | None = None
+    """Host names, one per device in rank order."""
+    microbatches: int = 4
+    seq_len: int = 128
+    recompute: bool = False
+
+    def __post_init__(self) -> None:
+        if self.name not in STRATEGIES:
+            raise ValueError(f"Strategy.name: expected one of {', '.join(STRATEGIES)}, got {self.name!r}")
+
+
+# ----------------------------------------------------------------------------- result
+@dataclass(kw_only=True)
+class PlanResult:
+    plan: Plan
+    """The chosen plan with ``predicted`` and ``inputs`` filled in."""
+    problem: Any
+    """planner.search.Problem it was searched on."""
+    timeline: Any
+    """sim.replay.Timeline of its predicted step."""
+    meta: dict[str, Any]
+    """plan_meta.json: the search, the choice, the prediction, the comparison."""
+    compare: list[dict[str, Any]]
+    """One row per compared plan (the chosen one first); empty without ``compare``."""
+
+
+# ----------------------------------------------------------------------------- loading
+def load(inputs: PlanInputs) -> Costs:
+    """Read and check the input files; every device must be priceable."""
+    from ..cost import ANALYTIC_KP, MemoryEstimator
+
+    if inputs.estimate is not None:
+        costs = _load_estimate(inputs, inputs.estimate)
+    else:
+        costs = _load_measured(inputs)
+    if inputs.tied_embed is not None:
+        costs.profiles.model.tied_embeddings = inputs.tied_embed
+    if inputs.memory_model:
+        memory = MemoryEstimator.fitted(MemoryModel.load(inputs.memory_model), str(inputs.memory_model))
+        costs.sources["memory_model"] = inputs.memory_model
+    else:
+        memory = MemoryEstimator.analytic(inputs.activation_factor or ANALYTIC_KP)
+    costs.memory = memory
+    costs.budget = memory.budgets(costs.budget)
+    if inputs.optimizer_s_per_gb:
+        costs.optimizer_s_per_byte = inputs.optimizer_s_per_gb / 1e9
+    return costs
+
+
+def _load_estimate(inputs: PlanInputs, est: Estimate) -> Costs:
+    """Costs without a memory model yet (:func:`load` adds it, after every file is read)."""
+    from ..cost import Links
+    from .estimate import estimate_profiles
+
+    prof, bw, budget = estimate_profiles(est.model, str(est.device_spec), inputs.seq_len or 128, est.dtype)
+    hosts, devices = list(budget), None
+    if inputs.devices:
+        devices = Devices.load(inputs.devices)
+        unknown = [h for h in devices.hosts if h not in budget]
+        if unknown:
+            raise FormatError(str(inputs.devices), unknown[0], f"a device of {est.device_spec}")
+        hosts = devices.hosts
+        budget = {h: devices.memory_bytes(h) for h in hosts}
+    return Costs(profiles=prof, links=Links(bw, str(est.device_spec)), hosts=hosts, budget=budget, memory=None,
+                 devices=devices, sources={"device_spec": est.device_spec})
+
+
+def _load_measured(inputs: PlanInputs) -> Costs:
+    """Costs without a memory model yet (:func:`load` adds it, after every file is read)."""
+    from ..cost import Links, Profiles
+
+    paths = [Path(x) for x in inputs.layers]
+    files = [LayersFile.load(x) for x in paths]
+    cap = Capacities.load(inputs.capacities) if inputs.capacities else None
+    prof = Profiles.from_layers(files, cap, [str(x) for x in paths], str(inputs.capacities or "capacities.json"))
+    if inputs.seq_len and inputs.seq_len != prof.seq_len:
+        raise UsageError(f"--seq-len: the layers files were measured at {prof.seq_len}; re-profile to plan "
+                         f"for {inputs.seq_len}")
+    dv = Devices.load(inputs.devices)
+    for h in dv.hosts:  # every device must be priceable: its own layers file or a capacity
+        if h not in prof.fwd and (cap is None or h not in cap.capacity):
+            raise FormatError(str(inputs.devices), h, "a host with a layers file or an entry in capacities.json "
+                              f"(measured: {', '.join(sorted(prof.fwd))})")
+    bw = Bandwidth.load(inputs.bandwidth)
+    return Costs(profiles=prof, links=Links(bw, str(inputs.bandwidth)), hosts=dv.hosts,
+                 budget={h: dv.memory_bytes(h) for h in dv.hosts}, memory=None, devices=dv,
+                 sources=dict(layers=paths, capacities=inputs.capacities, bandwidth=inputs.bandwidth,
+                              devices=Path(inputs.devices)))
+
+
+# ----------------------------------------------------------------------------- planning
+def plan(inputs: PlanInputs | Costs, options: PlanOptions, *, progress: Progress = None,
+         extra_meta: dict[str, Any] | None = None) -> PlanResult:
+    """Search the plan space, price the best plan (and the comparisons) and describe the search."""
+    from .report import input_hashes, predict
+    from .search import Problem, search
+
+    costs = load(inputs) if isinstance(inputs, PlanInputs) else inputs
+    prof, hosts, opt = costs.profiles, costs.hosts, costs.optimizer_s_per_byte
+    pb = Problem(profiles=prof, links=costs.links, hosts=hosts, budget=costs.budget, memory=costs.memory,
+                 global_batch=options.global_batch, schedule=options.schedule, max_stages=options.max_stages,
+                 micro_batch_sizes=options.micro_batch_sizes, allow_recompute=options.recompute,
+                 exact_devices=options.exact_devices, max_group=options.max_group, optimizer_s_per_byte=opt)
+    say = progress or (lambda _: None)
+    say(f"planning {prof.model.name} ({prof.model.num_layers} layers) on {len(hosts)} device(s), "
+        f"global batch {options.global_batch}; memory: {costs.memory.source}")
+    res = search(pb, progress=progress)
+    chosen = res.plan
+    if costs.devices is not None:
+        apply_fixed_ranks(chosen, costs.devices)
+    pred, tl = predict(chosen, prof, costs.links, costs.memory, costs.budget, opt)
+    chosen.predicted = pred
+    chosen.inputs = input_hashes(costs.sources)
+    compare = compare_plans(options.compare, chosen, pb, costs.budget, say) if options.compare else []
+    meta = _meta(res, chosen, pb, options, compare, extra_meta)
+    return PlanResult(plan=chosen, problem=pb, timeline=tl, meta=meta, compare=compare)
+
+
+def _meta(res: Any, chosen: Plan, pb: Any, options: PlanOptions, compare: list[dict],
+          extra: dict[str, Any] | None) -> dict[str, Any]:
+    """plan_meta.json: what was searched, what was chosen and what it is predicted to do."""
+    hosts = pb.hosts
+    return {
+        "format": "torchpp.plan_meta/1",
+        "model": pb.profiles.model.name, "hosts": hosts, "global_batch": options.global_batch,
+        "schedule": options.schedule, "host_tables": dict(pb.profiles.origin),
+        "search": {"mode": res.mode, "dp_candidates": res.dp_candidates, "priced": res.candidates_priced,
+                   "planning_time_s": res.planning_time_s, "refined": res.refined, "max_stages": options.max_stages,
+                   "micro_batch_sizes": options.micro_batch_sizes, "recompute": options.recompute,
+                   "candidates": [{"step_time_s": s, "stages": p.num_stages, "micro_batch_size": p.micro_batch_size,
+                                   "devices": p.world_size} for s, p in res.priced]},
+        "chosen": {"stages": chosen.num_stages, "micro_batch_size": chosen.micro_batch_size,
+                   "num_microbatches": chosen.num_microbatches, "devices": chosen.world_size,
+                   "idle": [h for h in hosts if h not in {d.host for s in chosen.stages for d in s.devices}]},
+        "predicted": {k: chosen.predicted[k] for k in ("step_time_s", "throughput_samples_per_s", "lower_bound_s",
+                                                       "ratio_to_lower_bound", "bubble")},
+        "compare": compare, "inputs": chosen.inputs, **(extra or {}),
+    }
+
+
+def write(result: PlanResult, out_dir: Path) -> list[Path]:
+    """Write :data:`OUTPUTS` into ``out_dir``; returns their paths."""
+    from .report import write_outputs
+
+    write_outputs(out_dir, result.plan, result.timeline, result.meta, result.compare)
+    return [out_dir / name for name in OUTPUTS]
+
+
+def written_text(out_dir: Path) -> str:
+    """What `plan` and `replan` show after :func:`write`: the summary and the files written."""
+    return (out_dir / "summary.txt").read_text() + f"wrote {out_dir}/{', '.join(OUTPUTS)}\n"
+
+
+def compare_names(text: str | None) -> list[str]:
+    """``"even,dp,other_plan.json"`` (the ``--compare`` flag) -> :attr:`PlanOptions.compare`."""
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+def predict_plan(p: Plan, costs: Costs) -> dict[str, Any]:
+    """The planner's prediction (step time, bubble, per-device memory) of a given plan."""
+    from .report import predict
+
+    return predict(p, costs.profiles, costs.links, costs.memory, costs.budget, costs.optimizer_s_per_byte)[0]
+
+
+def fixed_plan(strategy: Strategy, options: PlanOptions) -> Plan:
+    """A fixed-strategy plan whose action lists are proven consistent (no search, no costs)."""
+    from ..models.presets import ModelSpecError, load_config, model_info
+    from ..schedules import build
+    from .simple import dp_plan, even_plan, pp_plan
+
+    try:
+        info = model_info(load_config(strategy.model, strategy.num_layers), strategy.model)
+    except ModelSpecError as e:
+        raise UsageError(str(e)) from None
+    kw = dict(seq_len=strategy.seq_len, global_batch=options.global_batch, num_microbatches=strategy.microbatches,
+              schedule=options.schedule, recompute=strategy.recompute, hosts=strategy.hosts)
+    if strategy.name == "dp":
+        if not strategy.devices or strategy.devices < 1:
+            raise UsageError("--devices: expected a positive device count with --strategy dp")
+        out = dp_plan(info, devices=strategy.devices, **kw)
+    elif strategy.name == "pp":
+        out = pp_plan(info, stages=strategy.stages, **kw)
+    else:
+        out = even_plan(info, stages=strategy.stages, group_sizes=strategy.group_sizes, **kw)
+    build(out)  # proves the schedule is consistent before anyone runs it
+    return out
+
+
+def apply_fixed_ranks(p: Plan, devices: Devices) -> bool:
+    """Use devices.json's ranks when every planned host has one and they number 0..W−1."""
+    want = {d.host: devices.devices[d.host].rank for s in p.stages for d in s.devices}
+    if any(r is None for r in want.values()) or sorted(want.values()) != list(range(p.world_size)):
+        return False
+    for s in p.stages:
+        for d in s.devices:
+            d.rank = want[d.host]
+    return True
+
+
+# ----------------------------------------------------------------------------- comparisons
+def compare_plans(names: Sequence[str], chosen: Plan, pb: Any, budget: dict[str, float],
+                  progress: Progress = None) -> list[dict]:
+    """Price fixed strategies (and plan files) on the same devices, micro-batching and costs."""
+    from .report import predict
+    from .search import fmt_bytes
+
+    entries = [("chosen (optimal)", chosen)]
+    for name in names:
+        other = _compared_plan(name, chosen, pb.hosts, progress)
+        if other is not None:
+            entries.append((name, other))
+    out = []
+    for name, p in entries:
+        pred, _ = predict(p, pb.profiles, pb.links, pb.memory, budget, pb.optimizer_s_per_byte)
+        devs = [d for s in pred["stages"] for d in s["devices"]]
+        worst = max(((d["memory_bytes"], d["budget_bytes"] or 0, d["host"]) for d in devs),
+                    key=lambda x: x[0] / max(x[1], 1))
+        oom = any(d["budget_bytes"] is not None and d["memory_bytes"] > d["budget_bytes"] for d in devs)
+        out.append({"name": name, "step_time_s": pred["step_time_s"],
+                    "ratio": pred["step_time_s"] / chosen.predicted["step_time_s"],
+                    "memory": f"{fmt_bytes(worst[0])}/{fmt_bytes(worst[1])} ({worst[2]})", "oom": oom})
+    return out
+
+
+def _compared_plan(name: str, chosen: Plan, hosts: list[str], progress: Progress) -> Plan | None:
+    """``even``/``pp`` over min(devices, layers) stages, ``dp`` over every device, or a plan file."""
+    from .simple import dp_plan, even_plan, pp_plan
+
+    kw = dict(seq_len=chosen.seq_len, global_batch=chosen.global_batch, schedule=chosen.schedule)
+    try:
+        if name in ("even", "pp"):
+            S = min(len(hosts), chosen.model.num_layers)
+            return (even_plan if name == "even" else pp_plan)(chosen.model, stages=S,
+                                                              num_microbatches=chosen.num_microbatches,
+                                                              hosts=hosts[:S], **kw)
+        if name == "dp":
+            m = next(x for x in range(chosen.num_microbatches, 0, -1)
+                     if chosen.global_batch % x == 0 and chosen.global_batch // x >= len(hosts))
+            return dp_plan(chosen.model, devices=len(hosts), num_microbatches=m, hosts=hosts, **kw)
+        return Plan.load(name)
+    except StopIteration:
+        if progress:
+            progress(f"  compare {name}: global batch {chosen.global_batch} too small for {len(hosts)} devices")
+        return None
+    except ValueError as e:
+        raise UsageError(f"--compare {name}: {e}") from None
