@@ -51,27 +51,37 @@ class Run:
 class CommHooks(NamedTuple):
     """What a comm model does at each step of the core (``now`` is the current time)."""
 
-    start_compute: Callable[[int, int, float], None]
-    """(action, rank position, now): the rank starts a compute action."""
+    start_compute: Callable[[int, int, float], None] | None
+    """(action, rank position, now): the rank starts a compute action. None: compute always
+    runs at full speed, so the core pushes ``now + duration`` itself."""
     post_send: Callable[[int, int, float], None]
     """(action, rank position, now): the rank posts a send (the hook sets its start)."""
     start_collective: Callable[[int, float], None]
     """(collective, now): the last member arrived."""
-    compute_done: Callable[[int, int], None]
-    send_done: Callable[[int, int], None]
-    member_done: Callable[[int, int], None]
+    send_done: Callable[[int, int], None] | None
+    """(action, rank position) of a finished send; None: nothing to do."""
+    member_done: Callable[[int, int], None] | None
     """(member action, its rank position): one member of a finished all-reduce."""
     settle: Callable[[float], None]
     """Called with ``Run.dirty`` non-empty before the next event is taken: re-divide channels."""
 
 
 def step(run: Run, hooks: CommHooks) -> None:
-    """Advance every rank to the end of its list (or until stuck: see ``check_finished``)."""
-    run_rank, finish = _stepper(run, hooks)
+    """Advance every rank to the end of its list (or until stuck: see ``check_finished``).
+
+    Every task finishing at the same time is finished before any rank moves on or any
+    channel is re-divided (a re-division in between would re-rate a task with nothing left).
+    The finish of a task is written out in the loop: it runs once per event.
+    """
+    c = run.c
+    code, owner, match, coll, members_of = c.code, c.owner, c.match, c.coll, c.coll_members
+    pc, reached, start, end, ready, sent = run.pc, run.reached, run.start, run.end, run.ready, run.sent
+    waiting, coll_q, coll_t0, opt_wait = run.waiting, run.coll_q, run.coll_t0, run.opt_wait
     heap, fin, dirty, wake = run.heap, run.fin, run.dirty, run.wake
-    settle = hooks.settle
+    send_done, member_done, settle = hooks.send_done, hooks.member_done, hooks.settle
+    run_rank, arrive = _cursor(run, hooks)
     pop = heapq.heappop
-    for ri in range(len(run.pc)):
+    for ri in range(len(pc)):
         run_rank(ri, 0.0)
     now = 0.0
     events = 0
@@ -85,25 +95,62 @@ def step(run: Run, hooks: CommHooks) -> None:
             continue
         now = t
         events += 1
-        finish(k, now)
-        while heap and heap[0][0] <= now:
-            t2, k2 = pop(heap)
-            if fin[k2] == t2:
-                finish(k2, now)
+        while True:  # finish k, then every other task due now
+            fin[k] = -2.0
+            kk = code[k]
+            ri = owner[k]
+            if kk <= OPT:
+                end[k] = now
+                pc[ri] += 1
+                reached[ri] = now
+                wake.append(ri)
+            elif kk == SA or kk == SG:
+                end[k] = ready[k] = sent[k] = now
+                if send_done is not None:
+                    send_done(k, ri)
+                w = waiting[k]
+                if w >= 0:
+                    rv = match[k]
+                    start[rv], end[rv], ready[rv] = reached[w], now, now
+                    pc[w] += 1
+                    reached[w] = now
+                    wake.append(w)
+            else:
+                ci = coll[k]
+                for m in members_of[ci]:
+                    mi = owner[m]
+                    end[m], ready[m] = now, coll_t0[ci]
+                    if member_done is not None:
+                        member_done(m, mi)
+                    q = coll_q[mi]
+                    q.popleft()
+                    if q:
+                        start[q[0]] = now
+                        arrive(mi, now)
+                    elif opt_wait[mi]:
+                        opt_wait[mi] = False
+                        wake.append(mi)
+            while heap and heap[0][0] <= now:
+                t, k = pop(heap)
+                if fin[k] == t:
+                    break
+            else:
+                break
         while wake:
             run_rank(wake.pop(), now)
     run.events = events
 
 
-def _stepper(run: Run, hooks: CommHooks) -> tuple[Callable[[int, float], None], Callable[[int, float], None]]:
-    """The two moves of the core: run a rank's cursor forward, and finish a task."""
+def _cursor(run: Run, hooks: CommHooks) -> tuple[Callable[[int, float], None], Callable[[int, float], None]]:
+    """``run_rank(ri, now)`` moves a rank's cursor as far as it can go; ``arrive(ri, now)``
+    counts the rank in at the all-reduce at the head of its queue."""
     c = run.c
-    code, owner, match, coll, members_of, prog = c.code, c.owner, c.match, c.coll, c.coll_members, c.prog
-    pc, reached, start, end, ready = run.pc, run.reached, run.start, run.end, run.ready
+    code, match, coll, members_of, prog = c.code, c.match, c.coll, c.coll_members, c.prog
+    pc, reached, start, end, ready, dur = run.pc, run.reached, run.start, run.end, run.ready, run.dur
     sent, waiting, coll_q, arrived, coll_t0 = run.sent, run.waiting, run.coll_q, run.arrived, run.coll_t0
-    opt_wait, fin, wake = run.opt_wait, run.fin, run.wake
+    opt_wait, fin, heap = run.opt_wait, run.fin, run.heap
     start_compute, post_send, start_collective = hooks.start_compute, hooks.post_send, hooks.start_collective
-    compute_done, send_done, member_done = hooks.compute_done, hooks.send_done, hooks.member_done
+    push = heapq.heappush
 
     def arrive(ri: int, now: float) -> None:
         ci = coll[coll_q[ri][0]]
@@ -124,7 +171,12 @@ def _stepper(run: Run, hooks: CommHooks) -> tuple[Callable[[int, float], None], 
                     opt_wait[ri] = True
                     break
                 start[a] = now
-                start_compute(a, ri, now)
+                if start_compute is None:
+                    e = now + dur[a]
+                    fin[a] = e
+                    push(heap, (e, a))
+                else:
+                    start_compute(a, ri, now)
                 break
             if k == SA or k == SG:
                 post_send(a, ri, now)
@@ -143,39 +195,4 @@ def _stepper(run: Run, hooks: CommHooks) -> tuple[Callable[[int, float], None], 
             reached[ri] = now
         pc[ri] = i
 
-    def finish(k: int, now: float) -> None:
-        fin[k] = -2.0
-        kk = code[k]
-        ri = owner[k]
-        if kk <= OPT:
-            end[k] = now
-            compute_done(k, ri)
-            pc[ri] += 1
-            reached[ri] = now
-            wake.append(ri)
-        elif kk == SA or kk == SG:
-            end[k] = ready[k] = sent[k] = now
-            send_done(k, ri)
-            w = waiting[k]
-            if w >= 0:
-                rv = match[k]
-                start[rv], end[rv], ready[rv] = reached[w], now, now
-                pc[w] += 1
-                reached[w] = now
-                wake.append(w)
-        else:
-            ci = coll[k]
-            for m in members_of[ci]:
-                mi = owner[m]
-                end[m], ready[m] = now, coll_t0[ci]
-                member_done(m, mi)
-                q = coll_q[mi]
-                q.popleft()
-                if q:
-                    start[q[0]] = now
-                    arrive(mi, now)
-                elif opt_wait[mi]:
-                    opt_wait[mi] = False
-                    wake.append(mi)
-
-    return run_rank, finish
+    return run_rank, arrive

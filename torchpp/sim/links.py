@@ -4,7 +4,8 @@ Every directed link (src, dst) carries one transfer at a time, in the order the 
 posts them, each for its full-speed duration; compute never slows down; a rank's
 all-reduces run one after another (the core's queue). This is exactly :func:`.replay`'s
 pricing, the one the planner ranks plans with. Nothing here ever changes a rate, so every
-task's finish is known when it starts and ``settle`` is never needed.
+task's finish is known when it starts and ``settle`` is never needed; compute is left
+to the core (full speed).
 """
 from __future__ import annotations
 
@@ -19,11 +20,6 @@ def links_hooks(run: Run) -> CommHooks:
     peer, members_of = c.peer, c.coll_members
     link_free: dict[tuple[int, int], float] = {}
     push = heapq.heappush
-
-    def start_compute(a: int, ri: int, now: float) -> None:
-        e = now + dur[a]
-        fin[a] = e
-        push(heap, (e, a))
 
     def post_send(a: int, ri: int, now: float) -> None:
         key = (ri, peer[a])
@@ -42,10 +38,7 @@ def links_hooks(run: Run) -> CommHooks:
         fin[k] = e
         push(heap, (e, k))
 
-    def nothing(k: int, ri: int) -> None:
-        pass
-
     def never(now: float) -> None:
         raise RuntimeError("the links model never marks a channel dirty")
 
-    return CommHooks(start_compute, post_send, start_collective, nothing, nothing, nothing, never)
+    return CommHooks(None, post_send, start_collective, None, None, never)

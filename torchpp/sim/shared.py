@@ -31,8 +31,9 @@ class Channels:
 
     def __init__(self, run: Run, o: SimOptions, record_rates: bool):
         A, R = len(run.c.code), len(run.c.ranks)
-        self.rem, self.rate, self.last = [0.0] * A, [0.0] * A, [0.0] * A
-        """Work left at ``last``, and the rate since ``last``, of each fluid task."""
+        self.rem, self.rate, self.last = list(run.dur), [0.0] * A, [0.0] * A
+        """Work left at ``last``, and the rate since ``last``, of each fluid task (a task is
+        started once, at rate 0 with all its work left: ``set_rate`` sets ``last`` from there)."""
         self.share = [0.0] * A
         """Each channel entry's share after congestion."""
         self.base = [0.0] * A
@@ -54,7 +55,7 @@ def shared_hooks(run: Run, o: SimOptions, record_rates: bool = False) -> tuple[C
     ch = Channels(run, o, record_rates)
     allocate = make_allocate(o.priorities, run.c.ctype, run.c.mbkey)
     set_rate = _make_set_rate(run, ch)
-    starts = _task_hooks(run, ch, o, set_rate)
+    starts = _task_hooks(run, ch, o)
     return CommHooks(*starts, _make_settle(run, ch, o, allocate, set_rate)), ch
 
 
@@ -83,42 +84,48 @@ def _make_set_rate(run: Run, ch: Channels) -> SetRate:
     return set_rate
 
 
-def _task_hooks(run: Run, ch: Channels, o: SimOptions, set_rate: SetRate) -> tuple[Callable, ...]:
-    """start_compute, post_send, start_collective, compute_done, send_done, member_done."""
+def _task_hooks(run: Run, ch: Channels, o: SimOptions) -> tuple[Callable | None, ...]:
+    """start_compute, post_send, start_collective, send_done, member_done.
+
+    A finished task's rate is left as it was: nothing re-rates it (a finished send or
+    all-reduce has left its channel; interference skips a ``computing`` entry that finished).
+    """
     c = run.c
     code, owner, peer, members_of = c.code, c.owner, c.peer, c.coll_members
-    dur, start, dirty = run.dur, run.start, run.dirty
-    rem, rate, last, share, chan, schan = ch.rem, ch.rate, ch.last, ch.share, ch.chan, ch.schan
+    dur, start, dirty, fin, heap, log = run.dur, run.start, run.dirty, run.fin, run.heap, ch.log
+    push = heapq.heappush
+    rate, last, share, chan, schan = ch.rate, ch.last, ch.share, ch.chan, ch.schan
     sync_share, inb, contrib, computing = ch.sync_share, ch.inb, ch.contrib, ch.computing
     impact = [o.fwd_impact, o.bwd_impact, 0.0]
     interference = not o.ideal_sync and (o.fwd_impact > 0 or o.bwd_impact > 0)
 
     def start_compute(a: int, ri: int, now: float) -> None:
+        # set_rate from a standing start, written out: this runs once per compute action
         computing[ri] = a
-        rem[a], last[a], rate[a] = dur[a], now, 0.0
-        set_rate(a, 1.0 - sync_share[ri] * impact[code[a]] if interference else 1.0, now)
+        last[a] = now
+        new = 1.0 - sync_share[ri] * impact[code[a]] if interference else 1.0
+        rate[a] = new
+        if log is not None:
+            log.append((now, a, new))
+        if new > 0:
+            t = now + dur[a] / new
+            fin[a] = t
+            push(heap, (t, a))
+        else:
+            fin[a] = -1.0
 
     def post_send(a: int, ri: int, now: float) -> None:
         start[a] = now
-        rem[a], last[a], rate[a] = dur[a], now, 0.0
         chan[ri].append(a)
         dirty.add(ri)
 
     def start_collective(ci: int, now: float) -> None:
-        ms = members_of[ci]
-        k = ms[0]
-        rem[k], last[k], rate[k] = dur[k], now, 0.0
-        for m in ms:
+        for m in members_of[ci]:
             mi = owner[m]
             schan[mi].append(m)
             dirty.add(mi)
 
-    def compute_done(k: int, ri: int) -> None:
-        rate[k] = 0.0
-        computing[ri] = -1
-
     def send_done(k: int, ri: int) -> None:
-        rate[k] = 0.0
         chan[ri].remove(k)
         share[k] = 0.0
         if contrib[k]:
@@ -127,51 +134,57 @@ def _task_hooks(run: Run, ch: Channels, o: SimOptions, set_rate: SetRate) -> tup
         dirty.add(ri)
 
     def member_done(m: int, mi: int) -> None:
-        rate[m] = 0.0
         schan[mi].remove(m)
         share[m] = 0.0
         dirty.add(mi)
 
-    return start_compute, post_send, start_collective, compute_done, send_done, member_done
+    # without interference compute always runs at rate 1: the core's full-speed path is exact
+    return start_compute if interference else None, post_send, start_collective, send_done, member_done
 
 
 def _make_settle(run: Run, ch: Channels, o: SimOptions, allocate: Allocate,
                  set_rate: SetRate) -> Callable[[float], None]:
-    """Re-divide the channels of the dirty ranks and update every rate that changed."""
+    """Re-divide the channels of the dirty ranks and update every rate that changed.
+
+    Runs once per event, so the common path (no receiver over capacity) is written out here;
+    only a congested step goes through :func:`_make_congestion`.
+    """
     c = run.c
-    code, coll, members_of, task_of = c.code, c.coll, c.coll_members, c.task_of
-    dirty = run.dirty
+    code, peer, coll, members_of, task_of = c.code, c.peer, c.coll, c.coll_members, c.task_of
+    dirty, fin = run.dirty, run.fin
     share, base, chan, schan = ch.share, ch.base, ch.chan, ch.schan
+    inb, contrib, sync_share, computing = ch.inb, ch.contrib, ch.sync_share, ch.computing
     congestion, ideal = o.congestion, o.ideal_sync
     interference = not ideal and (o.fwd_impact > 0 or o.bwd_impact > 0)
-    tally, congested_shares = _make_congestion(run, ch, o, allocate) if congestion else (None, None)
-    interfere = _make_interference(run, ch, o, set_rate)
+    impact = [o.fwd_impact, o.bwd_impact, 0.0]
+    lim = o.recv_capacity * (1 + 1e-9)
+    congested_shares, still = _make_congestion(run, ch, o, allocate) if congestion else (None, [False])
 
     def settle(now: float) -> None:
         for ri in dirty:
             tasks = chan[ri]
             if tasks:
                 allocate(tasks, 1.0, base)
-                if congestion:
-                    tally(tasks)
+                if congestion:  # keep each receiver's inbound base share current
+                    for m in tasks:
+                        if code[m] != AR:
+                            d = base[m] - contrib[m]
+                            if d:
+                                inb[peer[m]] += d
+                                contrib[m] = base[m]
             if ideal and schan[ri]:
                 allocate(schan[ri], 1.0, base)
-        changed = congested_shares() if congestion else None
-        full = changed is not None
-        if not full:
+        full = congestion and (still[0] or max(inb) > lim)
+        if full:
+            changed = congested_shares()
+        else:
             changed = []
             for ri in dirty:
-                for m in chan[ri]:
+                for m in (chan[ri] + schan[ri] if ideal else chan[ri]):
                     v = base[m]
                     if share[m] != v:
                         share[m] = v
                         changed.append(m)
-                if ideal:
-                    for m in schan[ri]:
-                        v = base[m]
-                        if share[m] != v:
-                            share[m] = v
-                            changed.append(m)
         for m in changed:
             k = task_of[m]
             if k == m and code[m] != AR:
@@ -183,42 +196,37 @@ def _make_settle(run: Run, ch: Channels, o: SimOptions, allocate: Allocate,
                     if share[x] < low:
                         low = share[x]
                 set_rate(k, low, now)
-        if interference:
-            interfere(range(len(chan)) if full else dirty, now)
+        if interference:  # an all-reduce's share of the channel slows the rank's compute
+            for ri in (range(len(chan)) if full else dirty):
+                v = 0.0
+                for m in chan[ri]:
+                    if code[m] == AR:
+                        v += share[m]
+                if v != sync_share[ri]:
+                    sync_share[ri] = v
+                    comp = computing[ri]
+                    if comp >= 0 and fin[comp] != -2.0:
+                        set_rate(comp, 1.0 - v * impact[code[comp]], now)
         dirty.clear()
 
     return settle
 
 
 def _make_congestion(run: Run, ch: Channels, o: SimOptions,
-                     allocate: Allocate) -> tuple[Callable[[list[int]], None], Callable[[], list[int] | None]]:
-    """``tally(entries)`` keeps each receiver's inbound base share current; ``congested_shares()``
-    returns the entries whose share changed when a receiver is (or was last time) over capacity,
-    else None (then the base shares stand)."""
-    code, peer = run.c.code, run.c.peer
+                     allocate: Allocate) -> tuple[Callable[[], list[int]], list[bool]]:
+    """``congested_shares()``: apply :mod:`.congestion` and return the entries whose share changed.
+
+    The list returned beside it holds whether the last call throttled anything: while it
+    does, every event checks in full again (a throttled share is not in ``inb``).
+    """
     dirty = run.dirty
-    share, base, inb, contrib, schan = ch.share, ch.base, ch.inb, ch.contrib, ch.schan
-    ideal, cap = o.ideal_sync, o.recv_capacity
-    congest = make_congest(run.c, ch.chan, base, ch.throttled, allocate, cap)
-    state = [False]  # whether the last full check throttled anything
+    share, base, schan = ch.share, ch.base, ch.schan
+    ideal = o.ideal_sync
+    congest = make_congest(run.c, ch.chan, base, ch.throttled, allocate, o.recv_capacity)
+    still = [False]
 
-    def tally(tasks: list[int]) -> None:
-        for m in tasks:
-            if code[m] != AR:
-                d = base[m] - contrib[m]
-                if d:
-                    inb[peer[m]] += d
-                    contrib[m] = base[m]
-
-    def congested_shares() -> list[int] | None:
-        if not state[0]:
-            lim = cap * (1 + 1e-9)
-            for v in inb:
-                if v > lim:
-                    break
-            else:
-                return None
-        final, state[0] = congest()
+    def congested_shares() -> list[int]:
+        final, still[0] = congest()
         changed = []
         for m, v in final.items():
             if share[m] != v:
@@ -232,25 +240,4 @@ def _make_congestion(run: Run, ch: Channels, o: SimOptions,
                         changed.append(m)
         return changed
 
-    return tally, congested_shares
-
-
-def _make_interference(run: Run, ch: Channels, o: SimOptions, set_rate: SetRate) -> Callable:
-    """``interfere(ranks, now)``: re-rate the compute of each rank whose all-reduce share changed."""
-    code = run.c.code
-    share, chan, sync_share, computing = ch.share, ch.chan, ch.sync_share, ch.computing
-    impact = [o.fwd_impact, o.bwd_impact, 0.0]
-
-    def interfere(ranks, now: float) -> None:
-        for ri in ranks:
-            v = 0.0
-            for m in chan[ri]:
-                if code[m] == AR:
-                    v += share[m]
-            if v != sync_share[ri]:
-                sync_share[ri] = v
-                comp = computing[ri]
-                if comp >= 0:
-                    set_rate(comp, 1.0 - v * impact[code[comp]], now)
-
-    return interfere
+    return congested_shares, still

@@ -18,9 +18,11 @@ Allocate = Callable[[list[int], float, list[float]], None]
 
 def make_allocate(priorities: Priorities, ctype: list[int], mbkey: list[int]) -> Allocate:
     """The three tiers for these priorities; ``ctype``/``mbkey`` give each entry's type and micro-batch."""
-    tier = [priorities.exclusive.get(t) for t in COMM_TYPES]
-    prio = [priorities.shared.get(t, 0.0) for t in COMM_TYPES]
-    any_tier = any(t is not None for t in tier)
+    fwd, grad, sync = COMM_TYPES  # written out: this runs once per priced configuration
+    ex, sh = priorities.exclusive, priorities.shared
+    tier = (ex.get(fwd), ex.get(grad), ex.get(sync))
+    prio = (sh.get(fwd, 0.0), sh.get(grad, 0.0), sh.get(sync, 0.0))
+    any_tier = tier != (None, None, None)
     zero = ZERO_PRIORITY
 
     def allocate(tasks: list[int], budget: float, out: list[float]) -> None:
