@@ -138,20 +138,22 @@ def durations(c: Compiled, cost: CostModel) -> list[float]:
 
 
 def durations_generic(c: Compiled, cost: CostModel) -> list[float]:
-    ranks, acts, code, owner, peer = c.ranks, c.acts, c.code, c.owner, c.peer
+    """Ask ``cost`` for every action that takes time (receives wait, they are not priced)."""
+    ranks, acts, code, owner, peer, coll, members_of = c.ranks, c.acts, c.code, c.owner, c.peer, c.coll, \
+        c.coll_members
+    compute_s, transfer_s, allreduce_s = cost.compute_s, cost.transfer_s, cost.allreduce_s
     dur = [0.0] * len(acts)
     for a, k in enumerate(code):
-        r = ranks[owner[a]]
         if k <= OPT:
-            d = float(cost.compute_s(r, acts[a]))
+            d = float(compute_s(ranks[owner[a]], acts[a]))
         elif k == SA or k == SG:
-            d = float(cost.transfer_s(r, ranks[peer[a]], acts[a]))
-        elif k == AR and c.coll_members[c.coll[a]][0] == a:
-            d = float(cost.allreduce_s(acts[a]))
+            d = float(transfer_s(ranks[owner[a]], ranks[peer[a]], acts[a]))
+        elif k == AR and members_of[coll[a]][0] == a:
+            d = float(allreduce_s(acts[a]))
         else:
             continue
         if not d >= 0:
-            raise SimError(f"cost of {acts[a]} on rank {r}: expected >= 0 seconds, got {d}")
+            raise SimError(f"cost of {acts[a]} on rank {ranks[owner[a]]}: expected >= 0 seconds, got {d}")
         dur[a] = d
     return dur
 
