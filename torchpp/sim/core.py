@@ -24,6 +24,9 @@ from .compiled import AR, OPT, RA, RG, SA, SG, Compiled
 class Run:
     """The state of one pricing run, indexed by action or by rank position (``ri``)."""
 
+    __slots__ = ("c", "dur", "pc", "reached", "start", "end", "ready", "sent", "waiting", "coll_q", "arrived",
+                 "coll_t0", "opt_wait", "fin", "heap", "dirty", "wake", "events")
+
     def __init__(self, c: Compiled, dur: list[float]):
         A, R, C = len(c.code), len(c.ranks), len(c.coll_members)
         self.c, self.dur = c, dur

@@ -29,6 +29,9 @@ SetRate = Callable[[int, float, float], None]
 class Channels:
     """The shared model's state next to the core's :class:`Run` (per action or per rank position)."""
 
+    __slots__ = ("rem", "rate", "last", "share", "base", "chan", "schan", "sync_share", "inb", "contrib", "computing",
+                 "throttled", "log")
+
     def __init__(self, run: Run, o: SimOptions, record_rates: bool):
         A, R = len(run.c.code), len(run.c.ranks)
         self.rem, self.rate, self.last = list(run.dur), [0.0] * A, [0.0] * A
