@@ -45,16 +45,20 @@ class Channels:
         self.schan: list[list[int]] = [[] for _ in range(R)] if o.ideal_sync else self.chan
         """Where a rank's all-reduce members go: its comm channel, or their own with ``ideal_sync``."""
         self.sync_share = [0.0] * R
+        """Per rank: the channel share its all-reduces hold (what slows its compute)."""
         self.inb = [0.0] * R
         """With congestion: the inbound base share of each rank ..."""
         self.contrib = [0.0] * A
         """... and each send's part of it."""
         self.computing = [-1] * R
+        """Per rank: its last compute action started (finished if ``fin`` says -2)."""
         self.throttled: set[int] = set()
         self.log: list[tuple[float, int, float]] | None = [] if record_rates else None
 
 
 def shared_hooks(run: Run, o: SimOptions, record_rates: bool = False) -> tuple[CommHooks, Channels]:
+    """The model plugged into the core for ``run``; its :class:`Channels` hold what the result reports
+    (throttled entries, the rate log)."""
     ch = Channels(run, o, record_rates)
     allocate = make_allocate(o.priorities, run.c.ctype, run.c.mbkey)
     set_rate = _make_set_rate(run, ch)
@@ -63,6 +67,7 @@ def shared_hooks(run: Run, o: SimOptions, record_rates: bool = False) -> tuple[C
 
 
 def _make_set_rate(run: Run, ch: Channels) -> SetRate:
+    """``set_rate(task, rate, now)``: bring the task's work left up to ``now`` and push its new finish."""
     rem, rate, last, fin, heap, log = ch.rem, ch.rate, ch.last, run.fin, run.heap, ch.log
     push = heapq.heappush
 
