@@ -227,7 +227,7 @@ def test_compiled_schedule_reused_gives_same_result():
 def test_parametric_bulk_durations_equal_the_cost_model():
     comp = compiled_parametric(3, 7, 3)
     cost = ParamCost(SimParams(n=7, stages=3, sync_freq=3, fwd_len=1.5, bwd_len=2.5, prop_len=0.75, sync_base_len=0.4))
-    from torchpp.sim.engine import _durations_generic
+    from torchpp.sim.compiled import durations_generic as _durations_generic
 
     assert cost.durations(comp) == _durations_generic(comp, cost)
 

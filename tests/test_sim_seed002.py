@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from torchpp.sim.model import Priorities, SimError
-from torchpp.sim.reference import load_cases
+from torchpp.sim.seed002.reference import load_cases
 from torchpp.sim.seed002 import LivelockError, simulate_seed002
 
 DATA = Path(__file__).resolve().parent / "data" / "sim002_cases.csv"

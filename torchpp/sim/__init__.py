@@ -1,14 +1,19 @@
 """Pricing and simulating torchpp's schedules.
 
-- :mod:`.replay`: contention-free pricing (``replay(schedule, cost) -> Timeline``), what the
-  planner ranks plans with; it runs on the event engine's ``links`` model.
-- :mod:`.engine`: the event-driven engine over ``schedules.build`` action lists: exclusive
-  compute channel and shared, prioritised comm channel per rank, interference of gradient
-  syncs on compute, receiver congestion.
+- :mod:`.types`: what the simulator prices with and returns (``CostModel``, ``Span``,
+  ``Timeline``, ``SimOptions``, ``SimResult``).
+- :mod:`.engine`: ``simulate(schedule, cost, options)``: the stepping core (:mod:`.core`, per-rank
+  cursors and a heap of predicted finishes over a schedule flattened by :mod:`.compiled`) with
+  one of two comm models plugged in: :mod:`.links` (contention-free FIFO per directed link)
+  or :mod:`.shared` (one prioritised channel per rank: :mod:`.tiers`, interference,
+  :mod:`.congestion`).
+- :mod:`.replay`: ``replay(schedule, cost) -> Timeline``, the ``links`` model, what the planner
+  ranks plans with (and ``replay_direct``, the same pricing as a plain loop, its reference).
 - :mod:`.parametric`: the seed-002 parameter world (``n``, ``stages``, lengths, impacts,
   ``sync_freq``) as a plan priced by the engine (the ``schedule`` policy).
-- :mod:`.seed002`: the original simulator's own rules (the ``seed002`` policy), kept to
-  reproduce its numbers; :mod:`.reference` checks them against its recorded cases.
+- :mod:`.seed002`: the seed 002 compatibility policy, fenced off: the original simulator's
+  own rules, kept to reproduce its numbers; :mod:`.seed002.reference` checks them against
+  its recorded cases.
 - :mod:`.sweep`, :mod:`.heatmap`, :mod:`.gantt`, :mod:`.trace`: sweeps into CSV, heatmaps,
   Gantt charts and predicted Chrome traces; :mod:`.cli` is ``torchpp simulate``.
 

@@ -264,7 +264,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_check_reference(args: argparse.Namespace) -> int:
-    from .reference import check_cases, load_cases
+    from .seed002.reference import check_cases, load_cases
 
     cases = load_cases(args.csv)
     bad = 0

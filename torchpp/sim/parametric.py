@@ -13,15 +13,16 @@ from functools import lru_cache
 
 from .. import schedules
 from ..formats import ModelInfo, Plan, SimParams, SimSettings
+from ..plans import make_plan
 from ..schedules import Action, Kind, Schedule
-from .engine import Compiled, SimOptions, SimResult, simulate
+from .compiled import Compiled, durations_generic
+from .engine import simulate
 from .model import Priorities
+from .types import SimOptions, SimResult
 from .seed002 import Seed002Result, simulate_seed002
 
 
 def parametric_plan(stages: int, n: int, schedule: str = "1f1b") -> Plan:
-    from ..planner.simple import make_plan
-
     info = ModelInfo(name="parametric", num_layers=stages, hidden_size=1, vocab_size=1, tied_embeddings=False)
     return make_plan(info, seq_len=1, global_batch=n, num_microbatches=n,
                      layer_ranges=[(i, i + 1) for i in range(stages)], group_sizes=[1] * stages, schedule=schedule)
@@ -94,17 +95,22 @@ class ParamCost:
 
     def durations(self, c: Compiled) -> list[float]:
         """All actions at once (what a sweep prices thousands of times); same values as above."""
-        kind_index = getattr(c, "kind_index", None)
-        if kind_index is None:  # not built by compiled_parametric: the generic per-action path
-            from .engine import _durations_generic
+        if getattr(c, "kind_index", None) is None:  # not built by compiled_parametric: the generic path
+            return durations_generic(c, self)
+        p = self.p
+        return list(_bulk_durations(c, p.fwd_len, p.bwd_len, p.prop_len, p.sync_base_len))
 
-            return _durations_generic(c, self)
-        table = (float(self.p.fwd_len), float(self.p.bwd_len), float(self.p.prop_len), 0.0)
-        dur = [table[i] for i in kind_index]
-        base = self.p.sync_base_len
-        for a, w in c.sync_windows:
-            dur[a] = base * w
-        return dur
+
+@lru_cache(maxsize=64, typed=True)
+def _bulk_durations(c: Compiled, fwd_len: float, bwd_len: float, prop_len: float,
+                    sync_base_len: float) -> tuple[float, ...]:
+    """Durations depend on the shape and the lengths only, and a sweep prices every priority
+    scenario of one environment in a row: work them out once per environment."""
+    table = (float(fwd_len), float(bwd_len), float(prop_len), 0.0)
+    dur = [table[i] for i in c.kind_index]
+    for a, w in c.sync_windows:
+        dur[a] = sync_base_len * w
+    return tuple(dur)
 
 
 def options_for(p: SimParams, settings: SimSettings, priorities: Priorities) -> SimOptions:

@@ -9,43 +9,11 @@ interference and congestion on top of the same action lists.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Protocol
-
 from ..schedules import Action, Kind, Schedule, ScheduleError, format_schedule
+from .engine import simulate
+from .types import CostModel, SimOptions, Span, Timeline
 
-
-class CostModel(Protocol):
-    def compute_s(self, rank: int, action: Action) -> float:
-        """Seconds of FORWARD, BACKWARD or OPTIMIZER on this rank."""
-
-    def transfer_s(self, src: int, dst: int, action: Action) -> float:
-        """Seconds a SEND_ACT / SEND_GRAD from src to dst occupies the link."""
-
-    def allreduce_s(self, action: Action) -> float:
-        """Seconds of an ALLREDUCE over action.group."""
-
-
-@dataclass(slots=True)
-class Span:
-    rank: int
-    action: Action
-    start: float
-    end: float
-    ready: float = 0.0
-    """For a receive: when its message arrived (start..ready is waiting)."""
-
-
-@dataclass
-class Timeline:
-    spans: dict[int, list[Span]] = field(default_factory=dict)
-
-    @property
-    def makespan(self) -> float:
-        return max((s.end for ss in self.spans.values() for s in ss), default=0.0)
-
-    def busy(self, rank: int, kinds: tuple[Kind, ...] = (Kind.FORWARD, Kind.BACKWARD)) -> float:
-        return sum(s.end - s.start for s in self.spans[rank] if s.action.kind in kinds)
+__all__ = ["CostModel", "Span", "Timeline", "replay", "replay_direct"]
 
 
 def replay(sched: Schedule, cost: CostModel) -> Timeline:
@@ -55,8 +23,6 @@ def replay(sched: Schedule, cost: CostModel) -> Timeline:
     is the faster of the two once a schedule is flattened, and it is the one the simulator
     extends with shared channels.
     """
-    from .engine import SimOptions, simulate
-
     return simulate(sched, cost, SimOptions(comm="links")).timeline
 
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from ..formats import FormatError
-from .model import Priorities, SimError
-from .seed002 import simulate_seed002
+from ...formats import FormatError
+from ..model import Priorities, SimError
+from .loop import simulate_seed002
 
 CASE_COLUMNS = ("case", "num_gpus", "n", "sync_freq", "is_ideal", "use_recv_congestion", "fwd_impact", "bwd_impact",
                 "lengths_json", "priorities_json", "exclusive_tiers_json", "completion_time")
