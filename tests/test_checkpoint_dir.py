@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from dist_harness import run_cases
-from test_runtime_failures import finish, launch, write_plan
+from test_runtime_failures import launch, write_plan
+from torchpp.runtime.launch import wait_ranks
 from torchpp.runtime import checkpoint as ckpt
 
 
@@ -117,7 +118,7 @@ def test_unusable_checkpoint_dir_is_one_error_on_every_rank_before_the_first_ste
     logs = tmp_path / "logs"
     procs = launch(["--plan", str(plan), "--steps", "2", "--threads", "1", "--timeout-s", "900",
                     "--checkpoint-dir", str(blocker / "ckpt"), "--log-dir", str(logs)], world=2)
-    for rank, (code, out, err) in enumerate(finish(procs, timeout=150)):
+    for rank, (code, out, err) in enumerate(wait_ranks(procs, timeout_s=150)):
         lines = [ln for ln in err.splitlines() if ln.strip()]
         assert code == 2, err[-2000:]
         assert lines == [f"torchpp.train: rank {rank}: error: ranks 0, 1: --checkpoint-dir {blocker / 'ckpt'}: "

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch.multiprocessing as mp
 
-from test_runtime_failures import _env, _free_port, finish, write_plan
+from test_runtime_failures import _env, write_plan
+from torchpp.runtime.launch import free_port as _free_port, torchrun_env, wait_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 OBJECT_COLLECTIVES = re.compile(r"(all_gather_object|gather_object|broadcast_object_list|scatter_object_list|"
@@ -112,18 +113,17 @@ def test_different_plans_stop_every_rank_within_10_s(tmp_path):
 def test_different_plans_exit_2_on_every_rank_with_nothing_written(tmp_path):
     """Through `torchpp.train` with env:// (MASTER_ADDR), as torchrun starts ranks."""
     plans = _plans(tmp_path)
-    port = _free_port()
     outs = {k: tmp_path / k for k in ("ckpt", "logs", "traces")}
-    procs = []
     start = time.monotonic()
-    for rank, plan in enumerate(plans):
-        env = _env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        args = ["--plan", str(plan), "--steps", "2", "--threads", "1", "--timeout-s", "900",
-                "--checkpoint-dir", str(outs["ckpt"]), "--log-dir", str(outs["logs"]), "--trace-dir", str(outs["traces"])]
-        procs.append(subprocess.Popen([sys.executable, "-m", "torchpp.train", *args], env=env, cwd=ROOT,
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = finish(procs, timeout=120)
+    args = ["--steps", "2", "--threads", "1", "--timeout-s", "900", "--checkpoint-dir", str(outs["ckpt"]),
+            "--log-dir", str(outs["logs"]), "--trace-dir", str(outs["traces"])]
+    port = _free_port()
+    # each rank its own plan file, so each is started by hand with torchrun's variables
+    procs = [subprocess.Popen([sys.executable, "-m", "torchpp.train", "--plan", str(plan), *args],
+                              env=_env(**torchrun_env(rank, 2, port)), cwd=ROOT, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank, plan in enumerate(plans)]
+    results = wait_ranks(procs, timeout_s=120)
     elapsed = time.monotonic() - start
     for rank, (code, out, err) in enumerate(results):
         lines = [ln for ln in err.splitlines() if ln.strip()]
