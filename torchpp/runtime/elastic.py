@@ -314,7 +314,7 @@ class Driver:
         self.attempts: list[Attempt] = []
 
     def decide(self, kind: str, **record: Any) -> None:
-        rec = {"kind": kind, "time": time.time(), "attempt": len(self.attempts), **record}
+        rec = {"kind": kind, "time": time.time(), "attempt": len(self.attempts) - 1, **record}
         with open(self.decisions, "a") as f:
             f.write(json.dumps(rec) + "\n")
         self.say(f"elastic: {kind}: " + ", ".join(f"{k} {v}" for k, v in record.items()))
