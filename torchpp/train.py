@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", type=Path, default=None, help="TensorBoard scalars and metrics.jsonl (rank 0)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="a peer silent this long is an error")
     p.add_argument("--layers", type=int, default=None, help="keep only the first N decoder layers")
+    p.add_argument("--checkpoint-background", action="store_true",
+                   help="write each checkpoint during the next step (the manifest still comes last)")
+    p.add_argument("--heartbeat-dir", type=Path, default=None, help="each rank notes its last step here (elastic)")
+    p.add_argument("--elastic-log", type=Path, default=None, help="the elastic driver's decisions (JSON lines)")
     return p
 
 
@@ -69,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                           threads=args.threads, trace_dir=args.trace_dir, trace_steps=args.trace_steps,
                           checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                           keep_checkpoints=args.keep_checkpoints, resume=args.resume, log_dir=args.log_dir, timeout_s=args.timeout_s, layers=args.layers,
-                          profile_blocks=args.profile_blocks)
+                          profile_blocks=args.profile_blocks, checkpoint_background=args.checkpoint_background,
+                          heartbeat_dir=args.heartbeat_dir, elastic_log=args.elastic_log)
         prepared = prepare(cfg, world_from_env()[1])
     except (FormatError, ModelSpecError, DataError, ValueError) as e:
         print(f"torchpp.train: rank {rank}: error: {e}", file=sys.stderr, flush=True)

@@ -98,35 +98,116 @@ def optimizer_tensors(stage: Stage, optimizer: torch.optim.Optimizer) -> dict[st
     return out
 
 
+@dataclass
+class Snapshot:
+    """Copies of what a checkpoint holds, taken between two steps, so that the files can be
+    written while the next step updates the live tensors."""
+
+    step: int
+    stage: int
+    params: dict[str, torch.Tensor]
+    optim: dict[str, torch.Tensor]
+    rng: torch.Tensor
+
+
+def snapshot(step: int, *, roles: Roles, stage: Stage, optimizer: torch.optim.Optimizer, copy: bool) -> Snapshot:
+    """This rank's share of checkpoint ``step``; ``copy`` clones the tensors (needed when they are
+    written in the background)."""
+    take = (lambda t: t.detach().clone()) if copy else (lambda t: t.detach())
+    params, optim = {}, {}
+    if roles.writes_stage:
+        params = {n: take(p) for n, p in stage.named_parameters()}
+        optim = {k: take(v) for k, v in optimizer_tensors(stage, optimizer).items()}
+    return Snapshot(step=step, stage=roles.stage, params=params, optim=optim, rng=torch.get_rng_state())
+
+
+def write_files(root: str | Path, snap: Snapshot, rank: int) -> dict[str, Any]:
+    """Write this rank's files of ``snap`` (each atomically); returns its part of the index."""
+    d = step_dir(root, snap.step)
+    d.mkdir(parents=True, exist_ok=True)
+    s = snap.stage
+    mine: dict[str, Any] = {"stage": s, "params": [], "optim": []}
+    if snap.params:
+        _save_safetensors(d / f"model-stage{s}.safetensors", snap.params)
+        _save_safetensors(d / f"optim-stage{s}.safetensors", snap.optim)
+        mine = {"stage": s, "params": sorted(snap.params), "optim": sorted(snap.optim)}
+    _atomic(d / f"rng-rank{rank}.pt", lambda tmp: torch.save(snap.rng, tmp))
+    return mine
+
+
+def finalize(root: str | Path, step: int, mine: dict[str, Any], *, roles: Roles, stage: Stage,
+             info: dict[str, Any], keep: int = 0, group: Any = None) -> Path | None:
+    """Collective: once every rank's files of ``step`` are in place, write the index and the
+    manifest (the mark of a complete checkpoint) and prune; the step directory on manifest writers."""
+    from .exchange import all_gather_json
+
+    d = step_dir(root, step)
+    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    parts = all_gather_json(mine, group=group)  # also the barrier: every rank's files are in place
+    if roles.writes_manifest:
+        _write_index_and_manifest(d, step, parts, stage, world, info)
+    if keep > 0:
+        if world > 1:
+            dist.barrier(group=group)  # every host's manifest is written: older checkpoints are no longer needed
+        if roles.writes_manifest:
+            prune(root, keep)
+    return d if roles.writes_manifest else None
+
+
 def save(root: str | Path, step: int, *, rank: int, roles: Roles, stage: Stage, optimizer: torch.optim.Optimizer,
          info: dict[str, Any], timeout_s: float, keep: int = 0) -> Path | None:
     """All ranks call this after step ``step``; returns the step directory on manifest writers.
 
     With ``keep`` > 0, once every rank's manifest is written, manifest writers delete all but
     the newest ``keep`` complete checkpoints (0 keeps every one)."""
-    from .exchange import all_gather_json
+    snap = snapshot(step, roles=roles, stage=stage, optimizer=optimizer, copy=False)
+    mine = write_files(root, snap, rank)
+    return finalize(root, step, mine, roles=roles, stage=stage, info=info, keep=keep)
 
-    d = step_dir(root, step)
-    d.mkdir(parents=True, exist_ok=True)
-    s = roles.stage
-    mine: dict[str, Any] = {"stage": s, "params": [], "optim": []}
-    if roles.writes_stage:
-        params = {n: p for n, p in stage.named_parameters()}
-        _save_safetensors(d / f"model-stage{s}.safetensors", params)
-        opt = optimizer_tensors(stage, optimizer)
-        _save_safetensors(d / f"optim-stage{s}.safetensors", opt)
-        mine = {"stage": s, "params": sorted(params), "optim": sorted(opt)}
-    _atomic(d / f"rng-rank{rank}.pt", lambda tmp: torch.save(torch.get_rng_state(), tmp))
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    parts = all_gather_json(mine)  # also the barrier: every rank's files are in place
-    if roles.writes_manifest:
-        _write_index_and_manifest(d, step, parts, stage, world, info)
-    if keep > 0:
-        if world > 1:
-            dist.barrier()  # every host's manifest is written: older checkpoints are no longer needed
-        if roles.writes_manifest:
-            prune(root, keep)
-    return d if roles.writes_manifest else None
+
+class BackgroundSaver:
+    """Checkpoints written during the next step: the tensors are copied between steps, a thread
+    writes the files, gathers every rank's part on a process group of its own (so its collectives
+    never interleave with the step's) and writes the manifest last. A checkpoint killed half-way
+    has no manifest, so ``--resume`` never loads it. ``wait`` re-raises what the thread raised."""
+
+    def __init__(self, root: str | Path, *, rank: int, roles: Roles, stage: Stage, keep: int, timeout_s: float):
+        import datetime as _dt
+
+        self.root, self.rank, self.roles, self.stage, self.keep = Path(root), rank, roles, stage, keep
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self.group = dist.new_group(backend="gloo", timeout=_dt.timedelta(seconds=timeout_s)) if world > 1 else None
+        self._thread: Any = None
+        self._error: BaseException | None = None
+        self.done: list[Path | None] = []
+
+    def start(self, step: int, optimizer: torch.optim.Optimizer, info: dict[str, Any]) -> None:
+        """Wait for the previous checkpoint, snapshot this one and write it in the background."""
+        import threading
+
+        self.wait()
+        snap = snapshot(step, roles=self.roles, stage=self.stage, optimizer=optimizer, copy=True)
+        self._thread = threading.Thread(target=self._write, args=(snap, info), name=f"checkpoint-{step}", daemon=True)
+        self._thread.start()
+
+    def _write(self, snap: Snapshot, info: dict[str, Any]) -> None:
+        try:
+            mine = write_files(self.root, snap, self.rank)
+            self.done.append(finalize(self.root, snap.step, mine, roles=self.roles, stage=self.stage, info=info,
+                                      keep=self.keep, group=self.group))
+        except BaseException as e:  # noqa: BLE001 (re-raised by wait() on the training thread)
+            self._error = e
+
+    def wait(self) -> list[Path | None]:
+        """Block until the checkpoint in flight is complete; the directories finished since the last call."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+        out, self.done = self.done, []
+        return out
 
 
 def _write_index_and_manifest(d: Path, step: int, parts: list[dict[str, Any]], stage: Stage, world: int,

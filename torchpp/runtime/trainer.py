@@ -24,6 +24,7 @@ from ..models.presets import DTYPES, hidden_size, is_preset, load_config, num_hi
 from ..models.stages import StageSpec, build_stage, count_targets
 from ..schedules import Schedule, build
 from . import checkpoint as ckpt
+from . import elastic_hooks
 from .allocator import retain_freed_memory
 from .comm import Comm, guarded
 from .exchange import all_gather_json, require_agreement, require_no_errors
@@ -62,6 +63,12 @@ class TrainConfig:
     timeout_s: float = 300.0
     layers: int | None = None
     profile_blocks: bool = False
+    checkpoint_background: bool = False
+    """Write each checkpoint during the next step (tensors copied first; manifest still written last)."""
+    heartbeat_dir: Path | None = None
+    """Each rank writes ``rank<R>`` here after every step (an elastic driver's stall detector)."""
+    elastic_log: Path | None = None
+    """The elastic driver's decisions so far (JSON lines), shown in metrics, TensorBoard and traces."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -321,10 +328,13 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
     if cfg.checkpoint_dir is not None:
         start = g("checking the checkpoint directory with all ranks", _prepare_checkpoints, cfg, roles, stage)
     log = _Log(rank, cfg.log_dir)
+    decisions = elastic_hooks.report_decisions(cfg.elastic_log, log)
     if start > 0:
+        t_load = time.perf_counter()
         ckpt.load(cfg.checkpoint_dir, start, rank=rank, stage=stage, optimizer=optimizer)
         log.print(f"resumed from {ckpt.step_dir(cfg.checkpoint_dir, start)} (step {start})")
-        log.event({"event": "resume", "from_step": start, "restart_count": _env_int("TORCHELASTIC_RESTART_COUNT", 0)})
+        log.event({"event": "resume", "from_step": start, "restart_count": _env_int("TORCHELASTIC_RESTART_COUNT", 0),
+                   "load_s": time.perf_counter() - t_load, "time": time.time()})
     executor = Executor(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm, optimizer=optimizer)
     executor.step_index = start
     needs_tokens = pstage.has_embed or pstage.has_tail
@@ -338,6 +348,9 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
     log.event({"event": "start", "world_size": world, "plan": str(cfg.plan), "plan_hash": prep.plan_hash,
                "model": prep.model, "start_step": start, "rank0_params": n_params})
     summary = TrainSummary(rank=rank, start_step=start, steps_done=start)
+    saver = (ckpt.BackgroundSaver(cfg.checkpoint_dir, rank=rank, roles=roles, stage=stage, keep=cfg.keep_checkpoints,
+                                  timeout_s=cfg.timeout_s) if cfg.checkpoint_background and cfg.checkpoint_dir else None)
+    elastic_hooks.heartbeat(cfg.heartbeat_dir, rank, start)
     S = plan.num_stages
     tokens_per_step = plan.global_batch * plan.seq_len
     for step in range(start + 1, cfg.steps + 1):
@@ -357,22 +370,41 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
         dt = time.perf_counter() - t0
         if rec is not None:
             executor.observer, stage.profiler = None, None
+            trace = rec.finish()
+            if decisions:
+                trace.setdefault("metadata", {})["elastic"] = decisions
             summary.traces += g(f"step {step}: gathering traces on rank 0", write_step, cfg.trace_dir, step, rank,
-                                world, rec.finish())
+                                world, trace)
         summary.losses.append(float(stats[0]))
         summary.step_times_s.append(dt)
         summary.steps_done = step
         _report_step(log, step, cfg.steps, stats, S, dt, tokens_per_step)
         if cfg.checkpoint_dir is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
                                                or step == cfg.steps):
-            info = {"plan": str(cfg.plan), "plan_hash": prep.plan_hash, "model": prep.model, "seed": cfg.seed,
-                    "optimizer": cfg.optimizer, "lr": cfg.lr}
-            d = g(f"step {step}: writing the checkpoint", ckpt.save, cfg.checkpoint_dir, step, rank=rank, roles=roles,
-                  stage=stage, optimizer=optimizer, info=info, timeout_s=cfg.timeout_s, keep=cfg.keep_checkpoints)
+            _checkpoint(cfg, prep, step, g, log, saver, rank=rank, roles=roles, stage=stage, optimizer=optimizer)
+        elastic_hooks.heartbeat(cfg.heartbeat_dir, rank, step)
+    if saver is not None:
+        for d in g("writing the last checkpoint", saver.wait):
             if d is not None:
                 log.print(f"checkpoint {d}")
     log.close()
     return summary
+
+
+def _checkpoint(cfg: TrainConfig, prep: Prepared, step: int, g, log: _Log, saver: ckpt.BackgroundSaver | None, *,
+                rank: int, roles: ckpt.Roles, stage: Any, optimizer: torch.optim.Optimizer) -> None:
+    """Write checkpoint ``step`` now, or start writing it in the background (``saver``)."""
+    info = {"plan": str(cfg.plan), "plan_hash": prep.plan_hash, "model": prep.model, "seed": cfg.seed,
+            "optimizer": cfg.optimizer, "lr": cfg.lr}
+    if saver is not None:
+        done = g(f"step {step}: writing the previous checkpoint", saver.wait)
+        saver.start(step, optimizer, info)
+    else:
+        done = [g(f"step {step}: writing the checkpoint", ckpt.save, cfg.checkpoint_dir, step, rank=rank, roles=roles,
+                  stage=stage, optimizer=optimizer, info=info, timeout_s=cfg.timeout_s, keep=cfg.keep_checkpoints)]
+    for d in done:
+        if d is not None:
+            log.print(f"checkpoint {d}")
 
 
 def _report_step(log: _Log, step: int, steps: int, stats: torch.Tensor, S: int, dt: float,
