@@ -6,7 +6,7 @@ import pytest
 from torchpp.cli import main
 from torchpp.formats import Bandwidth, Capacities, Devices, FormatError, MemoryModel, MemorySample, GB
 from torchpp.planner.bandwidth import parse_links_csv
-from torchpp.planner.calibrate import fit, random_spans, span_sums
+from torchpp.profiling.calibrate import fit, random_spans, span_sums
 from torchpp.planner.capacities import compute_capacities
 from torchpp.cost import MemoryEstimator, Profiles
 from torchpp.planner.synthetic import layers_file
@@ -174,7 +174,7 @@ def test_memory_probe_counts_optimizer_moments_beside_activations():
     import sys
 
     def peak(steps: int) -> dict:
-        out = subprocess.run([sys.executable, "-m", "torchpp.planner.memory_probe", "--model", "qwen3-small",
+        out = subprocess.run([sys.executable, "-m", "torchpp.profiling.memory_probe", "--model", "qwen3-small",
                               "--start", "2", "--end", "5", "--batch", "8", "--seq-len", "64", "--steps", str(steps)],
                              capture_output=True, text=True, timeout=200, check=True).stdout
         return json.loads(out.strip().splitlines()[-1])

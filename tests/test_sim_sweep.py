@@ -136,7 +136,7 @@ def test_plan_mode_writes_runtime_form_trace_and_matches_planner_pricing(tmp_pat
     xs = [e for e in ev if e["ph"] == "X"]
     assert {e["name"] for e in xs} >= {"F0", "B3", "send_act", "recv_act", "send_grad", "recv_grad", "allreduce",
                                        "optimizer"}
-    # the runtime recorder's args on each row (torchpp.trace.timeline.StepRecorder)
+    # the runtime recorder's args on each row (torchpp.runtime.tracing.StepRecorder)
     for e in xs:
         need = {"compute": {"stage", "microbatch", "layers"}, "send": {"stage", "microbatch", "peer", "bytes",
                 "samples", "blocked_s"}, "collective": {"stage", "group", "tied", "bytes"}}

@@ -7,9 +7,11 @@ from .actions import MeasuredCost
 from .links import Links
 from .memory import ANALYTIC_ALPHA, ANALYTIC_KP, MemoryEstimator
 from .profiles import Profiles
-from .stage import (BlockMax, BlockSums, Span, StageMemory, StageTime, block_time, boundary_bytes, layer_forward,
-                    recompute_runs, stage_blocks, stage_time, stage_weights)
+from .stage import (BlockMax, BlockSums, MemoryTerms, Span, StageMemory, StageTime, block_time, boundary_bytes,
+                    layer_forward, layer_forward_calls, model_time, recompute_runs, stage_blocks, stage_time,
+                    stage_weights)
 
 __all__ = ["ANALYTIC_ALPHA", "ANALYTIC_KP", "BlockMax", "BlockSums", "Links", "MeasuredCost", "MemoryEstimator",
-           "Profiles", "Span", "StageMemory", "StageTime", "block_time", "boundary_bytes", "layer_forward",
-           "recompute_runs", "stage_blocks", "stage_time", "stage_weights"]
+           "MemoryTerms", "Profiles", "Span", "StageMemory", "StageTime", "block_time", "boundary_bytes",
+           "layer_forward", "layer_forward_calls", "model_time", "recompute_runs", "stage_blocks", "stage_time",
+           "stage_weights"]

@@ -180,6 +180,12 @@ def stage_time(profiles: "Profiles", host: str, span: Span | PlanStage) -> Stage
                      call=profiles.call.get(host, 0.0))
 
 
+def model_time(profiles: "Profiles", host: str) -> StageTime:
+    """The whole model's compute time on ``host`` (every block, nothing recomputed): what hosts'
+    speeds are compared by (the plan's lower bound, scaling a measured optimizer step)."""
+    return stage_time(profiles, host, Span(0, profiles.num_blocks))
+
+
 def block_time(profiles: "Profiles", host: str, lo: Index, hi: Index, samples: float,
                backward: bool = False) -> float | np.ndarray:
     """Seconds of blocks [lo, hi) on ``samples`` samples, without the runtime's per-call cost
@@ -187,6 +193,13 @@ def block_time(profiles: "Profiles", host: str, lo: Index, hi: Index, samples: f
     per, fixed = (profiles.table(host), profiles.fixed(host))
     k = 1 if backward else 0
     return BlockSums(fixed[k])(lo, hi) + samples * BlockSums(per[k])(lo, hi)
+
+
+def layer_forward_calls(profiles: "Profiles", host: str, samples: int) -> np.ndarray:
+    """Seconds of one forward call of each decoder layer on ``samples`` samples (what hosts'
+    capacities compare)."""
+    n = profiles.num_blocks
+    return (profiles.fixed(host)[0] + samples * profiles.table(host)[0])[layer_blocks(0, n - 2)]
 
 
 def layer_blocks(c: int, c2: int) -> slice:
@@ -222,6 +235,20 @@ class StageActivations:
     largest_recomputed: float | np.ndarray
 
 
+@dataclass(frozen=True)
+class MemoryTerms:
+    """A device's predicted peak split by the memory model's coefficients (see :meth:`StageMemory.terms`)."""
+
+    weights: float
+    """Parameter bytes (alpha's multiplier)."""
+    kp_bytes: float
+    """Kp's multiplier: samples x (in flight x kept activations + the largest recomputed layer)."""
+    fixed_bytes: float
+    """Bytes no coefficient scales: the recomputed layers' inputs held per micro-batch in flight."""
+    kept_per_sample: float
+    """Kept activation bytes per sample (as the model weighs them)."""
+
+
 class StageMemory:
     """THE accessor of a stage's peak memory per device, for one model and one memory model."""
 
@@ -245,6 +272,15 @@ class StageMemory:
     def layer_activations(self, c: int, c2: int) -> np.ndarray:
         """Activation bytes per sample of each decoder layer of [c, c2) (as the model weighs them)."""
         return self.memory.activations(self.profiles.act_bytes)[layer_blocks(c, c2)]
+
+    def terms(self, span: Span | PlanStage, samples: float, in_flight: int) -> MemoryTerms:
+        """The peak of a device as a linear form in the memory model's coefficients (what
+        re-planning refits them by): ``base + alpha·weights + kp·kp_bytes + fixed_bytes``."""
+        sp = span if isinstance(span, Span) else Span.of_stage(span)
+        a = self.activations(sp)  # the tail's logits weighted by Kt / Kp
+        kept, rec, amax = float(a.kept), float(a.recomputed), float(a.largest_recomputed)
+        return MemoryTerms(weights=float(self.weights(sp.lo, sp.hi)), kp_bytes=samples * (in_flight * kept + amax),
+                           fixed_bytes=samples * in_flight * rec, kept_per_sample=kept)
 
     def per_sample(self, span: Span | PlanStage, in_flight: int) -> float | np.ndarray:
         """Bytes per sample of one device's share of a micro-batch, ``in_flight`` micro-batches held."""

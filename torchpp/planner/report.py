@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 from ..formats import Plan, file_hash, write_json
 from ..schedules import Kind
 from ..sim.replay import Timeline
-from ..cost import Links, MemoryEstimator, Profiles, StageMemory, stage_time
+from ..cost import Links, MemoryEstimator, Profiles, StageMemory, model_time, stage_time
 from ..schedules import in_flight
 from ..sim.measured import price
 from ..sim.trace import recompute_of, timeline_events
@@ -61,7 +61,7 @@ def predict(plan: Plan, profiles: Profiles, links: Links, memory: MemoryEstimato
     bubble = analyze(timeline_events(plan, tl, recompute_of=recompute_of(plan, profiles))).bubble
     hosts = list(budget) or sorted({d.host for s in plan.stages for d in s.devices})
     profiles.ensure(hosts)
-    cap = sum(1.0 / float(profiles.table(h)[0].sum() + profiles.table(h)[1].sum()) for h in hosts)
+    cap = sum(1.0 / float(model_time(profiles, h).per_sample) for h in hosts)  # samples per second
     lb = plan.global_batch / cap
     pred = {
         "step_time_s": step, "throughput_samples_per_s": plan.global_batch / step,

@@ -1,9 +1,9 @@
-"""`torchpp calibrate-memory`: fit ``peak ≈ base + alpha·Σweights + Kp·Σactivation·B`` (seed 000 step 4).
+"""Memory calibration (`torchpp calibrate-memory`): fit ``peak ≈ base + alpha·Σweights + Kp·Σactivation·B`` (seed 000 step 4).
 
 Random spans [s, e) of decoder layers (with the embedding when s = 0 and the tail when e = N,
 as a stage would hold them) are each built as the runtime builds a stage and trained for a
 few AdamW steps (the moments exist from the second on) in a fresh subprocess
-(:mod:`torchpp.planner.memory_probe`), which reports its peak RSS increase. The
+(:mod:`torchpp.profiling.memory_probe`), which reports its peak RSS increase. The
 three coefficients are fitted by non-negative least squares (scipy.optimize.nnls); the file
 keeps the samples, the residuals and R². ``alpha`` thus covers weights, gradients and
 optimizer state; ``Kp`` the activations of one micro-batch, which the planner multiplies by
@@ -14,7 +14,6 @@ whichever stage holds the tail.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -26,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..formats import FormatError, LayersFile, MemoryModel, MemorySample
+from ..formats import LayersFile, MemoryModel, MemorySample
 from ..cost import BlockSums, stage_blocks
 
 
@@ -95,7 +94,7 @@ def measure_span(model: str, start: int, end: int, has_embed: bool, has_tail: bo
                  timeout_s: float = 300.0, threads: int = 1) -> tuple[int, int]:
     """Peak RSS increase (bytes) of one span, in a fresh Python process, and that process's RSS
     before the span's model was built."""
-    cmd = [sys.executable, "-m", "torchpp.planner.memory_probe", "--model", model, "--start", str(start),
+    cmd = [sys.executable, "-m", "torchpp.profiling.memory_probe", "--model", model, "--start", str(start),
            "--end", str(end), "--batch", str(batch), "--seq-len", str(seq_len), "--threads", str(threads)]
     cmd += ["--embed"] * has_embed + ["--tail"] * has_tail
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -133,49 +132,3 @@ def calibrate(lf: LayersFile, model: str, *, samples: int, batch: int | Sequence
     mm.host, mm.model, mm.microbatch = lf.host, model, max(sizes)
     mm.process_bytes = float(statistics.median(r.process_bytes for r in rows))
     return mm
-
-
-def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--layers", required=True, type=Path, help="layers_<host>.json of this host (bytes per block)")
-    p.add_argument("--model", required=True, help="preset name or local checkpoint (the profiled model)")
-    p.add_argument("--samples", type=int, default=20, help="number of random spans")
-    p.add_argument("--microbatch", default=None, help="samples per span run, or sizes taken in turn such as 2,8 "
-                   "(better separates weights from activations; default: run.batch)")
-    p.add_argument("--seq-len", type=int, default=None, help="default: the layers file's run.seq_len")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per span")
-    p.add_argument("--out", type=Path, default=Path("memory_model.json"))
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    from ..errors import UsageError
-    from ..models.presets import ModelSpecError, load_config, num_hidden_layers
-
-    lf = LayersFile.load(args.layers)
-    try:
-        n = num_hidden_layers(load_config(args.model))
-    except ModelSpecError as e:
-        raise UsageError(str(e)) from None
-    if n != lf.model.num_layers:
-        raise FormatError(str(args.layers), "model.num_layers", f"{n} (the layers of --model {args.model})",
-                          lf.model.num_layers)
-    if args.samples < 3:
-        raise UsageError("--samples: expected at least 3 spans (three coefficients are fitted)")
-    try:
-        batch = [int(x) for x in str(args.microbatch).split(",")] if args.microbatch else [lf.run.batch]
-    except ValueError:
-        raise UsageError(f"--microbatch: expected an integer or a list such as 2,8, got {args.microbatch!r}") from None
-    if min(batch) < 1:
-        raise UsageError(f"--microbatch: expected sizes >= 1, got {args.microbatch!r}")
-    print(f"calibrating memory of {args.model} on {lf.host}: {args.samples} span(s), micro-batch "
-          f"{', '.join(map(str, batch))}")
-    mm = calibrate(lf, args.model, samples=args.samples, batch=batch, seq_len=args.seq_len, seed=args.seed,
-                   timeout_s=args.timeout, threads=args.threads)
-    mm.save(args.out)
-    print(f"wrote {args.out}: base {mm.base / 2**20:.1f} MiB, alpha {mm.alpha:.3f}, Kp {mm.Kp:.3f}, "
-          f"{'' if mm.Kt is None else f'Kt {mm.Kt:.3f} (tail), '}R² {mm.r2:.4f}, "
-          f"max |residual| {max(abs(r) for r in mm.residuals) / 2**20:.1f} MiB; the runtime itself "
-          f"{mm.process_bytes / 2**20:.0f} MiB per process")
-    return 0

@@ -1,4 +1,4 @@
-"""One memory-calibration span, run in its own process: ``python -m torchpp.planner.memory_probe``.
+"""One memory-calibration span, run in its own process: ``python -m torchpp.profiling.memory_probe``.
 
 Builds the stage the runtime would build for decoder layers [start, end) (plus the embedding
 and/or tail), runs a few forward + backward + AdamW steps on ``batch`` samples, and prints one JSON line

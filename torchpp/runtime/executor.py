@@ -75,6 +75,29 @@ class StepResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class _StepState:
+    """What one step holds between its actions: posted receives, unfinished sends, received
+    sample ranges, each micro-batch's input and output, and the step's totals."""
+
+    ids: torch.Tensor | None
+    n_tokens: int | None
+    grad_sends: dict[int, int]
+    """Per micro-batch, gradient sends still to post (its input is dropped after the last)."""
+    recv_shape: tuple[int, int]
+    """(tokens, hidden) of a received activation or gradient, per sample."""
+    dtype: torch.dtype
+    pending: dict[Action, Pending] = field(default_factory=dict)
+    sends: list[Pending] = field(default_factory=list)
+    parts: dict[tuple[Kind, int], list[tuple[int, torch.Tensor]]] = field(default_factory=dict)
+    inputs: dict[int, torch.Tensor] = field(default_factory=dict)
+    outputs: dict[int, torch.Tensor] = field(default_factory=dict)
+    loss: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
+    compute_s: float = 0.0
+    wait_s: float = 0.0
+    sent: int = 0
+
+
 class Executor:
     """One rank: its stage, its action list, its links and its optimizer."""
 
@@ -99,116 +122,133 @@ class Executor:
 
     def step(self, ids: torch.Tensor | None, n_tokens: int | None) -> StepResult:
         """One optimizer step over the global batch ``ids`` (None on ranks that need no tokens)."""
-        st, obs, comm = self.pstage, self.observer, self.comm
-        a, b = self.range
-        T, H = self.plan.seq_len, self.stage.hidden_size
-        dtype = self.stage.dtype
-        pending: dict[Action, Pending] = {}
-        comm.stamp = obs is not None
-        sends: list[Pending] = []
-        parts: dict[tuple[Kind, int], list[tuple[int, torch.Tensor]]] = {}
-        inputs: dict[int, torch.Tensor] = {}
-        outputs: dict[int, torch.Tensor] = {}
-        loss = torch.zeros((), dtype=torch.float64)
-        compute_s = wait_s = 0.0
-        sent = 0
-        grad_sends: dict[int, int] = {}
-        for act in self.actions:
-            if act.kind == Kind.SEND_GRAD:
-                grad_sends[act.microbatch] = grad_sends.get(act.microbatch, 0) + 1
-
+        self.comm.stamp = self.observer is not None
+        s = _StepState(ids=ids, n_tokens=n_tokens, grad_sends=self._grad_sends(),
+                       recv_shape=(self.plan.seq_len, self.stage.hidden_size), dtype=self.stage.dtype)
+        run = {Kind.FORWARD: self._forward, Kind.SEND_ACT: self._send_act, Kind.BACKWARD: self._backward,
+               Kind.SEND_GRAD: self._send_grad, Kind.ALLREDUCE: self._allreduce_action,
+               Kind.OPTIMIZER: self._optimizer_action}
         for i, act in enumerate(self.actions):
-            for r in self.posting.get(i, ()):
-                lo, hi = r.samples
-                pending[r] = comm.irecv(r, torch.empty((hi - lo, T, H), dtype=dtype))
-            k, mb = act.kind, act.microbatch
+            self._post_receives(i, s)
             if act.is_recv:
-                t0 = time.perf_counter()
-                p = pending.pop(act)
-                tensor = comm.wait(p)
-                wait_s += time.perf_counter() - t0
-                if obs:
-                    obs.p2p(p, t0)
-                parts.setdefault((k, mb), []).append((act.samples[0], tensor))
-            elif k == Kind.FORWARD:
-                if obs:
-                    obs.forward_microbatch(mb)
-                t0 = time.perf_counter()
-                if st.has_embed:
-                    x = ids[self._rows(mb, a, b)]
-                else:
-                    x = _joined(parts.pop((Kind.RECV_ACT, mb)), a, b).requires_grad_(True)
-                labels = ids[self._rows(mb, a, b)] if st.has_tail else None
-                self.stage.rng_key = (self.step_index, mb)
-                out = self.stage.forward(x, labels, n_tokens)
-                inputs[mb], outputs[mb] = x, out
-                if st.has_tail:
-                    loss += out.detach().double()
-                t1 = time.perf_counter()
-                compute_s += t1 - t0
-                if obs:
-                    obs.compute(act, t0, t1, {"samples": list(act.samples or (a, b))})
-            elif k == Kind.SEND_ACT:
-                lo, hi = act.samples
-                sends.append(comm.isend(act, outputs[mb][lo - a:hi - a].detach().contiguous()))
-            elif k == Kind.BACKWARD:
-                t0 = time.perf_counter()
-                if obs:
-                    obs.backward_begin(mb, t0)
-                out = outputs.pop(mb)
-                if st.has_tail:
-                    out.backward()
-                else:
-                    grad = _joined(parts.pop((Kind.RECV_GRAD, mb)), a, b)
-                    torch.autograd.backward(out, grad)
-                del out
-                t1 = time.perf_counter()
-                if obs:
-                    obs.backward_end(mb, t1)
-                compute_s += t1 - t0
-                if obs:
-                    obs.compute(act, t0, t1, {"samples": list(act.samples or (a, b))})
-                if not grad_sends.get(mb):
-                    inputs.pop(mb)
-            elif k == Kind.SEND_GRAD:
-                lo, hi = act.samples
-                sends.append(comm.isend(act, inputs[mb].grad[lo - a:hi - a].contiguous()))
-                grad_sends[mb] -= 1
-                if grad_sends[mb] == 0:  # the pending sends keep the gradient alive, not the input
-                    inputs.pop(mb)
-            elif k == Kind.ALLREDUCE:
-                t0 = time.perf_counter()
-                nbytes = self._all_reduce(act)
-                t1 = time.perf_counter()
-                wait_s += t1 - t0
-                if obs:
-                    obs.collective(act, t0, t1, nbytes)
-            elif k == Kind.OPTIMIZER:
-                t0 = time.perf_counter()
-                for p in sends:
-                    comm.wait(p)
-                    if obs:
-                        obs.p2p(p, None)
-                t1 = time.perf_counter()
-                wait_s += t1 - t0
-                sent += sum(p.nbytes for p in sends)
-                sends.clear()
-                inputs.clear()
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                t2 = time.perf_counter()
-                compute_s += t2 - t1
-                if obs:
-                    obs.compute(act, t1, t2, {})
+                self._receive(act, s)
+            elif act.kind in run:
+                run[act.kind](act, s)
             else:  # pragma: no cover - build() only makes the kinds above
                 raise RuntimeError(f"rank {self.rank}: cannot execute {describe(act)}")
-            if k in (Kind.FORWARD, Kind.BACKWARD) and sends:
-                sent += self._release_finished(sends)
-        if pending or parts or outputs:
+            if act.kind in (Kind.FORWARD, Kind.BACKWARD) and s.sends:
+                s.sent += self._release_finished(s.sends)
+        if s.pending or s.parts or s.outputs:
             raise RuntimeError(f"rank {self.rank}: step ended with unconsumed messages or activations "
-                               f"({len(pending)} receives, {len(parts)} parts, {len(outputs)} outputs)")
+                               f"({len(s.pending)} receives, {len(s.parts)} parts, {len(s.outputs)} outputs)")
         self.step_index += 1
-        return StepResult(loss=float(loss), compute_s=compute_s, comm_wait_s=wait_s, sent_bytes=sent)
+        return StepResult(loss=float(s.loss), compute_s=s.compute_s, comm_wait_s=s.wait_s, sent_bytes=s.sent)
+
+    def _grad_sends(self) -> dict[int, int]:
+        """Per micro-batch, the gradient sends of this step (its input is kept until the last one)."""
+        out: dict[int, int] = {}
+        for act in self.actions:
+            if act.kind == Kind.SEND_GRAD:
+                out[act.microbatch] = out.get(act.microbatch, 0) + 1
+        return out
+
+    def _post_receives(self, i: int, s: "_StepState") -> None:
+        for r in self.posting.get(i, ()):
+            lo, hi = r.samples
+            s.pending[r] = self.comm.irecv(r, torch.empty((hi - lo, *s.recv_shape), dtype=s.dtype))
+
+    def _receive(self, act: Action, s: "_StepState") -> None:
+        t0 = time.perf_counter()
+        p = s.pending.pop(act)
+        tensor = self.comm.wait(p)
+        s.wait_s += time.perf_counter() - t0
+        if self.observer:
+            self.observer.p2p(p, t0)
+        s.parts.setdefault((act.kind, act.microbatch), []).append((act.samples[0], tensor))
+
+    def _forward(self, act: Action, s: "_StepState") -> None:
+        st, obs, mb = self.pstage, self.observer, act.microbatch
+        a, b = self.range
+        if obs:
+            obs.forward_microbatch(mb)
+        t0 = time.perf_counter()
+        if st.has_embed:
+            x = s.ids[self._rows(mb, a, b)]
+        else:
+            x = _joined(s.parts.pop((Kind.RECV_ACT, mb)), a, b).requires_grad_(True)
+        labels = s.ids[self._rows(mb, a, b)] if st.has_tail else None
+        self.stage.rng_key = (self.step_index, mb)
+        out = self.stage.forward(x, labels, s.n_tokens)
+        s.inputs[mb], s.outputs[mb] = x, out
+        if st.has_tail:
+            s.loss += out.detach().double()
+        t1 = time.perf_counter()
+        s.compute_s += t1 - t0
+        if obs:
+            obs.compute(act, t0, t1, {"samples": list(act.samples or (a, b))})
+
+    def _send_act(self, act: Action, s: "_StepState") -> None:
+        lo, hi = act.samples
+        a = self.range[0]
+        s.sends.append(self.comm.isend(act, s.outputs[act.microbatch][lo - a:hi - a].detach().contiguous()))
+
+    def _backward(self, act: Action, s: "_StepState") -> None:
+        obs, mb = self.observer, act.microbatch
+        a, b = self.range
+        t0 = time.perf_counter()
+        if obs:
+            obs.backward_begin(mb, t0)
+        out = s.outputs.pop(mb)
+        if self.pstage.has_tail:
+            out.backward()
+        else:
+            grad = _joined(s.parts.pop((Kind.RECV_GRAD, mb)), a, b)
+            torch.autograd.backward(out, grad)
+        del out
+        t1 = time.perf_counter()
+        if obs:
+            obs.backward_end(mb, t1)
+        s.compute_s += t1 - t0
+        if obs:
+            obs.compute(act, t0, t1, {"samples": list(act.samples or (a, b))})
+        if not s.grad_sends.get(mb):
+            s.inputs.pop(mb)
+
+    def _send_grad(self, act: Action, s: "_StepState") -> None:
+        lo, hi = act.samples
+        a, mb = self.range[0], act.microbatch
+        s.sends.append(self.comm.isend(act, s.inputs[mb].grad[lo - a:hi - a].contiguous()))
+        s.grad_sends[mb] -= 1
+        if s.grad_sends[mb] == 0:  # the pending sends keep the gradient alive, not the input
+            s.inputs.pop(mb)
+
+    def _allreduce_action(self, act: Action, s: "_StepState") -> None:
+        t0 = time.perf_counter()
+        nbytes = self._all_reduce(act)
+        t1 = time.perf_counter()
+        s.wait_s += t1 - t0
+        if self.observer:
+            self.observer.collective(act, t0, t1, nbytes)
+
+    def _optimizer_action(self, act: Action, s: "_StepState") -> None:
+        """Wait for this step's sends, then step the optimizer."""
+        obs = self.observer
+        t0 = time.perf_counter()
+        for p in s.sends:
+            self.comm.wait(p)
+            if obs:
+                obs.p2p(p, None)
+        t1 = time.perf_counter()
+        s.wait_s += t1 - t0
+        s.sent += sum(p.nbytes for p in s.sends)
+        s.sends.clear()
+        s.inputs.clear()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        t2 = time.perf_counter()
+        s.compute_s += t2 - t1
+        if obs:
+            obs.compute(act, t1, t2, {})
 
     def _release_finished(self, sends: list[Pending]) -> int:
         """Drop sends that completed (their buffers can be freed); errors surface at the next wait."""

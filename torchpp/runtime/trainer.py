@@ -308,7 +308,7 @@ def _prepare_checkpoints(cfg: TrainConfig, roles: ckpt.Roles, stage: Any) -> int
 
 def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummary:
     from ..data import open_source
-    from ..trace.timeline import StepRecorder, mark_base_rss, sync_clocks, write_step
+    from .tracing import StepRecorder, mark_base_rss, sync_clocks, write_step
 
     plan, schedule = prep.plan, prep.schedule
     pstage = plan.stage_of_rank(rank)

@@ -1,75 +1,19 @@
-"""Measured per-rank timelines of chosen training steps, and the merged view of all ranks.
+"""The one form of a pipeline's send and receive slices in a Chrome trace, measured or predicted.
 
-Each rank records its step as Chrome trace events (through :class:`~torchpp.trace.chrome.TraceWriter`):
-``F<mb>``/``B<mb>``/``optimizer`` on the compute row, ``send_act``/``send_grad`` and
-``recv_act``/``recv_grad`` (with bytes) on the send and recv rows, ``allreduce`` on the
-collective row, per-block slices (``embed``, ``layer<i>``, ``tail``; forward and backward)
-on the blocks row when asked, and flow arrows from each send to its receive.
-
-A p2p slice runs from when the message became this row's next outstanding one (not before
-it was posted, not before the previous message on the row finished) to when it completed,
-as stamped by its waiter thread; ``blocked_s`` says how long compute waited for it.
-
-Clocks: each rank's times are relative to its own base; the offset to rank 0's base is
-measured by ping-pong (the sample with the smallest round trip wins, its uncertainty is half
-that round trip) and recorded, and the merged ``timeline_step<N>_all.json`` applies it.
+The runtime's recorder (:mod:`torchpp.runtime.tracing`) and the simulator's predicted traces
+(:mod:`torchpp.sim.trace`) both lay out their p2p rows through :func:`p2p_event`, so one analysis
+reads both. Nothing here runs a process group or imports torch.
 """
 from __future__ import annotations
 
 import hashlib
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from ..schedules import Action, Kind
-from ..formats import write_json
-from .chrome import TraceWriter, merge
+from .chrome import TraceWriter
 
-if TYPE_CHECKING:  # torch is imported where used: writing a predicted trace needs none
-    import torch
-
-_CLOCK_TAG = 1 << 30
-_P2P_NAMES = {Kind.SEND_ACT: ("send", "send_act"), Kind.SEND_GRAD: ("send", "send_grad"),
-              Kind.RECV_ACT: ("recv", "recv_act"), Kind.RECV_GRAD: ("recv", "recv_grad")}
-
-
-@dataclass
-class ClockSync:
-    base_s: float
-    """This rank's perf_counter at its time zero."""
-    offset_s: float
-    """Add to this rank's relative times to get rank 0's relative times."""
-    rtt_s: float
-    """Round trip of the kept sample (the offset is exact to within half of it)."""
-
-
-def sync_clocks(rank: int, world_size: int, rounds: int = 16) -> ClockSync:
-    """Ping-pong with rank 0; every rank calls this together."""
-    base = time.perf_counter()
-    if world_size == 1:
-        return ClockSync(base, 0.0, 0.0)
-    import torch
-    import torch.distributed as dist
-
-    buf = torch.zeros(1, dtype=torch.float64)
-    if rank == 0:
-        for r in range(1, world_size):
-            for _ in range(rounds):
-                dist.recv(buf, src=r, tag=_CLOCK_TAG)
-                buf[0] = time.perf_counter() - base
-                dist.send(buf, dst=r, tag=_CLOCK_TAG)
-        return ClockSync(base, 0.0, 0.0)
-    best = (float("inf"), 0.0)
-    for _ in range(rounds):
-        t1 = time.perf_counter()
-        dist.send(buf, dst=0, tag=_CLOCK_TAG)
-        dist.recv(buf, src=0, tag=_CLOCK_TAG)
-        t2 = time.perf_counter()
-        rtt = t2 - t1
-        if rtt < best[0]:
-            best = (rtt, float(buf[0]) - ((t1 + t2) / 2 - base))
-    return ClockSync(base, best[1], best[0])
+P2P_NAMES = {Kind.SEND_ACT: ("send", "send_act"), Kind.SEND_GRAD: ("send", "send_grad"),
+             Kind.RECV_ACT: ("recv", "recv_act"), Kind.RECV_GRAD: ("recv", "recv_grad")}
+"""Per p2p kind: its row (send or recv) and its slice name."""
 
 
 def flow_id(step: int, action: Action, src: int, dst: int) -> int:
@@ -79,119 +23,11 @@ def flow_id(step: int, action: Action, src: int, dst: int) -> int:
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:6], "little")
 
 
-@dataclass
-class _P2P:
-    action: Action
-    posted_s: float
-    done_s: float
-    nbytes: int
-    blocked_s: float
-
-
-@dataclass
-class StepRecorder:
-    """Observer of one step on one rank (executor and block events); :meth:`finish` writes it."""
-
-    rank: int
-    world_size: int
-    stage: int
-    host: str
-    step: int
-    clock: ClockSync
-    layers: tuple[int, int] = (0, 0)
-    writer: TraceWriter = field(init=False)
-    _p2p: list[_P2P] = field(default_factory=list)
-    _mb: int | None = None
-    _open: dict[str, float] = field(default_factory=dict)
-    _bwd: dict[int, dict[str, list[float | None]]] = field(default_factory=dict)
-    _bwd_begin: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.writer = TraceWriter(world_size=self.world_size, rank=self.rank, metadata={
-            "step": self.step, "rank": self.rank, "stage": self.stage, "host": self.host,
-            "clock_offset_s": self.clock.offset_s, "clock_rtt_s": self.clock.rtt_s, "clock": "perf_counter"})
-        self.writer.name_process(self.rank, f"rank {self.rank} · stage {self.stage} · host {self.host}")
-
-    def _t(self, t: float) -> float:
-        return t - self.clock.base_s
-
-    # -- executor
-    def compute(self, action: Action, start_s: float, end_s: float, args: dict) -> None:
-        name = {Kind.FORWARD: "F", Kind.BACKWARD: "B"}.get(action.kind)
-        name = f"{name}{action.microbatch}" if name else "optimizer"
-        if action.kind == Kind.FORWARD:
-            self._mb = action.microbatch
-        self.writer.complete(self.rank, "compute", name, self._t(start_s), end_s - start_s,
-                             {"stage": action.stage, "microbatch": action.microbatch,
-                              "layers": list(self.layers), **args})
-
-    def p2p(self, pending, waited_from_s: float | None) -> None:
-        blocked = 0.0 if waited_from_s is None else max(0.0, pending.done_s - waited_from_s)
-        self._p2p.append(_P2P(pending.action, pending.posted_s, pending.done_s, pending.nbytes, blocked))
-
-    def collective(self, action: Action, start_s: float, end_s: float, nbytes: int) -> None:
-        self.writer.complete(self.rank, "collective", "allreduce", self._t(start_s), end_s - start_s,
-                             {"stage": action.stage, "group": list(action.group or ()), "tied": action.tied,
-                              "bytes": nbytes})
-
-    def backward_begin(self, microbatch: int, t: float) -> None:
-        self._bwd.setdefault(microbatch, {})
-        self._bwd_begin = t
-
-    def backward_end(self, microbatch: int, t: float) -> None:
-        for name, (b, e) in self._bwd.pop(microbatch, {}).items():
-            if b is None:
-                b = self._bwd_begin
-            end = e if e is not None else t
-            self.writer.complete(self.rank, "blocks", name, self._t(b), end - b,
-                                 {"stage": self.stage, "microbatch": microbatch, "pass": "backward"}, cat="block")
-
-    # -- blocks (Stage.profiler)
-    def begin(self, name: str) -> None:
-        self._open[name] = time.perf_counter()
-
-    def end(self, name: str, inp: torch.Tensor | None, out: torch.Tensor) -> None:
-        t1 = time.perf_counter()
-        import torch
-
-        t0 = self._open.pop(name, t1)
-        mb = self._mb
-        self.writer.complete(self.rank, "blocks", name, self._t(t0), t1 - t0,
-                             {"stage": self.stage, "microbatch": mb, "pass": "forward"}, cat="block")
-        if mb is None or not torch.is_grad_enabled():
-            return
-        slot = self._bwd.setdefault(mb, {}).setdefault(name, [None, None])
-        if out.requires_grad:
-            out.register_hook(lambda g, s=slot: s.__setitem__(0, time.perf_counter()))
-        if inp is not None and inp.requires_grad:
-            inp.register_hook(lambda g, s=slot: s.__setitem__(1, time.perf_counter()))
-
-    def forward_microbatch(self, microbatch: int) -> None:
-        self._mb = microbatch
-
-    # -- output
-    def finish(self) -> dict[str, Any]:
-        """Lay out the p2p rows without overlap, add flow halves, return the trace JSON."""
-        w = self.writer
-        w.metadata["peak_rss_bytes"] = peak_rss_bytes()
-        if _BASE_RSS is not None:
-            w.metadata["base_rss_bytes"] = _BASE_RSS
-        for row in ("send", "recv"):
-            recs = sorted((p for p in self._p2p if _P2P_NAMES[p.action.kind][0] == row), key=lambda p: p.done_s)
-            prev_end = float("-inf")
-            for p in recs:
-                start = max(p.posted_s, prev_end)
-                prev_end = p.done_s
-                a = p.action
-                p2p_event(w, self.rank, self.step, row, a, self._t(start), p.done_s - start, p.nbytes, p.blocked_s)
-        return w.to_json()
-
-
 def p2p_event(w: TraceWriter, rank: int, step: int, row: str, a: Action, start_s: float, dur_s: float, nbytes: int,
               blocked_s: float) -> None:
     """One send or receive slice on its row, and its half of the send→receive flow arrow: the
     one form measured (runtime) and predicted (simulator) timelines share."""
-    ev = w.complete(rank, row, _P2P_NAMES[a.kind][1], start_s, dur_s,
+    ev = w.complete(rank, row, P2P_NAMES[a.kind][1], start_s, dur_s,
                     {"stage": a.stage, "microbatch": a.microbatch, "peer": a.peer, "bytes": nbytes,
                      "samples": list(a.samples or ()), "blocked_s": blocked_s if w.precise else round(blocked_s, 6)})
     src, dst = (rank, a.peer) if row == "send" else (a.peer, rank)
@@ -203,41 +39,3 @@ def p2p_event(w: TraceWriter, rank: int, step: int, row: str, a: Action, start_s
         w.events.append({"ph": "f", "bp": "e", "id": fid, "cat": "p2p",
                          "name": "send_act" if a.kind == Kind.RECV_ACT else "send_grad",
                          "pid": ev["pid"], "tid": ev["tid"], "ts": ev["ts"] + ev["dur"]})
-
-
-_BASE_RSS: int | None = None
-
-
-def mark_base_rss() -> None:
-    """Remember this process's RSS before its stage is built (the torch runtime, data, process
-    group): traces then carry it, so the stage's own peak is ``peak_rss_bytes - base_rss_bytes``."""
-    import psutil
-
-    global _BASE_RSS
-    _BASE_RSS = int(psutil.Process().memory_info().rss)
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size so far (what the planner's memory model predicts)."""
-    import resource
-    import sys
-
-    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(kib) if sys.platform == "darwin" else int(kib) * 1024
-
-
-def write_step(trace_dir: str | Path, step: int, rank: int, world_size: int, trace: dict[str, Any],
-               offsets: dict[int, float] | None = None) -> list[Path]:
-    """Write this rank's file; rank 0 also writes the merged timeline (all ranks call this)."""
-    d = Path(trace_dir)
-    out = [write_json(d / f"timeline_step{step}_rank{rank}.json", trace)]
-    from ..runtime.exchange import gather_json
-
-    gathered = gather_json(trace, dst=0) if world_size > 1 else [trace]
-    if rank == 0:
-        offs = [float(t.get("metadata", {}).get("clock_offset_s", 0.0)) for t in gathered]
-        rtts = [float(t.get("metadata", {}).get("clock_rtt_s", 0.0)) for t in gathered]
-        merged = merge(gathered, offs, metadata={"step": step, "clock_rtt_s": rtts,
-                                                 "clock_reference": "rank 0"})
-        out.append(write_json(d / f"timeline_step{step}_all.json", merged))
-    return out

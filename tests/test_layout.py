@@ -1,0 +1,160 @@
+"""torchpp's layering, read off the source with ``ast`` (nothing is imported or run).
+
+DESIGN.md 'Layout': each part (a top-level module or package of torchpp) imports only parts
+below it, so there is no import cycle between parts; library code never imports a command-line
+module; functions are short enough to read at once. Imports inside functions count as much as
+those at the top of a module: a lazy import is still a dependency.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "torchpp"
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("__init__", "errors", "formats", "argtypes", "plans", "_timer"),
+    ("schedules", "data", "models"),
+    ("cost", "trace"),
+    ("sim",),
+    ("runtime",),
+    ("profiling", "cluster"),
+    ("planner",),
+    ("train", "demo", "cli"),
+    ("__main__",),
+)
+"""Parts from the bottom up: a part may import parts of earlier rows only (not its own row's).
+``plans`` (what a plan is, below the simulator and the planner) may not exist yet; ``_timer`` is
+the compiled span timer."""
+
+CLI_NAMES = ("cli", "train", "demo", "__main__")
+"""Modules that parse arguments and print for people (and any ``*_cli``); no library module imports them."""
+
+MAX_FUNCTION_LINES = 80
+FUNCTION_LENGTH_EXEMPT_FOLDERS: tuple[str, ...] = ("sim",)
+"""Folders of torchpp whose functions are not held to MAX_FUNCTION_LINES yet (being split)."""
+
+
+def rank_of() -> dict[str, int]:
+    return {part: i for i, row in enumerate(LAYERS) for part in row}
+
+
+def sources() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def part(path: Path) -> str:
+    rel = path.relative_to(PACKAGE).parts
+    return rel[0].removesuffix(".py")
+
+
+def is_cli(name: str) -> bool:
+    return name in CLI_NAMES or name.endswith("_cli")
+
+
+def imported(path: Path, node: ast.Import | ast.ImportFrom) -> list[list[str]]:
+    """The torchpp modules (as name components below ``torchpp``) an import statement names."""
+    if isinstance(node, ast.Import):
+        return [a.name.split(".")[1:] for a in node.names if a.name.startswith("torchpp.")]
+    if node.level:
+        here = list(path.parent.relative_to(PACKAGE).parts)
+        base = here[: len(here) - (node.level - 1)]
+    elif node.module == "torchpp" or (node.module or "").startswith("torchpp."):
+        base, node = [], ast.ImportFrom(module=node.module.partition(".")[2] or None, names=node.names, level=0)
+    else:
+        return []
+    if node.module:
+        return [base + node.module.split(".")]
+    return [base + [a.name] for a in node.names]
+
+
+@functools.cache
+def imports() -> list[tuple[Path, int, list[str]]]:
+    """Every import of a torchpp module in torchpp, at module level or inside functions."""
+    out = []
+    for path in sources():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                out += [(path, node.lineno, t) for t in imported(path, node) if t]
+    return out
+
+
+def part_edges() -> dict[tuple[str, str], list[str]]:
+    """(importing part, imported part) -> where (file:line)."""
+    edges: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for path, line, target in imports():
+        a, b = part(path), target[0]
+        if a != b:
+            edges[(a, b)].append(f"{path.relative_to(PACKAGE.parent)}:{line}")
+    return edges
+
+
+def test_every_part_has_a_layer():
+    parts = {part(p) for p in sources()} | {b for _, b in part_edges()}
+    missing = sorted(parts - set(rank_of()))
+    assert not missing, f"parts of torchpp with no row in LAYERS: {missing}"
+
+
+def test_no_import_cycle_between_parts():
+    graph: dict[str, set[str]] = defaultdict(set)
+    for a, b in part_edges():
+        graph[a].add(b)
+    cycles = set()
+
+    def visit(u: str, path: list[str]) -> None:
+        for v in sorted(graph[u]):
+            if v in path:
+                cyc = path[path.index(v):]
+                k = cyc.index(min(cyc))
+                cycles.add(" -> ".join(cyc[k:] + cyc[:k] + [min(cyc)]))
+            else:
+                visit(v, path + [v])
+
+    for u in sorted(graph):
+        visit(u, [u])
+    assert not cycles, "import cycles between parts of torchpp: " + "; ".join(sorted(cycles))
+
+
+def test_parts_import_only_parts_below_them():
+    rank = rank_of()
+    upward = [f"{a} -> {b} ({', '.join(where[:3])})" for (a, b), where in sorted(part_edges().items())
+              if a in rank and b in rank and rank[b] >= rank[a]]
+    assert not upward, "imports of a part at or above the importer's row in LAYERS:\n  " + "\n  ".join(upward)
+
+
+def test_no_library_module_imports_a_command_line_module():
+    bad = [f"{path.relative_to(PACKAGE.parent)}:{line} imports torchpp.{'.'.join(target)}"
+           for path, line, target in imports()
+           if not is_cli(path.stem) and any(is_cli(name) for name in target)]
+    assert not bad, "library modules importing a command-line module:\n  " + "\n  ".join(bad)
+
+
+@pytest.mark.parametrize("limit", [MAX_FUNCTION_LINES])
+def test_no_long_functions(limit):
+    long = []
+    for path in sources():
+        rel = path.relative_to(PACKAGE)
+        if len(rel.parts) > 1 and rel.parts[0] in FUNCTION_LENGTH_EXEMPT_FOLDERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > limit:
+                    long.append(f"{rel}:{node.name} ({n} lines)")
+    assert not long, f"functions over {limit} lines: {', '.join(long)}"
+
+
+def test_the_walk_sees_function_level_and_relative_imports():
+    """The reader resolves what the checks rely on: relative levels, ``from . import x`` and
+    imports inside functions."""
+    pkg = PACKAGE / "planner" / "replan" / "cli.py"
+    src = "from ...formats import Plan\nfrom .. import api\ndef f():\n    from torchpp.sim import measured\n"
+    found = []
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found += imported(pkg, node)
+    assert found == [["formats"], ["planner", "api"], ["sim"]]

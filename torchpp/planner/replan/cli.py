@@ -1,0 +1,120 @@
+"""`torchpp replan`: correct the cost model from a run's timelines, then plan again.
+
+The steps are the package's modules in order: read the old inputs and the run, fit corrected
+costs, write the corrected files, re-price the old plan, plan again, summarise.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ...formats import LayersFile, Plan, write_json
+from ...cost import Links, MemoryEstimator, Profiles
+from ...sim.measured import price
+from .fit import corrected_bandwidth, fit_hosts, fit_links, fit_memory, optimizer_rates
+from .read import OldCosts, read_old_costs, read_run
+from .summary import add_new_plan, build_summary, summary_text
+from .write import write_corrected
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    from ...argtypes import ints as _ints
+
+    p.add_argument("--plan", type=Path, required=True, help="plan.json the traced run used")
+    p.add_argument("--traces", type=Path, required=True, help="folder with the run's timeline_step<N>_all.json")
+    p.add_argument("--steps", type=_ints, default=None, help="traced steps to use, e.g. 2,3 (default: all)")
+    p.add_argument("--layers", nargs="+", type=Path, default=None,
+                   help="layers_<host>.json the plan was made from (default: the model's per-block FLOPs, scaled "
+                        "to the measured times)")
+    p.add_argument("--capacities", type=Path, default=None, help="capacities.json the plan was made from")
+    p.add_argument("--bandwidth", type=Path, default=None,
+                   help="bandwidth.json the plan was made from (links the run did not use keep these rates)")
+    p.add_argument("--memory-model", type=Path, default=None, help="memory_model.json (default: analytic)")
+    p.add_argument("--devices", type=Path, default=None,
+                   help="devices.json (default: the plan's devices with the budgets in its prediction)")
+    p.add_argument("--out-dir", type=Path, required=True)
+    p.add_argument("--global-batch", type=int, default=None, help="default: the plan's")
+    p.add_argument("--schedule", choices=["1f1b", "gpipe"], default=None, help="default: the plan's")
+    p.add_argument("--max-stages", type=int, default=None)
+    p.add_argument("--micro-batch-sizes", type=_ints, default=None)
+    p.add_argument("--no-recompute", action="store_true")
+    p.add_argument("--exact-devices", type=int, default=5)
+    p.add_argument("--max-group", type=int, default=8)
+    p.add_argument("--compare", default=None, help="e.g. even,dp,pp: price these too (corrected costs)")
+    p.add_argument("--no-memory-refit", action="store_true", help="keep the memory model even if peaks were traced")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ...errors import UsageError
+    from .. import api
+
+    plan_src = str(args.plan)
+    plan = Plan.load(args.plan)
+    old = read_old_costs(plan, plan_src, args.layers, args.capacities, args.devices, args.bandwidth,
+                         args.memory_model)
+    meas = read_run(args.traces, plan, old.profiles, plan_src, args.steps)
+    print(f"read {len(meas.files)} timeline(s) from {args.traces}: steps {', '.join(map(str, meas.steps))}, "
+          f"measured step time {meas.step_time_s:.4g} s (median)")
+    fit = fit_hosts(plan, old, meas)
+    for h, f in fit.fits.items():
+        print(f"  {h}: measured/predicted {f.factor:.3f} (forward {f.forward:.3f}, backward {f.backward:.3f}) "
+              f"over {f.points} timings, capacity {fit.old_capacity[h]:.3g} -> {fit.new_capacity[h]:.3g}, runtime "
+              f"{1e3 * fit.profiles.call[h]:.2f} ms per call")
+    links = fit_links(plan, meas, old.bandwidth)
+    bw = corrected_bandwidth(old.bandwidth, links, str(args.traces))
+    missing = bw.missing_links(old.all_hosts)
+    if missing:
+        raise UsageError(f"--bandwidth: links {', '.join(missing[:6])}{' …' if len(missing) > 6 else ''} were not "
+                         f"used by the traced run and have no rate; pass the bandwidth.json the plan was made from")
+    opt, opt_measured = optimizer_rates(plan, old.profiles, fit.profiles, meas, old.all_hosts)
+    memory = fit_memory(plan, old.profiles, meas.peak_rss, old.memory, not args.no_memory_refit)
+    written = write_corrected(args.out_dir, old.all_hosts, old.templates, old.default_template, fit.profiles, bw,
+                              fit.ref, memory.model, old.devices)
+    if written.memory_model is not None:
+        memory.estimator = MemoryEstimator.fitted(memory.model, str(written.memory_model))
+    # the new plan is priced from the files just written, as `torchpp plan` would read them
+    new_files = [LayersFile.load(p) for p in written.layers]
+    costs = api.Costs(profiles=Profiles.from_layers(new_files, None, [str(p) for p in written.layers]),
+                      links=Links(bw, str(written.bandwidth)), hosts=old.hosts, budget=old.budget,
+                      memory=memory.estimator, devices=old.devices, optimizer_s_per_byte=opt or None,
+                      sources=written.sources)
+    old_pred, old_pred_src = _old_prediction(plan, old, args.bandwidth)
+    repriced, _ = price(plan, costs.profiles, costs.links, opt or None)
+    summary = build_summary(plan, plan_src, str(args.traces), meas, old, fit, links, opt, opt_measured, memory,
+                            written, old_pred, old_pred_src, repriced)
+    print(f"old plan: measured {meas.step_time_s:.4g} s, predicted "
+          + (f"{old_pred:.4g} s" if old_pred is not None else "(none)")
+          + f", re-priced with corrected costs {repriced:.4g} s")
+    result = api.plan(costs, _options(args, plan), progress=print,
+                      extra_meta={"replan": {"from_plan": plan_src, "traces": str(args.traces)}})
+    api.write(result, args.out_dir)
+    print(api.written_text(args.out_dir), end="")
+    add_new_plan(summary, plan, result.plan, old.all_hosts)
+    _write_summary(args.out_dir, summary)
+    return 0
+
+
+def _old_prediction(plan: Plan, old: OldCosts, bandwidth: Path | None) -> tuple[float | None, str]:
+    """The old plan's own prediction, else (layers files and every link given) its price with the old inputs."""
+    pred = (plan.predicted or {}).get("step_time_s")
+    if pred is None and old.files and not old.bandwidth.missing_links(old.planned):
+        return price(plan, old.profiles, Links(old.bandwidth, str(bandwidth)))[0], "priced with the input files"
+    return pred, "plan.json predicted.step_time_s"
+
+
+def _options(args: argparse.Namespace, plan: Plan):
+    from .. import api
+
+    return api.PlanOptions(
+        global_batch=args.global_batch or plan.global_batch, schedule=args.schedule or plan.schedule,
+        max_stages=args.max_stages, micro_batch_sizes=args.micro_batch_sizes, recompute=not args.no_recompute,
+        exact_devices=args.exact_devices, max_group=args.max_group, compare=api.compare_names(args.compare))
+
+
+def _write_summary(out: Path, summary: dict) -> None:
+    write_json(out / "replan_summary.json", summary)
+    text = summary_text(summary)
+    (out / "replan_summary.txt").write_text(text)
+    print(text, end="")
+    print(f"wrote {out}/replan_summary.txt, replan_summary.json and the corrected inputs")

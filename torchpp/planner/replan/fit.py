@@ -1,0 +1,333 @@
+"""Fitting corrected costs to a run: host factors, call overhead, links, optimizer and memory.
+
+Per host, scale factors are fitted by non-negative least squares (``scipy.optimize.nnls``): one
+forward and one backward factor per group of blocks the data can tell apart. Links get the
+throughput of matched send/receive pairs; the optimizer's seconds per parameter byte and the
+memory model's coefficients are refitted from the optimizer events and the ranks' peak RSS.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+
+from ...formats import Bandwidth, MemoryModel, MemorySample, Plan
+from ...cost import (MemoryEstimator, Profiles, StageMemory, block_time, layer_forward_calls, model_time,
+                     recompute_runs, stage_blocks)
+from ...schedules import in_flight
+from .read import Measurements, Transfer
+
+if TYPE_CHECKING:
+    from .read import OldCosts
+
+
+# ----------------------------------------------------------------------------- fitting
+def _ls_factor(y: np.ndarray, p: np.ndarray) -> float:
+    """Least-squares scale k minimising Σ(y − k·p)² (k >= 0)."""
+    den = float(p @ p)
+    return max(0.0, float(y @ p) / den) if den > 0 else float("nan")
+
+
+def _nnls(A: np.ndarray, y: np.ndarray) -> np.ndarray:
+    from scipy.optimize import nnls
+
+    scale = np.where(np.abs(A).max(axis=0) > 0, np.abs(A).max(axis=0), 1.0)
+    coef, _ = nnls(A / scale, y)
+    return coef / scale
+
+
+@dataclass
+class HostFit:
+    """Measured / predicted per host: overall, forward, backward, and per block group."""
+
+    host: str
+    ranks: list[int]
+    ranges: list[tuple[int, int]]
+    """Layer ranges [start, end) this host ran (decoder layers, as in plan.json)."""
+    points: int
+    factor: float
+    forward: float
+    backward: float
+    groups: list[dict[str, Any]]
+    """Per group of blocks [lo, hi) (0 = embed, N + 1 = tail): forward and backward factors."""
+    rms_rel: float
+    """Root mean square of the fit's residuals relative to the measured times."""
+    measured_s: float
+    predicted_s: float
+    """Mean forward + backward per micro-batch (all of the host's ranks)."""
+
+
+def fit_host(host: str, ranks: Sequence[int], plan: Plan, profiles: Profiles, meas: Measurements) -> HostFit:
+    """Forward/backward factors per block group of one host (nnls), and overall ones.
+
+    The groups are the pieces the host's block ranges cut the model into; when the ranges do not
+    determine them (e.g. overlapping ranges seen only together) one factor covers all.
+    """
+    info = {}
+    for r in ranks:
+        st = plan.stage_of_rank(r)
+        lo, hi = stage_blocks(st.layers, st.has_embed, st.has_tail)
+        info[r] = (lo, hi, recompute_runs(st.layers[0], st.recompute), plan.device_of_rank(r).samples)
+    bounds = sorted({x for lo, hi, _, _ in info.values() for x in (lo, hi)})
+    groups = [(a, b) for a, b in zip(bounds, bounds[1:]) if any(lo <= a and b <= hi for lo, hi, _, _ in info.values())]
+    rows_f, y_f, rows_b, y_b, rec_rows = [], [], [], [], []
+    for c in meas.compute:
+        if c.rank not in info:
+            continue
+        lo, hi, rec, n = info[c.rank]
+        inside = [lo <= a and b <= hi for a, b in groups]
+        if c.kind == "F":
+            rows_f.append([block_time(profiles, host, a, b, n) if ok else 0.0 for (a, b), ok in zip(groups, inside)])
+            y_f.append(c.seconds)
+        else:
+            rows_b.append([block_time(profiles, host, a, b, n, backward=True) if ok else 0.0
+                           for (a, b), ok in zip(groups, inside)])
+            rec_rows.append([sum(block_time(profiles, host, max(x, a), min(y, b), n) for x, y in rec
+                                 if max(x, a) < min(y, b)) if ok else 0.0 for (a, b), ok in zip(groups, inside)])
+            y_b.append(c.seconds)
+    if not y_f or not y_b:
+        raise ValueError(f"host {host}: the timelines hold no forward/backward events of its ranks {list(ranks)}")
+    Af, yf, Ab, yb, Ar = (np.array(x, dtype=float) for x in (rows_f, y_f, rows_b, y_b, rec_rows))
+    kf_all = _ls_factor(yf, Af.sum(axis=1))
+    ok_groups = len(groups) > 1 and np.linalg.matrix_rank(np.unique(Af > 0, axis=0).astype(float)) == len(groups)
+    kf = _nnls(Af, yf) if ok_groups else np.full(len(groups), kf_all)
+    yb_net = yb - Ar @ kf                                   # recomputed forwards run inside backward
+    kb_all = _ls_factor(yb_net, Ab.sum(axis=1))
+    kb = _nnls(Ab, yb_net) if ok_groups else np.full(len(groups), kb_all)
+    pf, pb_ = Af @ kf, Ab @ kb + Ar @ kf
+    resid = np.concatenate([(yf - pf) / np.maximum(yf, 1e-12), (yb - pb_) / np.maximum(yb, 1e-12)])
+    p_all = np.concatenate([Af.sum(axis=1), Ab.sum(axis=1) + Ar.sum(axis=1)])
+    y_all = np.concatenate([yf, yb])
+    return HostFit(host=host, ranks=sorted(ranks), ranges=sorted({tuple(plan.stage_of_rank(r).layers) for r in ranks}),
+                   points=len(y_all), factor=_ls_factor(y_all, p_all), forward=kf_all, backward=kb_all,
+                   groups=[{"blocks": [a, b], "forward": float(x), "backward": float(z)}
+                           for (a, b), x, z in zip(groups, kf, kb)],
+                   rms_rel=float(np.sqrt(np.mean(resid ** 2))),
+                   measured_s=float(y_all.sum()) / (len(yf) or 1), predicted_s=float(p_all.sum()) / (len(yf) or 1))
+
+
+def corrected_table(profiles: Profiles, fit: HostFit) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The host's tables times its factors, per-sample and per-call parts alike (blocks it did not
+    run: its overall factors): (forward, backward per sample, forward, backward per call)."""
+    f, b = profiles.table(fit.host)
+    f0, b0 = profiles.fixed(fit.host)
+    kf = np.full(len(f), fit.forward)
+    kb = np.full(len(b), fit.backward)
+    for g in fit.groups:
+        lo, hi = g["blocks"]
+        kf[lo:hi], kb[lo:hi] = g["forward"], g["backward"]
+    return f * kf, b * kb, f0 * kf, b0 * kb
+
+
+@dataclass
+class LinkFit:
+    src: str
+    dst: str
+    messages: int
+    bytes_per_sec: float
+    latency_s: float
+    old_bytes_per_sec: float | None
+    old_latency_s: float | None
+    at_clock_resolution: int = 0
+    """Messages faster than the clocks' alignment can resolve (counted at that resolution)."""
+    censored: int = 0
+    """Messages left out because they overlapped another on their row (all of them: old rate kept)."""
+
+    @property
+    def change(self) -> float | None:
+        return self.bytes_per_sec / self.old_bytes_per_sec if self.old_bytes_per_sec else None
+
+
+def fit_links(plan: Plan, meas: Measurements, old: Bandwidth) -> list[LinkFit]:
+    """Per directed host pair: throughput (and latency, when message sizes vary enough to tell)."""
+    by: dict[tuple[str, str], list[Transfer]] = defaultdict(list)
+    for t in meas.transfers:
+        a, b = plan.device_of_rank(t.src).host, plan.device_of_rank(t.dst).host
+        if a != b:
+            by[(a, b)].append(t)
+    out = []
+    for (a, b), all_ts in sorted(by.items()):
+        clean = [t for t in all_ts if not t.censored]
+        old_rate = old.rate(a, b) if old.has(a, b) else None
+        if not clean and old_rate is not None:
+            out.append(LinkFit(a, b, len(all_ts), old_rate, old.latency(a, b), old_rate, old.latency(a, b),
+                               censored=len(all_ts)))
+            continue  # every message overlapped another on its row: only a lower bound on time
+        ts = clean or all_ts
+        nbytes = np.array([t.nbytes for t in ts], dtype=float)
+        floor = np.array([max(t.clock_s, 1e-9) for t in ts])
+        raw = np.array([t.seconds for t in ts])
+        secs = np.maximum(raw, floor)    # a transfer cannot be timed more finely than the clocks align
+        old_lat = old.latency(a, b) if old.has(a, b) else None
+        lat = None
+        if len(ts) >= 3 and nbytes.max() >= 1.5 * nbytes.min():
+            lat_fit, per_byte = _nnls(np.stack([np.ones_like(nbytes), nbytes], axis=1), secs)
+            if per_byte > 0:
+                lat, rate = float(lat_fit), 1.0 / float(per_byte)
+        if lat is None:
+            lat = min(old_lat or 0.0, 0.5 * float(secs.min()))
+            rate = float(np.median(nbytes / np.maximum(secs - lat, floor)))
+        out.append(LinkFit(a, b, len(all_ts), rate, lat, old_rate, old_lat, int((raw < floor).sum()),
+                           len(all_ts) - len(clean) if clean else 0))
+    return out
+
+
+def fit_optimizer(plan: Plan, profiles: Profiles, meas: Measurements) -> dict[str, float]:
+    """Seconds per parameter byte of the optimizer step, per host that ran one."""
+    per: dict[str, list[float]] = defaultdict(list)
+    for r, durs in meas.optimizer.items():
+        w = profiles.stage_param_bytes(plan.stage_of_rank(r))
+        if w > 0 and durs:
+            per[plan.device_of_rank(r).host].append(statistics.median(durs) / w)
+    return {h: float(statistics.mean(v)) for h, v in per.items()}
+
+
+def memory_terms(plan: Plan, profiles: Profiles, rank: int, memory: MemoryEstimator
+                 ) -> tuple[float, float, float, tuple[int, int, int]]:
+    """(weights W, Kp's multiplier, bytes independent of the coefficients, (samples, in-flight, A)) of a rank.
+
+    The planner's memory model is ``base + alpha·W + s·n·(Kp·A_kept + A_rec) + Kp·A_max·s``.
+    """
+    st = plan.stage_of_rank(rank)
+    s = plan.device_of_rank(rank).samples
+    n = in_flight(plan.schedule, plan.num_stages, st.index, plan.num_microbatches)
+    t = StageMemory(profiles, memory).terms(st, s, n)
+    return t.weights, t.kp_bytes, t.fixed_bytes, (s, n, int(t.kept_per_sample))
+
+
+def refit_memory(plan: Plan, profiles: Profiles, peaks: Mapping[int, int], prior: MemoryEstimator
+                 ) -> tuple[MemoryModel, str]:
+    """Fit the memory model to the ranks' peaks: all three coefficients where at least three ranks
+    differ and the fit keeps both slopes positive, else the base alone (the prior's slopes kept)."""
+    ranks = sorted(peaks)
+    rows = [memory_terms(plan, profiles, r, prior) for r in ranks]
+    W = np.array([x[0] for x in rows])
+    K = np.array([x[1] for x in rows])
+    y = np.array([float(peaks[r]) for r in ranks]) - np.array([x[2] for x in rows])
+    A = np.stack([np.ones_like(W), W, K], axis=1)
+    distinct = len({(round(w), round(k)) for w, k in zip(W, K)})
+    full = None
+    if distinct >= 3 and np.linalg.matrix_rank(A / np.maximum(np.abs(A).max(axis=0), 1e-30)) == 3:
+        full = _nnls(A, y)
+    if full is not None and full[1] > 0 and full[2] > 0:
+        base, alpha, kp = full
+        how = f"refitted base, alpha and Kp on {len(ranks)} ranks' peak RSS"
+    else:  # too few distinct ranks to tell the terms apart: keep their coefficients, fit the offset
+        alpha, kp = prior.alpha, prior.kp
+        base = float(np.mean(y - alpha * W - kp * K))
+        how = (f"refitted base on {len(ranks)} rank(s)' peak RSS (alpha and Kp kept: "
+               f"{distinct} distinct stage(s) cannot separate them)")
+    pred = base + alpha * W + kp * K
+    res = y - pred
+    ss = float(((y - y.mean()) ** 2).sum())
+    samples = []
+    for r, (w, _, _, (s, n, kept)), p, pk in zip(ranks, rows, pred, y):
+        st = plan.stage_of_rank(r)
+        samples.append(MemorySample(start=st.layers[0], end=st.layers[1], has_embed=st.has_embed,
+                                    has_tail=st.has_tail, weights_bytes=int(w), activation_bytes_per_sample=kept,
+                                    batch=max(1, s * n), peak_bytes=int(peaks[r]),
+                                    predicted_bytes=float(peaks[r] - pk + p)))
+    mm = MemoryModel(base=float(base), alpha=float(alpha), Kp=float(kp),
+                     r2=1.0 - float((res ** 2).sum()) / ss if ss > 0 else float("nan"),
+                     residuals=[float(x) for x in res], samples=samples, model=plan.model.name,
+                     microbatch=plan.micro_batch_size, host="measured ranks",
+                     Kt=None if prior.kt is None or prior.kp <= 0 else float(kp) * prior.kt / prior.kp)
+    return mm, how
+
+
+def capacity(profiles: Profiles, ref: str, host: str, batch: int) -> float:
+    """Median over decoder layers of ref forward / host forward on ``batch`` samples (as
+    ``torchpp capacities``)."""
+    t_ref, t_host = layer_forward_calls(profiles, ref, batch), layer_forward_calls(profiles, host, batch)
+    return float(np.median(t_ref / np.maximum(t_host, 1e-30)))
+
+
+# ----------------------------------------------------------------------------- the corrected cost model
+@dataclass
+class CostFit:
+    """Every host's fit and the corrected profiles (factors times the old tables, measured call overhead)."""
+
+    fits: dict[str, HostFit]
+    profiles: Profiles
+    ref: str
+    """Capacities are relative to this host."""
+    old_capacity: dict[str, float]
+    new_capacity: dict[str, float]
+
+
+def fit_hosts(plan: Plan, old: "OldCosts", meas: Measurements) -> CostFit:
+    """Fit every host the plan used and build the corrected profiles (hosts it did not use keep theirs)."""
+    prof, files = old.profiles, old.files
+    ranks_of: dict[str, list[int]] = defaultdict(list)
+    for s in plan.stages:
+        for d in s.devices:
+            ranks_of[d.host].append(d.rank)
+    fits = {h: fit_host(h, rs, plan, prof, meas) for h, rs in sorted(ranks_of.items())}
+    cap = old.capacities
+    ref = cap.ref_host if cap is not None and cap.ref_host in prof.fwd else (files[0].host if files else old.planned[0])
+    cap_batch = next((lf.run.batch for lf in files if lf.host == ref), old.default_template.run.batch)
+    old_cap = {h: capacity(prof, ref, h, cap_batch) for h in prof.fwd}
+    new = Profiles(model=prof.model, seq_len=prof.seq_len, param_bytes=prof.param_bytes, act_bytes=prof.act_bytes)
+    for h in prof.fwd:
+        new.fwd[h], new.bwd[h], new.fwd0[h], new.bwd0[h] = (corrected_table(prof, fits[h]) if h in fits else
+                                                              (*prof.table(h), *prof.fixed(h)))
+        gaps = [g for r in ranks_of.get(h, []) for g in meas.gaps.get(r, [])]
+        new.call[h] = float(np.mean(gaps)) if gaps else prof.call.get(h, 0.0)
+        new.origin[h] = (f"{old.origin[h]} × measured factors (forward {fits[h].forward:.3g}, backward "
+                         f"{fits[h].backward:.3g})" if h in fits else old.origin[h])
+    new_cap = {h: capacity(new, ref, h, cap_batch) for h in new.fwd}
+    return CostFit(fits, new, ref, old_cap, new_cap)
+
+
+def corrected_bandwidth(old: Bandwidth, links: Sequence[LinkFit], traces: str) -> Bandwidth:
+    """The old bandwidth file with the measured links' rates and latencies."""
+    bw = Bandwidth(bytes_per_sec=dict(old.bytes_per_sec), latency_s=dict(old.latency_s),
+                   source=f"{old.source or 'none'}; links measured by torchpp replan from {traces}")
+    for lk in links:
+        k = Bandwidth.key(lk.src, lk.dst)
+        bw.bytes_per_sec[k] = lk.bytes_per_sec
+        if lk.latency_s > 0:
+            bw.latency_s[k] = lk.latency_s
+        else:
+            bw.latency_s.pop(k, None)
+    return bw
+
+
+def optimizer_rates(plan: Plan, old: Profiles, new: Profiles, meas: Measurements, hosts: Sequence[str]
+                    ) -> tuple[dict[str, float], dict[str, float]]:
+    """(every host's, the measured hosts') optimizer seconds per parameter byte. Hosts that ran no
+    optimizer step get the measured median scaled by their whole-model time relative to the measured
+    hosts' (the corrected profiles', through the cost layer)."""
+    measured = fit_optimizer(plan, old, meas)
+    opt: dict[str, float] = dict(measured)
+    if measured:
+        def whole(h: str) -> float:
+            return float(model_time(new, h).per_sample)
+
+        ref_s = statistics.median(whole(h) for h in measured)
+        med = statistics.median(measured.values())
+        for h in hosts:
+            if h not in opt:
+                opt[h] = med * whole(h) / ref_s
+    return opt, measured
+
+
+@dataclass
+class MemoryFit:
+    """The refitted memory model (None: the old one kept), how it was obtained, and the estimator
+    the new plan is priced with (the old one until the refitted model is written)."""
+
+    model: MemoryModel | None
+    how: str
+    estimator: MemoryEstimator
+
+
+def fit_memory(plan: Plan, profiles: Profiles, peaks: Mapping[int, int], prior: MemoryEstimator, refit: bool
+               ) -> MemoryFit:
+    """Refit the memory model to the ranks' peaks unless told not to or none were traced."""
+    if peaks and refit:
+        return MemoryFit(*refit_memory(plan, profiles, peaks, prior), prior)
+    return MemoryFit(None, "kept (--no-memory-refit)" if not refit else "kept (no peak RSS in the timelines)", prior)

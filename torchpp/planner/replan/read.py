@@ -1,0 +1,308 @@
+"""Reading a traced run for re-planning: the old cost model's inputs and what the timelines measured.
+
+Compute times come with the plan's own prediction for each (:class:`~torchpp.cost.MeasuredCost`);
+transfers are matched send/receive pairs; the optimizer's time and each rank's peak RSS are kept.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ...formats import Bandwidth, Capacities, Devices, FormatError, LayersFile, MemoryModel, Plan
+from ...schedules import Kind, build
+from ...trace.analyze import Event, analyze, events_from_trace
+from ...trace.chrome import load_trace
+from ...cost import ANALYTIC_KP, Links, MeasuredCost, MemoryEstimator, Profiles
+from .write import template_from_model
+
+
+# ----------------------------------------------------------------------------- reading the run
+@dataclass
+class Compute:
+    """One measured forward or backward of one micro-batch on one rank, with its prediction."""
+
+    rank: int
+    step: int
+    kind: str            # "F" or "B"
+    microbatch: int
+    seconds: float
+    predicted_s: float
+
+
+@dataclass
+class Transfer:
+    src: int
+    dst: int
+    nbytes: int
+    seconds: float
+    clock_s: float = 0.0
+    """Uncertainty of the two ranks' clock alignment (half their ping-pong round trips)."""
+    censored: bool = False
+    """The later of the two slice starts was set by the previous message on its row, not by the
+    message being posted: the transfer may have begun earlier, so its time is a lower bound."""
+
+
+@dataclass
+class Measurements:
+    steps: dict[int, float] = field(default_factory=dict)
+    """Traced step -> measured step time (s)."""
+    compute: list[Compute] = field(default_factory=list)
+    transfers: list[Transfer] = field(default_factory=list)
+    optimizer: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+    peak_rss: dict[int, int] = field(default_factory=dict)
+    """rank -> largest peak RSS over the traced steps (bytes)."""
+    files: list[str] = field(default_factory=list)
+    trace_hosts: dict[int, str] = field(default_factory=dict)
+    gaps: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+    """rank -> runtime seconds between consecutive compute calls beyond waiting (see call_gaps)."""
+
+    @property
+    def step_time_s(self) -> float:
+        return statistics.median(self.steps.values())
+
+
+def find_merged(trace_dir: Path) -> list[tuple[int, Path]]:
+    """The merged timelines of a trace folder, with an error that says what is there instead."""
+    from ...trace.report import find_timelines
+
+    if not trace_dir.exists():
+        raise FileNotFoundError(f"{trace_dir}: no such trace folder")
+    try:
+        return find_timelines(trace_dir)
+    except FileNotFoundError:
+        per_rank = sorted(p.name for p in trace_dir.glob("timeline_step*_rank*.json"))
+        hint = (f"; it holds per-rank files ({', '.join(per_rank[:3])}{'…' if len(per_rank) > 3 else ''}) but rank 0 "
+                "did not write the merged one (did the run finish its traced steps?)" if per_rank else
+                "; run `torchrun -m torchpp.train --plan P --trace-dir DIR --trace-steps 2,3` to write them")
+        raise FileNotFoundError(f"{trace_dir}: no merged timelines (timeline_step<N>_all.json){hint}") from None
+
+
+def _check_trace(path: str, trace: dict[str, Any], events: list[Event], plan: Plan, plan_src: str) -> None:
+    """The timeline must come from this plan: same ranks, stages, layer ranges and micro-batches."""
+    md = trace.get("metadata") or {}
+    ws = md.get("world_size")
+    if ws is not None and int(ws) != plan.world_size:
+        raise FormatError(path, "metadata.world_size", f"{plan.world_size} (the ranks of {plan_src})", ws)
+    ranks = {d.rank for s in plan.stages for d in s.devices}
+    for r, info in (md.get("ranks") or {}).items():
+        if int(r) not in ranks:
+            raise FormatError(path, f"metadata.ranks.{r}", f"a rank of {plan_src} (0..{plan.world_size - 1})")
+        want = plan.stage_of_rank(int(r)).index
+        if isinstance(info, Mapping) and info.get("stage") is not None and int(info["stage"]) != want:
+            raise FormatError(path, f"metadata.ranks.{r}.stage", f"{want} (rank {r}'s stage in {plan_src})",
+                              info["stage"])
+    for i, ev in enumerate(trace["traceEvents"]):
+        args = ev.get("args") or {}
+        if ev.get("ph") != "X" or "stage" not in args or "layers" not in args or ev.get("cat") == "block":
+            continue
+        r = int(ev["pid"])
+        if r not in ranks:
+            raise FormatError(path, f"traceEvents[{i}].pid", f"a rank of {plan_src} (0..{plan.world_size - 1})", r)
+        st = plan.stage_of_rank(r)
+        if int(args["stage"]) != st.index:
+            raise FormatError(path, f"traceEvents[{i}].args.stage", f"{st.index} (rank {r}'s stage in {plan_src})",
+                              args["stage"])
+        if list(args["layers"]) != list(st.layers):
+            raise FormatError(path, f"traceEvents[{i}].args.layers",
+                              f"{list(st.layers)} (stage {st.index}'s layers in {plan_src})", args["layers"])
+    seen: dict[int, set] = defaultdict(set)
+    for e in events:
+        if e.kind == "F":
+            seen[e.rank].add(e.microbatch)
+    want_mb = set(range(plan.num_microbatches))
+    for r in sorted(ranks):
+        if seen.get(r, set()) != want_mb:
+            raise FormatError(path, f"traceEvents (F<mb> of rank {r})",
+                              f"micro-batches 0..{plan.num_microbatches - 1} ({plan_src}: num_microbatches)",
+                              sorted(seen.get(r, set())))
+
+
+def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "plan.json",
+             steps: Sequence[int] | None = None) -> Measurements:
+    """Measured compute (with the plan's predictions), transfers, optimizer time and peaks."""
+    from ...trace.report import rank_memory
+
+    found = find_merged(trace_dir)
+    if steps:
+        have = dict(found)
+        missing = [s for s in steps if s not in have]
+        if missing:
+            raise FileNotFoundError(f"{trace_dir}: no timeline_step{missing[0]}_all.json "
+                                    f"(traced steps: {', '.join(str(n) for n, _ in found)})")
+        found = [(s, have[s]) for s in steps]
+    cost = MeasuredCost(plan, profiles, Links(Bandwidth(bytes_per_sec={}), "-"))
+    pred = {}
+    for r, acts in build(plan).items():
+        for a in acts:
+            if a.kind in (Kind.FORWARD, Kind.BACKWARD):
+                pred[(r, "F" if a.kind == Kind.FORWARD else "B", a.microbatch)] = cost.compute_s(r, a)
+    out = Measurements()
+    for n, path in found:
+        tr = load_trace(path)
+        evs = events_from_trace(tr)
+        if not evs:
+            raise FormatError(str(path), "traceEvents", "pipeline events (F<mb>/B<mb>/send/recv with args.stage)")
+        _check_trace(str(path), tr, evs, plan, plan_src)
+        out.files.append(str(path))
+        out.steps[n] = analyze(evs).step_time_s
+        for r, v in rank_memory(tr).items():
+            out.peak_rss[r] = max(out.peak_rss.get(r, 0), v)
+        rtt: dict[int, float] = {}
+        for r, info in ((tr.get("metadata") or {}).get("ranks") or {}).items():
+            if isinstance(info, Mapping) and info.get("host"):
+                out.trace_hosts[int(r)] = str(info["host"])
+            if isinstance(info, Mapping):
+                rtt[int(r)] = float(info.get("clock_rtt_s") or 0.0)
+        sends: dict[tuple, Event] = {}
+        recvs: list[Event] = []
+        for e in evs:
+            if e.kind in ("F", "B"):
+                out.compute.append(Compute(e.rank, n, e.kind, int(e.microbatch), e.dur, pred[(e.rank, e.kind,
+                                                                                               int(e.microbatch))]))
+            elif e.kind == "optimizer":
+                out.optimizer[e.rank].append(e.dur)
+            elif e.kind.startswith("send"):
+                sends[(e.rank, e.peer, e.kind[5:], e.microbatch)] = e
+            elif e.kind.startswith("recv"):
+                recvs.append(e)
+        for r, g in call_gaps(evs).items():
+            out.gaps[r].extend(g)
+        clipped = _row_clipped(list(sends.values()) + recvs)
+        for rv in recvs:
+            sd = sends.get((rv.peer, rv.rank, rv.kind[5:], rv.microbatch))
+            if sd is None or not rv.bytes:
+                continue
+            # the message can move only once both ends have posted it; it is done when it arrived
+            first = sd if sd.start >= rv.start else rv
+            secs = rv.end - first.start
+            unc = (rtt.get(sd.rank, 0.0) + rtt.get(rv.rank, 0.0)) / 2
+            out.transfers.append(Transfer(int(sd.rank), int(rv.rank), int(rv.bytes), secs, unc, id(first) in clipped))
+    return out
+
+
+def call_gaps(events: Sequence[Event]) -> dict[int, list[float]]:
+    """Per rank, the time between consecutive forward/backward calls not spent waiting for a
+    receive: what the runtime itself costs per call (dispatching actions, posting messages,
+    copying), which block timings do not contain. The end of the step (all-reduce, optimizer) is
+    left out: waiting for a collective's peers is not always inside its event."""
+    by: dict[int, list[Event]] = defaultdict(list)
+    for e in events:
+        by[e.rank].append(e)
+    out: dict[int, list[float]] = {}
+    for r, evs in by.items():
+        comp = sorted((e for e in evs if e.kind in ("F", "B")), key=lambda e: e.start)
+        waits = [(e.end, e.wait_s) for e in evs if e.kind.startswith("recv")]
+        gaps = []
+        for a, b in zip(comp, comp[1:]):
+            waited = sum(w for end, w in waits if a.end - 1e-6 <= end <= b.start + 1e-6)
+            gaps.append(max(0.0, (b.start - a.end) - waited))
+        out[r] = gaps
+    return out
+
+
+def _row_clipped(p2p: list[Event], eps: float = 2e-6) -> set[int]:
+    """ids of send/recv slices that start where the previous slice of their row ended.
+
+    A rank's send (and recv) row is laid out one message after another: a slice starts when its
+    message was posted or when the previous one finished, whichever is later. Where it starts at
+    the previous end, the message may have been moving before (to another peer) already.
+    """
+    rows: dict[tuple[int, str], list[Event]] = defaultdict(list)
+    for e in p2p:
+        rows[(e.rank, e.kind[:4])].append(e)
+    out = set()
+    for evs in rows.values():
+        evs.sort(key=lambda e: (e.start, e.end))  # a row's slices do not overlap; starts order them
+        for prev, cur in zip(evs, evs[1:]):
+            if abs(cur.start - prev.end) <= eps:
+                out.add(id(cur))
+    return out
+
+
+# ----------------------------------------------------------------------------- the old cost model
+@dataclass
+class OldCosts:
+    """What the plan was priced with: its profiles, bandwidth, memory model and devices."""
+
+    profiles: Profiles
+    files: list[LayersFile]
+    """The layers files given (none: the model's FLOPs shaped one table for every host)."""
+    capacities: Capacities | None
+    templates: dict[str, LayersFile]
+    """Per measured host, its layers file (the corrected file keeps its bytes and run)."""
+    default_template: LayersFile
+    origin: dict[str, str]
+    bandwidth: Bandwidth
+    memory: MemoryEstimator
+    hosts: list[str]
+    """The devices to plan for (devices.json, or the plan's own)."""
+    budget: dict[str, float]
+    devices: Devices | None
+    planned: list[str]
+    """Hosts the plan used."""
+
+    @property
+    def all_hosts(self) -> list[str]:
+        return sorted(set(self.hosts) | set(self.planned))
+
+
+def read_old_costs(plan: Plan, plan_src: str, layers: Sequence[Path] | None, capacities: Path | None,
+                   devices: Path | None, bandwidth: Path | None, memory_model: Path | None) -> OldCosts:
+    """The inputs the plan was made from; missing layers files: the model's per-block FLOPs."""
+    files = [LayersFile.load(p) for p in layers or []]
+    cap = Capacities.load(capacities) if capacities else None
+    if files:
+        prof = Profiles.from_layers(files, cap, [str(p) for p in layers], str(capacities or "capacities.json"))
+        if prof.model.num_layers != plan.model.num_layers:
+            raise FormatError(plan_src, "model.num_layers", f"{prof.model.num_layers} (the layers files' model)",
+                              plan.model.num_layers)
+        if prof.seq_len != plan.seq_len:
+            raise FormatError(plan_src, "seq_len", f"{prof.seq_len} (the layers files' run.seq_len)", plan.seq_len)
+        templates = {lf.host: lf for lf in files}
+        default_template = files[0]
+    else:
+        default_template = template_from_model(plan)
+        prof = Profiles.from_layers([default_template], None, ["model FLOPs"])
+        templates = {}
+    hosts, budget, dv = read_budgets(devices, plan, plan_src)
+    planned = sorted({d.host for s in plan.stages for d in s.devices})
+    if not files:
+        f0, b0 = prof.table(default_template.host)
+        for x in (prof.fwd, prof.bwd, prof.fwd0, prof.bwd0, prof.origin):
+            del x[default_template.host]
+        for h in sorted(set(hosts) | set(planned)):
+            prof.set_table(h, f0, b0, 1, "model FLOPs at a nominal 1 GFLOP/s")
+    prof.ensure(sorted(set(hosts) | set(planned)), str(devices or plan_src))
+    old_origin = dict(prof.origin)
+    old_bw = Bandwidth.load(bandwidth) if bandwidth else Bandwidth(bytes_per_sec={}, source="none")
+    if memory_model:
+        old_mem = MemoryEstimator.fitted(MemoryModel.load(memory_model), str(memory_model))
+    else:
+        old_mem = MemoryEstimator.analytic(ANALYTIC_KP)
+    return OldCosts(profiles=prof, files=files, capacities=cap, templates=templates,
+                    default_template=default_template, origin=old_origin, bandwidth=old_bw, memory=old_mem,
+                    hosts=hosts, budget=budget, devices=dv, planned=planned)
+
+
+def read_budgets(devices: Path | None, plan: Plan, plan_src: str
+                 ) -> tuple[list[str], dict[str, float], Devices | None]:
+    """Hosts and memory budgets: devices.json, else the budgets in the plan's prediction."""
+    if devices is not None:
+        dv = Devices.load(devices)
+        return dv.hosts, {h: dv.memory_bytes(h) for h in dv.hosts}, dv
+    hosts, budget = [], {}
+    stages = (plan.predicted or {}).get("stages") or []
+    for s in plan.stages:
+        for d in s.devices:
+            got = next((x.get("budget_bytes") for ps in stages for x in ps.get("devices", [])
+                        if x.get("rank") == d.rank), None)
+            if got is None:
+                raise FormatError(plan_src, f"predicted.stages[{s.index}].devices (rank {d.rank}).budget_bytes",
+                                  "a memory budget per device; pass --devices devices.json")
+            if d.host not in budget:
+                hosts.append(d.host)
+            budget[d.host] = float(got)
+    return hosts, budget, None

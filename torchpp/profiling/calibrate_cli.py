@@ -1,0 +1,54 @@
+"""`torchpp calibrate-memory`: the command line of :mod:`torchpp.profiling.calibrate`."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..formats import FormatError, LayersFile
+from .calibrate import calibrate
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layers", required=True, type=Path, help="layers_<host>.json of this host (bytes per block)")
+    p.add_argument("--model", required=True, help="preset name or local checkpoint (the profiled model)")
+    p.add_argument("--samples", type=int, default=20, help="number of random spans")
+    p.add_argument("--microbatch", default=None, help="samples per span run, or sizes taken in turn such as 2,8 "
+                   "(better separates weights from activations; default: run.batch)")
+    p.add_argument("--seq-len", type=int, default=None, help="default: the layers file's run.seq_len")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per span")
+    p.add_argument("--out", type=Path, default=Path("memory_model.json"))
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import UsageError
+    from ..models.presets import ModelSpecError, load_config, num_hidden_layers
+
+    lf = LayersFile.load(args.layers)
+    try:
+        n = num_hidden_layers(load_config(args.model))
+    except ModelSpecError as e:
+        raise UsageError(str(e)) from None
+    if n != lf.model.num_layers:
+        raise FormatError(str(args.layers), "model.num_layers", f"{n} (the layers of --model {args.model})",
+                          lf.model.num_layers)
+    if args.samples < 3:
+        raise UsageError("--samples: expected at least 3 spans (three coefficients are fitted)")
+    try:
+        batch = [int(x) for x in str(args.microbatch).split(",")] if args.microbatch else [lf.run.batch]
+    except ValueError:
+        raise UsageError(f"--microbatch: expected an integer or a list such as 2,8, got {args.microbatch!r}") from None
+    if min(batch) < 1:
+        raise UsageError(f"--microbatch: expected sizes >= 1, got {args.microbatch!r}")
+    print(f"calibrating memory of {args.model} on {lf.host}: {args.samples} span(s), micro-batch "
+          f"{', '.join(map(str, batch))}")
+    mm = calibrate(lf, args.model, samples=args.samples, batch=batch, seq_len=args.seq_len, seed=args.seed,
+                   timeout_s=args.timeout, threads=args.threads)
+    mm.save(args.out)
+    print(f"wrote {args.out}: base {mm.base / 2**20:.1f} MiB, alpha {mm.alpha:.3f}, Kp {mm.Kp:.3f}, "
+          f"{'' if mm.Kt is None else f'Kt {mm.Kt:.3f} (tail), '}R² {mm.r2:.4f}, "
+          f"max |residual| {max(abs(r) for r in mm.residuals) / 2**20:.1f} MiB; the runtime itself "
+          f"{mm.process_bytes / 2**20:.0f} MiB per process")
+    return 0
