@@ -116,7 +116,7 @@ def _kill_after(ck: Path, step: int, rank: int, box: dict) -> None:
 
 
 def recovery(d: Path, plan: Path, meas: dict, steps: int, kill_after: int) -> dict:
-    from torchpp.runtime.elastic import Driver, ElasticConfig, LocalLauncher
+    from torchpp.elastic.driver import Driver, ElasticConfig, LocalLauncher
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))

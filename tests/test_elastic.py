@@ -22,8 +22,8 @@ from torchpp.models.stages import read_tensors, safetensors_index
 from torchpp.planner.simple import make_plan
 from torchpp.planner.synthetic import layers_file, uniform_links
 from torchpp.runtime import checkpoint as ckpt
-from torchpp.runtime.elastic import Driver, ElasticConfig, ElasticError, LocalLauncher
-from torchpp.runtime.elastic_plan import replan
+from torchpp.elastic.driver import Driver, ElasticConfig, ElasticError, LocalLauncher
+from torchpp.elastic.replan import replan
 from torchpp.runtime.launch import popen_ranks, wait_ranks
 
 ROOT = Path(__file__).resolve().parents[1]

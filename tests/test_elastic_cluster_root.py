@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.root, pytest.mark.skipif(_why_not() is not None, reaso
 def test_killed_host_is_planned_out_on_the_emulated_cluster(tmp_path, clean, monkeypatch):  # noqa: F811
     from torchpp.cluster import cluster
     from torchpp.cluster.config import ClusterConfig
-    from torchpp.runtime.elastic import ClusterLauncher
+    from torchpp.elastic.driver import ClusterLauncher
 
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -24,7 +24,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "analyze": ("torchpp.trace.report", "analyse merged timelines: bubbles, critical path, predicted vs measured"),
     "throttle": ("torchpp.cluster.throttle_cli", "limit CPU, memory or a link: cpu|mem|net [-- COMMAND], status, clear"),
     "cluster": ("torchpp.cluster.cluster_cli", "emulated cluster of namespaces: up -c CONFIG, run -- CMD, down, status"),
-    "run": ("torchpp.runtime.elastic_cli", "start a plan's ranks; --elastic: re-plan over the hosts left when one fails"),
+    "run": ("torchpp.elastic.cli", "start a plan's ranks; --elastic: re-plan over the hosts left when one fails"),
     "demo": ("torchpp.demo", "the whole loop on an embedded default: profile, plan, train, analyse, replan, train"),
     "bandwidth probe": ("torchpp.cluster.probe", "all-pairs p2p throughput/latency over gloo -> CSV + bandwidth.json"),
 }

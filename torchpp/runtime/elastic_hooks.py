@@ -1,7 +1,7 @@
 """What a training rank does for the elastic driver: a heartbeat per step, and showing the
 driver's decisions (failure seen, new plan, resumed step) where a run is looked at.
 
-The driver (runtime/elastic.py) and the ranks share only files: the driver appends one JSON
+The driver (torchpp/elastic/driver.py) and the ranks share only files: the driver appends one JSON
 record per decision to ``decisions.jsonl`` and passes it with ``--elastic-log``; each rank
 overwrites ``<heartbeat dir>/rank<R>`` with the number of steps done after every step. Files
 keep the ranks free of any connection to the driver, so the same ranks run under torchrun or

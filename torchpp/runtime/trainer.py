@@ -330,11 +330,7 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
     log = _Log(rank, cfg.log_dir)
     decisions = elastic_hooks.report_decisions(cfg.elastic_log, log)
     if start > 0:
-        t_load = time.perf_counter()
-        ckpt.load(cfg.checkpoint_dir, start, rank=rank, stage=stage, optimizer=optimizer)
-        log.print(f"resumed from {ckpt.step_dir(cfg.checkpoint_dir, start)} (step {start})")
-        log.event({"event": "resume", "from_step": start, "restart_count": _env_int("TORCHELASTIC_RESTART_COUNT", 0),
-                   "load_s": time.perf_counter() - t_load, "time": time.time()})
+        _resume(cfg, start, log, rank=rank, stage=stage, optimizer=optimizer)
     executor = Executor(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm, optimizer=optimizer)
     executor.step_index = start
     needs_tokens = pstage.has_embed or pstage.has_tail
@@ -389,6 +385,15 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
                 log.print(f"checkpoint {d}")
     log.close()
     return summary
+
+
+def _resume(cfg: TrainConfig, start: int, log: _Log, *, rank: int, stage, optimizer) -> None:
+    """Load checkpoint ``start`` under this plan's split (tensors by HF name) and say so."""
+    t_load = time.perf_counter()
+    ckpt.load(cfg.checkpoint_dir, start, rank=rank, stage=stage, optimizer=optimizer)
+    log.print(f"resumed from {ckpt.step_dir(cfg.checkpoint_dir, start)} (step {start})")
+    log.event({"event": "resume", "from_step": start, "restart_count": _env_int("TORCHELASTIC_RESTART_COUNT", 0),
+               "load_s": time.perf_counter() - t_load, "time": time.time()})
 
 
 def _checkpoint(cfg: TrainConfig, prep: Prepared, step: int, g, log: _Log, saver: ckpt.BackgroundSaver | None, *,

@@ -1,7 +1,7 @@
 """A priced schedule as a predicted Chrome trace, in exactly the runtime's form, and as the
 analysis' events.
 
-What :class:`torchpp.trace.timeline.StepRecorder` writes for a measured step, this writes for
+What :class:`torchpp.runtime.tracing.StepRecorder` writes for a measured step, this writes for
 a predicted one: per rank a process ``rank R · stage S · host H`` with rows compute, send,
 recv and collective; ``F<mb>``/``B<mb>``/``optimizer`` with {stage, microbatch, layers,
 samples, recompute_s}; ``send_*``/``recv_*`` with {stage, microbatch, peer, bytes, samples,

@@ -51,10 +51,10 @@ def write_devices(devices: Path, hosts: list[str], out: Path) -> Path:
 
 def replan(cfg, old: Plan, hosts: list[str], out_dir: Path) -> Replanned:
     """Plan ``old``'s model and batch over ``hosts`` with ``cfg``'s measurements; writes the plan files
-    into ``out_dir``. Raises :class:`~torchpp.runtime.elastic.ElasticError` when nothing fits."""
+    into ``out_dir``. Raises :class:`~torchpp.elastic.driver.ElasticError` when nothing fits."""
     from ..planner import api
     from ..planner.search import InfeasibleError
-    from .elastic import ElasticError
+    from .driver import ElasticError
 
     if not hosts:
         raise ElasticError("no host is left to train on")

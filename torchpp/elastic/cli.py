@@ -36,7 +36,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import UsageError
-    from .elastic import ClusterLauncher, Driver, ElasticConfig, ElasticError, LocalLauncher
+    from .driver import ClusterLauncher, Driver, ElasticConfig, ElasticError, LocalLauncher
 
     rest = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     try:

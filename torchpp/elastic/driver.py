@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from . import checkpoint as ckpt
-from .elastic_hooks import read_heartbeats
+from ..runtime import checkpoint as ckpt
+from ..runtime.elastic_hooks import read_heartbeats
 
 Progress = Callable[[str], None]
 
@@ -142,7 +142,7 @@ class LocalLauncher:
 
     def start(self, plan: Path, argv: list[str], log_dir: Path, attempt: int) -> list[Worker]:
         from ..formats import Plan
-        from .launch import free_port, torchrun_env
+        from ..runtime.launch import free_port, torchrun_env
 
         p = Plan.load(plan)
         port, out = free_port(), []
@@ -325,7 +325,7 @@ class Driver:
 
     def allowed(self) -> list[str] | None:
         """Hosts the hosts file allows now, less those that failed since it was last written."""
-        from .elastic_plan import read_hosts_file
+        from .replan import read_hosts_file
 
         hosts = read_hosts_file(self.cfg.hosts_file)
         if hosts is None:
@@ -376,7 +376,7 @@ class Driver:
         return outcome
 
     def _replan(self, outcome: Outcome) -> None:
-        from .elastic_plan import replan
+        from .replan import replan
 
         allowed = self.allowed()
         pool = allowed if allowed is not None else _device_hosts(self.cfg.devices)
