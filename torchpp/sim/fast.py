@@ -63,6 +63,9 @@ def replica_bundles(plan: Plan, net: Network, place: Placement, bytes_of: BytesO
     stages = plan.stages
     tied = tuple(sorted(set(stages[0].ranks) | set(stages[-1].ranks)))
 
+    links: dict[tuple[int, int], Bundle] = {}
+    """(stage, peer stage) -> the copies' usage, priced once per unit of bytes."""
+
     def of(c: Compiled) -> list[Bundle | None]:
         out: list[Bundle | None] = [None] * len(c.acts)
         for a, k in enumerate(c.code):
@@ -74,9 +77,13 @@ def replica_bundles(plan: Plan, net: Network, place: Placement, bytes_of: BytesO
                 group = tied if act.tied else tuple(sorted(stages[act.stage].ranks))
                 out[a] = action_bundle(net, place, group[0], dataclasses.replace(act, group=group), nbytes, algorithm)
             else:
-                src, dst = stages[r].devices, stages[act.peer].devices
-                out[a] = merged([action_bundle(net, place, d.rank, dataclasses.replace(act, peer=e.rank), nbytes)
-                                 for d, e in zip(src, dst)])
+                unit = links.get((r, act.peer))
+                if unit is None:
+                    src, dst = stages[r].devices, stages[act.peer].devices
+                    unit = links[(r, act.peer)] = merged(
+                        [action_bundle(net, place, d.rank, dataclasses.replace(act, peer=e.rank), 1.0)
+                         for d, e in zip(src, dst)])
+                out[a] = Bundle(unit.volume * nbytes, unit.usage, unit.latency_s)
         return out
 
     return of

@@ -92,7 +92,7 @@ def topology_hooks(run: Run, bundles: Sequence[Bundle | None], capacity: Sequenc
     c = run.c
     members_of, start, dirty, fin, heap = c.coll_members, run.start, run.dirty, run.fin, run.heap
     n = len(c.acts)
-    usage = [sorted(b.usage.items()) if b is not None else [] for b in bundles]
+    usage, capacity = compress([b.usage if b is not None else {} for b in bundles], capacity)
     rem = [b.volume if b is not None else 0.0 for b in bundles]
     tail = [b.latency_s if b is not None else 0.0 for b in bundles]
     rate, last = [-1.0] * n, [0.0] * n
@@ -177,3 +177,24 @@ def _component(seed: set[int], on: dict[int, set[int]], usage: Sequence) -> set[
                         seen.add(r)
                         todo.append(r)
     return comp
+
+
+def compress(usages: Sequence[Mapping[int, float]], capacity: Sequence[float]
+             ) -> tuple[list[list[tuple[int, float]]], list[float]]:
+    """The same constraints with fewer resources: each as ``Σ (flows/capacity)·rate ≤ 1``, and
+    resources whose normalised rows are identical (the uplinks of every replica of a stage)
+    kept once. Exact: a duplicate constraint allows nothing the other does not."""
+    rows: dict[int, list[tuple[int, float]]] = {}
+    for k, u in enumerate(usages):
+        for r, f in u.items():
+            rows.setdefault(r, []).append((k, f / capacity[r]))
+    index: dict[tuple, int] = {}
+    out: list[list[tuple[int, float]]] = [[] for _ in usages]
+    for row in rows.values():
+        sig = tuple(row)
+        if sig in index:
+            continue
+        index[sig] = i = len(index)
+        for k, w in row:
+            out[k].append((i, w))
+    return out, [1.0] * len(index)

@@ -8,7 +8,7 @@ pipelined binary tree (host ``i``'s parent is host ``(i−1)//2`` of the list): 
 carries the whole buffer up (reduce) and down (broadcast) at once, plus ``2·depth`` latencies.
 
 On a star of rate ``bw``: ring all-reduce ``2(n−1)/n · bytes/bw``; tree all-reduce
-``c · bytes/bw`` with ``c`` = 1 (n = 2), 2 (n = 3), 3 (n ≥ 4: an inner node sends to its
+``c · bytes/bw`` with ``c`` = 1 (n = 2), 2 (n = 3, 4), 3 (n ≥ 5: an inner node sends to its
 parent and two children). :func:`simultaneous` prices bundles that start together.
 """
 from __future__ import annotations
