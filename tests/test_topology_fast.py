@@ -85,3 +85,12 @@ def test_1024_devices_within_two_seconds():
     res = price_on_topology(plan, wl, Cluster(net, 125e12), spans=False)
     assert time.process_time() - t0 < 2.0
     assert res.makespan > 0
+
+
+def test_layout_search_on_a_star_of_pis():
+    from torchpp.planner.scale import layouts
+
+    wl = workload(TINY, "tiny", 64, "float32")
+    found = layouts(wl, Network(star(16, 1.0, 1e-4)), 16, 2e9, 32, tps=(1, 2))
+    assert all(x.pp * x.dp * x.tp == 16 for x in found)
+    assert [x.step_time_s for x in found] == sorted(x.step_time_s for x in found)
