@@ -49,6 +49,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     e.add_argument("--estimate", action="store_true", help="no measurements: costs from --model and --device-spec")
     e.add_argument("--device-spec", type=Path, default=None)
     e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    e.add_argument("--topology", type=Path, default=None,
+                   help="topology.json or seed 001 text: choose pp/dp/tp for --devices N devices of --device-spec's "
+                        "kind ({\"flops\": F} or its first device) on it, each layout priced by the fast path")
     s = p.add_argument_group("fixed strategies")
     s.add_argument("--strategy", choices=["even", "dp", "pp"], default=None,
                    help="even: S stages of equal layer counts (optionally groups); dp: one stage over N devices; "
@@ -67,6 +70,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.topology is not None:
+        return run_topology(args)
     if args.strategy is None and (args.layers or args.estimate):
         return run_search(args)
     if args.strategy is None:
@@ -123,4 +128,35 @@ def run_fixed(args: argparse.Namespace) -> int:
     plan.save(args.out)
     print(f"wrote {args.out}: {plan.num_stages} stage(s), {plan.world_size} rank(s), "
           f"{plan.num_microbatches} x {plan.micro_batch_size} samples, {plan.schedule}")
+    return 0
+
+
+def run_topology(args: argparse.Namespace) -> int:
+    """`plan --estimate --topology T --devices N`: the fastest pp × dp × tp layout, written as plan.json."""
+    from ..cost.workload import load_workload
+    from ..formats import read_json, write_json
+    from ..topology import Network, Topology
+    from .scale import layouts
+
+    if args.device_spec is None or not (args.devices and str(args.devices).isdigit()):
+        raise UsageError("--topology: expected --device-spec (FLOP/s of one device) and --devices N (a count)")
+    spec = read_json(args.device_spec)
+    flops = spec.get("flops") or next(iter(spec.get("devices", {}).values()), {}).get("flops")
+    if not flops:
+        raise UsageError(f"--device-spec {args.device_spec}: expected 'flops' or a device with 'flops'")
+    net = Network(Topology.load(args.topology))
+    wl = load_workload(args.model, args.seq_len or 128, args.dtype)
+    found = layouts(wl, net, int(args.devices), float(flops), args.global_batch, max_pp=args.max_stages)
+    print(f"{len(found)} layouts of {args.devices} devices on {net.topology.name}; fastest first:")
+    for x in found[:10]:
+        print(f"  pp {x.pp:>3} dp {x.dp:>5} tp {x.tp} mb {x.microbatches:>4}: {x.step_time_s:.4f} s/step, "
+              f"{x.throughput:.1f} samples/s")
+    best = found[0]
+    best.plan.predicted = {"step_time_s": best.step_time_s, "throughput_samples_per_s": best.throughput,
+                           "layout": {"pp": best.pp, "dp": best.dp, "tp": best.tp}, "topology": str(args.topology)}
+    out = (args.out_dir or Path(".")) / "plan.json"
+    best.plan.save(out)
+    write_json(out.with_name("layouts.json"), [{"pp": x.pp, "dp": x.dp, "tp": x.tp, "microbatches": x.microbatches,
+                                                "step_time_s": x.step_time_s} for x in found])
+    print(f"wrote {out} (pp {best.pp} × dp {best.dp} × tp {best.tp}) and {out.with_name('layouts.json')}")
     return 0

@@ -134,6 +134,17 @@ def configure(p: argparse.ArgumentParser) -> None:
     pl.add_argument("--gantt", type=Path, default=None)
     pl.set_defaults(func=cmd_plan)
 
+    tp = sub.add_parser("topology", help="price a plan of a mocked model on a topology; write a predicted trace")
+    tp.add_argument("plan", type=Path)
+    tp.add_argument("--topology", type=Path, required=True, help="topology.json or seed 001 text")
+    tp.add_argument("--model", required=True, help="megatron-gpt-7b|13b|175b, a preset or a local HF config")
+    tp.add_argument("--flops", type=float, required=True, help="FLOP/s of one device")
+    tp.add_argument("--tp", type=int, default=1, help="devices per plan rank (tensor parallelism)")
+    tp.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    tp.add_argument("--full", action="store_true", help="simulate every rank (default: one replica if uniform)")
+    tp.add_argument("--trace", type=Path, default=Path("predicted_trace.json"))
+    tp.set_defaults(func=cmd_topology)
+
     c = sub.add_parser("check-reference", help="replay seed 002 reference cases (CSV) in seed002 mode")
     c.add_argument("csv", type=Path)
     c.add_argument("--tolerance", type=float, default=1e-6)
@@ -260,6 +271,27 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from .gantt import plot_gantt
 
         print(f"gantt: {plot_gantt(res, args.gantt, show_completion_time=True)}")
+    return 0
+
+
+def cmd_topology(args: argparse.Namespace) -> int:
+    from ..cost.workload import load_workload
+    from ..formats import Plan, write_json
+    from ..topology import Network, Topology
+    from .fast import replica_plan, replicas
+    from .scale import Cluster, price_on_topology
+    from .trace import predicted_trace
+
+    plan = Plan.load(args.plan)
+    wl = load_workload(args.model, plan.seq_len, args.dtype)
+    fast = not args.full and replicas(plan) > 0
+    res = price_on_topology(plan, wl, Cluster(Network(Topology.load(args.topology)), args.flops, args.tp), fast=fast)
+    shown = replica_plan(plan) if fast else plan
+    print(f"predicted step time: {res.makespan:.6f} s on {args.topology} ({plan.num_stages} stages, "
+          f"{plan.world_size} ranks × tp {args.tp}; {'one replica shown' if fast else 'every rank'})")
+    trace = predicted_trace(shown, res.timeline, metadata={"plan": str(args.plan), "topology": str(args.topology),
+                                                           "step_time_s": res.makespan, "replica_only": fast})
+    print(f"trace: {write_json(args.trace, trace)}")
     return 0
 
 
