@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "torchpp"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__", "errors", "formats", "argtypes", "_timer"),
     ("schedules", "data", "models", "plans"),
-    ("cost", "trace"),
+    ("cost", "trace", "topology"),
     ("sim",),
     ("runtime",),
     ("profiling", "cluster"),

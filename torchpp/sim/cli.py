@@ -70,7 +70,12 @@ def _settings(args: argparse.Namespace, base=None):
 
 def configure(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="simverb", metavar="COMMAND", required=True)
+    _configure_run(sub)
+    _configure_sweeps(sub)
+    _configure_plans(sub)
 
+
+def _configure_run(sub) -> None:
     r = sub.add_parser("run", help="simulate one configuration: completion time, utilisation, Gantt chart")
     from ..formats import SimParams
 
@@ -94,6 +99,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     r.add_argument("--trace", type=Path, default=None, help="also write a predicted Chrome trace (schedule policy)")
     r.set_defaults(func=cmd_run)
 
+
+def _configure_sweeps(sub) -> None:
     s = sub.add_parser("sweep", help="every configuration of an experiment file × every priority scenario -> CSV")
     s.add_argument("-c", "--config", type=Path, required=True)
     s.add_argument("--priority-step", type=float, default=None, help="grid step of shared priorities (default 0.1)")
@@ -118,6 +125,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     _add_settings(a, defaults=False)
     a.set_defaults(func=cmd_all)
 
+
+def _configure_plans(sub) -> None:
     pl = sub.add_parser("plan", help="price a plan's action lists with measured costs; write a predicted trace")
     pl.add_argument("plan", type=Path)
     pl.add_argument("--bandwidth", type=Path, required=True)
