@@ -251,6 +251,10 @@ class BlockProfile:
     0 when one batch size was measured. On small CPU models it is a large part of a
     micro-batch's time, which is why pricing by samples alone favours too-small micro-batches."""
     backward_fixed_s: float = 0.0
+    backward_input_time_s: float | None = None
+    """Part of ``backward_time_s`` computing the input gradient alone (``torch.autograd.grad`` on
+    the inputs; the rest is the weight gradient). Optional: when absent, zero-bubble schedules
+    are priced with the backward split in halves (and the plan says so)."""
     batch_times_s: list[list[float]] = field(default_factory=list)
     """``[batch, forward_s, backward_s]`` for every measured batch size (means)."""
 
@@ -265,8 +269,12 @@ class BlockProfile:
             forward_samples_s=r.floats("forward_samples_s", []), backward_samples_s=r.floats("backward_samples_s", []),
             forward_fixed_s=r.float("forward_fixed_s", 0.0, min_value=0.0),
             backward_fixed_s=r.float("backward_fixed_s", 0.0, min_value=0.0),
+            backward_input_time_s=r.float("backward_input_time_s", None, positive=True),
             batch_times_s=_batch_rows(r),
         )
+        if b.backward_input_time_s is not None and b.backward_input_time_s > b.backward_time_s:
+            raise r.fail("backward_input_time_s", f"at most backward_time_s={b.backward_time_s}",
+                         b.backward_input_time_s)
         if b.forward_fixed_s > b.forward_time_s or b.backward_fixed_s > b.backward_time_s:
             raise r.fail("forward_fixed_s", "at most forward_time_s / backward_time_s (the time at run.batch)",
                          (b.forward_fixed_s, b.backward_fixed_s))
@@ -342,6 +350,9 @@ class LayersFile:
 
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)
+        for b in (d["embed"], d["tail"], *d["layers"]):
+            if b.get("backward_input_time_s") is None:
+                b.pop("backward_input_time_s", None)
         return {"format": d.pop("format"), **d}
 
     def save(self, path: str | os.PathLike) -> Path:

@@ -51,6 +51,8 @@ PASSES = (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
 """Actions that run a chunk on a micro-batch (every compute action but the optimizer step)."""
 GRAD_OUT = (Kind.BACKWARD, Kind.BACKWARD_INPUT)
 """Backward actions that produce the gradient the previous chunk receives."""
+SPLIT_BACKWARD = ("zb-h1", "interleaved-zb", "zbv")
+"""Schedule kinds whose backward runs as ``I`` then ``W``."""
 RELEASES = (Kind.BACKWARD, Kind.BACKWARD_WEIGHT)
 """Backward actions after which a micro-batch's activations are freed."""
 
@@ -273,6 +275,13 @@ def in_flight_chunks(schedule: str, placement: Placement, position: int, num_mic
     order: a device's peak activation memory is the largest of ``Σ held·bytes(chunk)`` over them."""
     counts = held_counts(position_order(schedule, placement, position, num_microbatches))
     return tuple(sorted({tuple(sorted(h.items())) for h in counts}))
+
+
+def rank_held(plan: Plan, rank: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """``in_flight_chunks`` of ``rank``'s position: every (chunk, held) profile its order passes through."""
+    pl = plan.placement()
+    return in_flight_chunks(plan.schedule, pl, pl.position[plan.stages_of_rank(rank)[0].index],
+                            plan.num_microbatches)
 
 
 def rank_in_flight(plan: Plan, rank: int) -> dict[int, int]:
