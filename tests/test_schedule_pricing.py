@@ -1,11 +1,10 @@
 """Pricing the schedules beyond 1F1B: closed forms, the B/W split, V without the tied all-reduce,
 predicted traces with chunks, and memory of several chunks."""
-import dataclasses
 
 import pytest
 
 from torchpp import schedules as S
-from torchpp.cost import Links, MeasuredCost, MemoryEstimator, Profiles, StageMemory
+from torchpp.cost import MeasuredCost, MemoryEstimator, Profiles, StageMemory
 from torchpp.formats import LayersFile, ModelInfo
 from torchpp.planner.report import device_memory, predict
 from torchpp.planner.synthetic import layers_file, uniform_links

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from .formats import Placement, Plan, PlanStage, placement_of  # noqa: F401 (placement_of re-exported)
+from .formats import Placement, Plan, PlanStage, placement_of
 
 
 class Kind(enum.Enum):

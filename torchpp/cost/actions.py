@@ -69,8 +69,10 @@ class MeasuredCost:
         rc = self.rank[rank]
         if action.kind == Kind.OPTIMIZER:
             return rc.optimizer
-        t = rc.times.get(action.stage, rc.time) if rc.times else rc.time
-        n = self._samples(action, self.plan.stages[action.stage].device(rank).samples)
+        own = action.stage in rc.times
+        t = rc.times[action.stage] if own else rc.time
+        n = self._samples(action, (self.plan.stages[action.stage].device(rank) if own
+                                   else self.plan.device_of_rank(rank)).samples)
         if action.kind == Kind.FORWARD:
             return t.forward(n)
         if action.kind == Kind.BACKWARD:
