@@ -251,6 +251,10 @@ class BlockProfile:
     0 when one batch size was measured. On small CPU models it is a large part of a
     micro-batch's time, which is why pricing by samples alone favours too-small micro-batches."""
     backward_fixed_s: float = 0.0
+    backward_input_time_s: float | None = None
+    """Part of ``backward_time_s`` computing the input gradient alone (``torch.autograd.grad`` on
+    the inputs; the rest is the weight gradient). Optional: when absent, zero-bubble schedules
+    are priced with the backward split in halves (and the plan says so)."""
     batch_times_s: list[list[float]] = field(default_factory=list)
     """``[batch, forward_s, backward_s]`` for every measured batch size (means)."""
 
@@ -265,8 +269,12 @@ class BlockProfile:
             forward_samples_s=r.floats("forward_samples_s", []), backward_samples_s=r.floats("backward_samples_s", []),
             forward_fixed_s=r.float("forward_fixed_s", 0.0, min_value=0.0),
             backward_fixed_s=r.float("backward_fixed_s", 0.0, min_value=0.0),
+            backward_input_time_s=r.float("backward_input_time_s", None, positive=True),
             batch_times_s=_batch_rows(r),
         )
+        if b.backward_input_time_s is not None and b.backward_input_time_s > b.backward_time_s:
+            raise r.fail("backward_input_time_s", f"at most backward_time_s={b.backward_time_s}",
+                         b.backward_input_time_s)
         if b.forward_fixed_s > b.forward_time_s or b.backward_fixed_s > b.backward_time_s:
             raise r.fail("forward_fixed_s", "at most forward_time_s / backward_time_s (the time at run.batch)",
                          (b.forward_fixed_s, b.backward_fixed_s))
@@ -342,6 +350,9 @@ class LayersFile:
 
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)
+        for b in (d["embed"], d["tail"], *d["layers"]):
+            if b.get("backward_input_time_s") is None:
+                b.pop("backward_input_time_s", None)
         return {"format": d.pop("format"), **d}
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -374,8 +385,15 @@ class LayersFile:
 
 
 # ============================================================================ plan.json
-PLAN_KIND, PLAN_VERSION = "plan", 1
+PLAN_KIND, PLAN_VERSION = "plan", 2
 SCHEDULES = ("1f1b", "gpipe")
+"""The one-chunk-per-device schedules of plan format 1 (and of the simulator's parametric plans)."""
+PLACEMENTS = {"1f1b": "single", "gpipe": "single", "zb-h1": "single",
+              "interleaved": "interleaved", "interleaved-zb": "interleaved", "v": "v", "zbv": "v"}
+"""Every schedule kind of a plan and the placement of chunks on devices it runs on:
+``single``: one chunk per device; ``interleaved``: chunk c on the devices of chunk c mod p
+(v chunks each); ``v``: chunks c and 2p-1-c on one device (the first and last chunk together)."""
+PLAN_SCHEDULES = tuple(PLACEMENTS)
 
 
 @dataclass(kw_only=True)
@@ -392,6 +410,9 @@ class PlanDevice:
 
 @dataclass(kw_only=True)
 class PlanStage:
+    """A chunk (a virtual stage): a contiguous layer range run by a group of devices. A device may
+    hold several chunks (interleaved or V placement); ``index`` is the chunk's place in the pipeline."""
+
     index: int
     layers: tuple[int, int]
     """Decoder layer range [start, end)."""
@@ -409,6 +430,54 @@ class PlanStage:
     def num_layers(self) -> int:
         return self.layers[1] - self.layers[0]
 
+    def device(self, rank: int) -> PlanDevice:
+        """This chunk's entry for ``rank`` (its share and samples in this chunk)."""
+        for d in self.devices:
+            if d.rank == rank:
+                return d
+        raise KeyError(f"rank {rank} is not in stage {self.index}")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the chunks sit: ``p`` device groups (pipeline positions), ``v`` chunks per group,
+    ``position[c]`` the group holding chunk c; ``chunks[g]`` the chunks of group g in pipeline order."""
+
+    kind: str
+    p: int
+    v: int
+    position: tuple[int, ...]
+
+    @property
+    def chunks(self) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in range(self.p)]
+        for c, g in enumerate(self.position):
+            out[g].append(c)
+        return out
+
+
+def placement_of(schedule: str, num_stages: int, chunks_of_first: int) -> Placement:
+    """The placement a schedule kind implies for ``num_stages`` chunks, the first device holding
+    ``chunks_of_first`` of them. Raises ValueError naming what does not fit."""
+    kind = PLACEMENTS.get(schedule)
+    S = num_stages
+    if kind is None:
+        raise ValueError(f"schedule: expected one of {list(PLACEMENTS)}, got {schedule!r}")
+    if kind == "single":
+        return Placement(kind, S, 1, tuple(range(S)))
+    if kind == "v":
+        if S % 2:
+            raise ValueError(f"schedule {schedule!r} places chunks c and 2p-1-c on one device: "
+                             f"expected an even number of stages, got {S}")
+        p = S // 2
+        return Placement(kind, p, 2, tuple(c if c < p else 2 * p - 1 - c for c in range(S)))
+    v = chunks_of_first
+    if v < 1 or S % v:
+        raise ValueError(f"schedule {schedule!r} places chunk c on the devices of chunk c mod p: the first "
+                         f"device holds {v} chunk(s), which does not divide the {S} stages")
+    p = S // v
+    return Placement(kind, p, v, tuple(c % p for c in range(S)))
+
 
 @dataclass(kw_only=True)
 class Plan:
@@ -421,30 +490,51 @@ class Plan:
     num_microbatches: int
     schedule: str
     stages: list[PlanStage]
+    """The chunks in pipeline order (format 1: one per device)."""
     strategy: str = "manual"
     predicted: dict[str, Any] | None = None
     inputs: dict[str, str] = field(default_factory=dict)
     format: str = f"torchpp.{PLAN_KIND}/{PLAN_VERSION}"
 
     @property
+    def ranks(self) -> list[int]:
+        """Every rank of the plan, once each, sorted."""
+        return sorted({r for s in self.stages for r in s.ranks})
+
+    @property
     def world_size(self) -> int:
-        return sum(len(s.devices) for s in self.stages)
+        return len(self.ranks)
 
     @property
     def num_stages(self) -> int:
+        """Chunks (virtual stages) of the pipeline."""
         return len(self.stages)
 
+    def stages_of_rank(self, rank: int) -> list[PlanStage]:
+        """The chunks ``rank`` holds, in pipeline order."""
+        out = [s for s in self.stages if rank in s.ranks]
+        if not out:
+            raise KeyError(f"rank {rank} is in no stage of the plan")
+        return out
+
     def stage_of_rank(self, rank: int) -> PlanStage:
-        for s in self.stages:
-            if rank in s.ranks:
-                return s
-        raise KeyError(f"rank {rank} is in no stage of the plan")
+        """The one chunk of ``rank``; raises ValueError when it holds several (use stages_of_rank)."""
+        out = self.stages_of_rank(rank)
+        if len(out) > 1:
+            raise ValueError(f"rank {rank} holds {len(out)} chunks ({[s.index for s in out]}) under schedule "
+                             f"{self.schedule!r}: use Plan.stages_of_rank")
+        return out[0]
 
     def device_of_rank(self, rank: int) -> PlanDevice:
-        for d in self.stage_of_rank(rank).devices:
-            if d.rank == rank:
-                return d
-        raise KeyError(rank)
+        """``rank``'s entry in its first chunk (its host is the same in every chunk; its samples
+        per chunk are ``stage.device(rank).samples``)."""
+        return self.stages_of_rank(rank)[0].device(rank)
+
+    def placement(self) -> Placement:
+        """Which device group holds which chunk, as the schedule kind places them."""
+        first = self.stages[0].ranks[0] if self.stages and self.stages[0].devices else 0
+        n = sum(1 for s in self.stages if first in s.ranks)
+        return placement_of(self.schedule, self.num_stages, n)
 
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)
@@ -459,29 +549,15 @@ class Plan:
 
     @staticmethod
     def parse(data: Any, source: str) -> "Plan":
-        check_format(data, source, PLAN_KIND, [PLAN_VERSION])
+        """Format 2, or format 1 (one chunk per device, 1F1B or GPipe), read into format 2."""
+        version = check_format(data, source, PLAN_KIND, [1, PLAN_VERSION])
         r = Reader(data, source)
-        stages = []
-        for sr in r.objs("stages", min_len=1):
-            lay = sr.list("layers")
-            if len(lay) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in lay):
-                raise sr.fail("layers", "[start, end) as two integers", lay)
-            devices = [
-                PlanDevice(host=dr.str("host"), rank=dr.int("rank", min_value=0),
-                           share=dr.float("share", positive=True), samples=dr.int("samples", min_value=0))
-                for dr in sr.objs("devices", min_len=1)
-            ]
-            rec = sr.list("recompute", [False] * max(0, lay[1] - lay[0]))
-            if not all(isinstance(x, bool) for x in rec):
-                raise sr.fail("recompute", "a list of true/false, one per layer of the stage", rec)
-            stages.append(PlanStage(index=sr.int("index", len(stages)), layers=(lay[0], lay[1]),
-                                    has_embed=sr.bool("has_embed"), has_tail=sr.bool("has_tail"),
-                                    devices=devices, recompute=list(rec)))
+        stages = [_parse_stage(sr, i) for i, sr in enumerate(r.objs("stages", min_len=1))]
         plan = Plan(
             model=ModelInfo.parse(r.obj("model")), seq_len=r.int("seq_len", min_value=1),
             global_batch=r.int("global_batch", min_value=1), micro_batch_size=r.int("micro_batch_size", min_value=1),
             num_microbatches=r.int("num_microbatches", min_value=1),
-            schedule=r.str("schedule", choices=set(SCHEDULES)), stages=stages,
+            schedule=r.str("schedule", choices=set(SCHEDULES if version == 1 else PLAN_SCHEDULES)), stages=stages,
             strategy=r.str("strategy", "manual"), predicted=r.raw("predicted", None),
             inputs=dict(r.raw("inputs", {}) or {}),
         )
@@ -493,55 +569,107 @@ class Plan:
         return _load(path, Plan.parse)
 
 
+def _parse_stage(sr: Reader, i: int) -> PlanStage:
+    lay = sr.list("layers")
+    if len(lay) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in lay):
+        raise sr.fail("layers", "[start, end) as two integers", lay)
+    devices = [
+        PlanDevice(host=dr.str("host"), rank=dr.int("rank", min_value=0),
+                   share=dr.float("share", positive=True), samples=dr.int("samples", min_value=0))
+        for dr in sr.objs("devices", min_len=1)
+    ]
+    rec = sr.list("recompute", [False] * max(0, lay[1] - lay[0]))
+    if not all(isinstance(x, bool) for x in rec):
+        raise sr.fail("recompute", "a list of true/false, one per layer of the stage", rec)
+    return PlanStage(index=sr.int("index", i), layers=(lay[0], lay[1]), has_embed=sr.bool("has_embed"),
+                     has_tail=sr.bool("has_tail"), devices=devices, recompute=list(rec))
+
+
 def validate_plan(plan: Plan, source: str = "<plan>", world_size: int | None = None,
                   model_layers: int | None = None) -> None:
     """Everything a rank must know to be true before it joins any collective."""
-    S = plan.num_stages
     if plan.micro_batch_size * plan.num_microbatches != plan.global_batch:
         raise FormatError(source, "global_batch", f"micro_batch_size × num_microbatches = "
                           f"{plan.micro_batch_size} × {plan.num_microbatches} = "
                           f"{plan.micro_batch_size * plan.num_microbatches}", plan.global_batch)
-    expect = 0
-    ranks: list[int] = []
+    if plan.schedule not in PLACEMENTS:
+        raise FormatError(source, "schedule", f"one of {list(PLACEMENTS)}", plan.schedule)
     for i, s in enumerate(plan.stages):
-        p = f"stages[{i}]"
-        if s.index != i:
-            raise FormatError(source, f"{p}.index", f"{i} (stages listed in pipeline order)", s.index)
-        a, b = s.layers
-        if a != expect or b < a:
-            raise FormatError(source, f"{p}.layers", f"[{expect}, end) with end >= {expect} "
-                              "(stages cover the decoder layers contiguously)", [a, b])
-        expect = b
-        if s.has_embed != (i == 0):
-            raise FormatError(source, f"{p}.has_embed", str(i == 0).lower(), s.has_embed)
-        if s.has_tail != (i == S - 1):
-            raise FormatError(source, f"{p}.has_tail", str(i == S - 1).lower(), s.has_tail)
-        if b == a and not (s.has_embed or s.has_tail):
-            raise FormatError(source, f"{p}.layers", "at least one layer (a stage without embed or tail "
-                              "must hold a decoder layer)", [a, b])
-        if len(s.recompute) != b - a:
-            raise FormatError(source, f"{p}.recompute", f"{b - a} flag(s), one per layer", len(s.recompute))
-        total = sum(d.samples for d in s.devices)
-        if total != plan.micro_batch_size:
-            raise FormatError(source, f"{p}.devices[*].samples", f"counts summing to micro_batch_size="
-                              f"{plan.micro_batch_size}", [d.samples for d in s.devices])
-        for j, d in enumerate(s.devices):
-            if d.samples == 0:
-                raise FormatError(source, f"{p}.devices[{j}].samples", "at least 1 (drop idle devices "
-                                  "from the group)", d.samples)
-        ranks += s.ranks
-    if expect != plan.model.num_layers:
-        raise FormatError(source, f"stages[{S - 1}].layers", f"to end at model.num_layers="
+        _validate_chunk(plan, s, i, source)
+    if plan.stages[-1].layers[1] != plan.model.num_layers:
+        raise FormatError(source, f"stages[{plan.num_stages - 1}].layers", f"to end at model.num_layers="
                           f"{plan.model.num_layers}", list(plan.stages[-1].layers))
-    if sorted(ranks) != list(range(len(ranks))):
-        raise FormatError(source, "stages[*].devices[*].rank", f"each of 0..{len(ranks) - 1} exactly once",
-                          sorted(ranks))
+    ranks = plan.ranks
+    if ranks != list(range(len(ranks))):
+        raise FormatError(source, "stages[*].devices[*].rank", f"each of 0..{len(ranks) - 1} at least once", ranks)
+    _validate_placement(plan, source)
     if world_size is not None and world_size != len(ranks):
         raise FormatError(source, "stages[*].devices", f"{world_size} device(s) in total to match the "
                           f"world size {world_size}", len(ranks))
     if model_layers is not None and model_layers != plan.model.num_layers:
         raise FormatError(source, "model.num_layers", f"{model_layers} (the layers of the model being "
                           "trained; see --layers)", plan.model.num_layers)
+
+
+def _validate_chunk(plan: Plan, s: PlanStage, i: int, source: str) -> None:
+    """One chunk: its place in the pipeline, its layers (contiguous after the previous chunk's), its group."""
+    p, S = f"stages[{i}]", plan.num_stages
+    if s.index != i:
+        raise FormatError(source, f"{p}.index", f"{i} (stages listed in pipeline order)", s.index)
+    expect = plan.stages[i - 1].layers[1] if i else 0
+    a, b = s.layers
+    if a != expect or b < a:
+        raise FormatError(source, f"{p}.layers", f"[{expect}, end) with end >= {expect} "
+                          "(stages cover the decoder layers contiguously, in order, once)", [a, b])
+    if s.has_embed != (i == 0):
+        raise FormatError(source, f"{p}.has_embed", str(i == 0).lower(), s.has_embed)
+    if s.has_tail != (i == S - 1):
+        raise FormatError(source, f"{p}.has_tail", str(i == S - 1).lower(), s.has_tail)
+    if b == a and not (s.has_embed or s.has_tail):
+        raise FormatError(source, f"{p}.layers", "at least one layer (a stage without embed or tail "
+                          "must hold a decoder layer)", [a, b])
+    if len(s.recompute) != b - a:
+        raise FormatError(source, f"{p}.recompute", f"{b - a} flag(s), one per layer", len(s.recompute))
+    total = sum(d.samples for d in s.devices)
+    if total != plan.micro_batch_size:
+        raise FormatError(source, f"{p}.devices[*].samples", f"counts summing to micro_batch_size="
+                          f"{plan.micro_batch_size}", [d.samples for d in s.devices])
+    for j, d in enumerate(s.devices):
+        if d.samples == 0:
+            raise FormatError(source, f"{p}.devices[{j}].samples", "at least 1 (drop idle devices "
+                              "from the group)", d.samples)
+    if len(set(s.ranks)) != len(s.ranks):
+        raise FormatError(source, f"{p}.devices[*].rank", "each rank at most once in a stage", s.ranks)
+
+
+def _validate_placement(plan: Plan, source: str) -> None:
+    """The schedule kind fits where the chunks sit: each group holds exactly its chunks, one host per rank."""
+    try:
+        pl = plan.placement()
+    except ValueError as e:
+        raise FormatError(source, "schedule", f"a schedule whose placement fits the stages ({e})", plan.schedule)
+    held: dict[int, list[int]] = {}
+    for c, s in enumerate(plan.stages):
+        for r in s.ranks:
+            held.setdefault(r, []).append(c)
+    for g, chunks in enumerate(pl.chunks):
+        group = set(plan.stages[chunks[0]].ranks)
+        for c in chunks:
+            if set(plan.stages[c].ranks) != group:
+                raise FormatError(source, f"stages[{c}].devices[*].rank", f"the ranks of stages[{chunks[0]}] "
+                                  f"{sorted(group)}: schedule {plan.schedule!r} places chunks {chunks} on one "
+                                  "device group", plan.stages[c].ranks)
+        for r in group:
+            if held[r] != chunks:
+                raise FormatError(source, "stages[*].devices[*].rank", f"rank {r} in stages {chunks} only "
+                                  f"(schedule {plan.schedule!r}, {pl.kind} placement, {pl.v} chunk(s) per device)",
+                                  held[r])
+    hosts: dict[int, str] = {}
+    for i, s in enumerate(plan.stages):
+        for j, d in enumerate(s.devices):
+            if hosts.setdefault(d.rank, d.host) != d.host:
+                raise FormatError(source, f"stages[{i}].devices[{j}].host", f"{hosts[d.rank]!r} (rank {d.rank}'s "
+                                  "host in an earlier stage: a rank is one device)", d.host)
 
 
 def split_samples(total: int, shares: list[float]) -> list[int]:

@@ -1,10 +1,19 @@
 """The one schedule: plan -> per-rank ordered action lists.
 
 The runtime executes these lists, the simulator prices them and the planner searches over
-plans by pricing them. The 1F1B and GPipe orders are written down once, in
-:func:`compute_order`; everything else (sends, receives, all-reduces) is added by separate
-passes and then checked by :func:`validate`, which proves every send has its receive in
-the same order on both sides and that the lists cannot deadlock.
+plans by pricing them. Each order is written down once, per pipeline position (a device
+group and the chunks it holds, ``Plan.placement``): 1F1B and GPipe in :func:`compute_order`,
+interleaved 1F1B and its zero-bubble form (ZB-H1 is its one-chunk case) in
+:func:`interleaved_order`, the V shape and ZBV in :func:`zbv_order`. Everything else (sends,
+receives, all-reduces) is added by separate passes and then checked by :func:`validate`,
+which proves every send has its receive in the same order on both sides, that a rank runs a
+micro-batch's actions in dependency order, and that the lists cannot deadlock.
+
+String forms (each parses back): ``<chunk><kind><microbatch>``, the kind one of ``F``
+(forward), ``B`` (full backward), ``I`` (backward for the input gradient only), ``W``
+(backward for the weight gradient only, after the ``I`` of the same micro-batch), ``SA``/
+``RA``/``SG``/``RG`` (send/receive activation/gradient, ``>peer``/``<peer``, ``[a:b]``
+samples), ``AR`` (all-reduce, ``T`` when tied, ``{ranks}``) and ``OPT``.
 """
 from __future__ import annotations
 
@@ -12,17 +21,21 @@ import enum
 import functools
 import json
 import re
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from .formats import Plan, PlanStage
+from .formats import Placement, Plan, PlanStage, placement_of
 
 
 class Kind(enum.Enum):
     FORWARD = "F"
     BACKWARD = "B"
+    BACKWARD_INPUT = "I"
+    """Backward for the input gradient only (what the previous chunk waits for)."""
+    BACKWARD_WEIGHT = "W"
+    """Backward for the weight gradient only, of a micro-batch whose ``I`` already ran."""
     SEND_ACT = "SA"
     RECV_ACT = "RA"
     SEND_GRAD = "SG"
@@ -33,7 +46,15 @@ class Kind(enum.Enum):
 
 SENDS = {Kind.SEND_ACT: Kind.RECV_ACT, Kind.SEND_GRAD: Kind.RECV_GRAD}
 RECVS = {v: k for k, v in SENDS.items()}
-COMPUTE = (Kind.FORWARD, Kind.BACKWARD, Kind.OPTIMIZER)
+COMPUTE = (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT, Kind.OPTIMIZER)
+PASSES = (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)
+"""Actions that run a chunk on a micro-batch (every compute action but the optimizer step)."""
+GRAD_OUT = (Kind.BACKWARD, Kind.BACKWARD_INPUT)
+"""Backward actions that produce the gradient the previous chunk receives."""
+SPLIT_BACKWARD = ("zb-h1", "interleaved-zb", "zbv")
+"""Schedule kinds whose backward runs as ``I`` then ``W``."""
+RELEASES = (Kind.BACKWARD, Kind.BACKWARD_WEIGHT)
+"""Backward actions after which a micro-batch's activations are freed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +72,7 @@ class Action:
     """Ranks taking part in an ALLREDUCE."""
     tied: bool = False
     """ALLREDUCE of the tied embedding / lm_head weight between first and last stage."""
+    # OPTIMIZER: one per rank, stepping every chunk it holds; its stage is the rank's first chunk.
 
     def __str__(self) -> str:
         s = f"{self.stage}{self.kind.value}"
@@ -74,7 +96,7 @@ class Action:
 
 
 _ACTION_RE = re.compile(
-    r"^(?P<stage>\d+)(?P<kind>OPT|SA|RA|SG|RG|AR|F|B)(?P<tied>T)?(?:\{(?P<group>[\d,]*)\})?"
+    r"^(?P<stage>\d+)(?P<kind>OPT|SA|RA|SG|RG|AR|F|B|I|W)(?P<tied>T)?(?:\{(?P<group>[\d,]*)\})?"
     r"(?P<mb>\d+)?(?:[<>](?P<peer>\d+))?(?:\[(?P<a>\d+):(?P<b>\d+)\])?$"
 )
 
@@ -82,7 +104,7 @@ _ACTION_RE = re.compile(
 def parse_action(text: str) -> Action:
     m = _ACTION_RE.match(text.strip())
     if not m:
-        raise ValueError(f"not an action: {text!r} (expected e.g. '1F0', '1SA0>2[0:4]', '0AR{{0,1}}', '2OPT')")
+        raise ValueError(f"not an action: {text!r} (expected e.g. '1F0', '1I0', '1W0', '1SA0>2[0:4]', '0AR{{0,1}}', '2OPT')")
     g = m.groupdict()
     return Action(
         kind=Kind(g["kind"]), stage=int(g["stage"]),
@@ -97,7 +119,11 @@ def parse_action(text: str) -> Action:
 Schedule = dict[int, list[Action]]
 
 
-# ----------------------------------------------------------------------------- the order
+# ----------------------------------------------------------------------------- the orders
+Step = tuple[Kind, int, int]
+"""(kind, chunk, micro-batch): one compute step of a pipeline position's order."""
+
+
 def compute_order(schedule: str, num_stages: int, stage: int, num_microbatches: int) -> list[tuple[Kind, int]]:
     """The forward/backward order of one stage: the only place 1F1B and GPipe are written."""
     m = num_microbatches
@@ -113,15 +139,160 @@ def compute_order(schedule: str, num_stages: int, stage: int, num_microbatches: 
     raise ValueError(f"unknown schedule {schedule!r}: expected one of 1f1b, gpipe")
 
 
+def interleaved_order(p: int, v: int, position: int, m: int, zero_bubble: bool = False) -> list[Step]:
+    """Megatron's interleaved 1F1B for the device at ``position`` of ``p`` holding chunks
+    ``position + k·p`` (k < v), in torch's flexible form: micro-batches go in rounds of
+    ``m // max(1, m // p)``, which must divide ``m``. Warm-up ``(v-1)·round + 2·(p-1-position)``
+    forwards, then one forward and one backward, chunks taken a round at a time (forwards in
+    chunk order, backwards in reverse). ``zero_bubble``: backwards split into ``I`` and ``W``,
+    warm-up ``(v-1)·round + (p-1-position)``, and the device at ``position`` holds back its first
+    ``position`` weight gradients to fill the bubble (ZB-H1 when v = 1)."""
+    rounds = max(1, m // p)
+    k = m // rounds
+    if m % rounds:
+        raise ValueError(f"interleaved schedules run micro-batches in {rounds} round(s) of {k}: expected "
+                         f"num_microbatches divisible by {rounds} (p={p} devices), got {m}")
+    total = v * m
+    warm = min((v - 1) * k + (1 if zero_bubble else 2) * (p - 1 - position), total)
+    nxt: dict[tuple[Kind, int], int] = defaultdict(int)
+    order: list[Step] = []
+    pending: deque[tuple[int, int]] = deque()
+
+    def step(kind: Kind, chunk: int) -> None:
+        mb = nxt[(kind, chunk)]
+        nxt[(kind, chunk)] += 1
+        order.append((kind, chunk, mb))
+        if kind == Kind.BACKWARD_INPUT:
+            pending.append((chunk, mb))
+
+    def weight() -> None:
+        chunk, mb = pending.popleft()
+        order.append((Kind.BACKWARD_WEIGHT, chunk, mb))
+
+    for j in range(warm):
+        step(Kind.FORWARD, (j // k) % v * p + position)
+    for b in range(total):
+        if warm + b < total:
+            step(Kind.FORWARD, ((warm + b) // k) % v * p + position)
+        step(Kind.BACKWARD_INPUT if zero_bubble else Kind.BACKWARD, (v - 1 - (b // k) % v) * p + position)
+        if zero_bubble and b >= position:
+            weight()
+    while pending:
+        weight()
+    return order
+
+
+def zbv_order(p: int, position: int, m: int) -> list[Step]:
+    """ZBV (torch's ``ScheduleZBVZeroBubble``): the device at ``position`` holds chunk
+    ``position`` (down the V) and chunk ``2p-1-position`` (back up). Warm-up ``2(p-position)-1``
+    forwards of the first chunk, then ``position`` alternating forwards of both, ``p-position``
+    forward+I+W of the second; steady state forward+I+W of each in turn; cool-down of input
+    gradients with the weight gradients deferred. Written for at least ``2p-1`` micro-batches;
+    with fewer, the steps of the missing ones are dropped."""
+    n = max(2 * p - 1, m)
+    c0, c1 = position, 2 * p - 1 - position
+    cnt: dict[tuple[Kind, int], int] = defaultdict(int)
+    order: list[Step] = []
+
+    def step(kind: Kind, chunk: int) -> None:
+        order.append((kind, chunk, cnt[(kind, chunk)]))
+        cnt[(kind, chunk)] += 1
+
+    F, I, W = Kind.FORWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
+    for _ in range(2 * (p - position) - 1):
+        step(F, c0)
+    for _ in range(position):
+        step(F, c1), step(F, c0)
+    for _ in range(p - position):
+        step(F, c1), step(I, c1), step(W, c1)
+    while cnt[(F, c1)] < cnt[(F, c0)] or cnt[(F, c0)] < n:
+        if cnt[(F, c0)] < n:
+            step(F, c0)
+        step(I, c0), step(W, c0), step(F, c1), step(I, c1), step(W, c1)
+    for _ in range(position):
+        step(I, c0), step(I, c1)
+    for _ in range(p - position):
+        step(I, c0), step(W, c0)
+    while cnt[(W, c1)] < cnt[(I, c1)]:
+        step(W, c1)
+    while cnt[(W, c0)] < cnt[(I, c0)]:
+        step(W, c0)
+    return [s for s in order if s[2] < m]
+
+
+def merge_backward(order: list[Step]) -> list[Step]:
+    """The same order with each ``I`` run as a full backward ``B`` and its ``W`` dropped: the
+    V-shape 1F1B from ZBV (cross-chunk dependencies, and so deadlock freedom, are unchanged)."""
+    return [(Kind.BACKWARD if k == Kind.BACKWARD_INPUT else k, c, mb) for k, c, mb in order
+            if k != Kind.BACKWARD_WEIGHT]
+
+
+def position_order(schedule: str, placement: Placement, position: int, m: int) -> list[Step]:
+    """The compute order of the device group at ``position``: the one dispatch over schedule kinds."""
+    p, v = placement.p, placement.v
+    if schedule in ("1f1b", "gpipe"):
+        return [(k, position, mb) for k, mb in compute_order(schedule, p, position, m)]
+    if schedule == "zb-h1":
+        return interleaved_order(p, 1, position, m, zero_bubble=True)
+    if schedule in ("interleaved", "interleaved-zb"):
+        return interleaved_order(p, v, position, m, zero_bubble=schedule == "interleaved-zb")
+    if schedule == "zbv":
+        return zbv_order(p, position, m)
+    if schedule == "v":
+        return merge_backward(zbv_order(p, position, m))
+    raise ValueError(f"unknown schedule {schedule!r}: expected one of 1f1b, gpipe, zb-h1, interleaved, "
+                     "interleaved-zb, v, zbv")
+
+
+def held_counts(order: Iterable[Step]) -> list[dict[int, int]]:
+    """Micro-batches of each chunk held (forwarded, activations not yet freed by ``B`` or ``W``)
+    after each step of an order: what memory is read off."""
+    held: dict[int, int] = defaultdict(int)
+    out = []
+    for kind, chunk, _ in order:
+        if kind == Kind.FORWARD:
+            held[chunk] += 1
+        elif kind in RELEASES:
+            held[chunk] -= 1
+        out.append(dict(held))
+    return out
+
+
 @functools.lru_cache(maxsize=65536)
 def in_flight(schedule: str, num_stages: int, stage: int, num_microbatches: int) -> int:
     """Most micro-batches a stage has forwarded and not yet backwarded, read off its order: the
-    activations it holds at its peak (cached: the planner asks for it in its inner loops)."""
-    held = peak = 0
-    for kind, _ in compute_order(schedule, num_stages, stage, num_microbatches):
-        held += 1 if kind == Kind.FORWARD else -1
-        peak = max(peak, held)
-    return peak
+    activations it holds at its peak (cached: the planner asks for it in its inner loops).
+    One chunk per device; :func:`in_flight_chunks` for several."""
+    pl = placement_of(schedule, num_stages, 1)
+    counts = held_counts(position_order(schedule, pl, pl.position[stage], num_microbatches))
+    return max((sum(h.values()) for h in counts), default=0)
+
+
+@functools.lru_cache(maxsize=65536)
+def in_flight_chunks(schedule: str, placement: Placement, position: int, num_microbatches: int
+                     ) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Every distinct (chunk, held) profile a device at ``position`` passes through, read off its
+    order: a device's peak activation memory is the largest of ``Σ held·bytes(chunk)`` over them."""
+    counts = held_counts(position_order(schedule, placement, position, num_microbatches))
+    return tuple(sorted({tuple(sorted(h.items())) for h in counts}))
+
+
+def rank_held(plan: Plan, rank: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """``in_flight_chunks`` of ``rank``'s position: every (chunk, held) profile its order passes through."""
+    pl = plan.placement()
+    return in_flight_chunks(plan.schedule, pl, pl.position[plan.stages_of_rank(rank)[0].index],
+                            plan.num_microbatches)
+
+
+def rank_in_flight(plan: Plan, rank: int) -> dict[int, int]:
+    """Most micro-batches each of ``rank``'s chunks holds at once (each chunk's own peak)."""
+    pl = plan.placement()
+    pos = pl.position[plan.stages_of_rank(rank)[0].index]
+    out: dict[int, int] = {c: 0 for c in pl.chunks[pos]}
+    for prof in in_flight_chunks(plan.schedule, pl, pos, plan.num_microbatches):
+        for c, n in prof:
+            out[c] = max(out[c], n)
+    return out
 
 
 # ----------------------------------------------------------------------------- passes
@@ -134,66 +305,82 @@ def sample_ranges(stage: PlanStage) -> dict[int, tuple[int, int]]:
     return out
 
 
-def _overlaps(mine: tuple[int, int], theirs: dict[int, tuple[int, int]]) -> list[tuple[int, tuple[int, int]]]:
+def _overlaps(mine: tuple[int, int], theirs: dict[int, tuple[int, int]], me: int) -> list[tuple[int, tuple[int, int]]]:
+    """The other ranks holding samples of ``mine`` (the part ``me`` holds itself is a local hand-off)."""
     res = []
     for rank, (a, b) in sorted(theirs.items(), key=lambda kv: kv[1]):
         lo, hi = max(mine[0], a), min(mine[1], b)
-        if lo < hi:
+        if lo < hi and rank != me:
             res.append((rank, (lo, hi)))
     return res
 
 
 def add_communication(plan: Plan, compute: dict[int, list[Action]]) -> Schedule:
-    """Wrap each forward/backward with the receives before it and the sends after it."""
+    """Wrap each forward/backward with the receives before it and the sends after it. Between two
+    chunks on the same rank (V: chunk p-1 to p) the hand-off is local: no send, no receive."""
     ranges = [sample_ranges(s) for s in plan.stages]
+    S = plan.num_stages
     out: Schedule = {}
     for rank, acts in compute.items():
-        st = plan.stage_of_rank(rank).index
-        mine = ranges[st][rank]
-        prev = _overlaps(mine, ranges[st - 1]) if st > 0 else []
-        nxt = _overlaps(mine, ranges[st + 1]) if st + 1 < plan.num_stages else []
         seq: list[Action] = []
         for a in acts:
-            mb = a.microbatch
+            st, mb = a.stage, a.microbatch
+            if a.kind not in (Kind.FORWARD, *GRAD_OUT):
+                seq.append(a)
+                continue
+            mine = ranges[st][rank]
+            prev = _overlaps(mine, ranges[st - 1], rank) if st > 0 else []
+            nxt = _overlaps(mine, ranges[st + 1], rank) if st + 1 < S else []
             if a.kind == Kind.FORWARD:
                 seq += [Action(Kind.RECV_ACT, st, mb, peer, rng) for peer, rng in prev]
                 seq.append(a)
                 seq += [Action(Kind.SEND_ACT, st, mb, peer, rng) for peer, rng in nxt]
-            elif a.kind == Kind.BACKWARD:
+            else:
                 seq += [Action(Kind.RECV_GRAD, st, mb, peer, rng) for peer, rng in nxt]
                 seq.append(a)
                 seq += [Action(Kind.SEND_GRAD, st, mb, peer, rng) for peer, rng in prev]
-            else:
-                seq.append(a)
         out[rank] = seq
     return out
 
 
+def tied_group(plan: Plan) -> tuple[int, ...]:
+    """Ranks of the tied-weight all-reduce: empty when every rank holding the embedding chunk also
+    holds the tail chunk (one stage, or the V placement), which then shares the weight in-process."""
+    first, last = set(plan.stages[0].ranks), set(plan.stages[-1].ranks)
+    if not plan.model.tied_embeddings or first == last:
+        return ()
+    return tuple(sorted(first | last))
+
+
 def add_sync(plan: Plan, sched: Schedule) -> Schedule:
-    """Group gradient all-reduce, the tied-weight all-reduce, then the optimizer step."""
-    first, last = plan.stages[0], plan.stages[-1]
-    tied_group = tuple(sorted(set(first.ranks) | set(last.ranks)))
+    """Each chunk's group gradient all-reduce (in chunk order, the same total order on every
+    rank), the tied-weight all-reduce where needed, then one optimizer step per rank."""
+    tied = tied_group(plan)
+    ends = (plan.stages[0].index, plan.stages[-1].index)
     out: Schedule = {}
     for rank, acts in sched.items():
-        st = plan.stage_of_rank(rank)
+        chunks = plan.stages_of_rank(rank)
         seq = list(acts)
-        if len(st.devices) > 1:
-            seq.append(Action(Kind.ALLREDUCE, st.index, group=tuple(sorted(st.ranks))))
-        if plan.model.tied_embeddings and plan.num_stages > 1 and st.index in (first.index, last.index):
-            seq.append(Action(Kind.ALLREDUCE, st.index, group=tied_group, tied=True))
-        seq.append(Action(Kind.OPTIMIZER, st.index))
+        for st in chunks:
+            if len(st.devices) > 1:
+                seq.append(Action(Kind.ALLREDUCE, st.index, group=tuple(sorted(st.ranks))))
+        mine = [st.index for st in chunks if st.index in ends]
+        if tied and mine:
+            seq.append(Action(Kind.ALLREDUCE, mine[0], group=tied, tied=True))
+        seq.append(Action(Kind.OPTIMIZER, chunks[0].index))
         out[rank] = seq
     return out
 
 
 def build(plan: Plan) -> Schedule:
     """plan -> {rank: [Action, ...]}: order, then communication, then sync, then validation."""
+    pl = plan.placement()
     ranges = [sample_ranges(s) for s in plan.stages]
-    compute = {
-        rank: [Action(kind, s.index, mb, samples=ranges[s.index][rank])
-               for kind, mb in compute_order(plan.schedule, plan.num_stages, s.index, plan.num_microbatches)]
-        for s in plan.stages for rank in s.ranks
-    }
+    compute: dict[int, list[Action]] = {}
+    for pos, chunks in enumerate(pl.chunks):
+        order = position_order(plan.schedule, pl, pos, plan.num_microbatches)
+        for rank in plan.stages[chunks[0]].ranks:
+            compute[rank] = [Action(kind, c, mb, samples=ranges[c][rank]) for kind, c, mb in order]
     sched = add_sync(plan, add_communication(plan, compute))
     validate(sched)
     return dict(sorted(sched.items()))
@@ -212,8 +399,12 @@ def _recv_matches(send: Action, recv: Action, src: int, dst: int) -> bool:
 def validate(sched: Schedule) -> None:
     """Run the lists with non-blocking sends and blocking receives/collectives.
 
-    Fails (printing the grid with each rank's position) if a receive meets a different
-    message than the one its peer sent next on that link, if a collective's members
+    Messages of one kind (activations, gradients) on one link arrive in the order they were
+    sent; the two kinds do not wait for each other (the runtime tags them apart: interleaved
+    and V placements send both ways between the same two ranks). Fails (printing the grid
+    with each rank's position) if a rank runs a micro-batch's steps out of dependency order,
+    if a receive meets a different message than the one its peer sent next of that kind on
+    that link, if a collective's members
     disagree, if no rank can move (deadlock), or if a send is never received.
     """
     pos = {r: 0 for r in sched}
@@ -226,6 +417,7 @@ def validate(sched: Schedule) -> None:
             if a.kind == Kind.ALLREDUCE and (not a.group or r not in a.group):
                 raise ScheduleError(f"rank {r}: {a} does not include rank {r}\n"
                                     + format_schedule(sched, {r: acts.index(a)}))
+    _check_local_order(sched)
     progress = True
     while progress:
         progress = False
@@ -233,9 +425,9 @@ def validate(sched: Schedule) -> None:
             while pos[r] < len(acts):
                 a = acts[pos[r]]
                 if a.is_send:
-                    links.setdefault((r, a.peer), deque()).append(a)
+                    links.setdefault((r, a.peer, a.kind), deque()).append(a)
                 elif a.is_recv:
-                    q = links.get((a.peer, r))
+                    q = links.get((a.peer, r, RECVS[a.kind]))
                     if not q:
                         break
                     if not _recv_matches(q[0], a, a.peer, r):
@@ -264,6 +456,44 @@ def validate(sched: Schedule) -> None:
     left = {k: list(map(str, q)) for k, q in links.items() if q}
     if left:
         raise ScheduleError(f"sends never received: {left}\n" + format_schedule(sched, pos))
+
+
+def _overlap(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:
+    return a is None or b is None or (max(a[0], b[0]) < min(a[1], b[1]))
+
+
+def _needs(a: Action, mine: dict[int, tuple[int, int] | None]) -> list[tuple[tuple[Kind, ...], int]]:
+    """What must run earlier on the same rank before ``a``: (kinds, chunk) of the same micro-batch."""
+    c = a.stage
+    if a.kind == Kind.FORWARD:
+        return [((Kind.FORWARD,), c - 1)] if c - 1 in mine and _overlap(mine[c - 1], a.samples) else []
+    if a.kind in GRAD_OUT:
+        out = [((Kind.FORWARD,), c)]
+        if c + 1 in mine and _overlap(mine[c + 1], a.samples):
+            out.append((GRAD_OUT, c + 1))
+        return out
+    if a.kind == Kind.BACKWARD_WEIGHT:
+        return [((Kind.BACKWARD_INPUT,), c)]
+    return []
+
+
+def _check_local_order(sched: Schedule) -> None:
+    """Each rank runs a micro-batch's steps in dependency order: forward before its backward, ``I``
+    before ``W``, and across two chunks of the same rank (a local hand-off) the earlier chunk's
+    forward first and the later chunk's backward first."""
+    for r, acts in sched.items():
+        mine = {a.stage: a.samples for a in acts if a.kind in PASSES}
+        done: set[tuple[Kind, int, int | None]] = set()
+        for i, a in enumerate(acts):
+            for kinds, chunk in _needs(a, mine):
+                if not any((k, chunk, a.microbatch) in done for k in kinds):
+                    raise ScheduleError(f"rank {r} step {i}: {a} runs before "
+                                        f"{'/'.join(k.value for k in kinds)} of chunk {chunk}, micro-batch "
+                                        f"{a.microbatch} on the same rank\n" + format_schedule(sched, {r: i}))
+            if a.kind in PASSES:
+                if (a.kind, a.stage, a.microbatch) in done:
+                    raise ScheduleError(f"rank {r} step {i}: {a} runs twice\n" + format_schedule(sched, {r: i}))
+                done.add((a.kind, a.stage, a.microbatch))
 
 
 def format_schedule(sched: Schedule, marks: dict[int, int] | None = None) -> str:

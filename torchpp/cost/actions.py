@@ -6,7 +6,7 @@ simulator). Its compute times come from :func:`torchpp.cost.stage.stage_time`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..formats import Bandwidth, FormatError, Plan, PlanStage
@@ -20,15 +20,20 @@ from .stage import StageTime, stage_time
 class _RankCost:
     host: str
     stage: PlanStage
+    """The rank's first chunk."""
     time: StageTime
+    """Its first chunk's compute time (``times`` has every chunk's)."""
     optimizer: float
+    times: dict[int, StageTime] = field(default_factory=dict)
+    """chunk index -> that chunk's compute time on this rank's host."""
 
 
 class MeasuredCost:
     """replay's CostModel for one plan, from measured profiles and links.
 
     ``optimizer_s_per_byte[h]``: seconds per parameter byte of the optimizer step on host h
-    (0 where not given: the layers file does not measure the optimizer).
+    (0 where not given: the layers file does not measure the optimizer). A rank's one optimizer
+    step covers every chunk it holds (the tied weight once when it holds both ends).
     """
 
     def __init__(self, plan: Plan, profiles: Profiles, links: Links | Bandwidth,
@@ -40,15 +45,21 @@ class MeasuredCost:
                               plan.model.num_layers)
         hosts = [d.host for s in plan.stages for d in s.devices]
         profiles.ensure(hosts)
+        self.backward_split = profiles.backward_split(hosts)
+        """How I and W are priced: measured, or the halves assumption (``Profiles.backward_split``)."""
         self.rank: dict[int, _RankCost] = {}
-        for s in plan.stages:
-            w = profiles.stage_param_bytes(s)
-            for d in s.devices:
-                if isinstance(optimizer_s_per_byte, Mapping):
-                    o = optimizer_s_per_byte.get(d.host, 0.0)
-                else:
-                    o = float(optimizer_s_per_byte or 0.0)
-                self.rank[d.rank] = _RankCost(d.host, s, stage_time(profiles, d.host, s), o * w)
+        for r in plan.ranks:
+            chunks = plan.stages_of_rank(r)
+            host = chunks[0].device(r).host
+            if isinstance(optimizer_s_per_byte, Mapping):
+                o = optimizer_s_per_byte.get(host, 0.0)
+            else:
+                o = float(optimizer_s_per_byte or 0.0)
+            w = sum(profiles.stage_param_bytes(s) for s in chunks)
+            if chunks[0].has_embed and chunks[-1].has_tail and len(chunks) > 1:
+                w -= profiles.tied_bytes  # one copy of the tied weight, stepped once
+            times = {s.index: stage_time(profiles, host, s) for s in chunks}
+            self.rank[r] = _RankCost(host, chunks[0], times[chunks[0].index], o * w, times)
 
     @staticmethod
     def _samples(a: Action, default: int) -> int:
@@ -58,11 +69,18 @@ class MeasuredCost:
         rc = self.rank[rank]
         if action.kind == Kind.OPTIMIZER:
             return rc.optimizer
-        n = self._samples(action, self.plan.device_of_rank(rank).samples)
+        own = action.stage in rc.times
+        t = rc.times[action.stage] if own else rc.time
+        n = self._samples(action, (self.plan.stages[action.stage].device(rank) if own
+                                   else self.plan.device_of_rank(rank)).samples)
         if action.kind == Kind.FORWARD:
-            return rc.time.forward(n)
+            return t.forward(n)
         if action.kind == Kind.BACKWARD:
-            return rc.time.backward(n)
+            return t.backward(n)
+        if action.kind == Kind.BACKWARD_INPUT:
+            return t.backward_input(n)
+        if action.kind == Kind.BACKWARD_WEIGHT:
+            return t.backward_weight(n)
         raise ValueError(f"compute_s: {action} is not a compute action")
 
     def transfer_s(self, src: int, dst: int, action: Action) -> float:

@@ -40,6 +40,9 @@ class Profiles:
     """How each host's table was obtained (its layers file, capacities table, or scaled)."""
     capacities: Capacities | None = None
     capacities_source: str = "capacities.json"
+    input_share: dict[str, np.ndarray] = field(default_factory=dict)
+    """Per host with a measured split: the fraction of each block's backward that computes the
+    input gradient (``I``; the rest is ``W``). Hosts without one split it in halves."""
 
     @property
     def num_blocks(self) -> int:
@@ -49,6 +52,21 @@ class Profiles:
     def tied_bytes(self) -> int:
         """Bytes of the embedding weight shared with lm_head (0 when embeddings are not tied)."""
         return int(self.param_bytes[0]) if self.model.tied_embeddings else 0
+
+    BACKWARD_SPLIT_ASSUMED = "assumed: input gradient = weight gradient = backward / 2 (not measured)"
+
+    def backward_share(self, host: str) -> np.ndarray:
+        """Fraction of each block's backward on ``host`` that is the input gradient (``I``)."""
+        ref = self.capacities.ref_host if self.capacities is not None else None
+        share = self.input_share.get(host, self.input_share.get(ref) if ref else None)
+        return share if share is not None else np.full(self.num_blocks, 0.5)
+
+    def backward_split(self, hosts: Iterable[str]) -> str:
+        """How the backward of ``hosts`` is split into I and W: measured, or the halves assumption."""
+        ref = self.capacities.ref_host if self.capacities is not None else None
+        if all(h in self.input_share or (ref in self.input_share) for h in hosts):
+            return "measured (layers files' backward_input_time_s)"
+        return self.BACKWARD_SPLIT_ASSUMED
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -77,6 +95,8 @@ class Profiles:
                 raise FormatError(src, "host", f"a host not already measured by {seen[lf.host]}", lf.host)
             seen[lf.host] = src
             bl = [lf.embed, *lf.layers, lf.tail]
+            if all(b.backward_input_time_s is not None for b in bl):
+                p.input_share[lf.host] = np.array([b.backward_input_time_s / b.backward_time_s for b in bl])
             p.set_table(lf.host, [b.forward_time_s for b in bl], [b.backward_time_s for b in bl], lf.run.batch, src,
                         [b.forward_fixed_s for b in bl], [b.backward_fixed_s for b in bl])
             p.call[lf.host] = lf.call_overhead_s

@@ -11,7 +11,7 @@ through the same arithmetic, so the planner's tables equal the scalar accessor e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence, Union
+from typing import TYPE_CHECKING, Iterable, Sequence, Union
 
 import numpy as np
 
@@ -129,6 +129,10 @@ class StageTime:
     bwd0: float | np.ndarray
     rec0: float | np.ndarray
     call: float = 0.0
+    bwd_in: float | np.ndarray = 0.0
+    """Part of ``bwd`` computing the input gradient (``I``), per sample; ``bwd - bwd_in`` is ``W``'s."""
+    bwd_in0: float | np.ndarray = 0.0
+    """Part of ``bwd0`` computing the input gradient, per call."""
 
     @property
     def forward_per_sample(self):
@@ -165,6 +169,20 @@ class StageTime:
         """Seconds of one backward call on ``samples`` samples, recomputation included (0 for none)."""
         return float(self.backward_per_call + samples * self.backward_per_sample) if samples > 0 else 0.0
 
+    def backward_input(self, samples: int) -> float:
+        """Seconds of a zero-bubble schedule's ``I`` call: the input gradient, with the recomputed
+        forwards (the activations are rebuilt before any gradient), and the runtime's call cost."""
+        if samples <= 0:
+            return 0.0
+        return float(self.bwd_in0 + self.rec0 + self.call + samples * (self.bwd_in + self.rec))
+
+    def backward_weight(self, samples: int) -> float:
+        """Seconds of a ``W`` call: the rest of the backward, plus the runtime's cost of one more call
+        (so ``I + W = B + call``)."""
+        if samples <= 0:
+            return 0.0
+        return float(self.bwd0 - self.bwd_in0 + self.call + samples * (self.bwd - self.bwd_in))
+
     def recompute(self, samples: int) -> float:
         """Per-sample seconds of the recomputed forwards of ``samples`` samples."""
         return float(samples * self.rec)
@@ -175,9 +193,11 @@ def stage_time(profiles: "Profiles", host: str, span: Span | PlanStage) -> Stage
     sp = span if isinstance(span, Span) else Span.of_stage(span)
     f, b = (BlockSums(x) for x in profiles.table(host))
     f0, b0 = (BlockSums(x) for x in profiles.fixed(host))
+    share = profiles.backward_share(host)
+    bi, bi0 = (BlockSums(x * share) for x in (profiles.table(host)[1], profiles.fixed(host)[1]))
     return StageTime(fwd=f(sp.lo, sp.hi), bwd=b(sp.lo, sp.hi), rec=f.over(sp.runs),
                      fwd0=f0(sp.lo, sp.hi), bwd0=b0(sp.lo, sp.hi), rec0=f0.over(sp.runs),
-                     call=profiles.call.get(host, 0.0))
+                     call=profiles.call.get(host, 0.0), bwd_in=bi(sp.lo, sp.hi), bwd_in0=bi0(sp.lo, sp.hi))
 
 
 def model_time(profiles: "Profiles", host: str) -> StageTime:
@@ -291,6 +311,22 @@ class StageMemory:
         """Bytes independent of the samples: the base and the weights' (with gradients, optimizer state)."""
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         return self.memory.static(self.weights(sp.lo, sp.hi))
+
+    def chunks_peak(self, chunks: Sequence[tuple[PlanStage, float]], held: Iterable[Iterable[tuple[int, int]]],
+                    shared_bytes: float = 0.0) -> float:
+        """Predicted peak bytes of a device holding several chunks (``(chunk, samples)`` each): the
+        weights of all of them (``shared_bytes`` held once though two chunks own them: the tied
+        weight of a V placement), plus the activations at the worst of the ``held`` profiles
+        (``(chunk, micro-batches held)`` at each step of the device's order,
+        ``schedules.in_flight_chunks``), plus the largest recomputed layer of any chunk.
+        With one chunk this is :meth:`peak`."""
+        acts = {c.index: (s, self.activations(c)) for c, s in chunks}
+        static = self.memory.static(sum(float(self.weights(*stage_blocks(c.layers, c.has_embed, c.has_tail)))
+                                        for c, _ in chunks) - shared_bytes)
+        worst = max((sum(acts[c][0] * self.memory.per_sample(acts[c][1].kept, acts[c][1].recomputed, n)
+                         for c, n in prof if c in acts) for prof in held), default=0.0)
+        largest = max(s * self.memory.per_sample(0.0, 0.0, 0, a.largest_recomputed) for s, a in acts.values())
+        return float(static + worst + largest)
 
     def peak(self, span: Span | PlanStage, samples: float, in_flight: int) -> float | np.ndarray:
         """Predicted peak bytes of a device computing ``samples`` samples of each micro-batch."""

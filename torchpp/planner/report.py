@@ -19,7 +19,7 @@ from ..formats import Plan, file_hash, write_json
 from ..schedules import Kind
 from ..sim.replay import Timeline
 from ..cost import Links, MemoryEstimator, Profiles, StageMemory, model_time, stage_time
-from ..schedules import in_flight
+from ..schedules import SPLIT_BACKWARD, in_flight, rank_held
 from ..sim.measured import price
 from ..sim.trace import recompute_of, timeline_events
 from ..trace.analyze import analyze
@@ -27,13 +27,19 @@ from .search import fmt_bytes
 
 
 def device_memory(plan: Plan, profiles: Profiles, memory: MemoryEstimator) -> dict[int, float]:
-    """Predicted peak bytes per rank."""
+    """Predicted peak bytes per rank (a rank holding several chunks: all of them, with the
+    micro-batches each holds at the worst moment of the rank's order)."""
     out = {}
     mem = StageMemory(profiles, memory)
-    for s in plan.stages:
-        n = in_flight(plan.schedule, plan.num_stages, s.index, plan.num_microbatches)
-        for d in s.devices:
-            out[d.rank] = float(mem.peak(s, d.samples, n))
+    for r in plan.ranks:
+        chunks = plan.stages_of_rank(r)
+        if len(chunks) == 1:
+            s = chunks[0]
+            n = in_flight(plan.schedule, plan.num_stages, s.index, plan.num_microbatches)
+            out[r] = float(mem.peak(s, s.device(r).samples, n))
+            continue
+        shared = profiles.tied_bytes if chunks[0].has_embed and chunks[-1].has_tail else 0.0
+        out[r] = mem.chunks_peak([(c, c.device(r).samples) for c in chunks], rank_held(plan, r), shared)
     return out
 
 
@@ -47,9 +53,10 @@ def predict(plan: Plan, profiles: Profiles, links: Links, memory: MemoryEstimato
         fwd = max(st.forward(n) for n, st in times)
         rec = max(st.recompute(n) for n, st in times)
         bwd = max(st.backward(n) for n, st in times) - rec
-        comm = max(sum(sp.end - sp.start for sp in tl.spans[d.rank] if sp.action.is_send) for d in s.devices)
-        ar = max(sum(sp.end - sp.ready for sp in tl.spans[d.rank] if sp.action.kind == Kind.ALLREDUCE)
-                 for d in s.devices)
+        comm = max(sum(sp.end - sp.start for sp in tl.spans[d.rank] if sp.action.is_send
+                       and sp.action.stage == s.index) for d in s.devices)
+        ar = max(sum(sp.end - sp.ready for sp in tl.spans[d.rank] if sp.action.kind == Kind.ALLREDUCE
+                     and sp.action.stage == s.index) for d in s.devices)
         stages.append({
             "index": s.index, "layers": list(s.layers), "has_embed": s.has_embed, "has_tail": s.has_tail,
             "forward_s": fwd, "backward_s": bwd, "recompute_s": rec, "comm_s": comm, "allreduce_s": ar,
@@ -71,6 +78,8 @@ def predict(plan: Plan, profiles: Profiles, links: Links, memory: MemoryEstimato
         "memory_bytes_per_rank": {str(r): int(v) for r, v in sorted(mem.items())},
         "stages": stages,
     }
+    if plan.schedule in SPLIT_BACKWARD:
+        pred["backward_split"] = profiles.backward_split([d.host for s in plan.stages for d in s.devices])
     return pred, tl
 
 
@@ -104,7 +113,8 @@ def write_outputs(out_dir: Path, plan: Plan, tl: Timeline, meta: dict[str, Any],
     (out_dir / "summary.txt").write_text(summary_text(plan, meta, compare))
     from ..trace.gantt import bars_from_events, save_gantt
 
-    names = {r: f"rank {r} · s{plan.stage_of_rank(r).index} · {plan.device_of_rank(r).host}" for r in tl.spans}
+    names = {r: f"rank {r} · s{','.join(str(s.index) for s in plan.stages_of_rank(r))} · "
+                f"{plan.device_of_rank(r).host}" for r in tl.spans}
     save_gantt(out_dir / "gantt.png", [(f"predicted step: {tl.makespan:.4g} s",
                                         bars_from_events(timeline_events(plan, tl)))],
                names=names, xlabel="seconds (predicted)")

@@ -10,10 +10,16 @@ from ..schedules import Action, Kind, Schedule, ScheduleError, format_schedule
 from .model import SimError
 from .types import CostModel, Span, Timeline
 
-# action codes (compute first: ``code <= OPT`` is a compute action)
-F, B, OPT, SA, SG, RA, RG, AR = range(8)
-CODE = {Kind.FORWARD: F, Kind.BACKWARD: B, Kind.OPTIMIZER: OPT, Kind.SEND_ACT: SA, Kind.SEND_GRAD: SG,
-        Kind.RECV_ACT: RA, Kind.RECV_GRAD: RG, Kind.ALLREDUCE: AR}
+# action codes (compute first: ``code <= OPT`` is a compute action; a receive's code is its send's + 2)
+F, B, BI, BW, OPT, SA, SG, RA, RG, AR = range(10)
+CODE = {Kind.FORWARD: F, Kind.BACKWARD: B, Kind.BACKWARD_INPUT: BI, Kind.BACKWARD_WEIGHT: BW, Kind.OPTIMIZER: OPT,
+        Kind.SEND_ACT: SA, Kind.SEND_GRAD: SG, Kind.RECV_ACT: RA, Kind.RECV_GRAD: RG, Kind.ALLREDUCE: AR}
+
+
+def compute_impact(fwd: float, bwd: float) -> list[float]:
+    """Per compute code, the share of a rank's compute a concurrent gradient sync takes (every
+    backward kind as a backward, the optimizer none)."""
+    return [fwd, bwd, bwd, bwd, 0.0]
 CTYPE = {SA: 0, SG: 1, AR: 2}
 """Comm type of a comm action: 0 fwd_prop, 1 grad_prop, 2 grad_sync (the seed's tie order)."""
 

@@ -9,7 +9,7 @@ interference and congestion on top of the same action lists.
 """
 from __future__ import annotations
 
-from ..schedules import Action, Kind, Schedule, ScheduleError, format_schedule
+from ..schedules import COMPUTE, Action, Kind, Schedule, ScheduleError, format_schedule
 from .engine import simulate
 from .types import CostModel, SimOptions, Span, Timeline
 
@@ -31,7 +31,7 @@ def replay_direct(sched: Schedule, cost: CostModel) -> Timeline:
     t = {r: 0.0 for r in sched}
     pos = {r: 0 for r in sched}
     link_free: dict[tuple[int, int], float] = {}
-    arrived: dict[tuple, float] = {}  # (src, dst, kind-of-recv, mb, samples) -> arrival time
+    arrived: dict[tuple, list[float]] = {}  # (src, dst, mb, samples, send kind) -> arrival times, in send order
     out = Timeline({r: [] for r in sched})
     progress = True
     while progress:
@@ -39,7 +39,7 @@ def replay_direct(sched: Schedule, cost: CostModel) -> Timeline:
         for r, acts in sched.items():
             while pos[r] < len(acts):
                 a = acts[pos[r]]
-                if a.kind in (Kind.FORWARD, Kind.BACKWARD, Kind.OPTIMIZER):
+                if a.kind in COMPUTE:
                     d = cost.compute_s(r, a)
                     out.spans[r].append(Span(r, a, t[r], t[r] + d))
                     t[r] += d
@@ -48,14 +48,14 @@ def replay_direct(sched: Schedule, cost: CostModel) -> Timeline:
                     start = max(t[r], link_free.get(key, 0.0))
                     end = start + cost.transfer_s(r, a.peer, a)
                     link_free[key] = end
-                    arrived[(r, a.peer, a.microbatch, a.samples, a.kind)] = end
+                    arrived.setdefault((r, a.peer, a.microbatch, a.samples, a.kind), []).append(end)
                     out.spans[r].append(Span(r, a, start, end, end))
                 elif a.is_recv:
                     send_kind = Kind.SEND_ACT if a.kind == Kind.RECV_ACT else Kind.SEND_GRAD
                     k = (a.peer, r, a.microbatch, a.samples, send_kind)
-                    if k not in arrived:
+                    if not arrived.get(k):
                         break
-                    ready = arrived.pop(k)
+                    ready = arrived[k].pop(0)
                     out.spans[r].append(Span(r, a, t[r], max(t[r], ready), ready))
                     t[r] = max(t[r], ready)
                 elif a.kind == Kind.ALLREDUCE:

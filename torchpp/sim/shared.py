@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 from typing import Callable
 
-from .compiled import AR
+from .compiled import AR, compute_impact
 from .congestion import make_congest
 from .core import CommHooks, Run
 from .tiers import Allocate, make_allocate
@@ -104,7 +104,7 @@ def _task_hooks(run: Run, ch: Channels, o: SimOptions) -> tuple[Callable | None,
     push = heapq.heappush
     rate, last, share, chan, schan = ch.rate, ch.last, ch.share, ch.chan, ch.schan
     sync_share, inb, contrib, computing = ch.sync_share, ch.inb, ch.contrib, ch.computing
-    impact = [o.fwd_impact, o.bwd_impact, 0.0]
+    impact = compute_impact(o.fwd_impact, o.bwd_impact)
     interference = not o.ideal_sync and (o.fwd_impact > 0 or o.bwd_impact > 0)
 
     def start_compute(a: int, ri: int, now: float) -> None:
@@ -164,7 +164,7 @@ def _make_settle(run: Run, ch: Channels, o: SimOptions, allocate: Allocate,
     inb, contrib, sync_share, computing = ch.inb, ch.contrib, ch.sync_share, ch.computing
     congestion, ideal = o.congestion, o.ideal_sync
     interference = not ideal and (o.fwd_impact > 0 or o.bwd_impact > 0)
-    impact = [o.fwd_impact, o.bwd_impact, 0.0]
+    impact = compute_impact(o.fwd_impact, o.bwd_impact)
     lim = o.recv_capacity * (1 + 1e-9)
     congested_shares, still = _make_congestion(run, ch, o, allocate) if congestion else (None, [False])
 

@@ -34,11 +34,13 @@ PerAction = Callable[[int, Action], float]
 """(rank, action) → a number (bytes moved, seconds of recomputation)."""
 
 
+_PASS = (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)
+
+
 def event_name(a: Action) -> str:
-    if a.kind == Kind.FORWARD:
-        return f"F{a.microbatch}"
-    if a.kind == Kind.BACKWARD:
-        return f"B{a.microbatch}"
+    """``F<mb>``, ``B<mb>``, ``I<mb>``, ``W<mb>`` (chunk in ``args.stage``), or the comm/sync name."""
+    if a.kind in _PASS:
+        return f"{a.kind.value}{a.microbatch}"
     if a.kind == Kind.OPTIMIZER:
         return "optimizer"
     if a.kind == Kind.ALLREDUCE:
@@ -48,7 +50,7 @@ def event_name(a: Action) -> str:
 
 def event_kind(a: Action) -> str:
     """The analysis' kind of an action (``F``, ``B``, ``send_act``, …)."""
-    return a.kind.value if a.kind in (Kind.FORWARD, Kind.BACKWARD) else event_name(a)
+    return a.kind.value if a.kind in _PASS else event_name(a)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +72,7 @@ def rank_slices(spans: list[Span]) -> list[Slice]:
     p2p: list[tuple[str, Span, float]] = []
     for s in spans:
         a = s.action
-        if a.kind in (Kind.FORWARD, Kind.BACKWARD, Kind.OPTIMIZER):
+        if a.kind in _PASS or a.kind == Kind.OPTIMIZER:
             out.append(Slice("compute", s, s.start, s.end))
         elif a.kind == Kind.ALLREDUCE:  # the collective itself: from its last member's arrival
             out.append(Slice("collective", s, s.ready, s.end))
@@ -89,12 +91,12 @@ def rank_slices(spans: list[Span]) -> list[Slice]:
 
 
 def recompute_of(plan: Plan, profiles) -> PerAction:
-    """Seconds of recomputation inside each BACKWARD, from the profiles the plan was priced with
-    (the cost layer's ``stage_time(...).recompute``: per sample)."""
+    """Seconds of recomputation inside each BACKWARD (or BACKWARD_INPUT, which rebuilds the
+    activations), from the profiles the plan was priced with (``stage_time(...).recompute``)."""
     def rec(rank: int, a: Action) -> float:
-        if a.kind != Kind.BACKWARD:
+        if a.kind not in (Kind.BACKWARD, Kind.BACKWARD_INPUT):
             return 0.0
-        d = plan.device_of_rank(rank)
+        d = plan.stages[a.stage].device(rank)
         n = a.samples[1] - a.samples[0] if a.samples is not None else d.samples
         return stage_time(profiles, d.host, plan.stages[a.stage]).recompute(n)
     return rec
@@ -109,9 +111,8 @@ def timeline_events(plan: Plan, timeline: Timeline, *, bytes_of: PerAction | Non
             a = sl.span.action
             kind = event_kind(a)
             p2p = sl.row in ("send", "recv")
-            nbytes = int(round(bytes_of(rank, a))) if bytes_of is not None and kind not in ("F", "B", "optimizer") \
-                else 0
-            rec = recompute_of(rank, a) if recompute_of is not None and kind == "B" else 0.0
+            nbytes = int(round(bytes_of(rank, a))) if bytes_of is not None and sl.row != "compute" else 0
+            rec = recompute_of(rank, a) if recompute_of is not None and kind in ("B", "I") else 0.0
             out.append(Event(rank, a.stage, kind, a.microbatch, sl.start, sl.end, nbytes,
                              a.peer if p2p else None, float(rec or 0.0), sl.blocked if p2p else None))
     return out
@@ -122,20 +123,21 @@ def rank_trace(plan: Plan, rank: int, spans: list[Span], *, step: int = 0, bytes
     """One rank's predicted step, as its runtime recorder would have written it."""
     from ..trace.timeline import p2p_event
 
-    st = plan.stage_of_rank(rank)
+    chunks = [s.index for s in plan.stages_of_rank(rank)]
     host = plan.device_of_rank(rank).host
     w = TraceWriter(world_size=plan.world_size, rank=rank, precise=True,
-                    metadata={"step": step, "rank": rank, "stage": st.index, "host": host, "clock_offset_s": 0.0,
-                              "clock_rtt_s": 0.0, "clock": "predicted"})
-    w.name_process(rank, f"rank {rank} · stage {st.index} · host {host}")
+                    metadata={"step": step, "rank": rank, "stage": chunks[0], "stages": chunks, "host": host,
+                              "clock_offset_s": 0.0, "clock_rtt_s": 0.0, "clock": "predicted"})
+    w.name_process(rank, f"rank {rank} · {process_stages(chunks)} · host {host}")
     nbytes = (lambda a: int(round(bytes_of(rank, a)))) if bytes_of is not None else (lambda a: 0)
     for sl in rank_slices(spans):
         a = sl.span.action
         if sl.row == "compute":
-            args: dict[str, Any] = {"stage": a.stage, "microbatch": a.microbatch, "layers": list(st.layers)}
+            args: dict[str, Any] = {"stage": a.stage, "microbatch": a.microbatch,
+                                    "layers": list(plan.stages[a.stage].layers)}
             if a.samples is not None:
                 args["samples"] = list(a.samples)
-            if a.kind == Kind.BACKWARD and recompute_of is not None and recompute_of(rank, a):
+            if a.kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT) and recompute_of is not None and recompute_of(rank, a):
                 args["recompute_s"] = recompute_of(rank, a)
             w.complete(rank, "compute", event_name(a), sl.start, sl.end - sl.start, args)
         elif sl.row == "collective":
@@ -144,6 +146,11 @@ def rank_trace(plan: Plan, rank: int, spans: list[Span], *, step: int = 0, bytes
         else:
             p2p_event(w, rank, step, sl.row, a, sl.start, sl.end - sl.start, nbytes(a), sl.blocked)
     return w.to_json()
+
+
+def process_stages(chunks: list[int]) -> str:
+    """``stage 2`` for one chunk, ``stages 0,7`` for a rank holding several."""
+    return f"stage {chunks[0]}" if len(chunks) == 1 else "stages " + ",".join(map(str, chunks))
 
 
 def predicted_trace(plan: Plan, timeline: Timeline, *, step: int = 0, bytes_of: PerAction | None = None,

@@ -8,17 +8,21 @@ Bubble split, in seconds of one step [t0, t1] (T = t1 − t0), per rank then ave
 ranks; every term is a sum of measured intervals on the rank's compute thread, none is a
 remainder of the others and none is negative:
 
-- **useful** U_r: the F/B durations less the recomputation inside the B events.
-- **recompute** r_r: the B events' ``recompute_s``.
+- **useful** U_r: the F/B (and zero-bubble I/W) durations less the recomputation inside the
+  B (or I) events.
+- **recompute** r_r: the B/I events' ``recompute_s``.
 - **communication** k_r: the part of each receive's blocked time after the matching send
   started on the peer (the transfer itself), plus all-reduce and optimizer time (both are
   synchronisation the step waits for; the optimizer is counted here, not as useful work).
 - **pipeline wait** W_r: the gaps with no action, plus the part of each receive's blocked
   time before the matching send started (waiting for the peer's compute). A receive whose
   send is not in the timeline counts wholly as communication. W_r is split into
-  **ideal** = min(W_r, (p − 1)·c̄), the fill/drain a balanced pipeline has (c̄ the mean over
-  stages of the per-micro-batch F+B time of the stage's slowest device), and
-  **imbalance** = W_r − ideal.
+  **ideal** = min(W_r, (d − 1)·Σ_s c_s / S), the fill/drain a balanced pipeline of d device
+  groups and S chunks has (c_s the per-micro-batch F+B time of chunk s on its slowest device;
+  one chunk per device: d = S and this is (p − 1)·c̄), and **imbalance** = W_r − ideal.
+
+A *stage* here is a chunk: a rank may hold several (interleaved, V), its events carry the
+chunk in ``args.stage``, and the per-stage figures are per chunk.
 
 The intervals are swept in time order and clipped where they overlap (clock noise in
 measured traces), so U_r + r_r + k_r + W_r = T and ``real`` = T − U_r =
@@ -33,11 +37,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-COMPUTE_KINDS = ("F", "B")
+COMPUTE_KINDS = ("F", "B", "I", "W")
+BACKWARD_KINDS = ("B", "I", "W")
+"""The full backward, and the zero-bubble schedules' input- and weight-gradient halves."""
+RECOMPUTING = ("B", "I")
+"""Backward kinds that run the recomputed forwards (``recompute_s``)."""
 COMM_KINDS = ("send_act", "recv_act", "send_grad", "recv_grad", "allreduce")
 KINDS = COMPUTE_KINDS + COMM_KINDS + ("optimizer",)
 BUBBLE_TERMS = ("ideal", "imbalance", "communication", "recompute")
-_MB = re.compile(r"^([FB])(\d+)$")
+_MB = re.compile(r"^([FBIW])(\d+)$")
 
 
 @dataclass(slots=True)
@@ -87,6 +95,7 @@ def events_from_trace(trace: dict[str, Any]) -> list[Event]:
 class RankStats:
     rank: int
     stage: int
+    """The rank's first chunk (``chunks`` has them all)."""
     compute_s: float = 0.0
     forward_s: float = 0.0
     backward_s: float = 0.0
@@ -107,6 +116,12 @@ class RankStats:
     ideal_s: float = 0.0
     imbalance_s: float = 0.0
     communication_s: float = 0.0
+    chunk_compute_s: dict[int, float] = field(default_factory=dict)
+    """Per chunk the rank holds: its F/B/I/W seconds."""
+
+    @property
+    def chunks(self) -> list[int]:
+        return sorted(self.chunk_compute_s) or [self.stage]
 
 
 @dataclass
@@ -116,7 +131,7 @@ class StepAnalysis:
     num_microbatches: int
     ranks: dict[int, RankStats]
     stage_forward_s: list[float]
-    """Per stage: forward seconds per micro-batch (slowest device of the group)."""
+    """Per stage (chunk): forward seconds per micro-batch (slowest device of the group)."""
     stage_backward_s: list[float]
     bubble: dict[str, float]
     """Seconds per rank on average: real, ideal, imbalance, communication, recompute; and
@@ -138,15 +153,12 @@ def analyze(events: Iterable[Event]) -> StepAnalysis:
     t0, t1 = min(e.start for e in evs), max(e.end for e in evs)
     T = t1 - t0
     ranks = rank_stats(evs, T)
-    p = max(s.stage for s in ranks.values()) + 1
+    p = max(max(s.chunks) for s in ranks.values()) + 1
     m = max((s.microbatches for s in ranks.values()), default=0) or 1
-    fwd, bwd = [0.0] * p, [0.0] * p
-    for s in ranks.values():
-        k = max(s.microbatches, 1)
-        if (s.forward_s + s.backward_s) / k > fwd[s.stage] + bwd[s.stage]:
-            fwd[s.stage], bwd[s.stage] = s.forward_s / k, s.backward_s / k
+    fwd, bwd = chunk_times(evs, ranks, p)
     c = [f + b for f, b in zip(fwd, bwd)]
-    fill = (p - 1) * sum(c) / p
+    d = len({tuple(s.chunks) for s in ranks.values()})
+    fill = (d - 1) * sum(c) / p
     by_rank: dict[int, list[Event]] = defaultdict(list)
     for e in evs:
         by_rank[e.rank].append(e)
@@ -170,10 +182,13 @@ def rank_stats(evs: list[Event], T: float) -> dict[int, RankStats]:
     mbs: dict[int, set] = defaultdict(set)
     for e in evs:
         st = ranks.setdefault(e.rank, RankStats(e.rank, e.stage))
+        if e.kind in COMPUTE_KINDS:
+            st.chunk_compute_s[e.stage] = st.chunk_compute_s.get(e.stage, 0.0) + e.dur
+            st.stage = min(st.stage, e.stage)
         if e.kind == "F":
             st.forward_s += e.dur
             mbs[e.rank].add(e.microbatch)
-        elif e.kind == "B":
+        elif e.kind in BACKWARD_KINDS:
             st.backward_s += e.dur
         elif e.kind.startswith("recv"):
             st.recv_wait_s += e.wait_s
@@ -190,9 +205,33 @@ def rank_stats(evs: list[Event], T: float) -> dict[int, RankStats]:
     return ranks
 
 
+def chunk_times(evs: list[Event], ranks: dict[int, RankStats], p: int) -> tuple[list[float], list[float]]:
+    """Per chunk, forward and backward seconds per micro-batch on its slowest device."""
+    per: dict[tuple[int, int], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for e in evs:
+        if e.kind in COMPUTE_KINDS:
+            per[(e.rank, e.stage)][0 if e.kind == "F" else 1] += e.dur
+    fwd, bwd = [0.0] * p, [0.0] * p
+    for (r, c), (f, b) in per.items():
+        k = max(ranks[r].microbatches, 1)
+        if (f + b) / k > fwd[c] + bwd[c]:
+            fwd[c], bwd[c] = f / k, b / k
+    return fwd, bwd
+
+
+def message_key(e: Event) -> tuple:
+    """What pairs a send with its receive: (src, dst, act|grad, microbatch, boundary), the boundary
+    being the chunk an activation leaves (c for c -> c+1; a gradient goes back over it), so two
+    chunks of one rank sending to the same peer (interleaved) are told apart."""
+    act = e.kind.endswith("_act")
+    if e.kind.startswith("send"):
+        return (e.rank, e.peer, e.kind[5:], e.microbatch, e.stage if act else e.stage - 1)
+    return (e.peer, e.rank, e.kind[5:], e.microbatch, e.stage - 1 if act else e.stage)
+
+
 def send_starts(evs: list[Event]) -> dict[tuple, float]:
-    """(src, dst, act|grad, microbatch) → when that send started on its rank."""
-    return {(e.rank, e.peer, e.kind[5:], e.microbatch): e.start for e in evs if e.kind.startswith("send")}
+    """``message_key`` → when that send started on its rank."""
+    return {message_key(e): e.start for e in evs if e.kind.startswith("send")}
 
 
 def occupancy(evs: list[Event], sends: dict[tuple, float]) -> list[tuple[float, float, str, float]]:
@@ -201,7 +240,7 @@ def occupancy(evs: list[Event], sends: dict[tuple, float]) -> list[tuple[float, 
     out = []
     for e in evs:
         if e.kind in COMPUTE_KINDS:
-            out.append((e.start, e.end, "compute", e.recompute_s if e.kind == "B" else 0.0))
+            out.append((e.start, e.end, "compute", e.recompute_s if e.kind in RECOMPUTING else 0.0))
         elif e.kind in ("allreduce", "optimizer"):
             out.append((e.start, e.end, "sync", 0.0))
         elif e.kind.startswith("recv"):
@@ -209,7 +248,7 @@ def occupancy(evs: list[Event], sends: dict[tuple, float]) -> list[tuple[float, 
             if blocked <= 0.0:
                 continue
             b0, b1 = e.end - blocked, e.end
-            sent = sends.get((e.peer, e.rank, e.kind[5:], e.microbatch))
+            sent = sends.get(message_key(e))
             cut = b0 if sent is None else min(max(sent, b0), b1)
             out += [(b0, cut, "wait", 0.0), (cut, b1, "transfer", 0.0)]
     return sorted(out, key=lambda x: (x[0], x[1]))
@@ -251,7 +290,7 @@ def critical_path(evs: list[Event]) -> dict[str, float]:
     eps = 1e-9
     seq: dict[int, list[Event]] = defaultdict(list)
     for e in evs:
-        if e.kind in ("F", "B", "optimizer", "allreduce"):
+        if e.kind in COMPUTE_KINDS or e.kind in ("optimizer", "allreduce"):
             seq[e.rank].append(e)
         elif e.kind.startswith("recv") and e.wait_s > eps:  # the part of a receive compute waited for
             seq[e.rank].append(Event(e.rank, e.stage, e.kind, e.microbatch, e.end - e.wait_s, e.end, e.bytes, e.peer))
@@ -259,7 +298,7 @@ def critical_path(evs: list[Event]) -> dict[str, float]:
         return {}
     for lst in seq.values():
         lst.sort(key=lambda e: (e.end, e.start))
-    sends = {(e.rank, e.peer, e.kind[5:], e.microbatch): e for e in evs if e.kind.startswith("send")}
+    sends = {message_key(e): e for e in evs if e.kind.startswith("send")}
     t_first = min(e.start for e in evs)
     rank = max(seq, key=lambda r: seq[r][-1].end)
     frontier = max(e.end for e in evs)
@@ -273,7 +312,7 @@ def critical_path(evs: list[Event]) -> dict[str, float]:
             break
         cur = lst[k]
         path["idle"] += max(0.0, frontier - cur.end)
-        snd = sends.get((cur.peer, cur.rank, cur.kind[5:], cur.microbatch)) if cur.kind.startswith("recv") else None
+        snd = sends.get(message_key(cur)) if cur.kind.startswith("recv") else None
         if snd is not None:
             t_send = min(max(snd.start, cur.start), cur.end)
             path[cur.kind.replace("recv", "wait")] += cur.end - t_send
