@@ -15,7 +15,7 @@ import json
 import time
 from pathlib import Path
 
-from torchpp.cost.workload import load_workload
+from torchpp.sim.scale import load_workload
 from torchpp.planner.scale import layout_plan
 from torchpp.sim.scale import Cluster, price_on_topology
 from torchpp.topology import Network

@@ -3,7 +3,8 @@ import time
 
 import pytest
 
-from torchpp.cost.workload import config_dict, load_workload, workload
+from torchpp.cost.workload import config_dict, workload
+from torchpp.sim.scale import load_workload
 from torchpp.plans import even_layer_ranges, make_plan
 from torchpp.schedules import build
 from torchpp.sim.scale import Cluster, WorkloadCost, price_on_topology

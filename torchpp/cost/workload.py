@@ -108,12 +108,3 @@ def workload(cfg: Any, name: str, seq_len: int, dtype: str = "bfloat16") -> Work
     info = ModelInfo(name=name, source="preset", num_layers=L, hidden_size=h, vocab_size=V, tied_embeddings=tied,
                      dtype=dtype, architecture=str(_get(cfg, "model_type", default="")))
     return Workload(model=info, seq_len=seq_len, flops=flops, params=params, act_bytes=act, dtype_bytes=by)
-
-
-def load_workload(model: str, seq_len: int, dtype: str = "bfloat16") -> Workload:
-    """A Megatron-GPT size (:data:`MEGATRON_GPT`), a torchpp preset or a local HF config (config only)."""
-    if model in MEGATRON_GPT:
-        return workload(config_dict(**MEGATRON_GPT[model]), model, seq_len, dtype)
-    from ..models.presets import load_config
-
-    return workload(load_config(model), model, seq_len, dtype)

@@ -133,7 +133,7 @@ def run_fixed(args: argparse.Namespace) -> int:
 
 def run_topology(args: argparse.Namespace) -> int:
     """`plan --estimate --topology T --devices N`: the fastest pp × dp × tp layout, written as plan.json."""
-    from ..cost.workload import load_workload
+    from ..sim.scale import load_workload
     from ..formats import read_json, write_json
     from ..topology import Network, Topology
     from .scale import layouts

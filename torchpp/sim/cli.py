@@ -284,7 +284,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_topology(args: argparse.Namespace) -> int:
-    from ..cost.workload import load_workload
+    from .scale import load_workload
     from ..formats import Plan, write_json
     from ..topology import Network, Topology
     from .fast import replica_plan, replicas

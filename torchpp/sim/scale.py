@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..cost import stage_time
-from ..cost.workload import Workload
+from ..cost.workload import MEGATRON_GPT, Workload, config_dict, workload
 from ..formats import Plan
 from ..schedules import Action, Kind, build
 from ..topology.collectives import allreduce, merged, narrowest
@@ -99,3 +99,12 @@ def price_on_topology(plan: Plan, wl: Workload, cluster: Cluster, *, fast: bool 
     cost = WorkloadCost(plan, prof)
     return simulate_topology(build(plan), cost, lambda c: bundles_of(c, cluster.net, place, cost.bytes_of,
                                                                      cluster.algorithm), cluster.net, spans=spans)
+
+
+def load_workload(model: str, seq_len: int, dtype: str = "bfloat16") -> Workload:
+    """A Megatron-GPT size (:data:`MEGATRON_GPT`), a torchpp preset or a local HF config (config only)."""
+    if model in MEGATRON_GPT:
+        return workload(config_dict(**MEGATRON_GPT[model]), model, seq_len, dtype)
+    from ..models.presets import load_config  # the config only: no weights are built
+
+    return workload(load_config(model), model, seq_len, dtype)
