@@ -3,7 +3,8 @@
 Every file carries ``"format": "torchpp.<kind>/<version>"``. Loading checks the format and
 each field, and a failure names the file, the field and what was expected, so a bad input
 is reported before any rank blocks in a collective. This module imports nothing else of
-torchpp (imports flow down the DESIGN.md layout list).
+torchpp but ``validate`` (the ranges shared with the command line; imports flow down the
+DESIGN.md layout list).
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, TypeVar
+
+from . import validate as V
 
 T = TypeVar("T")
 
@@ -905,14 +908,21 @@ class SimParams:
 
 def check_sim_params(values: Mapping[str, Any], source: str, prefix: str = "") -> None:
     """Reject values the simulator cannot price (the seed divided by zero or ran backwards on these)."""
+    caps = {"n": V.MAX_MICROBATCHES, "stages": V.MAX_STAGES, "sync_freq": V.MAX_MICROBATCHES}
     for k in SIM_INT_PARAMS:
         v = values.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise FormatError(source, prefix + k, "an integer >= 1", v)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= caps[k]):
+            raise FormatError(source, prefix + k, f"an integer in [1, {caps[k]}]", v)
+    if isinstance(values.get("n"), int) and isinstance(values.get("stages"), int):
+        try:
+            V.sim_actions(values["stages"], values["n"])
+        except ValueError as e:
+            raise FormatError(source, prefix + "n", str(e).partition(": ")[2]) from None
     for k in ("fwd_len", "bwd_len", "prop_len", "sync_base_len"):
         v = values.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
-            raise FormatError(source, prefix + k, "a length >= 0", v)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                              or not 0 <= v <= V.MAX_SECONDS):
+            raise FormatError(source, prefix + k, f"a length in [0, {V.MAX_SECONDS:g}]", v)
     for k in ("fwd_impact", "bwd_impact"):
         v = values.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1):

@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 from ..formats import Bandwidth, FormatError
+from .. import argtypes as T, validate as V
 
 
 def parse_links_csv(path: str | Path, assume_symmetric: bool = False) -> Bandwidth:
@@ -63,8 +64,8 @@ def parse_links_csv(path: str | Path, assume_symmetric: bool = False) -> Bandwid
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--csv", required=True, type=Path, help="rows src_host,dst_host,gbps[,latency_ms], no header")
-    p.add_argument("--out", type=Path, default=Path("bandwidth.json"))
+    p.add_argument("--csv", required=True, type=T.existing_path, help="rows src_host,dst_host,gbps[,latency_ms], no header")
+    p.add_argument("--out", type=T.out_file, default=Path("bandwidth.json"))
     p.add_argument("--assume-symmetric", action="store_true", help="fill a missing direction from the other one")
     p.set_defaults(func=run)
 

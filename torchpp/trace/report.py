@@ -16,6 +16,7 @@ from typing import Any
 from ..formats import Plan, write_json
 from .analyze import StepAnalysis, analyze, events_from_trace
 from .chrome import load_trace
+from .. import argtypes as T, validate as V
 
 _STEP = re.compile(r"timeline_step(\d+)_all\.json$")
 
@@ -175,10 +176,10 @@ def run_analyze(trace_dir: Path, out: Path, plan: Plan | None = None, predicted:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("trace_dir", type=Path, help="folder with timeline_step<N>_all.json (or one such file)")
-    p.add_argument("--plan", type=Path, default=None, help="plan.json the run used (predicted step time and memory)")
-    p.add_argument("--predicted", type=Path, default=None, help="predicted trace from `torchpp simulate plan`")
-    p.add_argument("--out", type=Path, default=Path("report"))
+    p.add_argument("trace_dir", type=T.existing_path, help="folder with timeline_step<N>_all.json (or one such file)")
+    p.add_argument("--plan", type=T.existing_path, default=None, help="plan.json the run used (predicted step time and memory)")
+    p.add_argument("--predicted", type=T.existing_path, default=None, help="predicted trace from `torchpp simulate plan`")
+    p.add_argument("--out", type=T.out_dir, default=Path("report"))
     p.set_defaults(func=_main)
 
 
