@@ -76,7 +76,8 @@ class Reader:
             raise FormatError(self.source, self._p(key), "true or false", v)
         return v
 
-    def int(self, key: str, default: Any = dataclasses.MISSING, min_value: int | None = None) -> int:
+    def int(self, key: str, default: Any = dataclasses.MISSING, min_value: int | None = None,
+            max_value: int | None = None) -> int:
         v = self.raw(key, default)
         if v is default and default is not dataclasses.MISSING:
             return v
@@ -84,10 +85,12 @@ class Reader:
             raise FormatError(self.source, self._p(key), "an integer", v)
         if min_value is not None and v < min_value:
             raise FormatError(self.source, self._p(key), f"an integer >= {min_value}", v)
+        if max_value is not None and v > max_value:
+            raise FormatError(self.source, self._p(key), f"an integer <= {max_value}", v)
         return v
 
     def float(self, key: str, default: Any = dataclasses.MISSING, min_value: float | None = None,
-              positive: bool = False) -> float:
+              positive: bool = False, max_value: float | None = V.MAX_SECONDS) -> float:
         v = self.raw(key, default)
         if v is default and default is not dataclasses.MISSING:
             return v
@@ -97,6 +100,8 @@ class Reader:
             raise FormatError(self.source, self._p(key), "a number > 0", v)
         if min_value is not None and v < min_value:
             raise FormatError(self.source, self._p(key), f"a number >= {min_value}", v)
+        if max_value is not None and v > max_value:
+            raise FormatError(self.source, self._p(key), f"a number <= {max_value:g}", v)
         return float(v)
 
     def obj(self, key: str, default: Any = dataclasses.MISSING) -> "Reader":
@@ -154,19 +159,27 @@ def read_json(path: str | os.PathLike) -> Any:
     if not p.is_file():
         raise FormatError(str(p), "<file>", "an existing file")
     try:
-        return json.loads(p.read_text())
+        return json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise FormatError(str(p), "<file>", f"UTF-8 JSON text ({e.reason} at byte {e.start})") from None
+    except RecursionError:
+        raise FormatError(str(p), "<file>", "JSON nested at most a few hundred levels deep") from None
     except json.JSONDecodeError as e:
         raise FormatError(str(p), "<file>", f"valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
 
 
 def write_json(path: str | os.PathLike, data: Any) -> Path:
-    """Write atomically (temp file + rename) so a crash never leaves half a file."""
-    p = Path(path)
+    """Write atomically (temp file + rename) so a crash never leaves half a file.
+
+    NaN and infinities are refused (``allow_nan=False``): JSON has no spelling for them and
+    every loader here refuses ``NaN``/``Infinity``, so torchpp never writes what it cannot read.
+    """
+    p = V.output_file(path, str(path))
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=False, default=_json_default)
+            json.dump(data, f, indent=1, sort_keys=False, default=_json_default, allow_nan=False)
             f.write("\n")
         os.replace(tmp, p)
     except BaseException:
@@ -221,8 +234,9 @@ class ModelInfo:
     def parse(r: Reader) -> "ModelInfo":
         return ModelInfo(
             name=r.str("name"), source=r.str("source", "preset", choices={"preset", "path"}),
-            num_layers=r.int("num_layers", min_value=1), hidden_size=r.int("hidden_size", min_value=1),
-            vocab_size=r.int("vocab_size", min_value=1), tied_embeddings=r.bool("tied_embeddings"),
+            num_layers=r.int("num_layers", min_value=1, max_value=V.MAX_LAYERS),
+            hidden_size=r.int("hidden_size", min_value=1, max_value=1 << 20),
+            vocab_size=r.int("vocab_size", min_value=1, max_value=1 << 24), tied_embeddings=r.bool("tied_embeddings"),
             dtype=r.str("dtype", "float32", choices={"float32", "bfloat16", "float16"}),
             architecture=r.str("architecture", ""),
         )
@@ -261,8 +275,8 @@ class BlockProfile:
     def parse(r: Reader) -> "BlockProfile":
         b = BlockProfile(
             name=r.str("name"), index=r.int("index", None, min_value=0),
-            param_bytes=r.int("param_bytes", min_value=0),
-            activation_bytes_per_sample=r.int("activation_bytes_per_sample", min_value=0),
+            param_bytes=r.int("param_bytes", min_value=0, max_value=V.MAX_BYTES),
+            activation_bytes_per_sample=r.int("activation_bytes_per_sample", min_value=0, max_value=V.MAX_BYTES),
             forward_time_s=r.float("forward_time_s", positive=True),
             backward_time_s=r.float("backward_time_s", positive=True),
             forward_samples_s=r.floats("forward_samples_s", []), backward_samples_s=r.floats("backward_samples_s", []),
@@ -309,7 +323,8 @@ class RunInfo:
 
     @staticmethod
     def parse(r: Reader) -> "RunInfo":
-        return RunInfo(seq_len=r.int("seq_len", min_value=1), batch=r.int("batch", min_value=1),
+        return RunInfo(seq_len=r.int("seq_len", min_value=1, max_value=V.MAX_SEQ_LEN),
+                       batch=r.int("batch", min_value=1, max_value=V.MAX_GLOBAL_BATCH),
                        batches=r.ints("batches", []),
                        iters=r.int("iters", min_value=1), warmup=r.int("warmup", min_value=0),
                        threads=r.int("threads", min_value=1), torch_version=r.str("torch_version"),
@@ -355,9 +370,10 @@ class LayersFile:
         check_format(data, source, LAYERS_KIND, [LAYERS_VERSION])
         r = Reader(data, source)
         lf = LayersFile(
-            host=r.str("host"), model=ModelInfo.parse(r.obj("model")), run=RunInfo.parse(r.obj("run")),
-            embed_param_bytes=r.int("embed_param_bytes", min_value=0),
-            tail_param_bytes=r.int("tail_param_bytes", min_value=0),
+            model=ModelInfo.parse(r.obj("model")), run=RunInfo.parse(r.obj("run")),
+            host=V_host(r, "host"),
+            embed_param_bytes=r.int("embed_param_bytes", min_value=0, max_value=V.MAX_BYTES),
+            tail_param_bytes=r.int("tail_param_bytes", min_value=0, max_value=V.MAX_BYTES),
             embed=BlockProfile.parse(r.obj("embed")), tail=BlockProfile.parse(r.obj("tail")),
             layers=[BlockProfile.parse(x) for x in r.objs("layers", min_len=1)],
             step_time_s=r.float("step_time_s", positive=True), peak_rss_bytes=r.int("peak_rss_bytes", min_value=0),
@@ -470,7 +486,7 @@ class Plan:
             if len(lay) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in lay):
                 raise sr.fail("layers", "[start, end) as two integers", lay)
             devices = [
-                PlanDevice(host=dr.str("host"), rank=dr.int("rank", min_value=0),
+                PlanDevice(host=V_host(dr, "host"), rank=dr.int("rank", min_value=0, max_value=V.MAX_STAGES),
                            share=dr.float("share", positive=True), samples=dr.int("samples", min_value=0))
                 for dr in sr.objs("devices", min_len=1)
             ]
@@ -481,12 +497,12 @@ class Plan:
                                     has_embed=sr.bool("has_embed"), has_tail=sr.bool("has_tail"),
                                     devices=devices, recompute=list(rec)))
         plan = Plan(
-            model=ModelInfo.parse(r.obj("model")), seq_len=r.int("seq_len", min_value=1),
-            global_batch=r.int("global_batch", min_value=1), micro_batch_size=r.int("micro_batch_size", min_value=1),
-            num_microbatches=r.int("num_microbatches", min_value=1),
+            model=ModelInfo.parse(r.obj("model")), seq_len=r.int("seq_len", min_value=1, max_value=V.MAX_SEQ_LEN),
+            global_batch=r.int("global_batch", min_value=1, max_value=V.MAX_GLOBAL_BATCH),
+            micro_batch_size=r.int("micro_batch_size", min_value=1, max_value=V.MAX_GLOBAL_BATCH),
+            num_microbatches=r.int("num_microbatches", min_value=1, max_value=V.MAX_MICROBATCHES),
             schedule=r.str("schedule", choices=set(SCHEDULES)), stages=stages,
-            strategy=r.str("strategy", "manual"), predicted=r.raw("predicted", None),
-            inputs=dict(r.raw("inputs", {}) or {}),
+            strategy=r.str("strategy", "manual"), predicted=_predicted(r), inputs=_inputs(r),
         )
         validate_plan(plan, source)
         return plan
@@ -496,10 +512,35 @@ class Plan:
         return _load(path, Plan.parse)
 
 
+def V_host(r: Reader, key: str) -> str:
+    """A host name field: safe in file names and link keys (``validate.host_name``)."""
+    v = r.str(key)
+    try:
+        return V.host_name(v, key)
+    except ValueError as e:
+        raise r.fail(key, e.args[0].partition("expected ")[2].rpartition(", got")[0], v) from None
+
+
+def _inputs(r: Reader) -> dict[str, str]:
+    """``inputs``: which file each input was and its hash (``{"bandwidth": "sha256:..."}``)."""
+    v = r.raw("inputs", {}) or {}
+    if not isinstance(v, Mapping) or not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
+        raise r.fail("inputs", "an object of strings (input name -> file hash)", v)
+    return dict(v)
+
+
+def _predicted(r: Reader) -> dict[str, Any] | None:
+    v = r.raw("predicted", None)
+    if v is not None and not isinstance(v, Mapping):
+        raise r.fail("predicted", "an object (the planner's prediction) or null", v)
+    return None if v is None else dict(v)
+
+
 def validate_plan(plan: Plan, source: str = "<plan>", world_size: int | None = None,
                   model_layers: int | None = None) -> None:
     """Everything a rank must know to be true before it joins any collective."""
     S = plan.num_stages
+    _check_plan_sizes(plan, source)
     if plan.micro_batch_size * plan.num_microbatches != plan.global_batch:
         raise FormatError(source, "global_batch", f"micro_batch_size × num_microbatches = "
                           f"{plan.micro_batch_size} × {plan.num_microbatches} = "
@@ -507,6 +548,7 @@ def validate_plan(plan: Plan, source: str = "<plan>", world_size: int | None = N
     expect = 0
     ranks: list[int] = []
     for i, s in enumerate(plan.stages):
+        _check_group(s, source, f"stages[{i}]")
         p = f"stages[{i}]"
         if s.index != i:
             raise FormatError(source, f"{p}.index", f"{i} (stages listed in pipeline order)", s.index)
@@ -545,6 +587,29 @@ def validate_plan(plan: Plan, source: str = "<plan>", world_size: int | None = N
     if model_layers is not None and model_layers != plan.model.num_layers:
         raise FormatError(source, "model.num_layers", f"{model_layers} (the layers of the model being "
                           "trained; see --layers)", plan.model.num_layers)
+
+
+def _check_plan_sizes(plan: Plan, source: str) -> None:
+    """Sizes within ``validate``'s limits (a plan written by hand, or a planner asked for too much)."""
+    for key, v, lo, hi in (("seq_len", plan.seq_len, 1, V.MAX_SEQ_LEN),
+                           ("global_batch", plan.global_batch, 1, V.MAX_GLOBAL_BATCH),
+                           ("num_microbatches", plan.num_microbatches, 1, V.MAX_MICROBATCHES),
+                           ("stages", plan.num_stages, 1, V.MAX_STAGES)):
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            raise FormatError(source, key, f"an integer in [{lo}, {hi}]" if key != "stages"
+                              else f"1 to {hi} stages", v)
+
+
+def _check_group(s: PlanStage, source: str, p: str) -> None:
+    """A stage's devices: distinct hosts with safe names and shares that add up to 1."""
+    try:
+        for j, d in enumerate(s.devices):
+            V.host_name(d.host, f"{p}.devices[{j}].host")
+        V.distinct([d.host for d in s.devices], f"{p}.devices[*].host")
+        V.shares([d.share for d in s.devices], f"{p}.devices[*].share")
+    except ValueError as e:
+        field_path, _, rest = str(e).partition(": ")
+        raise FormatError(source, field_path, rest.removeprefix("expected ")) from None
 
 
 def split_samples(total: int, shares: list[float]) -> list[int]:
@@ -617,7 +682,9 @@ class Bandwidth:
         return {"format": d.pop("format"), **d}
 
     def save(self, path: str | os.PathLike) -> Path:
-        return write_json(path, self.to_json())
+        data = self.to_json()
+        Bandwidth.parse(data, f"{path} (being written)")
+        return write_json(path, data)
 
     @staticmethod
     def parse(data: Any, source: str) -> "Bandwidth":
@@ -629,9 +696,12 @@ class Bandwidth:
         rates, lats = r.obj("bytes_per_sec"), r.obj("latency_s", {})
         for sub, name, positive in ((rates, "bytes_per_sec", True), (lats, "latency_s", False)):
             for k in sub.data:
-                if not _is_link_key(k):
-                    raise FormatError(source, f"{name}.{k}", "a key of the form 'src|dst'")
-                sub.float(k, positive=positive, min_value=None if positive else 0.0)
+                try:
+                    V.link_key(k, f"{name}.{k}")
+                except ValueError as e:
+                    raise FormatError(source, f"{name}.{k}", str(e).partition(": expected ")[2] or str(e)) from None
+                sub.float(k, positive=positive, min_value=None if positive else 0.0,
+                          max_value=V.MAX_RATE if positive else V.MAX_SECONDS)
         return Bandwidth(bytes_per_sec={k: float(v) for k, v in rates.data.items()},
                          latency_s={k: float(v) for k, v in lats.data.items()}, source=r.str("source", ""))
 
@@ -682,7 +752,7 @@ class Capacities:
         check_format(data, source, CAPACITIES_KIND, [CAPACITIES_VERSION])
         r = Reader(data, source)
         cap = r.obj("capacity")
-        capacity = {h: cap.float(h, positive=True) for h in cap.data}
+        capacity = {_device_host(source, h): cap.float(h, positive=True, max_value=1e6) for h in cap.data}
         ref = r.str("ref_host")
         if ref not in capacity:
             raise FormatError(source, "ref_host", f"one of the hosts in 'capacity' ({', '.join(sorted(capacity))})", ref)
@@ -791,7 +861,8 @@ class MemoryModel:
                 predicted_bytes=sr.float("predicted_bytes", 0.0), process_bytes=sr.int("process_bytes", 0, min_value=0),
                 tail_activation_bytes_per_sample=sr.int("tail_activation_bytes_per_sample", 0, min_value=0)))
         r2 = r.raw("r2", None)
-        return MemoryModel(base=r.float("base"), alpha=r.float("alpha", min_value=0.0), Kp=r.float("Kp", min_value=0.0),
+        return MemoryModel(base=r.float("base", min_value=0.0, max_value=V.MAX_BYTES),
+                           alpha=r.float("alpha", min_value=0.0, max_value=1e6), Kp=r.float("Kp", min_value=0.0, max_value=1e6),
                            r2=float("nan") if r2 is None else r.float("r2"), residuals=r.floats("residuals", []),
                            samples=samples, host=r.str("host", ""), model=r.str("model", ""),
                            microbatch=r.int("microbatch", 0, min_value=0),
@@ -847,11 +918,13 @@ class Devices:
                 continue
             if isinstance(v, Mapping):
                 dr = r.obj(h)
-                gb = dr.float("memory_gb", positive=True)
+                _device_host(source, h)
+                gb = dr.float("memory_gb", positive=True, max_value=V.MAX_MEMORY_GB)
                 rank = dr.int("rank", None, min_value=0)
                 out[h] = DeviceInfo(host=h, memory_bytes=int(gb * GB), address=dr.str("address", ""), rank=rank)
             else:
-                out[h] = DeviceInfo(host=h, memory_bytes=int(r.float(h, positive=True) * GB))
+                _device_host(source, h)
+                out[h] = DeviceInfo(host=h, memory_bytes=int(r.float(h, positive=True, max_value=V.MAX_MEMORY_GB) * GB))
         if not out:
             raise FormatError(source, "<root>", "at least one host")
         ranks = [d.rank for d in out.values() if d.rank is not None]
@@ -866,6 +939,14 @@ class Devices:
 
 GB = 1 << 30
 """devices.json counts memory in GiB (seed 000's ``"cpu1": 24``)."""
+
+
+def _device_host(source: str, h: str) -> str:
+    """A host named by a key (devices.json, capacities.json): safe in file names and link keys."""
+    try:
+        return V.host_name(h, h)
+    except ValueError:
+        raise FormatError(source, h, "a host name of letters, digits, '.', '_' or '-' (no '..')") from None
 
 
 # ============================================================================ simulator configuration

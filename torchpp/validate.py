@@ -158,3 +158,11 @@ def sim_actions(stages: int, microbatches: int, what: str = "simulation") -> Non
     if n > MAX_SIM_ACTIONS:
         raise ValueError(f"{what}: {stages} stage(s) × {microbatches} micro-batch(es) is about {n:,} actions; "
                          f"expected at most {MAX_SIM_ACTIONS:,} (fewer micro-batches or stages)")
+
+
+MAX_BYTES = 1 << 50
+"""Bytes of one block's parameters or activations, or a memory-model term (1 PiB)."""
+MAX_MEMORY_GB = float(1 << 20)
+"""A device's memory in GiB (1 PiB)."""
+MAX_RATE = 1e15
+"""A link's bytes per second (8 Pbit/s)."""
