@@ -575,6 +575,8 @@ def run(args: argparse.Namespace) -> int:
 
     plan_src = str(args.plan)
     plan = Plan.load(args.plan)
+    from ..trace.report import check_traces_of_plan
+    check_traces_of_plan([p for _, p in find_merged(args.traces)], args.plan)
     # ------------------------------------------------------------------ the old cost model
     files = [LayersFile.load(p) for p in args.layers or []]
     cap = Capacities.load(args.capacities) if args.capacities else None

@@ -357,8 +357,10 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
         dt = time.perf_counter() - t0
         if rec is not None:
             executor.observer, stage.profiler = None, None
+            trace = rec.finish()
+            trace["metadata"]["plan_hash"] = prep.plan_hash  # analyze and replan refuse another plan's traces
             summary.traces += g(f"step {step}: gathering traces on rank 0", write_step, cfg.trace_dir, step, rank,
-                                world, rec.finish())
+                                world, trace)
         summary.losses.append(float(stats[0]))
         summary.step_times_s.append(dt)
         summary.steps_done = step

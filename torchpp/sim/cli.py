@@ -241,7 +241,7 @@ def cmd_all(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ..formats import Plan, write_json
+    from ..formats import Plan, file_hash, write_json
     from ..schedules import build
     from .engine import SimOptions, simulate
     from .measured import measured_cost
@@ -256,7 +256,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
           f"{plan.num_stages} stages, {plan.world_size} ranks)")
     _print_utilisation(res)
     trace = predicted_trace(plan, res.timeline, bytes_of=bytes_of, recompute_of=recompute_of(plan, cost.p),
-                            metadata={"plan": str(args.plan), "comm": args.comm, "step_time_s": res.makespan})
+                            metadata={"plan": str(args.plan), "plan_hash": file_hash(args.plan), "comm": args.comm, "step_time_s": res.makespan})
     print(f"trace: {write_json(args.trace, trace)}")
     if args.gantt is not None:
         from .gantt import plot_gantt
