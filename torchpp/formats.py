@@ -601,11 +601,10 @@ def _check_plan_sizes(plan: Plan, source: str) -> None:
 
 
 def _check_group(s: PlanStage, source: str, p: str) -> None:
-    """A stage's devices: distinct hosts with safe names and shares that add up to 1."""
+    """A stage's devices: safe host names (a host may run several ranks) and shares that add up to 1."""
     try:
         for j, d in enumerate(s.devices):
             V.host_name(d.host, f"{p}.devices[{j}].host")
-        V.distinct([d.host for d in s.devices], f"{p}.devices[*].host")
         V.shares([d.share for d in s.devices], f"{p}.devices[*].share")
     except ValueError as e:
         field_path, _, rest = str(e).partition(": ")

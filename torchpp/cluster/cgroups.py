@@ -57,7 +57,7 @@ def check_cpu(cores: float) -> float:
     """A CPU quota in ``[MIN_CPU, cores of this machine]``, finite."""
     n = os.cpu_count() or 1
     if isinstance(cores, bool) or not isinstance(cores, (int, float)) or not MIN_CPU <= cores <= n:
-        raise ValueError(f"expected a number of cores between {MIN_CPU:g} and this machine's {n}, "
+        raise ValueError(f"expected a positive number of cores (> 0; from {MIN_CPU:g} to this machine's {n}), "
                          f"got {cores!r}")
     return float(cores)
 
