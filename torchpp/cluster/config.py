@@ -179,7 +179,26 @@ def _parsed(r: Reader, key: str, parse, default=None):
         raise FormatError(r.source, r._p(key), str(e).removeprefix("expected ")) from None
 
 
+MAX_RATE_BITS = 1e12
+"""Fastest link a config may ask for (1 Tbit/s): tc takes 32-bit byte rates beyond which it wraps."""
+MAX_DELAY_S = 60.0
+
+
+def _rate(text: str | int | float) -> float:
+    v = parse_rate(text)
+    if not v <= MAX_RATE_BITS:
+        raise ValueError(f"expected a rate up to 1000gbit, got {text!r}")
+    return v
+
+
+def _duration(text: str | int | float) -> float:
+    v = parse_duration(text)
+    if not v <= MAX_DELAY_S:
+        raise ValueError(f"expected a delay up to {MAX_DELAY_S:g}s, got {text!r}")
+    return v
+
+
 def _shape(r: Reader, prefix: str) -> Shape:
-    return Shape(rate=_parsed(r, f"{prefix}rate", parse_rate), delay=_parsed(r, f"{prefix}delay", parse_duration, 0.0),
-                 jitter=_parsed(r, f"{prefix}jitter", parse_duration, 0.0),
+    return Shape(rate=_parsed(r, f"{prefix}rate", _rate), delay=_parsed(r, f"{prefix}delay", _duration, 0.0),
+                 jitter=_parsed(r, f"{prefix}jitter", _duration, 0.0),
                  loss=_parsed(r, f"{prefix}loss", parse_fraction, 0.0))
