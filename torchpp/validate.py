@@ -15,8 +15,9 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-MAX_GLOBAL_BATCH = 1 << 16
-"""Samples per step: the planner enumerates micro-batch sizes and counts up to this."""
+MAX_GLOBAL_BATCH = 4096
+"""Samples per step: the planner prices every micro-batch size and count up to this (4096 takes
+seconds; 65536 took 80 s on two devices)."""
 MAX_MICROBATCHES = 4096
 """Micro-batches per step (one schedule holds several actions per micro-batch and stage)."""
 MAX_STAGES = 1024
@@ -25,8 +26,9 @@ MAX_LAYERS = 100_000
 """Decoder layers of a model (far above any released model)."""
 MAX_SEQ_LEN = 1 << 20
 """Tokens per sample before the model's own position limit is known."""
-MAX_SIM_ACTIONS = 2_000_000
-"""Actions (stages × micro-batches × actions each) one simulation may price."""
+MAX_SIM_ACTIONS = 200_000
+"""Actions (stages × micro-batches × actions each) one simulation may price (about 10 s;
+2 million took 75 s)."""
 MAX_SECONDS = 1e9
 """Any duration or length: about 30 years, far beyond a step; keeps products finite."""
 MAX_WORKERS = 1024

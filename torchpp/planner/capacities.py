@@ -13,7 +13,7 @@ from typing import Sequence
 
 from ..formats import Capacities, FormatError, HostTable, LayersFile
 from ..cost import Profiles
-from .. import argtypes as T, validate as V
+from .. import argtypes as T
 
 
 def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequence[str] | None = None) -> Capacities:

@@ -17,7 +17,7 @@ from ..errors import UsageError
 from ..formats import Plan, file_hash, trace_plan_hashes, write_json
 from .analyze import StepAnalysis, analyze, events_from_trace
 from .chrome import load_trace
-from .. import argtypes as T, validate as V
+from .. import argtypes as T
 
 _STEP = re.compile(r"timeline_step(\d+)_all\.json$")
 
