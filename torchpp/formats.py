@@ -90,7 +90,7 @@ class Reader:
         return v
 
     def float(self, key: str, default: Any = dataclasses.MISSING, min_value: float | None = None,
-              positive: bool = False, max_value: float | None = V.MAX_SECONDS) -> float:
+              positive: bool = False, max_value: float | None = V.MAX_NUMBER) -> float:
         v = self.raw(key, default)
         if v is default and default is not dataclasses.MISSING:
             return v

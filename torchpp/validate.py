@@ -168,3 +168,6 @@ MAX_MEMORY_GB = float(1 << 20)
 """A device's memory in GiB (1 PiB)."""
 MAX_RATE = 1e15
 """A link's bytes per second (8 Pbit/s)."""
+MAX_NUMBER = 1e18
+"""Any number in a file without a tighter bound (FLOP/s, bytes, factors): sums and products of a
+few such numbers stay finite, so no NaN or inf reaches a printed result."""
