@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from .errors import UsageError  # noqa: F401  (re-exported: `torchpp.cli.UsageError`)
 
@@ -30,6 +31,22 @@ VERBS: dict[str, tuple[str, str]] = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad argument as one line, ``torchpp <verb>: error: ...`` (exit 2).
+
+    The usage text is what ``-h`` is for; scripts and people reading logs want the one line
+    that names the argument. Sub-verbs' parsers inherit this class (argparse copies it).
+    """
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} -h)\n")
+
+
+def one_line(text: object) -> str:
+    """``text`` on one line: messages quote files and values that may hold newlines."""
+    return " ".join(str(text).split())
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser of `torchpp`; two-word verbs ("bandwidth parse") become sub-verbs of their first word.
 
@@ -37,7 +54,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     and a verb that needs neither torch nor transformers start without them; without ``argv``
     every verb is (the whole command line, for documentation and tests).
     """
-    parser = argparse.ArgumentParser(prog="torchpp", description=__doc__)
+    parser = OneLineParser(prog="torchpp", description=__doc__)
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     groups: dict[str, argparse._SubParsersAction] = {}
     parsers: dict[str, argparse.ArgumentParser] = {}
@@ -71,21 +88,50 @@ def chosen_verbs(argv: Sequence[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one verb; every expected input error is one line on stderr and exit code 2."""
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    try:
+        parser = build_parser(argv)
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse has printed its one line (or the help)
+        return e.code if isinstance(e.code, int) else 2
     try:
         return int(args.func(args) or 0)
-    except UsageError as e:
-        print(f"torchpp {args.verb}: error: {e}", file=sys.stderr)
-        return 2
-    except (ValueError, FileNotFoundError) as e:
-        # Input problems (formats.FormatError is a ValueError) name file, field and expectation.
-        print(f"torchpp {args.verb}: error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print(f"torchpp {args.verb}: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 (only the input errors below; anything else is re-raised)
+        message = input_error(e)
+        if message is None:
+            raise
+        print(f"torchpp {_verb(args)}: error: {one_line(message)}", file=sys.stderr)
+        return 2
+
+
+def _verb(args: argparse.Namespace) -> str:
+    """``plan``, ``bandwidth parse``, ``simulate run``: the words that named the command."""
+    sub = next((getattr(args, k) for k in ("subverb", "simverb", "what") if getattr(args, k, None)), None)
+    return f"{args.verb} {sub}" if isinstance(sub, str) else args.verb
+
+
+def input_error(e: BaseException) -> str | None:
+    """The one-line message of an error caused by the input (bad value, file or path), else None.
+
+    ``formats.FormatError`` and ``UsageError`` are ValueErrors that already name file, field and
+    expectation; OS errors name the path they failed on; a JSON or text decoding error is
+    reported by the loaders with its file.
+    """
+    if isinstance(e, UnicodeDecodeError):
+        return f"not UTF-8 text ({e.reason} at byte {e.start})"
+    if isinstance(e, json.JSONDecodeError):
+        return f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
+    if isinstance(e, ValueError):
+        return str(e)
+    if isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
+                      FileExistsError)) or (isinstance(e, OSError) and e.filename is not None):
+        where = e.filename if e.filename2 is None else f"{e.filename} -> {e.filename2}"
+        return f"{where}: {e.strerror or e}" if where is not None else str(e)
+    return None
 
 
 if __name__ == "__main__":

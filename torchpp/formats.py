@@ -3,7 +3,8 @@
 Every file carries ``"format": "torchpp.<kind>/<version>"``. Loading checks the format and
 each field, and a failure names the file, the field and what was expected, so a bad input
 is reported before any rank blocks in a collective. This module imports nothing else of
-torchpp (imports flow down the DESIGN.md layout list).
+torchpp but ``validate`` (the ranges shared with the command line; imports flow down the
+DESIGN.md layout list).
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, TypeVar
+
+from . import validate as V
 
 T = TypeVar("T")
 
@@ -73,7 +76,8 @@ class Reader:
             raise FormatError(self.source, self._p(key), "true or false", v)
         return v
 
-    def int(self, key: str, default: Any = dataclasses.MISSING, min_value: int | None = None) -> int:
+    def int(self, key: str, default: Any = dataclasses.MISSING, min_value: int | None = None,
+            max_value: int | None = None) -> int:
         v = self.raw(key, default)
         if v is default and default is not dataclasses.MISSING:
             return v
@@ -81,10 +85,12 @@ class Reader:
             raise FormatError(self.source, self._p(key), "an integer", v)
         if min_value is not None and v < min_value:
             raise FormatError(self.source, self._p(key), f"an integer >= {min_value}", v)
+        if max_value is not None and v > max_value:
+            raise FormatError(self.source, self._p(key), f"an integer <= {max_value}", v)
         return v
 
     def float(self, key: str, default: Any = dataclasses.MISSING, min_value: float | None = None,
-              positive: bool = False) -> float:
+              positive: bool = False, max_value: float | None = V.MAX_NUMBER) -> float:
         v = self.raw(key, default)
         if v is default and default is not dataclasses.MISSING:
             return v
@@ -94,6 +100,8 @@ class Reader:
             raise FormatError(self.source, self._p(key), "a number > 0", v)
         if min_value is not None and v < min_value:
             raise FormatError(self.source, self._p(key), f"a number >= {min_value}", v)
+        if max_value is not None and v > max_value:
+            raise FormatError(self.source, self._p(key), f"a number <= {max_value:g}", v)
         return float(v)
 
     def obj(self, key: str, default: Any = dataclasses.MISSING) -> "Reader":
@@ -151,19 +159,27 @@ def read_json(path: str | os.PathLike) -> Any:
     if not p.is_file():
         raise FormatError(str(p), "<file>", "an existing file")
     try:
-        return json.loads(p.read_text())
+        return json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise FormatError(str(p), "<file>", f"UTF-8 JSON text ({e.reason} at byte {e.start})") from None
+    except RecursionError:
+        raise FormatError(str(p), "<file>", "JSON nested at most a few hundred levels deep") from None
     except json.JSONDecodeError as e:
         raise FormatError(str(p), "<file>", f"valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
 
 
 def write_json(path: str | os.PathLike, data: Any) -> Path:
-    """Write atomically (temp file + rename) so a crash never leaves half a file."""
-    p = Path(path)
+    """Write atomically (temp file + rename) so a crash never leaves half a file.
+
+    NaN and infinities are refused (``allow_nan=False``): JSON has no spelling for them and
+    every loader here refuses ``NaN``/``Infinity``, so torchpp never writes what it cannot read.
+    """
+    p = V.output_file(path, str(path))
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=False, default=_json_default)
+            json.dump(data, f, indent=1, sort_keys=False, default=_json_default, allow_nan=False)
             f.write("\n")
         os.replace(tmp, p)
     except BaseException:
@@ -218,8 +234,9 @@ class ModelInfo:
     def parse(r: Reader) -> "ModelInfo":
         return ModelInfo(
             name=r.str("name"), source=r.str("source", "preset", choices={"preset", "path"}),
-            num_layers=r.int("num_layers", min_value=1), hidden_size=r.int("hidden_size", min_value=1),
-            vocab_size=r.int("vocab_size", min_value=1), tied_embeddings=r.bool("tied_embeddings"),
+            num_layers=r.int("num_layers", min_value=1, max_value=V.MAX_LAYERS),
+            hidden_size=r.int("hidden_size", min_value=1, max_value=1 << 20),
+            vocab_size=r.int("vocab_size", min_value=1, max_value=1 << 24), tied_embeddings=r.bool("tied_embeddings"),
             dtype=r.str("dtype", "float32", choices={"float32", "bfloat16", "float16"}),
             architecture=r.str("architecture", ""),
         )
@@ -262,8 +279,8 @@ class BlockProfile:
     def parse(r: Reader) -> "BlockProfile":
         b = BlockProfile(
             name=r.str("name"), index=r.int("index", None, min_value=0),
-            param_bytes=r.int("param_bytes", min_value=0),
-            activation_bytes_per_sample=r.int("activation_bytes_per_sample", min_value=0),
+            param_bytes=r.int("param_bytes", min_value=0, max_value=V.MAX_BYTES),
+            activation_bytes_per_sample=r.int("activation_bytes_per_sample", min_value=0, max_value=V.MAX_BYTES),
             forward_time_s=r.float("forward_time_s", positive=True),
             backward_time_s=r.float("backward_time_s", positive=True),
             forward_samples_s=r.floats("forward_samples_s", []), backward_samples_s=r.floats("backward_samples_s", []),
@@ -314,7 +331,8 @@ class RunInfo:
 
     @staticmethod
     def parse(r: Reader) -> "RunInfo":
-        return RunInfo(seq_len=r.int("seq_len", min_value=1), batch=r.int("batch", min_value=1),
+        return RunInfo(seq_len=r.int("seq_len", min_value=1, max_value=V.MAX_SEQ_LEN),
+                       batch=r.int("batch", min_value=1, max_value=V.MAX_GLOBAL_BATCH),
                        batches=r.ints("batches", []),
                        iters=r.int("iters", min_value=1), warmup=r.int("warmup", min_value=0),
                        threads=r.int("threads", min_value=1), torch_version=r.str("torch_version"),
@@ -363,9 +381,10 @@ class LayersFile:
         check_format(data, source, LAYERS_KIND, [LAYERS_VERSION])
         r = Reader(data, source)
         lf = LayersFile(
-            host=r.str("host"), model=ModelInfo.parse(r.obj("model")), run=RunInfo.parse(r.obj("run")),
-            embed_param_bytes=r.int("embed_param_bytes", min_value=0),
-            tail_param_bytes=r.int("tail_param_bytes", min_value=0),
+            model=ModelInfo.parse(r.obj("model")), run=RunInfo.parse(r.obj("run")),
+            host=V_host(r, "host"),
+            embed_param_bytes=r.int("embed_param_bytes", min_value=0, max_value=V.MAX_BYTES),
+            tail_param_bytes=r.int("tail_param_bytes", min_value=0, max_value=V.MAX_BYTES),
             embed=BlockProfile.parse(r.obj("embed")), tail=BlockProfile.parse(r.obj("tail")),
             layers=[BlockProfile.parse(x) for x in r.objs("layers", min_len=1)],
             step_time_s=r.float("step_time_s", positive=True), peak_rss_bytes=r.int("peak_rss_bytes", min_value=0),
@@ -554,12 +573,12 @@ class Plan:
         r = Reader(data, source)
         stages = [_parse_stage(sr, i) for i, sr in enumerate(r.objs("stages", min_len=1))]
         plan = Plan(
-            model=ModelInfo.parse(r.obj("model")), seq_len=r.int("seq_len", min_value=1),
-            global_batch=r.int("global_batch", min_value=1), micro_batch_size=r.int("micro_batch_size", min_value=1),
-            num_microbatches=r.int("num_microbatches", min_value=1),
+            model=ModelInfo.parse(r.obj("model")), seq_len=r.int("seq_len", min_value=1, max_value=V.MAX_SEQ_LEN),
+            global_batch=r.int("global_batch", min_value=1, max_value=V.MAX_GLOBAL_BATCH),
+            micro_batch_size=r.int("micro_batch_size", min_value=1, max_value=V.MAX_GLOBAL_BATCH),
+            num_microbatches=r.int("num_microbatches", min_value=1, max_value=V.MAX_MICROBATCHES),
             schedule=r.str("schedule", choices=set(SCHEDULES if version == 1 else PLAN_SCHEDULES)), stages=stages,
-            strategy=r.str("strategy", "manual"), predicted=r.raw("predicted", None),
-            inputs=dict(r.raw("inputs", {}) or {}),
+            strategy=r.str("strategy", "manual"), predicted=_predicted(r), inputs=_inputs(r),
         )
         validate_plan(plan, source)
         return plan
@@ -574,7 +593,7 @@ def _parse_stage(sr: Reader, i: int) -> PlanStage:
     if len(lay) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in lay):
         raise sr.fail("layers", "[start, end) as two integers", lay)
     devices = [
-        PlanDevice(host=dr.str("host"), rank=dr.int("rank", min_value=0),
+        PlanDevice(host=V_host(dr, "host"), rank=dr.int("rank", min_value=0, max_value=V.MAX_STAGES),
                    share=dr.float("share", positive=True), samples=dr.int("samples", min_value=0))
         for dr in sr.objs("devices", min_len=1)
     ]
@@ -585,9 +604,34 @@ def _parse_stage(sr: Reader, i: int) -> PlanStage:
                      has_tail=sr.bool("has_tail"), devices=devices, recompute=list(rec))
 
 
+def V_host(r: Reader, key: str) -> str:
+    """A host name field: safe in file names and link keys (``validate.host_name``)."""
+    v = r.str(key)
+    try:
+        return V.host_name(v, key)
+    except ValueError as e:
+        raise r.fail(key, e.args[0].partition("expected ")[2].rpartition(", got")[0], v) from None
+
+
+def _inputs(r: Reader) -> dict[str, str]:
+    """``inputs``: which file each input was and its hash (``{"bandwidth": "sha256:..."}``)."""
+    v = r.raw("inputs", {}) or {}
+    if not isinstance(v, Mapping) or not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
+        raise r.fail("inputs", "an object of strings (input name -> file hash)", v)
+    return dict(v)
+
+
+def _predicted(r: Reader) -> dict[str, Any] | None:
+    v = r.raw("predicted", None)
+    if v is not None and not isinstance(v, Mapping):
+        raise r.fail("predicted", "an object (the planner's prediction) or null", v)
+    return None if v is None else dict(v)
+
+
 def validate_plan(plan: Plan, source: str = "<plan>", world_size: int | None = None,
                   model_layers: int | None = None) -> None:
     """Everything a rank must know to be true before it joins any collective."""
+    _check_plan_sizes(plan, source)
     if plan.micro_batch_size * plan.num_microbatches != plan.global_batch:
         raise FormatError(source, "global_batch", f"micro_batch_size × num_microbatches = "
                           f"{plan.micro_batch_size} × {plan.num_microbatches} = "
@@ -614,6 +658,7 @@ def validate_plan(plan: Plan, source: str = "<plan>", world_size: int | None = N
 def _validate_chunk(plan: Plan, s: PlanStage, i: int, source: str) -> None:
     """One chunk: its place in the pipeline, its layers (contiguous after the previous chunk's), its group."""
     p, S = f"stages[{i}]", plan.num_stages
+    _check_group(s, source, p)
     if s.index != i:
         raise FormatError(source, f"{p}.index", f"{i} (stages listed in pipeline order)", s.index)
     expect = plan.stages[i - 1].layers[1] if i else 0
@@ -670,6 +715,28 @@ def _validate_placement(plan: Plan, source: str) -> None:
             if hosts.setdefault(d.rank, d.host) != d.host:
                 raise FormatError(source, f"stages[{i}].devices[{j}].host", f"{hosts[d.rank]!r} (rank {d.rank}'s "
                                   "host in an earlier stage: a rank is one device)", d.host)
+
+
+def _check_plan_sizes(plan: Plan, source: str) -> None:
+    """Sizes within ``validate``'s limits (a plan written by hand, or a planner asked for too much)."""
+    for key, v, lo, hi in (("seq_len", plan.seq_len, 1, V.MAX_SEQ_LEN),
+                           ("global_batch", plan.global_batch, 1, V.MAX_GLOBAL_BATCH),
+                           ("num_microbatches", plan.num_microbatches, 1, V.MAX_MICROBATCHES),
+                           ("stages", plan.num_stages, 1, V.MAX_STAGES)):
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            raise FormatError(source, key, f"an integer in [{lo}, {hi}]" if key != "stages"
+                              else f"1 to {hi} stages", v)
+
+
+def _check_group(s: PlanStage, source: str, p: str) -> None:
+    """A stage's devices: safe host names (a host may run several ranks) and shares that add up to 1."""
+    try:
+        for j, d in enumerate(s.devices):
+            V.host_name(d.host, f"{p}.devices[{j}].host")
+        V.shares([d.share for d in s.devices], f"{p}.devices[*].share")
+    except ValueError as e:
+        field_path, _, rest = str(e).partition(": ")
+        raise FormatError(source, field_path, rest.removeprefix("expected ")) from None
 
 
 def split_samples(total: int, shares: list[float]) -> list[int]:
@@ -742,7 +809,9 @@ class Bandwidth:
         return {"format": d.pop("format"), **d}
 
     def save(self, path: str | os.PathLike) -> Path:
-        return write_json(path, self.to_json())
+        data = self.to_json()
+        Bandwidth.parse(data, f"{path} (being written)")
+        return write_json(path, data)
 
     @staticmethod
     def parse(data: Any, source: str) -> "Bandwidth":
@@ -754,9 +823,12 @@ class Bandwidth:
         rates, lats = r.obj("bytes_per_sec"), r.obj("latency_s", {})
         for sub, name, positive in ((rates, "bytes_per_sec", True), (lats, "latency_s", False)):
             for k in sub.data:
-                if not _is_link_key(k):
-                    raise FormatError(source, f"{name}.{k}", "a key of the form 'src|dst'")
-                sub.float(k, positive=positive, min_value=None if positive else 0.0)
+                try:
+                    V.link_key(k, f"{name}.{k}")
+                except ValueError as e:
+                    raise FormatError(source, f"{name}.{k}", str(e).partition(": expected ")[2] or str(e)) from None
+                sub.float(k, positive=positive, min_value=None if positive else 0.0,
+                          max_value=V.MAX_RATE if positive else V.MAX_SECONDS)
         return Bandwidth(bytes_per_sec={k: float(v) for k, v in rates.data.items()},
                          latency_s={k: float(v) for k, v in lats.data.items()}, source=r.str("source", ""))
 
@@ -807,7 +879,7 @@ class Capacities:
         check_format(data, source, CAPACITIES_KIND, [CAPACITIES_VERSION])
         r = Reader(data, source)
         cap = r.obj("capacity")
-        capacity = {h: cap.float(h, positive=True) for h in cap.data}
+        capacity = {_device_host(source, h): cap.float(h, positive=True, max_value=1e6) for h in cap.data}
         ref = r.str("ref_host")
         if ref not in capacity:
             raise FormatError(source, "ref_host", f"one of the hosts in 'capacity' ({', '.join(sorted(capacity))})", ref)
@@ -916,7 +988,8 @@ class MemoryModel:
                 predicted_bytes=sr.float("predicted_bytes", 0.0), process_bytes=sr.int("process_bytes", 0, min_value=0),
                 tail_activation_bytes_per_sample=sr.int("tail_activation_bytes_per_sample", 0, min_value=0)))
         r2 = r.raw("r2", None)
-        return MemoryModel(base=r.float("base"), alpha=r.float("alpha", min_value=0.0), Kp=r.float("Kp", min_value=0.0),
+        return MemoryModel(base=r.float("base", min_value=0.0, max_value=V.MAX_BYTES),
+                           alpha=r.float("alpha", min_value=0.0, max_value=1e6), Kp=r.float("Kp", min_value=0.0, max_value=1e6),
                            r2=float("nan") if r2 is None else r.float("r2"), residuals=r.floats("residuals", []),
                            samples=samples, host=r.str("host", ""), model=r.str("model", ""),
                            microbatch=r.int("microbatch", 0, min_value=0),
@@ -972,11 +1045,13 @@ class Devices:
                 continue
             if isinstance(v, Mapping):
                 dr = r.obj(h)
-                gb = dr.float("memory_gb", positive=True)
+                _device_host(source, h)
+                gb = dr.float("memory_gb", positive=True, max_value=V.MAX_MEMORY_GB)
                 rank = dr.int("rank", None, min_value=0)
                 out[h] = DeviceInfo(host=h, memory_bytes=int(gb * GB), address=dr.str("address", ""), rank=rank)
             else:
-                out[h] = DeviceInfo(host=h, memory_bytes=int(r.float(h, positive=True) * GB))
+                _device_host(source, h)
+                out[h] = DeviceInfo(host=h, memory_bytes=int(r.float(h, positive=True, max_value=V.MAX_MEMORY_GB) * GB))
         if not out:
             raise FormatError(source, "<root>", "at least one host")
         ranks = [d.rank for d in out.values() if d.rank is not None]
@@ -991,6 +1066,14 @@ class Devices:
 
 GB = 1 << 30
 """devices.json counts memory in GiB (seed 000's ``"cpu1": 24``)."""
+
+
+def _device_host(source: str, h: str) -> str:
+    """A host named by a key (devices.json, capacities.json): safe in file names and link keys."""
+    try:
+        return V.host_name(h, h)
+    except ValueError:
+        raise FormatError(source, h, "a host name of letters, digits, '.', '_' or '-' (no '..')") from None
 
 
 # ============================================================================ simulator configuration
@@ -1033,14 +1116,21 @@ class SimParams:
 
 def check_sim_params(values: Mapping[str, Any], source: str, prefix: str = "") -> None:
     """Reject values the simulator cannot price (the seed divided by zero or ran backwards on these)."""
+    caps = {"n": V.MAX_MICROBATCHES, "stages": V.MAX_STAGES, "sync_freq": V.MAX_MICROBATCHES}
     for k in SIM_INT_PARAMS:
         v = values.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise FormatError(source, prefix + k, "an integer >= 1", v)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= caps[k]):
+            raise FormatError(source, prefix + k, f"an integer in [1, {caps[k]}]", v)
+    if isinstance(values.get("n"), int) and isinstance(values.get("stages"), int):
+        try:
+            V.sim_actions(values["stages"], values["n"])
+        except ValueError as e:
+            raise FormatError(source, prefix + "n", str(e).partition(": ")[2]) from None
     for k in ("fwd_len", "bwd_len", "prop_len", "sync_base_len"):
         v = values.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
-            raise FormatError(source, prefix + k, "a length >= 0", v)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                              or not 0 <= v <= V.MAX_SECONDS):
+            raise FormatError(source, prefix + k, f"a length in [0, {V.MAX_SECONDS:g}]", v)
     for k in ("fwd_impact", "bwd_impact"):
         v = values.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1):
@@ -1186,3 +1276,48 @@ class ExperimentConfig:
 
 # ============================================================================ traces
 TRACE_KIND, TRACE_VERSION = "trace", 1
+
+
+def check_trace(data: Any, source: str) -> dict[str, Any]:
+    """A Chrome trace torchpp can analyse: a known format, and ``X`` events whose times are finite
+    numbers with durations >= 0 (a NaN or negative span would silently skew every bubble term)."""
+    r = Reader(data, source)
+    if "format" in r.data:
+        check_format(data, source, TRACE_KIND, [TRACE_VERSION])
+    events = r.list("traceEvents")
+    for i, ev in enumerate(events):
+        if not isinstance(ev, Mapping):
+            raise FormatError(source, f"traceEvents[{i}]", "an event object", ev)
+        if ev.get("ph") != "X":
+            continue
+        e = Reader(ev, source, f"traceEvents[{i}]")
+        e.float("ts", min_value=-V.MAX_SECONDS * 1e6, max_value=V.MAX_SECONDS * 1e6)
+        e.float("dur", 0.0, min_value=0.0, max_value=V.MAX_SECONDS * 1e6)
+        e.int("pid", min_value=0, max_value=V.MAX_STAGES)
+        a = e.obj("args", {})
+        for key in ("stage", "microbatch"):
+            if a.has(key):
+                a.int(key, min_value=0, max_value=V.MAX_STAGES if key == "stage" else V.MAX_MICROBATCHES)
+        if a.has("bytes"):
+            a.int("bytes", min_value=0, max_value=V.MAX_BYTES)
+        for key in ("recompute_s", "blocked_s"):
+            if a.has(key):
+                a.float(key, min_value=0.0)
+    meta = r.obj("metadata", {})
+    for rank, m in (meta.obj("ranks", {}).data or {}).items():
+        mr = meta.obj("ranks").obj(rank)
+        if not str(rank).isdigit():
+            raise mr.fail("", "ranks keyed by rank number", rank)
+        for key in ("peak_rss_bytes", "base_rss_bytes"):
+            if mr.has(key):
+                mr.int(key, min_value=0, max_value=V.MAX_BYTES)
+    return data
+
+
+def trace_plan_hashes(data: Mapping[str, Any]) -> set[str]:
+    """The ``plan_hash`` values a trace names (merged timelines carry each rank's metadata)."""
+    meta = data.get("metadata") or {}
+    found = {meta.get("plan_hash")}
+    ranks = meta.get("ranks") if isinstance(meta.get("ranks"), Mapping) else {}
+    found |= {m.get("plan_hash") for m in ranks.values() if isinstance(m, Mapping)}
+    return {h for h in found if isinstance(h, str)}

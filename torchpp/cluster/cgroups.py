@@ -33,6 +33,35 @@ from typing import Iterator
 
 from .system import PREFIX, NotPermitted, require_writable
 
+MIN_CPU = 0.001
+"""Fewest cores a quota may give (1 ms per 1 s period, the kernel's smallest quota)."""
+MIN_MEMORY = 16 << 20
+"""Smallest memory limit: below it a Python process cannot even start."""
+
+
+def machine_memory() -> int:
+    """Bytes of RAM on this machine (a limit above it is no limit, and cgroups may wrap it to 0)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_memory(limit_bytes: int) -> int:
+    """A memory limit in ``[MIN_MEMORY, machine memory]``; anything else is refused with the range."""
+    total = machine_memory()
+    if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or not MIN_MEMORY <= limit_bytes <= total:
+        raise ValueError(f"expected a memory limit between 16M and this machine's {total / 2**30:.1f}G, got "
+                         f"{limit_bytes!r} bytes")
+    return limit_bytes
+
+
+def check_cpu(cores: float) -> float:
+    """A CPU quota in ``[MIN_CPU, cores of this machine]``, finite."""
+    n = os.cpu_count() or 1
+    if isinstance(cores, bool) or not isinstance(cores, (int, float)) or not MIN_CPU <= cores <= n:
+        raise ValueError(f"expected a positive number of cores (> 0; from {MIN_CPU:g} to this machine's {n}), "
+                         f"got {cores!r}")
+    return float(cores)
+
+
 CFS_PERIOD_US = 100_000
 """100 ms, the kernel's default (see ``set_cpu`` for why not shorter)."""
 RESERVE_WEIGHT = 16
@@ -153,8 +182,7 @@ class Cgroup:
         run to run; at 100 ms it gives 0.247. Pipeline steps last far longer than a period, so
         they see the average. The kernel needs quota and period of at least 1 ms: for tiny
         quotas the period grows instead."""
-        if not cores > 0:
-            raise ValueError(f"cpu: expected a positive number of cores, got {cores!r}")
+        check_cpu(cores)
         if not 1000 <= period_us <= 1_000_000:
             raise ValueError(f"cpu period: expected 1 ms to 1 s, got {period_us} us")
         period_us = min(1_000_000, max(period_us, math.ceil(1000 / cores)))
@@ -176,6 +204,7 @@ class Cgroup:
         self.set_weight(max(1.0, RESERVE_WEIGHT * cores))
 
     def set_memory(self, limit_bytes: int) -> None:
+        check_memory(limit_bytes)
         h, path = _hierarchy("memory", self.hier), self.paths()["memory"]
         if h.version == 2:
             _write(path / "memory.max", str(int(limit_bytes)))

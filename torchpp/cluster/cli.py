@@ -53,6 +53,16 @@ def _guard(func):
 
 
 # ---------------------------------------------------------------------------------- throttle
+def _cores(text: str) -> float:
+    """``throttle cpu CORES``: a finite quota within this machine (``inf``, ``0``, ``1e-9`` refused)."""
+    from .cgroups import check_cpu
+
+    try:
+        return check_cpu(float(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e) if "cores" in str(e) else f"expected a number, got {text!r}") from None
+
+
 def configure_throttle(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="what", metavar="WHAT", required=True)
     for name, help_ in (("cpu", "CPU quota in cores for a command or an existing process tree"),
@@ -66,7 +76,7 @@ def configure_throttle(p: argparse.ArgumentParser) -> None:
                           help="limit this running process and its descendants (until `throttle clear`)")
         q = sub.add_parser(name, help=help_, description=help_, parents=[opts])
         if name == "cpu":
-            q.add_argument("cores", type=float, help="quota in cores, e.g. 0.25")
+            q.add_argument("cores", type=_cores, help="quota in cores, e.g. 0.25")
         else:
             q.add_argument("size", help="limit, e.g. 512M or 2G")
         q.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND: run it limited, then clean up")
@@ -95,13 +105,13 @@ def _throttle_proc(args: argparse.Namespace) -> int:
     import psutil
     from ..errors import UsageError
     from . import cgroups
-    from .units import parse_size
+    from .config import memory_limit
 
     cmd = _command(args)  # first: it may parse options written after the positional
     try:
         cpu = getattr(args, "cores", None)
         mem_text = args.size if args.what == "mem" else args.mem
-        mem = parse_size(mem_text) if mem_text else None
+        mem = memory_limit(mem_text) if mem_text else None
     except ValueError as e:
         raise UsageError(str(e)) from None
     if cpu is not None and not cpu > 0:

@@ -18,10 +18,13 @@ state file itself is gone.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,6 +151,8 @@ def down(name: str, log=print) -> dict[str, list[str]]:
             removed.append(ns)
     with contextlib.suppress(FileNotFoundError):
         state_path(name).unlink()
+    with contextlib.suppress(OSError):
+        STATE_DIR.rmdir()  # only when no other cluster's state is left in it
     cgroups.weigh_inner_groups()  # other clusters' parent no longer counts this one
     if removed or found["cgroups"]:
         log(f"cluster {name}: removed {len(removed)} namespace(s) and {len(found['cgroups'])} cgroup(s)")
@@ -352,6 +357,10 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
     hier = cgroups.detect()
     groups = {p.host_index: cgroups.existing(state["hosts"][p.host_index]["cgroup"], hier) for p in places}
     paths = [log_dir / f"{p.label}.log" for p in places]
+    tmp = log_dir / "tmp"  # torchrun's torchelastic_* folders land here and go with the run
+    tmp.mkdir(exist_ok=True)
+    envs = [{**env, "TMPDIR": str(tmp.absolute())} for env in envs]
+    watchdog = _watchdog([d for g in groups.values() for d in g.dirs()], tmp)
     procs: list[subprocess.Popen] = []
     files = []
     follower = _Follower({p.label: path for p, path in zip(places, paths)}, follow) if follow else None
@@ -364,7 +373,7 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
             files.append(f)
             procs.append(subprocess.Popen(netns.exec_argv(state["hosts"][p.host_index]["netns"], expand(argv, p)), env=env,
                                           stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          preexec_fn=groups[p.host_index].preexec, start_new_session=True))
+                                          preexec_fn=_child_setup(groups[p.host_index]), start_new_session=True))
         while len(codes) < len(procs):
             for i, p in enumerate(procs):
                 if i not in codes and p.poll() is not None:
@@ -389,6 +398,9 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
             f.close()
         if follower:
             follower.poll(final=True)
+        watchdog.kill()
+        watchdog.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
     results = [HostResult(p.host, codes.get(i, 1), path, ends.get(i, 0.0), rank=p.rank)
                for i, (p, path) in enumerate(zip(places, paths))]
     write_json(log_dir / "run.json", {"cluster": name, "argv": argv, "timeout_s": timeout,
@@ -396,6 +408,48 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
                                       "hosts": [{"host": r.host, "rank": r.rank, "returncode": r.returncode,
                                                  "seconds": r.seconds, "log": str(r.log)} for r in results]})
     return worst([r.returncode for r in results]), results
+
+
+_PR_SET_PDEATHSIG = 1
+
+_WATCHDOG = """
+import os, shutil, signal, sys, time
+parent, tmp, dirs = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+while os.getppid() == parent:
+    time.sleep(0.2)
+for _ in range(3):
+    for d in dirs:
+        for root, _, files in os.walk(d):
+            if "cgroup.procs" in files:
+                for pid in open(os.path.join(root, "cgroup.procs")).read().split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError, ValueError):
+                        pass
+    time.sleep(0.2)
+shutil.rmtree(tmp, ignore_errors=True)
+"""
+
+
+def _watchdog(dirs: list[Path], tmp: Path) -> subprocess.Popen:
+    """A process that outlives a SIGKILLed `cluster run` and kills what it started.
+
+    ``cluster run`` cannot clean up after SIGKILL, and its hosts' processes sit in their own
+    sessions (so a terminal's Ctrl-C reaches only torchpp, which forwards it): without this
+    they kept training until `cluster down`. The watchdog sees its parent change, SIGKILLs
+    every process in the hosts' cgroups and removes the run's temporary folder. A normal end
+    kills the watchdog first."""
+    return subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(tmp), *map(str, dirs)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+
+
+def _child_setup(group: cgroups.Cgroup):
+    """``preexec_fn``: join the host's cgroup and get SIGTERM if `cluster run` dies (PR_SET_PDEATHSIG)."""
+    def setup() -> None:
+        group.preexec()
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    return setup
 
 
 def _kill_all(procs: list[subprocess.Popen], groups: list[cgroups.Cgroup], grace_s: float) -> None:

@@ -23,7 +23,22 @@ from typing import Any
 from ..formats import FormatError, Reader, read_json
 from .system import PREFIX
 from .tc import Egress, Shape
+from .cgroups import check_cpu, check_memory
 from .units import parse_duration, parse_fraction, parse_rate, parse_size
+
+
+def memory_limit(text: str | int) -> int:
+    """A memory limit as written in a config or on the command line (``"2G"``), within the machine.
+
+    A bare number is bytes, so ``"memory": 1`` is one byte and refused; ``1e30G`` is refused
+    rather than passed to the kernel, where it wrapped to 0 and SIGKILLed every process."""
+    n = parse_size(text)
+    try:
+        return check_memory(n)
+    except ValueError:
+        from .cgroups import machine_memory
+        raise ValueError(f"expected a memory limit between 16M and this machine's "
+                         f"{machine_memory() / 2**30:.1f}G, got {text!r}") from None
 
 CLUSTER_KIND, CLUSTER_VERSION = "cluster", 1
 _NAME = re.compile(r"[a-z0-9]{1,12}")
@@ -131,10 +146,8 @@ class ClusterConfig:
                 raise h.fail("name", "1-16 lowercase letters, digits or '-' (starting with a letter or digit)", hname)
             if hname in [x.name for x in hosts]:
                 raise h.fail("name", "a name not used by another host", hname)
-            cpu = h.float("cpu", None, positive=True) if h.has("cpu") else None
-            if cpu is not None and cpu > (os.cpu_count() or 1):
-                raise h.fail("cpu", f"at most the {os.cpu_count()} core(s) of this machine", cpu)
-            hosts.append(HostSpec(name=hname, cpu=cpu, memory=_parsed(h, "memory", parse_size),
+            cpu = _parsed(h, "cpu", check_cpu) if h.has("cpu") else None
+            hosts.append(HostSpec(name=hname, cpu=cpu, memory=_parsed(h, "memory", memory_limit),
                                   up=_shape(h, ""), down=_shape(h, "down_")))
         if len(hosts) > net.num_addresses - 2:
             raise r.fail("hosts", f"at most {net.num_addresses - 2} hosts for subnet {subnet}", len(hosts))
@@ -166,7 +179,26 @@ def _parsed(r: Reader, key: str, parse, default=None):
         raise FormatError(r.source, r._p(key), str(e).removeprefix("expected ")) from None
 
 
+MAX_RATE_BITS = 1e12
+"""Fastest link a config may ask for (1 Tbit/s): tc takes 32-bit byte rates beyond which it wraps."""
+MAX_DELAY_S = 60.0
+
+
+def _rate(text: str | int | float) -> float:
+    v = parse_rate(text)
+    if not v <= MAX_RATE_BITS:
+        raise ValueError(f"expected a rate up to 1000gbit, got {text!r}")
+    return v
+
+
+def _duration(text: str | int | float) -> float:
+    v = parse_duration(text)
+    if not v <= MAX_DELAY_S:
+        raise ValueError(f"expected a delay up to {MAX_DELAY_S:g}s, got {text!r}")
+    return v
+
+
 def _shape(r: Reader, prefix: str) -> Shape:
-    return Shape(rate=_parsed(r, f"{prefix}rate", parse_rate), delay=_parsed(r, f"{prefix}delay", parse_duration, 0.0),
-                 jitter=_parsed(r, f"{prefix}jitter", parse_duration, 0.0),
+    return Shape(rate=_parsed(r, f"{prefix}rate", _rate), delay=_parsed(r, f"{prefix}delay", _duration, 0.0),
+                 jitter=_parsed(r, f"{prefix}jitter", _duration, 0.0),
                  loss=_parsed(r, f"{prefix}loss", parse_fraction, 0.0))

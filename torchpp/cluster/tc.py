@@ -23,6 +23,7 @@ import contextlib
 import ipaddress
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
 from .system import CAP_NET_ADMIN, CAP_SYS_ADMIN, PREFIX, CommandFailed, require_caps, run
@@ -95,6 +96,19 @@ class Egress:
         return self.default.needs_netem or any(s.needs_netem for s in self.per_dst.values())
 
 
+class NoSuchDevice(ValueError):
+    """The interface or network namespace named does not exist (a user input error: one line)."""
+
+
+def check_device(dev: str, netns: str | None = None) -> None:
+    """Refuse a missing ``netns`` or ``dev`` before any qdisc is touched, naming which is missing."""
+    if netns is not None and not Path(f"/run/netns/{netns}").exists():
+        raise NoSuchDevice(f"--netns: no network namespace {netns!r} (see `ip netns list`)")
+    if run(["ip", *(["-n", netns] if netns else []), "link", "show", "dev", dev], check=False).returncode != 0:
+        raise NoSuchDevice(f"--dev: no interface {dev!r}{' in namespace ' + netns if netns else ''} "
+                           f"(see `ip{' -n ' + netns if netns else ''} link`)")
+
+
 def _tc(netns: str | None, *args: str, check: bool = True):
     return run(["tc", *(["-n", netns] if netns else []), *args], check=check)
 
@@ -126,6 +140,7 @@ def apply(eg: Egress) -> None:
     """Install the shaping (replacing an earlier torchpp root on ``dev``). On any failure the
     half-built tree is removed before the error is raised."""
     require_caps(f"shaping traffic on {eg.dev}", CAP_NET_ADMIN)
+    check_device(eg.dev, eg.netns)
     if root_handle(eg.dev, eg.netns) not in (None, ROOT_HANDLE):
         raise RuntimeError(f"{eg.dev}{' in ' + eg.netns if eg.netns else ''} already has a root qdisc that "
                            f"torchpp did not install ({root_handle(eg.dev, eg.netns)}:); remove it first")
@@ -194,6 +209,7 @@ def shaped_devices(netns: str | None = None) -> list[str]:
 
 
 def show(dev: str, netns: str | None = None) -> str:
+    check_device(dev, netns)
     q = _tc(netns, "qdisc", "show", "dev", dev).stdout
     c = _tc(netns, "class", "show", "dev", dev).stdout
     return (q + c).rstrip()

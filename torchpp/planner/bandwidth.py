@@ -13,37 +13,50 @@ import math
 from pathlib import Path
 
 from ..formats import Bandwidth, FormatError
+from .. import argtypes as T, validate as V
+
+
+def _rows(path: str | Path) -> list[list[str]]:
+    """The CSV's rows; a folder or a file that is not UTF-8 text is named in the error."""
+    if Path(path).is_dir():
+        raise FormatError(str(path), "<file>", "a CSV file, not a directory")
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            return list(csv.reader(f))
+    except UnicodeDecodeError as e:
+        raise FormatError(str(path), "<file>", f"UTF-8 text ({e.reason} at byte {e.start})") from None
+    except csv.Error as e:
+        raise FormatError(str(path), "<file>", f"CSV rows ({e})") from None
 
 
 def parse_links_csv(path: str | Path, assume_symmetric: bool = False) -> Bandwidth:
     src = str(path)
     rates: dict[str, list[float]] = {}
     lats: dict[str, list[float]] = {}
-    with open(path, newline="") as f:
-        for lineno, row in enumerate(csv.reader(f), 1):
-            row = [c.strip() for c in row]
-            if not row or not any(row) or row[0].startswith("#"):
-                continue
-            if len(row) not in (3, 4):
-                raise FormatError(src, f"line {lineno}", "src_host,dst_host,gbps[,latency_ms]", ",".join(row))
-            a, b = row[0], row[1]
-            if not a or not b or a == b:
-                raise FormatError(src, f"line {lineno}", "two different host names", ",".join(row[:2]))
-            try:
-                gbps = float(row[2])
-                lat = float(row[3]) if len(row) == 4 else None
-            except ValueError:
-                if lineno == 1:
-                    raise FormatError(src, "line 1", "no header: src_host,dst_host,gbps rows", ",".join(row)) from None
-                raise FormatError(src, f"line {lineno}.gbps", "a number", ",".join(row)) from None
-            if not math.isfinite(gbps) or gbps <= 0:
-                raise FormatError(src, f"line {lineno}.gbps", "a rate > 0", row[2])
-            if lat is not None and (not math.isfinite(lat) or lat < 0):
-                raise FormatError(src, f"line {lineno}.latency_ms", "a latency >= 0", row[3])
-            k = Bandwidth.key(a, b)
-            rates.setdefault(k, []).append(gbps * 1e9 / 8)
-            if lat is not None:
-                lats.setdefault(k, []).append(lat / 1e3)
+    for lineno, row in enumerate(_rows(path), 1):
+        row = [c.strip() for c in row]
+        if not row or not any(row) or row[0].startswith("#"):
+            continue
+        if len(row) not in (3, 4):
+            raise FormatError(src, f"line {lineno}", "src_host,dst_host,gbps[,latency_ms]", ",".join(row))
+        a, b = row[0], row[1]
+        if not a or not b or a == b:
+            raise FormatError(src, f"line {lineno}", "two different host names", ",".join(row[:2]))
+        try:
+            gbps = float(row[2])
+            lat = float(row[3]) if len(row) == 4 else None
+        except ValueError:
+            if lineno == 1:
+                raise FormatError(src, "line 1", "no header: src_host,dst_host,gbps rows", ",".join(row)) from None
+            raise FormatError(src, f"line {lineno}.gbps", "a number", ",".join(row)) from None
+        if not math.isfinite(gbps) or gbps <= 0 or gbps * 1e9 / 8 > V.MAX_RATE:
+            raise FormatError(src, f"line {lineno}.gbps", f"a rate > 0 and at most {V.MAX_RATE * 8 / 1e9:g}", row[2])
+        if lat is not None and (not math.isfinite(lat) or lat < 0):
+            raise FormatError(src, f"line {lineno}.latency_ms", "a latency >= 0", row[3])
+        k = Bandwidth.key(a, b)
+        rates.setdefault(k, []).append(gbps * 1e9 / 8)
+        if lat is not None:
+            lats.setdefault(k, []).append(lat / 1e3)
     if not rates:
         raise FormatError(src, "<file>", "at least one src_host,dst_host,gbps row")
     bw = Bandwidth(bytes_per_sec={k: sum(v) / len(v) for k, v in rates.items()},
@@ -63,8 +76,8 @@ def parse_links_csv(path: str | Path, assume_symmetric: bool = False) -> Bandwid
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--csv", required=True, type=Path, help="rows src_host,dst_host,gbps[,latency_ms], no header")
-    p.add_argument("--out", type=Path, default=Path("bandwidth.json"))
+    p.add_argument("--csv", required=True, type=T.existing_path, help="rows src_host,dst_host,gbps[,latency_ms], no header")
+    p.add_argument("--out", type=T.out_file, default=Path("bandwidth.json"))
     p.add_argument("--assume-symmetric", action="store_true", help="fill a missing direction from the other one")
     p.set_defaults(func=run)
 

@@ -13,6 +13,7 @@ from typing import Sequence
 
 from ..formats import Capacities, FormatError, HostTable, LayersFile
 from ..cost import Profiles
+from .. import argtypes as T
 
 
 def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequence[str] | None = None) -> Capacities:
@@ -39,9 +40,9 @@ def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequ
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--inputs", nargs="+", required=True, type=Path, help="layers_<host>.json files")
-    p.add_argument("--ref-host", required=True, help="host whose speed is 1.0")
-    p.add_argument("--out", type=Path, default=Path("capacities.json"))
+    p.add_argument("--inputs", nargs="+", required=True, type=T.existing_path, help="layers_<host>.json files")
+    p.add_argument("--ref-host", required=True, type=T.host, help="host whose speed is 1.0")
+    p.add_argument("--out", type=T.out_file, default=Path("capacities.json"))
     p.set_defaults(func=run)
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..argtypes import boolean as _bool, ints as _ints
+from .. import argtypes as T, validate as V
+from ..argtypes import boolean as _bool
 from ..errors import UsageError
 from . import api
 from .api import Estimate, PlanInputs, PlanOptions, Strategy
@@ -24,30 +25,30 @@ def configure(p: argparse.ArgumentParser) -> None:
     g.add_argument("--layers", nargs="+", default=None,
                    help="layers_<host>.json files (one per measured host); with --strategy, an integer keeps only "
                         "the first N decoder layers")
-    g.add_argument("--capacities", type=Path, default=None, help="capacities.json (hosts without a layers file)")
-    g.add_argument("--bandwidth", type=Path, default=None, help="bandwidth.json")
-    g.add_argument("--memory-model", type=Path, default=None,
+    g.add_argument("--capacities", type=T.existing_path, default=None, help="capacities.json (hosts without a layers file)")
+    g.add_argument("--bandwidth", type=T.existing_path, default=None, help="bandwidth.json")
+    g.add_argument("--memory-model", type=T.existing_path, default=None,
                    help="memory_model.json from calibrate-memory (default: analytic)")
-    g.add_argument("--activation-factor", type=float, default=None,
+    g.add_argument("--activation-factor", type=T.float_in(0.0, 1e6, lo_open=True), default=None,
                    help="analytic memory: bytes kept per byte of block output (default 16)")
     g.add_argument("--devices", default=None,
                    help="devices.json ({host: memory_gb} or {host: {memory_gb, address, rank}}); with --strategy dp, "
                         "a device count")
     g.add_argument("--tied-embed", type=_bool, default=None, help="true/false: override the model's tied embeddings")
-    g.add_argument("--max-stages", type=int, default=None)
-    g.add_argument("--micro-batch-sizes", type=_ints, default=None, help="only these micro-batch sizes, e.g. 1,2,4")
+    g.add_argument("--max-stages", type=T.int_in(1, V.MAX_STAGES), default=None)
+    g.add_argument("--micro-batch-sizes", type=T.int_list(1, V.MAX_GLOBAL_BATCH), default=None, help="only these micro-batch sizes, e.g. 1,2,4")
     g.add_argument("--no-recompute", action="store_true", help="never recompute activations")
-    g.add_argument("--exact-devices", type=int, default=5,
+    g.add_argument("--exact-devices", type=T.int_in(1, 8), default=5,
                    help="search every device order up to this many devices (default 5)")
-    g.add_argument("--max-group", type=int, default=8, help="largest group beyond --exact-devices (default 8)")
-    g.add_argument("--optimizer-s-per-gb", type=float, default=0.0,
+    g.add_argument("--max-group", type=T.int_in(1, V.MAX_STAGES), default=8, help="largest group beyond --exact-devices (default 8)")
+    g.add_argument("--optimizer-s-per-gb", type=T.float_in(0.0, 1e6), default=0.0,
                    help="optimizer step seconds per GB of parameters (not measured by profile; default 0)")
-    g.add_argument("--out-dir", type=Path, default=None, help="write plan.json, stages.csv, steps.csv, "
+    g.add_argument("--out-dir", type=T.out_dir, default=None, help="write plan.json, stages.csv, steps.csv, "
                    "plan_meta.json, summary.txt and gantt.png here")
     g.add_argument("--compare", default=None, help="e.g. even,dp,pp,other_plan.json: price these too")
     e = p.add_argument_group("estimate-only")
     e.add_argument("--estimate", action="store_true", help="no measurements: costs from --model and --device-spec")
-    e.add_argument("--device-spec", type=Path, default=None)
+    e.add_argument("--device-spec", type=T.existing_path, default=None)
     e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     e.add_argument("--topology", type=Path, default=None,
                    help="topology.json or seed 001 text: choose pp/dp/tp for --devices N devices of --device-spec's "
@@ -57,15 +58,16 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="even: S stages of equal layer counts (optionally groups); dp: one stage over N devices; "
                         "pp: one device per stage")
     s.add_argument("--model", default="qwen3-tiny", help="preset name or local HF checkpoint directory")
-    s.add_argument("--stages", type=int, default=2)
-    s.add_argument("--group-sizes", type=_ints, default=None, help="devices per stage, e.g. 2,1,1")
-    s.add_argument("--hosts", default=None, help="comma-separated host names, one per device (rank order)")
-    s.add_argument("--microbatches", type=int, default=4)
-    p.add_argument("--global-batch", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=None, help="default: the layers files' (or 128)")
+    s.add_argument("--stages", type=T.int_in(1, V.MAX_STAGES), default=2)
+    s.add_argument("--group-sizes", type=T.int_list(1, V.MAX_STAGES), default=None, help="devices per stage, e.g. 2,1,1")
+    s.add_argument("--hosts", type=T.hosts, default=None, help="comma-separated host names, one per device (rank order)")
+    s.add_argument("--microbatches", type=T.int_in(1, V.MAX_MICROBATCHES), default=4)
+    p.add_argument("--global-batch", type=T.int_in(1, V.MAX_GLOBAL_BATCH), default=8,
+                   help=f"samples per step, 1..{V.MAX_GLOBAL_BATCH} (default 8)")
+    p.add_argument("--seq-len", type=T.int_in(1, V.MAX_SEQ_LEN), default=None, help="default: the layers files' (or 128)")
     p.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
     p.add_argument("--recompute", action="store_true", help="fixed strategies: recompute every layer")
-    p.add_argument("--out", type=Path, default=Path("plan.json"), help="fixed strategies: output file")
+    p.add_argument("--out", type=T.out_file, default=Path("plan.json"), help="fixed strategies: output file")
     p.set_defaults(func=run)
 
 
@@ -122,7 +124,7 @@ def run_fixed(args: argparse.Namespace) -> int:
     devices = int(args.devices) if args.devices and str(args.devices).isdigit() else None
     strategy = Strategy(name=args.strategy, model=args.model, num_layers=num_layers, stages=args.stages,
                         group_sizes=args.group_sizes, devices=devices,
-                        hosts=args.hosts.split(",") if args.hosts else None, microbatches=args.microbatches,
+                        hosts=args.hosts, microbatches=args.microbatches,
                         seq_len=args.seq_len or 128, recompute=args.recompute)
     plan = api.fixed_plan(strategy, PlanOptions(global_batch=args.global_batch, schedule=args.schedule))
     plan.save(args.out)

@@ -4,21 +4,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .. import argtypes as T, validate as V
 from ..formats import FormatError, LayersFile
 from .calibrate import calibrate
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--layers", required=True, type=Path, help="layers_<host>.json of this host (bytes per block)")
+    p.add_argument("--layers", required=True, type=T.existing_path, help="layers_<host>.json of this host (bytes per block)")
     p.add_argument("--model", required=True, help="preset name or local checkpoint (the profiled model)")
-    p.add_argument("--samples", type=int, default=20, help="number of random spans")
+    p.add_argument("--samples", type=T.int_in(3, 10_000), default=20, help="number of random spans")
     p.add_argument("--microbatch", default=None, help="samples per span run, or sizes taken in turn such as 2,8 "
                    "(better separates weights from activations; default: run.batch)")
-    p.add_argument("--seq-len", type=int, default=None, help="default: the layers file's run.seq_len")
+    p.add_argument("--seq-len", type=T.int_in(1, V.MAX_SEQ_LEN), default=None, help="default: the layers file's run.seq_len")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per span")
-    p.add_argument("--out", type=Path, default=Path("memory_model.json"))
+    p.add_argument("--threads", type=T.int_in(1, V.MAX_THREADS), default=1)
+    p.add_argument("--timeout", type=T.float_in(0.0, lo_open=True), default=300.0, help="seconds per span")
+    p.add_argument("--out", type=T.out_file, default=Path("memory_model.json"))
     p.set_defaults(func=run)
 
 

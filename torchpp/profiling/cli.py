@@ -6,24 +6,25 @@ import socket
 from pathlib import Path
 
 from ..models.presets import DTYPE_NAMES, ModelSpecError
+from .. import argtypes as T, validate as V
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="preset name (qwen3-0.6b, qwen3-tiny, ...) or a local HF "
                    "checkpoint directory (read offline)")
-    p.add_argument("--seq-len", type=int, default=128, help="tokens per sample (default 128)")
+    p.add_argument("--seq-len", type=T.int_in(1, V.MAX_SEQ_LEN), default=128, help="tokens per sample (default 128)")
     p.add_argument("--batch", default="2", help="samples per step (default 2); a list such as 1,4 measures every "
                    "size and fits each block's per-call time (the largest size gives the block times)")
     p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPE_NAMES)} (default float32)")
-    p.add_argument("--iters", type=int, default=6, help="counted steps (default 6)")
-    p.add_argument("--warmup", type=int, default=2, help="steps run first and not counted (default 2)")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    p.add_argument("--host", default=None, help="name of this host in the file (default: hostname)")
-    p.add_argument("--out", default=None, help="layers file to write (default layers_<host>.json)")
-    p.add_argument("--trace", default=None, help="also write the counted steps as a Chrome trace")
-    p.add_argument("--layers", type=int, default=None, help="profile only the first N decoder layers")
+    p.add_argument("--iters", type=T.int_in(1, 100_000), default=6, help="counted steps (default 6)")
+    p.add_argument("--warmup", type=T.int_in(0, 100_000), default=2, help="steps run first and not counted (default 2)")
+    p.add_argument("--threads", type=T.int_in(1, V.MAX_THREADS), default=1, help="torch intra-op threads (default 1)")
+    p.add_argument("--host", type=T.host, default=None, help="name of this host in the file (default: hostname)")
+    p.add_argument("--out", type=T.out_file, default=None, help="layers file to write (default layers_<host>.json)")
+    p.add_argument("--trace", type=T.out_file, default=None, help="also write the counted steps as a Chrome trace")
+    p.add_argument("--layers", type=T.int_in(1, V.MAX_LAYERS), default=None, help="profile only the first N decoder layers")
     p.add_argument("--seed", type=int, default=0, help="seed of preset weights and synthetic tokens")
-    p.add_argument("--timer", default=None, help="force the span timer backend: cpp or python")
+    p.add_argument("--timer", choices=["cpp", "python"], default=None, help="force the span timer backend: cpp or python")
     p.add_argument("--quiet", action="store_true", help="no progress lines and no summary")
     p.set_defaults(func=run)
 

@@ -367,8 +367,9 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
         if rec is not None:
             executor.observer, stage.profiler = None, None
             trace = rec.finish()
+            trace["metadata"]["plan_hash"] = prep.plan_hash  # analyze and replan refuse another plan's traces
             if decisions:
-                trace.setdefault("metadata", {})["elastic"] = decisions
+                trace["metadata"]["elastic"] = decisions
             summary.traces += g(f"step {step}: gathering traces on rank 0", write_step, cfg.trace_dir, step, rank,
                                 world, trace)
         summary.losses.append(float(stats[0]))

@@ -6,6 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+from .. import argtypes as T, validate as V
+
 
 def _pairs(text: str) -> dict[str, str]:
     out = {}
@@ -54,7 +56,7 @@ def _add_settings(p: argparse.ArgumentParser, defaults: bool = True) -> None:
     p.add_argument("--schedule", choices=["1f1b", "gpipe"], default=d("1f1b"))
     p.add_argument("--congestion", action=argparse.BooleanOptionalAction, default=d(False),
                    help="receiver congestion: inbound transfers throttled to --recv-capacity")
-    p.add_argument("--recv-capacity", type=float, default=d(1.0))
+    p.add_argument("--recv-capacity", type=T.float_in(0.0, 1e6, lo_open=True), default=d(1.0))
     p.add_argument("--ideal-sync", action=argparse.BooleanOptionalAction, default=d(False),
                    help="grad_sync on its own channel, never slowing compute")
 
@@ -80,47 +82,47 @@ def _configure_run(sub) -> None:
     from ..formats import SimParams
 
     d = SimParams()
-    r.add_argument("-n", "--num-microbatches", dest="n", type=int, default=d.n)
-    r.add_argument("--stages", type=int, default=d.stages)
-    r.add_argument("--fwd-len", type=float, default=d.fwd_len)
-    r.add_argument("--bwd-len", type=float, default=d.bwd_len)
-    r.add_argument("--prop-len", type=float, default=d.prop_len)
-    r.add_argument("--sync-base-len", type=float, default=d.sync_base_len)
-    r.add_argument("--fwd-impact", type=float, default=d.fwd_impact)
-    r.add_argument("--bwd-impact", type=float, default=d.bwd_impact)
-    r.add_argument("--sync-freq", type=int, default=d.sync_freq)
+    r.add_argument("-n", "--num-microbatches", dest="n", type=T.int_in(1, V.MAX_MICROBATCHES), default=d.n)
+    r.add_argument("--stages", type=T.int_in(1, V.MAX_STAGES), default=d.stages)
+    r.add_argument("--fwd-len", type=T.float_in(0.0, 1e9), default=d.fwd_len)
+    r.add_argument("--bwd-len", type=T.float_in(0.0, 1e9), default=d.bwd_len)
+    r.add_argument("--prop-len", type=T.float_in(0.0, 1e9), default=d.prop_len)
+    r.add_argument("--sync-base-len", type=T.float_in(0.0, 1e9), default=d.sync_base_len)
+    r.add_argument("--fwd-impact", type=T.float_in(0.0, 1.0), default=d.fwd_impact)
+    r.add_argument("--bwd-impact", type=T.float_in(0.0, 1.0), default=d.bwd_impact)
+    r.add_argument("--sync-freq", type=T.int_in(1, V.MAX_MICROBATCHES), default=d.sync_freq)
     _add_settings(r)
     _add_priorities(r)
-    r.add_argument("--gantt", type=Path, default=Path("outputs/gantt.png"), help="Gantt chart PNG to write")
+    r.add_argument("--gantt", type=T.out_file, default=Path("outputs/gantt.png"), help="Gantt chart PNG to write")
     r.add_argument("--no-gantt", action="store_true")
     r.add_argument("--style", choices=["single", "dual"], default="dual")
     r.add_argument("--show-throttling", action="store_true", help="red edge on transfers slowed by congestion")
     r.add_argument("--show-completion-time", action="store_true")
-    r.add_argument("--trace", type=Path, default=None, help="also write a predicted Chrome trace (schedule policy)")
+    r.add_argument("--trace", type=T.out_file, default=None, help="also write a predicted Chrome trace (schedule policy)")
     r.set_defaults(func=cmd_run)
 
 
 def _configure_sweeps(sub) -> None:
     s = sub.add_parser("sweep", help="every configuration of an experiment file × every priority scenario -> CSV")
-    s.add_argument("-c", "--config", type=Path, required=True)
-    s.add_argument("--priority-step", type=float, default=None, help="grid step of shared priorities (default 0.1)")
-    s.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
-    s.add_argument("--output", type=Path, default=None, help="CSV (default outputs/data/<config>_<time>.csv); "
+    s.add_argument("-c", "--config", type=T.existing_path, required=True)
+    s.add_argument("--priority-step", type=T.float_in(0.0, 1.0, lo_open=True), default=None, help="grid step of shared priorities (default 0.1)")
+    s.add_argument("--workers", type=T.int_in(1, V.MAX_WORKERS), default=None, help="processes (default: all cores)")
+    s.add_argument("--output", type=T.out_file, default=None, help="CSV (default outputs/data/<config>_<time>.csv); "
                    "an existing CSV is resumed: rows it holds are skipped")
     s.add_argument("--no-progress", action="store_true")
     _add_settings(s, defaults=False)
     s.set_defaults(func=cmd_sweep)
 
     h = sub.add_parser("heatmap", help="one heatmap per environment of a sweep CSV")
-    h.add_argument("csv", type=Path)
-    h.add_argument("-o", "--output-dir", type=Path, default=Path("outputs/heatmaps"))
+    h.add_argument("csv", type=T.existing_path)
+    h.add_argument("-o", "--output-dir", type=T.out_dir, default=Path("outputs/heatmaps"))
     h.set_defaults(func=cmd_heatmap)
 
     a = sub.add_parser("all", help="config -> CSV -> heatmaps in one command")
-    a.add_argument("-c", "--config", type=Path, required=True)
-    a.add_argument("--priority-step", type=float, default=None)
-    a.add_argument("--workers", type=int, default=None)
-    a.add_argument("--out-dir", type=Path, default=Path("outputs"), help="writes <out>/data/*.csv and <out>/heatmaps/")
+    a.add_argument("-c", "--config", type=T.existing_path, required=True)
+    a.add_argument("--priority-step", type=T.float_in(0.0, 1.0, lo_open=True), default=None)
+    a.add_argument("--workers", type=T.int_in(1, V.MAX_WORKERS), default=None)
+    a.add_argument("--out-dir", type=T.out_dir, default=Path("outputs"), help="writes <out>/data/*.csv and <out>/heatmaps/")
     a.add_argument("--no-progress", action="store_true")
     _add_settings(a, defaults=False)
     a.set_defaults(func=cmd_all)
@@ -128,19 +130,19 @@ def _configure_sweeps(sub) -> None:
 
 def _configure_plans(sub) -> None:
     pl = sub.add_parser("plan", help="price a plan's action lists with measured costs; write a predicted trace")
-    pl.add_argument("plan", type=Path)
-    pl.add_argument("--bandwidth", type=Path, required=True)
-    pl.add_argument("--layers", type=Path, nargs="+", required=True, help="layers_<host>.json files")
-    pl.add_argument("--capacities", type=Path, default=None, help="capacities.json for hosts without a layers file")
+    pl.add_argument("plan", type=T.existing_path)
+    pl.add_argument("--bandwidth", type=T.existing_path, required=True)
+    pl.add_argument("--layers", type=T.existing_path, nargs="+", required=True, help="layers_<host>.json files")
+    pl.add_argument("--capacities", type=T.existing_path, default=None, help="capacities.json for hosts without a layers file")
     pl.add_argument("--comm", choices=["shared", "links"], default="shared",
                     help="shared: one prioritised channel per rank; links: contention-free (the planner's pricing)")
     pl.add_argument("--congestion", action="store_true")
-    pl.add_argument("--recv-capacity", type=float, default=1.0)
-    pl.add_argument("--fwd-impact", type=float, default=0.0)
-    pl.add_argument("--bwd-impact", type=float, default=0.0)
+    pl.add_argument("--recv-capacity", type=T.float_in(0.0, 1e6, lo_open=True), default=1.0)
+    pl.add_argument("--fwd-impact", type=T.float_in(0.0, 1.0), default=0.0)
+    pl.add_argument("--bwd-impact", type=T.float_in(0.0, 1.0), default=0.0)
     _add_priorities(pl)
-    pl.add_argument("--trace", type=Path, default=Path("predicted_trace.json"))
-    pl.add_argument("--gantt", type=Path, default=None)
+    pl.add_argument("--trace", type=T.out_file, default=Path("predicted_trace.json"))
+    pl.add_argument("--gantt", type=T.out_file, default=None)
     pl.set_defaults(func=cmd_plan)
 
     tp = sub.add_parser("topology", help="price a plan of a mocked model on a topology; write a predicted trace")
@@ -155,8 +157,8 @@ def _configure_plans(sub) -> None:
     tp.set_defaults(func=cmd_topology)
 
     c = sub.add_parser("check-reference", help="replay seed 002 reference cases (CSV) in seed002 mode")
-    c.add_argument("csv", type=Path)
-    c.add_argument("--tolerance", type=float, default=1e-6)
+    c.add_argument("csv", type=T.existing_path)
+    c.add_argument("--tolerance", type=T.float_in(0.0, 1e9), default=1e-6)
     c.set_defaults(func=cmd_check_reference)
 
 
@@ -259,7 +261,7 @@ def cmd_all(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ..formats import Plan, write_json
+    from ..formats import Plan, file_hash, write_json
     from ..schedules import build
     from .engine import SimOptions, simulate
     from .measured import measured_cost
@@ -274,7 +276,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
           f"{plan.num_stages} stages, {plan.world_size} ranks)")
     _print_utilisation(res)
     trace = predicted_trace(plan, res.timeline, bytes_of=bytes_of, recompute_of=recompute_of(plan, cost.p),
-                            metadata={"plan": str(args.plan), "comm": args.comm, "step_time_s": res.makespan})
+                            metadata={"plan": str(args.plan), "plan_hash": file_hash(args.plan), "comm": args.comm, "step_time_s": res.makespan})
     print(f"trace: {write_json(args.trace, trace)}")
     if args.gantt is not None:
         from .gantt import plot_gantt

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..formats import FormatError, TRACE_KIND, TRACE_VERSION, read_json, write_json
+from ..formats import TRACE_KIND, TRACE_VERSION, check_trace, read_json, write_json
 
 THREADS = {"compute": 0, "send": 1, "recv": 2, "collective": 3, "blocks": 4}
 
@@ -77,10 +77,7 @@ class TraceWriter:
 
 
 def load_trace(path: str | Path) -> dict[str, Any]:
-    data = read_json(path)
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise FormatError(str(path), "traceEvents", "a list of Chrome trace events")
-    return data
+    return check_trace(read_json(path), str(path))
 
 
 def merge(traces: list[dict[str, Any]], offsets_s: list[float] | None = None,

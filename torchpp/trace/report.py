@@ -13,9 +13,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ..formats import Plan, write_json
+from ..errors import UsageError
+from ..formats import Plan, file_hash, trace_plan_hashes, write_json
 from .analyze import StepAnalysis, analyze, events_from_trace
 from .chrome import load_trace
+from .. import argtypes as T
 
 _STEP = re.compile(r"timeline_step(\d+)_all\.json$")
 
@@ -174,16 +176,34 @@ def run_analyze(trace_dir: Path, out: Path, plan: Plan | None = None, predicted:
     return rep
 
 
+def check_traces_of_plan(traces: list[Path], plan: Path) -> None:
+    """Refuse timelines recorded (or predicted) for another plan than ``plan``.
+
+    Traces name the hash of the plan file they ran (``metadata.plan_hash``, per rank in merged
+    timelines); comparing a run with another plan's prediction gives confident, wrong numbers.
+    Traces that name no plan (older runs) are accepted.
+    """
+    want = file_hash(plan)
+    for path in traces:
+        got = trace_plan_hashes(load_trace(path))
+        if got and want not in got:
+            raise UsageError(f"{path}: recorded for plan {', '.join(sorted(got))}, not for --plan {plan} ({want}); "
+                             "pass the plan.json the run used")
+
+
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("trace_dir", type=Path, help="folder with timeline_step<N>_all.json (or one such file)")
-    p.add_argument("--plan", type=Path, default=None, help="plan.json the run used (predicted step time and memory)")
-    p.add_argument("--predicted", type=Path, default=None, help="predicted trace from `torchpp simulate plan`")
-    p.add_argument("--out", type=Path, default=Path("report"))
+    p.add_argument("trace_dir", type=T.existing_path, help="folder with timeline_step<N>_all.json (or one such file)")
+    p.add_argument("--plan", type=T.existing_path, default=None, help="plan.json the run used (predicted step time and memory)")
+    p.add_argument("--predicted", type=T.existing_path, default=None, help="predicted trace from `torchpp simulate plan`")
+    p.add_argument("--out", type=T.out_dir, default=Path("report"))
     p.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
     plan = Plan.load(args.plan) if args.plan else None
+    if args.plan:
+        check_traces_of_plan([p for _, p in find_timelines(args.trace_dir)]
+                             + ([args.predicted] if args.predicted else []), args.plan)
     rep = run_analyze(args.trace_dir, args.out, plan, args.predicted)
     b = rep["measured"]["bubble"]
     print(f"step time {rep['step_time_s']:.4f} s; bubble real {b['real']:.4f} = ideal {b['ideal']:.4f} + "

@@ -18,28 +18,28 @@ from .write import write_corrected
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from ...argtypes import ints as _ints
+    from ... import argtypes as T, validate as V
 
-    p.add_argument("--plan", type=Path, required=True, help="plan.json the traced run used")
-    p.add_argument("--traces", type=Path, required=True, help="folder with the run's timeline_step<N>_all.json")
-    p.add_argument("--steps", type=_ints, default=None, help="traced steps to use, e.g. 2,3 (default: all)")
+    p.add_argument("--plan", type=T.existing_path, required=True, help="plan.json the traced run used")
+    p.add_argument("--traces", type=T.existing_path, required=True, help="folder with the run's timeline_step<N>_all.json")
+    p.add_argument("--steps", type=T.int_list(1), default=None, help="traced steps to use, e.g. 2,3 (default: all)")
     p.add_argument("--layers", nargs="+", type=Path, default=None,
                    help="layers_<host>.json the plan was made from (default: the model's per-block FLOPs, scaled "
                         "to the measured times)")
-    p.add_argument("--capacities", type=Path, default=None, help="capacities.json the plan was made from")
+    p.add_argument("--capacities", type=T.existing_path, default=None, help="capacities.json the plan was made from")
     p.add_argument("--bandwidth", type=Path, default=None,
                    help="bandwidth.json the plan was made from (links the run did not use keep these rates)")
-    p.add_argument("--memory-model", type=Path, default=None, help="memory_model.json (default: analytic)")
-    p.add_argument("--devices", type=Path, default=None,
+    p.add_argument("--memory-model", type=T.existing_path, default=None, help="memory_model.json (default: analytic)")
+    p.add_argument("--devices", type=T.existing_path, default=None,
                    help="devices.json (default: the plan's devices with the budgets in its prediction)")
-    p.add_argument("--out-dir", type=Path, required=True)
-    p.add_argument("--global-batch", type=int, default=None, help="default: the plan's")
+    p.add_argument("--out-dir", type=T.out_dir, required=True)
+    p.add_argument("--global-batch", type=T.int_in(1, V.MAX_GLOBAL_BATCH), default=None, help="default: the plan's")
     p.add_argument("--schedule", choices=["1f1b", "gpipe"], default=None, help="default: the plan's")
-    p.add_argument("--max-stages", type=int, default=None)
-    p.add_argument("--micro-batch-sizes", type=_ints, default=None)
+    p.add_argument("--max-stages", type=T.int_in(1, V.MAX_STAGES), default=None)
+    p.add_argument("--micro-batch-sizes", type=T.int_list(1, V.MAX_GLOBAL_BATCH), default=None)
     p.add_argument("--no-recompute", action="store_true")
-    p.add_argument("--exact-devices", type=int, default=5)
-    p.add_argument("--max-group", type=int, default=8)
+    p.add_argument("--exact-devices", type=T.int_in(1, 8), default=5)
+    p.add_argument("--max-group", type=T.int_in(1, V.MAX_STAGES), default=8)
     p.add_argument("--compare", default=None, help="e.g. even,dp,pp: price these too (corrected costs)")
     p.add_argument("--no-memory-refit", action="store_true", help="keep the memory model even if peaks were traced")
     p.set_defaults(func=run)
@@ -49,8 +49,12 @@ def run(args: argparse.Namespace) -> int:
     from ...errors import UsageError
     from .. import api
 
+    from ...trace.report import check_traces_of_plan
+    from .read import find_merged
+
     plan_src = str(args.plan)
     plan = Plan.load(args.plan)
+    check_traces_of_plan([p for _, p in find_merged(args.traces)], args.plan)
     old = read_old_costs(plan, plan_src, args.layers, args.capacities, args.devices, args.bandwidth,
                          args.memory_model)
     meas = read_run(args.traces, plan, old.profiles, plan_src, args.steps)
