@@ -17,7 +17,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "torchpp"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("__init__", "errors", "formats", "argtypes", "_timer"),
+    ("__init__", "errors", "validate", "_timer"),
+    ("formats", "argtypes"),
     ("schedules", "data", "models", "plans"),
     ("cost", "trace", "topology"),
     ("sim",),
