@@ -177,3 +177,20 @@ def test_cluster_limits_refused(tmp_path):
 def test_throttle_net_missing_device_one_line():
     _refused(["throttle", "net", "--dev", "nosuchdev0", "--rate", "10mbit"], "--dev", "nosuchdev0")
     _refused(["throttle", "net", "--dev", "lo", "--netns", "torchpp-nosuch", "--rate", "10mbit"], "--netns")
+
+
+def test_training_refuses_a_sequence_longer_than_the_model_positions(tmp_path):
+    """Checked while preparing, before any collective or any memory spent on the batch."""
+    from torchpp.formats import FormatError
+    from torchpp.models.presets import load_config, model_info
+    from torchpp.plans import make_plan
+    from torchpp.runtime.trainer import TrainConfig, prepare
+
+    cfg = load_config("qwen3-tiny")
+    info = model_info(cfg, "qwen3-tiny")
+    too_long = int(cfg.max_position_embeddings) + 1
+    path = tmp_path / "plan.json"
+    make_plan(info, seq_len=too_long, global_batch=2, num_microbatches=1, layer_ranges=[(0, info.num_layers)],
+              group_sizes=[1]).save(path)
+    with pytest.raises(FormatError, match=rf"seq_len.*at most {too_long - 1}"):
+        prepare(TrainConfig(plan=path, steps=1), world_size=1)

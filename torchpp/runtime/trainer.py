@@ -131,7 +131,16 @@ def prepare(cfg: TrainConfig, world_size: int) -> Prepared:
         raise FormatError(source, "model.dtype", f"one of {', '.join(DTYPES)}", plan.model.dtype)
     if plan.micro_batch_size >= 1 << 16:
         raise FormatError(source, "micro_batch_size", "fewer than 65536 samples", plan.micro_batch_size)
+    _check_positions(plan, mcfg, source, model)
     return Prepared(plan, model, mcfg, build(plan), file_hash(cfg.plan))
+
+
+def _check_positions(plan: Plan, mcfg: Any, source: str, model: str) -> None:
+    """Refuse a sequence longer than the model has positions for, before any memory is spent on it
+    (learned positions would index out of range; rotary ones would train outside their range)."""
+    limit = getattr(mcfg, "max_position_embeddings", None) or getattr(mcfg, "n_positions", None)
+    if isinstance(limit, int) and plan.seq_len > limit:
+        raise FormatError(source, "seq_len", f"at most {limit} (the positions of --model {model})", plan.seq_len)
 
 
 def _env_int(name: str, default: int) -> int:
