@@ -44,6 +44,8 @@ class ProfileConfig:
     seed: int = 0
     timer: str | None = None
     """Force a timer backend ("cpp" or "python"); default: the C++ one when built."""
+    attn_implementation: str | None = None
+    """eager or sdpa, as ``torchpp.train --attn-implementation`` (default: the one training picks)."""
     fit_batches: tuple[int, ...] = ()
     """Smaller batch sizes also measured, to fit each block's per-call time (``*_fixed_s``)."""
 
@@ -82,7 +84,7 @@ def _cpu_name() -> str:
 def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float], None] | None = None,
                    trace: TraceWriter | None = None) -> LayersFile:
     """Profile ``pc.model`` on this host; ``progress(phase, i, n, step_s)`` after every step."""
-    cfg = load_config(pc.model, pc.num_layers)
+    cfg = load_config(pc.model, pc.num_layers, pc.attn_implementation)
     limit = max_positions(cfg)
     if limit is not None and pc.seq_len > limit:
         raise ValueError(f"--seq-len: expected at most {limit} (the model's position limit), got {pc.seq_len}")

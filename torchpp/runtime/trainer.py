@@ -27,7 +27,9 @@ from . import checkpoint as ckpt
 from .allocator import retain_freed_memory
 from .comm import Comm, guarded
 from .exchange import all_gather_json, require_agreement, require_no_errors
+from .evaluate import Evaluator
 from .executor import Executor, StepResult
+from .optim import OptimSettings, SteppedOptimizer
 from .rendezvous import env_store
 
 OPTIMIZERS = ("adamw", "sgd")
@@ -46,6 +48,23 @@ class TrainConfig:
     weight_decay: float = 0.0
     optimizer: str = "adamw"
     adam_eps: float = 1e-8
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = 0.0
+    """Clip the global gradient norm (all stages and groups) to this; 0: no clipping."""
+    lr_schedule: str = "constant"
+    """constant, linear or cosine decay (to 0 at ``steps``) after ``warmup_steps`` of linear warm-up."""
+    warmup_steps: int = 0
+    eval_every: int = 0
+    """Steps between evaluation losses on held-out data (0: none); the last step is always evaluated."""
+    eval_fraction: float = 0.0
+    """Hold out this fraction of ``data`` for evaluation (or give ``eval_data``)."""
+    eval_data: str | None = None
+    eval_batches: int = 1
+    """Global batches in one evaluation."""
+    attn_implementation: str | None = None
+    """eager or sdpa; default: SDPA where HF supports it for the model, eager where HF requires it."""
+    text_column: str = "text"
+    """The text column of .csv/.parquet/.json tables in ``data``."""
     seed: int = 0
     threads: int | None = None
     """Torch intra-op threads per rank; default: this host's cores / ranks on this host."""
@@ -80,6 +99,24 @@ class TrainConfig:
             raise ValueError(f"--threads: expected >= 1, got {self.threads}")
         if (self.checkpoint_every or self.resume) and self.checkpoint_dir is None:
             raise ValueError("--checkpoint-dir: expected a directory with --checkpoint-every or --resume")
+        self.optim_settings()  # checks --max-grad-norm, --lr-schedule and --warmup-steps
+        if not all(0 <= b < 1 for b in self.adam_betas):
+            raise ValueError(f"--adam-betas: expected two values in [0, 1), got {self.adam_betas}")
+        if self.eval_every < 0 or self.eval_batches < 1:
+            raise ValueError(f"--eval-every/--eval-batches: expected >= 0 and >= 1, got {self.eval_every}, "
+                             f"{self.eval_batches}")
+        if self.eval_every and not (self.eval_data or self.eval_fraction):
+            raise ValueError("--eval-every: expected --eval-fraction or --eval-data to say what to evaluate on")
+        if self.eval_data and self.eval_fraction:
+            raise ValueError("--eval-data and --eval-fraction: expected one of them, not both")
+
+    def optim_settings(self) -> OptimSettings:
+        return OptimSettings(max_grad_norm=self.max_grad_norm, schedule=self.lr_schedule,
+                             warmup_steps=self.warmup_steps, total_steps=self.steps)
+
+    @property
+    def evaluates(self) -> bool:
+        return bool(self.eval_data or self.eval_fraction)
 
 
 @dataclass
@@ -99,6 +136,9 @@ class TrainSummary:
     losses: list[float] = field(default_factory=list)
     step_times_s: list[float] = field(default_factory=list)
     traces: list[Path] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)
+    """Global gradient norm of each step before clipping."""
+    eval_losses: list[tuple[int, float]] = field(default_factory=list)
 
 
 def prepare(cfg: TrainConfig, world_size: int) -> Prepared:
@@ -107,12 +147,13 @@ def prepare(cfg: TrainConfig, world_size: int) -> Prepared:
 
     source = str(cfg.plan)
     plan = Plan.load(cfg.plan)
-    if cfg.data != "synthetic" and not Path(cfg.data).exists():
-        raise DataError(f"--data: {cfg.data}: expected 'synthetic' or an existing text/JSON file or directory")
+    for flag, data in (("--data", cfg.data), ("--eval-data", cfg.eval_data)):
+        if data not in (None, "synthetic") and not Path(data).exists():
+            raise DataError(f"{flag}: {data}: expected 'synthetic' or an existing text/JSON file or directory")
     model = cfg.model or plan.model.name
     if cfg.model is None and not is_preset(model):
         raise FormatError(source, "model.name", "a preset name (or pass --model PATH for a local checkpoint)", model)
-    mcfg = load_config(model, cfg.layers)
+    mcfg = load_config(model, cfg.layers, cfg.attn_implementation)
     validate_plan(plan, source, world_size=world_size, model_layers=num_hidden_layers(mcfg))
     checks = (("hidden_size", hidden_size(mcfg), plan.model.hidden_size),
               ("vocab_size", int(mcfg.vocab_size), plan.model.vocab_size),
@@ -195,7 +236,7 @@ class _Log:
 
 
 def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float, weight_decay: float,
-                   eps: float = 1e-8) -> torch.optim.Optimizer:
+                   eps: float = 1e-8, betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.Optimizer:
     """AdamW (default) or SGD, fused into one kernel where torch has one for these tensors.
 
     On one CPU thread the fused AdamW step is about 4x faster than the multi-tensor one (7 ms
@@ -206,7 +247,7 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float, weigh
     kwargs = {"fused": True} if fusable(params) else {}
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay, **kwargs)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, eps=eps, **kwargs)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, eps=eps, betas=betas, **kwargs)
 
 
 def fusable(params: list[torch.Tensor]) -> bool:
@@ -240,7 +281,11 @@ def fingerprint(cfg: TrainConfig, prep: Prepared) -> dict[str, str]:
             "layers": str(cfg.layers), "checkpoint_dir": str(cfg.checkpoint_dir),
             "checkpoint_every": str(cfg.checkpoint_every), "keep_checkpoints": str(cfg.keep_checkpoints),
             "resume": str(cfg.resume), "trace_steps": str(list(cfg.trace_steps) if cfg.trace_dir else []),
-            "profile_blocks": str(cfg.profile_blocks)}
+            "profile_blocks": str(cfg.profile_blocks), "adam_betas": repr(tuple(cfg.adam_betas)),
+            "max_grad_norm": repr(cfg.max_grad_norm), "lr_schedule": f"{cfg.lr_schedule} warmup {cfg.warmup_steps}",
+            "eval": f"every {cfg.eval_every} x {cfg.eval_batches} on "
+                    f"{_data_id(cfg.eval_data) if cfg.eval_data else cfg.eval_fraction}",
+            "attn_implementation": str(prep.config._attn_implementation), "text_column": cfg.text_column}
 
 
 def _short_hash(data: bytes) -> str:
@@ -300,7 +345,6 @@ def _prepare_checkpoints(cfg: TrainConfig, roles: ckpt.Roles, stage: Any) -> int
 
 
 def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummary:
-    from ..data import open_source
     from ..trace.timeline import StepRecorder, mark_base_rss, sync_clocks, write_step
 
     plan, schedule = prep.plan, prep.schedule
@@ -316,7 +360,7 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
     mark_base_rss()  # what the stage adds to this process is what the planner's memory model predicts
     stage = build_stage(prep.model, prep.config, spec, seed=cfg.seed, dtype=plan.model.dtype)
     params = [p for p in stage.parameters()]
-    optimizer = make_optimizer(cfg.optimizer, params, cfg.lr, cfg.weight_decay, cfg.adam_eps)
+    optimizer = make_optimizer(cfg.optimizer, params, cfg.lr, cfg.weight_decay, cfg.adam_eps, tuple(cfg.adam_betas))
     start = 0
     if cfg.checkpoint_dir is not None:
         start = g("checking the checkpoint directory with all ranks", _prepare_checkpoints, cfg, roles, stage)
@@ -325,12 +369,12 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
         ckpt.load(cfg.checkpoint_dir, start, rank=rank, stage=stage, optimizer=optimizer)
         log.print(f"resumed from {ckpt.step_dir(cfg.checkpoint_dir, start)} (step {start})")
         log.event({"event": "resume", "from_step": start, "restart_count": _env_int("TORCHELASTIC_RESTART_COUNT", 0)})
-    executor = Executor(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm, optimizer=optimizer)
+    stepper = SteppedOptimizer(optimizer, params, cfg.optim_settings(), counts_stage=pstage.devices[0].rank == rank,
+                               skip=stage.tied_parameter() if stage.tied_copy else None, done_steps=start)
+    executor = Executor(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm, optimizer=stepper)
     executor.step_index = start
-    needs_tokens = pstage.has_embed or pstage.has_tail
-    source = open_source(cfg.data, seq_len=plan.seq_len, global_batch=plan.global_batch,
-                         vocab_size=plan.model.vocab_size, seed=cfg.seed,
-                         tokenizer_dir=None if is_preset(prep.model) else prep.model) if needs_tokens else None
+    evaluator = Evaluator(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm) if cfg.evaluates else None
+    source, eval_source = _sources(cfg, prep, pstage.has_embed or pstage.has_tail)
     n_params = sum(p.numel() for p in params)
     log.print(f"torchpp.train: {plan.num_stages} stage(s), {world} rank(s), {plan.schedule}, "
               f"{plan.num_microbatches} x {plan.micro_batch_size} samples x {plan.seq_len} tokens; "
@@ -362,7 +406,13 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
         summary.losses.append(float(stats[0]))
         summary.step_times_s.append(dt)
         summary.steps_done = step
-        _report_step(log, step, cfg.steps, stats, S, dt, tokens_per_step)
+        extra = {"train/learning_rate": stepper.last_lr, "train/grad_norm": stepper.last_grad_norm}
+        if evaluator is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)):
+            extra["eval/loss"] = g(f"step {step}: evaluation with all ranks", _evaluate, evaluator, eval_source,
+                                   cfg.eval_batches)
+            summary.eval_losses.append((step, extra["eval/loss"]))
+        summary.grad_norms.append(stepper.last_grad_norm)
+        _report_step(log, step, cfg.steps, stats, S, dt, tokens_per_step, extra)
         if cfg.checkpoint_dir is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
                                                or step == cfg.steps):
             info = {"plan": str(cfg.plan), "plan_hash": prep.plan_hash, "model": prep.model, "seed": cfg.seed,
@@ -375,17 +425,46 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
     return summary
 
 
+def _sources(cfg: TrainConfig, prep: Prepared, needs_tokens: bool) -> tuple[Any, Any]:
+    """(training, evaluation) token sources; None on ranks that need no tokens (or no evaluation)."""
+    from ..data import held_out, open_source
+
+    if not needs_tokens:
+        return None, None
+    plan = prep.plan
+    kw = dict(seq_len=plan.seq_len, global_batch=plan.global_batch, vocab_size=plan.model.vocab_size, seed=cfg.seed,
+              tokenizer_dir=None if is_preset(prep.model) else prep.model, text_column=cfg.text_column)
+    source = open_source(cfg.data, **kw)
+    if cfg.eval_data:
+        return source, open_source(cfg.eval_data, **kw)
+    if cfg.eval_fraction:
+        return held_out(source, cfg.eval_fraction)
+    return source, None
+
+
+def _evaluate(evaluator: Evaluator, source: Any, batches: int) -> float:
+    """Mean of the global evaluation loss over the first ``batches`` held-out batches."""
+    losses = [evaluator.loss(source.batch(i) if source is not None else None) for i in range(batches)]
+    return sum(losses) / len(losses)
+
+
+_JSONL_NAMES = {"train/learning_rate": "lr", "train/grad_norm": "grad_norm", "eval/loss": "eval_loss"}
+
+
 def _report_step(log: _Log, step: int, steps: int, stats: torch.Tensor, S: int, dt: float,
-                 tokens_per_step: int) -> None:
-    """Rank 0's progress line, metrics.jsonl record and TensorBoard scalars of one step."""
+                 tokens_per_step: int, extra: dict[str, float]) -> None:
+    """Rank 0's progress line, metrics.jsonl record and TensorBoard scalars of one step
+    (``extra``: learning rate, gradient norm and evaluation loss, named as their scalars)."""
     loss = float(stats[0])
     comp = [float(x) for x in stats[1:1 + S]]
     wait = [float(x) for x in stats[1 + S:1 + 2 * S]]
-    log.print(f"step {step:>5}/{steps}  loss {loss:.4f}  {dt:.3f} s  {tokens_per_step / dt:,.0f} tok/s  "
+    ev = f"  eval {extra['eval/loss']:.4f}" if "eval/loss" in extra else ""
+    log.print(f"step {step:>5}/{steps}  loss {loss:.4f}{ev}  lr {extra['train/learning_rate']:.3g}  "
+              f"|g| {extra['train/grad_norm']:.3g}  {dt:.3f} s  {tokens_per_step / dt:,.0f} tok/s  "
               f"compute/stage {' '.join(f'{c:.3f}' for c in comp)} s")
     log.event({"step": step, "loss": loss, "step_time_s": dt, "tokens_per_s": tokens_per_step / dt,
-               "compute_s": comp, "comm_wait_s": wait})
-    log.scalars(step, {"train/loss": loss, "perf/step_time_s": dt, "perf/tokens_per_s": tokens_per_step / dt,
+               "compute_s": comp, "comm_wait_s": wait, **{_JSONL_NAMES[k]: v for k, v in extra.items()}})
+    log.scalars(step, {"train/loss": loss, "perf/step_time_s": dt, "perf/tokens_per_s": tokens_per_step / dt, **extra,
                        **{f"stage{s}/compute_s": comp[s] for s in range(S)},
                        **{f"stage{s}/comm_wait_s": wait[s] for s in range(S)}})
 
