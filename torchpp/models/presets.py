@@ -202,11 +202,17 @@ def hidden_size(cfg: PretrainedConfig) -> int:
     return int(getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd"))
 
 
-def model_info(cfg: PretrainedConfig, model: str, dtype: str = "float32") -> ModelInfo:
+def precision_fields(dtype: str) -> dict[str, str]:
+    """``--dtype`` of profile and plan -> the model fields: bfloat16 is mixed precision on CPU
+    (fp32 master weights and optimizer state, bf16 autocast); other names are the weights' dtype."""
+    return {"dtype": "float32", "autocast": "bfloat16"} if dtype == "bfloat16" else {"dtype": dtype, "autocast": ""}
+
+
+def model_info(cfg: PretrainedConfig, model: str, dtype: str = "float32", autocast: str = "") -> ModelInfo:
     return ModelInfo(name=model if model in PRESETS else Path(model).name, source="preset" if model in PRESETS else "path",
                      num_layers=num_hidden_layers(cfg), hidden_size=hidden_size(cfg), vocab_size=int(cfg.vocab_size),
                      tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), dtype=dtype,
-                     architecture=str(getattr(cfg, "model_type", "")))
+                     architecture=str(getattr(cfg, "model_type", "")), autocast=autocast)
 
 
 def _param_seed(seed: int, name: str) -> int:

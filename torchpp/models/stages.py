@@ -133,6 +133,8 @@ class Stage:
         self.rng_key: tuple[int, int] | None = None
         """(step, micro-batch) of the pass being run; set by the executor so dropout is split-invariant."""
         self.tied_copy = bool(getattr(cfg, "tie_word_embeddings", False)) and spec.has_tail and not spec.has_embed
+        self.autocast: torch.dtype | None = None
+        """Mixed precision: run the forward under CPU autocast to this dtype (weights stay as they are)."""
 
     # -- parameters
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
@@ -171,6 +173,15 @@ class Stage:
 
     # -- compute
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None, n_tokens: int | None = None) -> torch.Tensor:
+        """:meth:`_forward`, under autocast when the stage is mixed precision; hidden states leave
+        in the weights' dtype, so the receiving stage's buffers and the wire format do not change."""
+        if self.autocast is None:
+            return self._forward(x, labels, n_tokens)
+        with torch.autocast("cpu", dtype=self.autocast):
+            out = self._forward(x, labels, n_tokens)
+        return out if self.spec.has_tail else out.to(self.dtype)
+
+    def _forward(self, x: torch.Tensor, labels: torch.Tensor | None = None, n_tokens: int | None = None) -> torch.Tensor:
         """Token ids (first stage) or hidden states -> hidden states, or the loss on the last stage.
 
         The loss is the sum of token cross-entropies over this input divided by ``n_tokens``
@@ -279,7 +290,7 @@ def count_targets(labels: torch.Tensor) -> int:
 
 # ----------------------------------------------------------------------------- building
 def build_stage(model: str, cfg, spec: StageSpec, *, seed: int = 0, dtype: str = "float32",
-                weights: str | Path | None = None) -> Stage:
+                weights: str | Path | None = None, autocast: str = "") -> Stage:
     """Materialise only ``spec``'s modules; weights from ``weights`` (a directory with safetensors)
     or, for a preset, the seeded per-name init; a local model path loads its own checkpoint."""
     from transformers import AutoModelForCausalLM
@@ -309,6 +320,7 @@ def build_stage(model: str, cfg, spec: StageSpec, *, seed: int = 0, dtype: str =
         _get(hf, parts.lm_head).weight = _get(hf, parts.token).weight
     stage = Stage(hf, cfg, spec, parts)
     stage.seed = seed
+    stage.autocast = DTYPES[autocast] if autocast else None
     source = weights if weights is not None else (None if is_preset(model) else model)
     if source is None:
         _init_stage(stage, seed, float(getattr(cfg, "initializer_range", 0.02)))

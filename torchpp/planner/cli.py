@@ -48,7 +48,6 @@ def configure(p: argparse.ArgumentParser) -> None:
     e = p.add_argument_group("estimate-only")
     e.add_argument("--estimate", action="store_true", help="no measurements: costs from --model and --device-spec")
     e.add_argument("--device-spec", type=Path, default=None)
-    e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     s = p.add_argument_group("fixed strategies")
     s.add_argument("--strategy", choices=["even", "dp", "pp"], default=None,
                    help="even: S stages of equal layer counts (optionally groups); dp: one stage over N devices; "
@@ -60,6 +59,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     s.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=None, help="default: the layers files' (or 128)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="precision of the plan; bfloat16: fp32 master weights and optimizer state with bf16 "
+                        "autocast. Measured plans must match the layers files' (default: theirs; else float32)")
     p.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
     p.add_argument("--recompute", action="store_true", help="fixed strategies: recompute every layer")
     p.add_argument("--out", type=Path, default=Path("plan.json"), help="fixed strategies: output file")
@@ -86,10 +88,13 @@ def inputs_of(args: argparse.Namespace) -> PlanInputs:
     """The input files of `torchpp plan`'s flags, each required flag named when it is missing."""
     common = dict(capacities=args.capacities, memory_model=args.memory_model, activation_factor=args.activation_factor,
                   tied_embed=args.tied_embed, seq_len=args.seq_len, optimizer_s_per_gb=args.optimizer_s_per_gb)
+    if not args.estimate:
+        common["dtype"] = args.dtype
     if args.estimate:
         if args.device_spec is None:
             raise UsageError("--device-spec: expected a device spec JSON with --estimate")
-        return PlanInputs(estimate=Estimate(model=args.model, device_spec=args.device_spec, dtype=args.dtype),
+        return PlanInputs(estimate=Estimate(model=args.model, device_spec=args.device_spec,
+                                            dtype=args.dtype or "float32"),
                           devices=Path(args.devices) if args.devices else None, **common)
     if not args.devices or str(args.devices).isdigit():
         raise UsageError("--devices: expected devices.json")
@@ -118,7 +123,7 @@ def run_fixed(args: argparse.Namespace) -> int:
     strategy = Strategy(name=args.strategy, model=args.model, num_layers=num_layers, stages=args.stages,
                         group_sizes=args.group_sizes, devices=devices,
                         hosts=args.hosts.split(",") if args.hosts else None, microbatches=args.microbatches,
-                        seq_len=args.seq_len or 128, recompute=args.recompute)
+                        seq_len=args.seq_len or 128, recompute=args.recompute, dtype=args.dtype or "float32")
     plan = api.fixed_plan(strategy, PlanOptions(global_batch=args.global_batch, schedule=args.schedule))
     plan.save(args.out)
     print(f"wrote {args.out}: {plan.num_stages} stage(s), {plan.world_size} rank(s), "

@@ -275,7 +275,7 @@ def fingerprint(cfg: TrainConfig, prep: Prepared) -> dict[str, str]:
     that change what is computed or written (short values: the error message quotes them)."""
     plan = prep.plan
     return {"plan": prep.plan_hash, "model": _model_id(prep), "data": _data_id(cfg.data),
-            "seq_len": str(plan.seq_len), "global_batch": str(plan.global_batch), "dtype": plan.model.dtype,
+            "seq_len": str(plan.seq_len), "global_batch": str(plan.global_batch), "dtype": f"{plan.model.dtype} autocast {plan.model.autocast or 'none'}",
             "steps": str(cfg.steps), "lr": repr(cfg.lr), "weight_decay": repr(cfg.weight_decay),
             "optimizer": cfg.optimizer, "adam_eps": repr(cfg.adam_eps), "seed": str(cfg.seed),
             "layers": str(cfg.layers), "checkpoint_dir": str(cfg.checkpoint_dir),
@@ -358,13 +358,17 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
     roles = ckpt.Roles.decide(rank, {r: plan.stage_of_rank(r).index for r in range(world)}, hosts)
     spec = StageSpec.from_plan(plan, pstage.index)
     mark_base_rss()  # what the stage adds to this process is what the planner's memory model predicts
-    stage = build_stage(prep.model, prep.config, spec, seed=cfg.seed, dtype=plan.model.dtype)
+    stage = build_stage(prep.model, prep.config, spec, seed=cfg.seed, dtype=plan.model.dtype,
+                        autocast=plan.model.autocast)
     params = [p for p in stage.parameters()]
     optimizer = make_optimizer(cfg.optimizer, params, cfg.lr, cfg.weight_decay, cfg.adam_eps, tuple(cfg.adam_betas))
     start = 0
     if cfg.checkpoint_dir is not None:
         start = g("checking the checkpoint directory with all ranks", _prepare_checkpoints, cfg, roles, stage)
     log = _Log(rank, cfg.log_dir)
+    if plan.model.dtype != "float32" and not plan.model.autocast:
+        log.print(f"torchpp.train: note: the plan keeps pure {plan.model.dtype} weights and optimizer state (no fp32 "
+                  "master weights); plan with --dtype bfloat16 for mixed precision")
     if start > 0:
         ckpt.load(cfg.checkpoint_dir, start, rank=rank, stage=stage, optimizer=optimizer)
         log.print(f"resumed from {ckpt.step_dir(cfg.checkpoint_dir, start)} (step {start})")
