@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-checkpoints", type=int, default=3,
                    help="complete checkpoints kept; older ones are deleted once a newer one is complete (0: keep all)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--export-dir", type=Path, default=None,
+                   help="write the trained model here as a HF directory (weights, config, generation config, "
+                        "tokenizer); default <checkpoint-dir>/final")
     p.add_argument("--log-dir", type=Path, default=None, help="TensorBoard scalars and metrics.jsonl (rank 0)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="a peer silent this long is an error")
     p.add_argument("--layers", type=int, default=None, help="keep only the first N decoder layers")
@@ -96,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                           warmup_steps=args.warmup_steps, eval_every=args.eval_every,
                           eval_fraction=args.eval_fraction, eval_data=args.eval_data,
                           eval_batches=args.eval_batches, attn_implementation=args.attn_implementation,
-                          text_column=args.text_column)
+                          text_column=args.text_column, export_dir=args.export_dir)
         prepared = prepare(cfg, world_from_env()[1])
     except (FormatError, ModelSpecError, DataError, ValueError) as e:
         print(f"torchpp.train: rank {rank}: error: {e}", file=sys.stderr, flush=True)

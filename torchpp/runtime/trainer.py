@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..formats import FormatError, Plan, file_hash, validate_plan
-from ..models.presets import DTYPES, hidden_size, is_preset, load_config, num_hidden_layers
+from ..models.presets import DTYPES, hidden_size, is_preset, load_config, num_hidden_layers, resolve_model
 from ..models.stages import StageSpec, build_stage, count_targets
 from ..schedules import Schedule, build
 from . import checkpoint as ckpt
@@ -77,6 +77,9 @@ class TrainConfig:
     """Complete checkpoints kept in ``checkpoint_dir`` (older ones are deleted once a newer one is
     complete); 0 keeps every one."""
     resume: bool = False
+    export_dir: Path | None = None
+    """Where the trained model is written as a HF checkpoint directory (weights, config, generation
+    config, tokenizer) after the last step; default ``<checkpoint_dir>/final`` when checkpointing."""
     log_dir: Path | None = None
     timeout_s: float = 300.0
     layers: int | None = None
@@ -109,6 +112,12 @@ class TrainConfig:
             raise ValueError("--eval-every: expected --eval-fraction or --eval-data to say what to evaluate on")
         if self.eval_data and self.eval_fraction:
             raise ValueError("--eval-data and --eval-fraction: expected one of them, not both")
+
+    @property
+    def export_to(self) -> Path | None:
+        if self.export_dir is not None:
+            return self.export_dir
+        return self.checkpoint_dir / "final" if self.checkpoint_dir is not None else None
 
     def optim_settings(self) -> OptimSettings:
         return OptimSettings(max_grad_norm=self.max_grad_norm, schedule=self.lr_schedule,
@@ -150,7 +159,7 @@ def prepare(cfg: TrainConfig, world_size: int) -> Prepared:
     for flag, data in (("--data", cfg.data), ("--eval-data", cfg.eval_data)):
         if data not in (None, "synthetic") and not Path(data).exists():
             raise DataError(f"{flag}: {data}: expected 'synthetic' or an existing text/JSON file or directory")
-    model = cfg.model or plan.model.name
+    model = resolve_model(cfg.model or plan.model.name)
     if cfg.model is None and not is_preset(model):
         raise FormatError(source, "model.name", "a preset name (or pass --model PATH for a local checkpoint)", model)
     mcfg = load_config(model, cfg.layers, cfg.attn_implementation)
@@ -280,7 +289,7 @@ def fingerprint(cfg: TrainConfig, prep: Prepared) -> dict[str, str]:
             "optimizer": cfg.optimizer, "adam_eps": repr(cfg.adam_eps), "seed": str(cfg.seed),
             "layers": str(cfg.layers), "checkpoint_dir": str(cfg.checkpoint_dir),
             "checkpoint_every": str(cfg.checkpoint_every), "keep_checkpoints": str(cfg.keep_checkpoints),
-            "resume": str(cfg.resume), "trace_steps": str(list(cfg.trace_steps) if cfg.trace_dir else []),
+            "resume": str(cfg.resume), "export_dir": str(cfg.export_to), "trace_steps": str(list(cfg.trace_steps) if cfg.trace_dir else []),
             "profile_blocks": str(cfg.profile_blocks), "adam_betas": repr(tuple(cfg.adam_betas)),
             "max_grad_norm": repr(cfg.max_grad_norm), "lr_schedule": f"{cfg.lr_schedule} warmup {cfg.warmup_steps}",
             "eval": f"every {cfg.eval_every} x {cfg.eval_batches} on "
@@ -300,7 +309,7 @@ def _model_id(prep: Prepared) -> str:
     name = prep.model if is_preset(prep.model) else Path(prep.model).name
     digest = _short_hash(json.dumps(conf, sort_keys=True, default=str).encode())
     if not is_preset(prep.model):
-        weights = sum(p.stat().st_size for p in Path(prep.model).glob("*.safetensors"))
+        weights = sum(p.stat().st_size for pat in ("*.safetensors", "*.bin") for p in Path(prep.model).glob(pat))
         return f"{name} config {digest} weights {weights} bytes"
     return f"{name} config {digest}"
 
@@ -425,6 +434,13 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
                   stage=stage, optimizer=optimizer, info=info, timeout_s=cfg.timeout_s, keep=cfg.keep_checkpoints)
             if d is not None:
                 log.print(f"checkpoint {d}")
+    if cfg.export_to is not None and summary.steps_done == cfg.steps:
+        from .export import export_hf
+
+        d = g("writing the HF model directory", export_hf, cfg.export_to, roles=roles, stage=stage,
+              source=None if is_preset(prep.model) else prep.model)
+        if d is not None:
+            log.print(f"model {d} (AutoModelForCausalLM.from_pretrained loads it)")
     log.close()
     return summary
 
