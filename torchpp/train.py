@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: cores / local ranks)")
     p.add_argument("--trace-dir", type=Path, default=None, help="write Chrome traces of --trace-steps here")
     p.add_argument("--trace-steps", type=_steps, default=(2,), help="1-based steps to trace, e.g. 2,5")
+    p.add_argument("--torch-profiler", action="store_true",
+                   help="also record --trace-steps with torch.profiler, on the same clock as torchpp's traces")
     p.add_argument("--profile-blocks", action="store_true", help="per-block (embed/layer/tail) events in traces")
     p.add_argument("--checkpoint-dir", type=Path, default=None)
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: only the last)")
@@ -99,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                           warmup_steps=args.warmup_steps, eval_every=args.eval_every,
                           eval_fraction=args.eval_fraction, eval_data=args.eval_data,
                           eval_batches=args.eval_batches, attn_implementation=args.attn_implementation,
-                          text_column=args.text_column, export_dir=args.export_dir)
+                          text_column=args.text_column, export_dir=args.export_dir,
+                          torch_profiler=args.torch_profiler)
         prepared = prepare(cfg, world_from_env()[1])
     except (FormatError, ModelSpecError, DataError, ValueError) as e:
         print(f"torchpp.train: rank {rank}: error: {e}", file=sys.stderr, flush=True)

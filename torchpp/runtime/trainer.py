@@ -84,6 +84,9 @@ class TrainConfig:
     timeout_s: float = 300.0
     layers: int | None = None
     profile_blocks: bool = False
+    torch_profiler: bool = False
+    """Also record the traced steps with torch.profiler (``torch_step<N>_rank<R>.json`` in ``trace_dir``),
+    on the same wall clock as torchpp's traces (``torchpp.trace.kineto.merge_kineto``)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -408,7 +411,8 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
             executor.observer = rec
             stage.profiler = rec if cfg.profile_blocks else None
         t0 = time.perf_counter()
-        res = executor.step(ids, n_tokens)
+        with _torch_profiler(cfg, rec, step, rank):
+            res = executor.step(ids, n_tokens)
         stats = g(f"step {step}: statistics all-reduce with all ranks", _reduce_stats, res, pstage.index,
                   len(pstage.devices), S)
         dt = time.perf_counter() - t0
@@ -443,6 +447,17 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
             log.print(f"model {d} (AutoModelForCausalLM.from_pretrained loads it)")
     log.close()
     return summary
+
+
+def _torch_profiler(cfg: TrainConfig, rec: Any, step: int, rank: int) -> Any:
+    """torch.profiler around a traced step when asked (a no-op context otherwise)."""
+    import contextlib
+
+    if rec is None or not cfg.torch_profiler:
+        return contextlib.nullcontext()
+    from ..trace.kineto import capture
+
+    return capture(cfg.trace_dir / f"torch_step{step}_rank{rank}.json")
 
 
 def _sources(cfg: TrainConfig, prep: Prepared, needs_tokens: bool) -> tuple[Any, Any]:
