@@ -158,3 +158,26 @@ def test_options_are_checked():
                       (dict(eval_every=2), "--eval-every"), (dict(eval_fraction=0.1, eval_data="x"), "--eval-data")):
         with pytest.raises(ValueError, match=word):
             TrainConfig(plan=Path("plan.json"), **bad)
+
+
+def test_schedule_resumes_on_the_same_curve():
+    from torchpp.runtime.optim import make_scheduler
+
+    settings = OptimSettings(schedule="cosine", warmup_steps=3, total_steps=10)
+    factor = lr_lambda(settings)
+    for done in (0, 2, 5):
+        opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+        make_scheduler(opt, settings, done_steps=done)
+        assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * factor(done))
+
+
+def test_held_out_split_of_text(tmp_path):
+    from torchpp.data import DataError, PackedText
+
+    (tmp_path / "a.txt").write_text("abcdefgh" * 40)
+    src = PackedText([tmp_path / "a.txt"], seq_len=8, global_batch=2, vocab_size=256)
+    train, held = held_out(src, 0.25)
+    assert (len(train), len(held)) == (30, 10)
+    assert torch.equal(torch.cat([train.blocks, held.blocks]), src.blocks)
+    with pytest.raises(DataError, match="--eval-fraction"):
+        held_out(src, 1.5)

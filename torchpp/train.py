@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-data", default=None, help="evaluate on this file or directory instead of a held-out split")
     p.add_argument("--eval-batches", type=int, default=1, help="global batches per evaluation")
     p.add_argument("--attn-implementation", choices=["eager", "sdpa"], default=None,
-                   help="attention kernels (default: sdpa where HF supports it for the model, eager where HF requires it)")
+                   help="attention kernels (default: sdpa where HF supports it for the model, eager where HF "
+                        "requires it)")
     p.add_argument("--text-column", default="text", help="the text column of .csv/.parquet/.json(l) data tables")
     p.add_argument("--seed", type=int, default=0, help="weight init and data order")
     p.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: cores / local ranks)")

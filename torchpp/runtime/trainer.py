@@ -287,12 +287,14 @@ def fingerprint(cfg: TrainConfig, prep: Prepared) -> dict[str, str]:
     that change what is computed or written (short values: the error message quotes them)."""
     plan = prep.plan
     return {"plan": prep.plan_hash, "model": _model_id(prep), "data": _data_id(cfg.data),
-            "seq_len": str(plan.seq_len), "global_batch": str(plan.global_batch), "dtype": f"{plan.model.dtype} autocast {plan.model.autocast or 'none'}",
+            "seq_len": str(plan.seq_len), "global_batch": str(plan.global_batch),
+            "dtype": f"{plan.model.dtype} autocast {plan.model.autocast or 'none'}",
             "steps": str(cfg.steps), "lr": repr(cfg.lr), "weight_decay": repr(cfg.weight_decay),
             "optimizer": cfg.optimizer, "adam_eps": repr(cfg.adam_eps), "seed": str(cfg.seed),
             "layers": str(cfg.layers), "checkpoint_dir": str(cfg.checkpoint_dir),
             "checkpoint_every": str(cfg.checkpoint_every), "keep_checkpoints": str(cfg.keep_checkpoints),
-            "resume": str(cfg.resume), "export_dir": str(cfg.export_to), "trace_steps": str(list(cfg.trace_steps) if cfg.trace_dir else []),
+            "resume": str(cfg.resume), "export_dir": str(cfg.export_to),
+            "trace_steps": str(list(cfg.trace_steps) if cfg.trace_dir else []),
             "profile_blocks": str(cfg.profile_blocks), "adam_betas": repr(tuple(cfg.adam_betas)),
             "max_grad_norm": repr(cfg.max_grad_norm), "lr_schedule": f"{cfg.lr_schedule} warmup {cfg.warmup_steps}",
             "eval": f"every {cfg.eval_every} x {cfg.eval_batches} on "
@@ -389,7 +391,8 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
                                skip=stage.tied_parameter() if stage.tied_copy else None, done_steps=start)
     executor = Executor(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm, optimizer=stepper)
     executor.step_index = start
-    evaluator = Evaluator(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm) if cfg.evaluates else None
+    evaluator = (Evaluator(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm)
+                 if cfg.evaluates else None)
     source, eval_source = _sources(cfg, prep, pstage.has_embed or pstage.has_tail)
     n_params = sum(p.numel() for p in params)
     log.print(f"torchpp.train: {plan.num_stages} stage(s), {world} rank(s), {plan.schedule}, "
@@ -423,12 +426,7 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
         summary.losses.append(float(stats[0]))
         summary.step_times_s.append(dt)
         summary.steps_done = step
-        extra = {"train/learning_rate": stepper.last_lr, "train/grad_norm": stepper.last_grad_norm}
-        if evaluator is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)):
-            extra["eval/loss"] = g(f"step {step}: evaluation with all ranks", _evaluate, evaluator, eval_source,
-                                   cfg.eval_batches)
-            summary.eval_losses.append((step, extra["eval/loss"]))
-        summary.grad_norms.append(stepper.last_grad_norm)
+        extra = _step_extras(cfg, step, stepper, evaluator, eval_source, g, summary)
         _report_step(log, step, cfg.steps, stats, S, dt, tokens_per_step, extra)
         if cfg.checkpoint_dir is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
                                                or step == cfg.steps):
@@ -447,6 +445,19 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
             log.print(f"model {d} (AutoModelForCausalLM.from_pretrained loads it)")
     log.close()
     return summary
+
+
+def _step_extras(cfg: TrainConfig, step: int, stepper: SteppedOptimizer, evaluator: Evaluator | None,
+                 eval_source: Any, g: Any, summary: TrainSummary) -> dict[str, float]:
+    """Learning rate and gradient norm of the step, and the evaluation loss when it is due
+    (every rank evaluates together); recorded in ``summary`` and returned as scalars."""
+    extra = {"train/learning_rate": stepper.last_lr, "train/grad_norm": stepper.last_grad_norm}
+    if evaluator is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)):
+        extra["eval/loss"] = g(f"step {step}: evaluation with all ranks", _evaluate, evaluator, eval_source,
+                               cfg.eval_batches)
+        summary.eval_losses.append((step, extra["eval/loss"]))
+    summary.grad_norms.append(stepper.last_grad_norm)
+    return extra
 
 
 def _torch_profiler(cfg: TrainConfig, rec: Any, step: int, rank: int) -> Any:
