@@ -108,3 +108,16 @@ def test_cli_plan_dtype_must_match_the_layers_files(tmp_path):
     assert cli(base + ["--dtype", "bfloat16"]) == 0
     plan = Plan.load(tmp_path / "out" / "plan.json")
     assert plan.model.autocast == "bfloat16"
+
+
+def test_pure_bf16_plan_trains_and_says_so(tmp_path, capsys, monkeypatch):
+    from torchpp.runtime.trainer import TrainConfig, train
+
+    for k in ("MASTER_ADDR", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    info = model_info(load_config("qwen3-tiny"), "qwen3-tiny", dtype="bfloat16")
+    make_plan(info, seq_len=16, global_batch=2, num_microbatches=1, layer_ranges=[(0, 4)], group_sizes=[1],
+              schedule="1f1b").save(tmp_path / "plan.json")
+    s = train(TrainConfig(plan=tmp_path / "plan.json", steps=1, threads=1))
+    assert len(s.losses) == 1 and s.losses[0] > 0
+    assert "pure bfloat16 weights and optimizer state (no fp32 master weights)" in capsys.readouterr().out
