@@ -181,3 +181,18 @@ def test_held_out_split_of_text(tmp_path):
     assert torch.equal(torch.cat([train.blocks, held.blocks]), src.blocks)
     with pytest.raises(DataError, match="--eval-fraction"):
         held_out(src, 1.5)
+
+
+def test_command_line_passes_attention_and_text_column(tmp_path):
+    from torchpp.runtime.trainer import TrainConfig, fingerprint, prepare
+    from torchpp.train import build_parser
+
+    args = build_parser().parse_args(["--plan", "p.json", "--attn-implementation", "eager", "--text-column", "body",
+                                      "--adam-betas", "0.8,0.9", "--lr-schedule", "linear", "--warmup-steps", "3"])
+    assert (args.attn_implementation, args.text_column, args.adam_betas) == ("eager", "body", (0.8, 0.9))
+    plan = _plan(CASES["llama_pp2_dp21_linear"], tmp_path / "plan.json")
+    for want in ("eager", "sdpa"):
+        cfg = TrainConfig(plan=plan, attn_implementation=want, text_column="body")
+        prep = prepare(cfg, 3)
+        assert prep.config._attn_implementation == want
+        assert fingerprint(cfg, prep)["attn_implementation"] == want
