@@ -169,3 +169,27 @@ def open_source(data: str, *, seq_len: int, global_batch: int, vocab_size: int, 
         return SyntheticTokens(vocab_size=vocab_size, seq_len=seq_len, global_batch=global_batch, seed=seed)
     return PackedText(_files(Path(data)), seq_len=seq_len, global_batch=global_batch, vocab_size=vocab_size,
                       seed=seed, tokenizer_dir=tokenizer_dir, text_field=text_column)
+
+
+def held_out(source: TokenSource, fraction: float) -> tuple[TokenSource, TokenSource]:
+    """(training, evaluation) sources: the last ``fraction`` of a text source's blocks are held
+    out of training; synthetic tokens get an independent evaluation stream."""
+    if not 0 < fraction < 1:
+        raise DataError(f"--eval-fraction: expected a fraction in (0, 1), got {fraction}")
+    if isinstance(source, SyntheticTokens):
+        return source, SyntheticTokens(vocab_size=source.vocab_size, seq_len=source.seq_len,
+                                       global_batch=source.global_batch, seed=_seed("eval", source.seed) & 0xFFFFFFFF)
+    if not isinstance(source, PackedText):
+        raise DataError(f"--eval-fraction: cannot split a {type(source).__name__}; pass --eval-data")
+    n = len(source)
+    k = max(1, round(n * fraction))
+    if n - k < 1:
+        raise DataError(f"--eval-fraction {fraction}: the data has {n} sequences, too few to hold {k} out")
+    return _with_blocks(source, source.blocks[: n - k]), _with_blocks(source, source.blocks[n - k:])
+
+
+def _with_blocks(source: PackedText, blocks: torch.Tensor) -> PackedText:
+    out = PackedText.__new__(PackedText)
+    out.seq_len, out.global_batch, out.seed = source.seq_len, source.global_batch, source.seed
+    out.blocks, out._perms = blocks, {}
+    return out

@@ -229,6 +229,14 @@ class ModelInfo:
     tied_embeddings: bool
     dtype: str = "float32"
     architecture: str = ""
+    autocast: str = ""
+    """Mixed precision: compute dtype under ``torch.autocast`` ("" none, "bfloat16"); the weights
+    and optimizer state stay in ``dtype`` (float32 master weights)."""
+
+    @property
+    def precision(self) -> str:
+        """What ``--dtype`` of profile and plan names: the autocast dtype, else the weights'."""
+        return self.autocast or self.dtype
 
     @staticmethod
     def parse(r: Reader) -> "ModelInfo":
@@ -239,6 +247,7 @@ class ModelInfo:
             vocab_size=r.int("vocab_size", min_value=1, max_value=1 << 24), tied_embeddings=r.bool("tied_embeddings"),
             dtype=r.str("dtype", "float32", choices={"float32", "bfloat16", "float16"}),
             architecture=r.str("architecture", ""),
+            autocast=r.str("autocast", "", choices={"", "bfloat16"}),
         )
 
 

@@ -77,7 +77,7 @@ class Profiles:
         sources = list(sources) if sources is not None else [f"layers_{lf.host}.json" for lf in layers]
         first, src0 = layers[0], sources[0]
         for lf, src in zip(layers[1:], sources[1:]):
-            for key in ("name", "num_layers", "hidden_size", "vocab_size", "tied_embeddings", "dtype"):
+            for key in ("name", "num_layers", "hidden_size", "vocab_size", "tied_embeddings", "dtype", "autocast"):
                 if getattr(lf.model, key) != getattr(first.model, key):
                     raise FormatError(src, f"model.{key}", f"{getattr(first.model, key)!r} as in {src0}",
                                       getattr(lf.model, key))

@@ -70,6 +70,20 @@ def is_preset(name: str) -> bool:
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 
 
+def resolve_model(model: str) -> str:
+    """A preset name or a local directory as given; a hub id (``org/name``) that is not a local
+    directory becomes its snapshot in the local HF cache (never downloaded)."""
+    if model in PRESETS or Path(model).is_dir() or model.count("/") != 1 or model.startswith((".", "/")):
+        return model
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(model, local_files_only=True)
+    except Exception:  # not in the cache (LocalEntryNotFoundError) or a malformed id (HFValidationError)
+        return model  # load_config names it as neither a preset nor a directory
+
+
 def load_config(model: str, num_layers: int | None = None, attn_implementation: str | None = None) -> PretrainedConfig:
     """Config of a preset name or a local HF checkpoint directory (never downloads).
 
@@ -81,10 +95,10 @@ def load_config(model: str, num_layers: int | None = None, attn_implementation: 
         cls, kw = PRESETS[model]
         cfg = getattr(transformers, cls)(**kw)
     else:
-        p = Path(model)
+        p = Path(resolve_model(model))
         if not (p.is_dir() and (p / "config.json").is_file()):
-            raise ModelSpecError(f"--model: {model!r} is neither a preset ({', '.join(PRESETS)}) nor a local "
-                                 "checkpoint directory with config.json")
+            raise ModelSpecError(f"--model: {model!r} is neither a preset ({', '.join(PRESETS)}), a local "
+                                 "checkpoint directory with config.json, nor a hub id in the local HF cache")
         refuse_remote_code(p)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from transformers import AutoConfig
@@ -202,11 +216,17 @@ def hidden_size(cfg: PretrainedConfig) -> int:
     return int(getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd"))
 
 
-def model_info(cfg: PretrainedConfig, model: str, dtype: str = "float32") -> ModelInfo:
+def precision_fields(dtype: str) -> dict[str, str]:
+    """``--dtype`` of profile and plan -> the model fields: bfloat16 is mixed precision on CPU
+    (fp32 master weights and optimizer state, bf16 autocast); other names are the weights' dtype."""
+    return {"dtype": "float32", "autocast": "bfloat16"} if dtype == "bfloat16" else {"dtype": dtype, "autocast": ""}
+
+
+def model_info(cfg: PretrainedConfig, model: str, dtype: str = "float32", autocast: str = "") -> ModelInfo:
     return ModelInfo(name=model if model in PRESETS else Path(model).name, source="preset" if model in PRESETS else "path",
                      num_layers=num_hidden_layers(cfg), hidden_size=hidden_size(cfg), vocab_size=int(cfg.vocab_size),
                      tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), dtype=dtype,
-                     architecture=str(getattr(cfg, "model_type", "")))
+                     architecture=str(getattr(cfg, "model_type", "")), autocast=autocast)
 
 
 def _param_seed(seed: int, name: str) -> int:
@@ -253,7 +273,7 @@ def build_model(model: str, *, seed: int = 0, dtype: str = "float32", num_layers
         if getattr(cfg, "tie_word_embeddings", False):
             m.tie_weights()
     else:
-        m = AutoModelForCausalLM.from_pretrained(model, config=cfg, dtype=DTYPES[dtype], local_files_only=True,
+        m = AutoModelForCausalLM.from_pretrained(resolve_model(model), config=cfg, dtype=DTYPES[dtype], local_files_only=True,
                                                  trust_remote_code=False)
     m.train()
     return m

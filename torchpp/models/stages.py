@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .presets import DTYPES, ModelSpecError, init_parameters, is_preset
+from .presets import DTYPES, ModelSpecError, init_parameters, is_preset, resolve_model
 
 
 # ----------------------------------------------------------------------------- where the blocks live
@@ -133,6 +133,8 @@ class Stage:
         self.rng_key: tuple[int, int] | None = None
         """(step, micro-batch) of the pass being run; set by the executor so dropout is split-invariant."""
         self.tied_copy = bool(getattr(cfg, "tie_word_embeddings", False)) and spec.has_tail and not spec.has_embed
+        self.autocast: torch.dtype | None = None
+        """Mixed precision: run the forward under CPU autocast to this dtype (weights stay as they are)."""
 
     # -- parameters
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
@@ -171,6 +173,15 @@ class Stage:
 
     # -- compute
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None, n_tokens: int | None = None) -> torch.Tensor:
+        """:meth:`_forward`, under autocast when the stage is mixed precision; hidden states leave
+        in the weights' dtype, so the receiving stage's buffers and the wire format do not change."""
+        if self.autocast is None:
+            return self._forward(x, labels, n_tokens)
+        with torch.autocast("cpu", dtype=self.autocast):
+            out = self._forward(x, labels, n_tokens)
+        return out if self.spec.has_tail else out.to(self.dtype)
+
+    def _forward(self, x: torch.Tensor, labels: torch.Tensor | None = None, n_tokens: int | None = None) -> torch.Tensor:
         """Token ids (first stage) or hidden states -> hidden states, or the loss on the last stage.
 
         The loss is the sum of token cross-entropies over this input divided by ``n_tokens``
@@ -279,7 +290,7 @@ def count_targets(labels: torch.Tensor) -> int:
 
 # ----------------------------------------------------------------------------- building
 def build_stage(model: str, cfg, spec: StageSpec, *, seed: int = 0, dtype: str = "float32",
-                weights: str | Path | None = None) -> Stage:
+                weights: str | Path | None = None, autocast: str = "") -> Stage:
     """Materialise only ``spec``'s modules; weights from ``weights`` (a directory with safetensors)
     or, for a preset, the seeded per-name init; a local model path loads its own checkpoint."""
     from transformers import AutoModelForCausalLM
@@ -309,7 +320,8 @@ def build_stage(model: str, cfg, spec: StageSpec, *, seed: int = 0, dtype: str =
         _get(hf, parts.lm_head).weight = _get(hf, parts.token).weight
     stage = Stage(hf, cfg, spec, parts)
     stage.seed = seed
-    source = weights if weights is not None else (None if is_preset(model) else model)
+    stage.autocast = DTYPES[autocast] if autocast else None
+    source = weights if weights is not None else (None if is_preset(model) else resolve_model(model))
     if source is None:
         _init_stage(stage, seed, float(getattr(cfg, "initializer_range", 0.02)))
     else:
@@ -378,21 +390,36 @@ def _holder(name: str, param: nn.Parameter) -> nn.Module:
 
 # ----------------------------------------------------------------------------- loading tensors by name
 def safetensors_index(directory: str | Path) -> dict[str, Path]:
-    """name -> file of a HF checkpoint directory (sharded index or a single model.safetensors)."""
+    """name -> file of a HF checkpoint directory: a sharded index or a single file, safetensors
+    preferred, else ``pytorch_model.bin`` (read with ``torch.load(weights_only=True)``)."""
     d = Path(directory)
-    idx = d / "model.safetensors.index.json"
-    if idx.is_file():
-        wm = json.loads(idx.read_text()).get("weight_map")
-        if not isinstance(wm, dict):
-            raise ModelSpecError(f"{idx}: field 'weight_map': expected an object name -> file")
-        return {k: d / v for k, v in wm.items()}
+    for idx in (d / "model.safetensors.index.json", d / "pytorch_model.bin.index.json"):
+        if idx.is_file():
+            wm = json.loads(idx.read_text()).get("weight_map")
+            if not isinstance(wm, dict):
+                raise ModelSpecError(f"{idx}: field 'weight_map': expected an object name -> file")
+            return {k: d / v for k, v in wm.items()}
     single = d / "model.safetensors"
     if single.is_file():
         from safetensors import safe_open
 
         with safe_open(str(single), framework="pt") as f:
             return {k: single for k in f.keys()}
-    raise ModelSpecError(f"{d}: expected model.safetensors or model.safetensors.index.json (safetensors weights)")
+    if (d / "pytorch_model.bin").is_file():
+        return {k: d / "pytorch_model.bin" for k in _bin_tensors(d / "pytorch_model.bin")}
+    raise ModelSpecError(f"{d}: expected model.safetensors, pytorch_model.bin or their .index.json")
+
+
+def _bin_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A ``.bin`` state dict, memory-mapped; ``weights_only`` refuses pickled code."""
+    try:
+        sd = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # a corrupt file or one holding more than tensors
+        raise ModelSpecError(f"{path}: cannot be read as a weights-only state dict ({str(e).splitlines()[0][:200]})") \
+            from None
+    if not isinstance(sd, dict):
+        raise ModelSpecError(f"{path}: expected a state dict (name -> tensor), got {type(sd).__name__}")
+    return sd
 
 
 def read_tensors(directory: str | Path, names: list[str], aliases: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
@@ -411,6 +438,10 @@ def read_tensors(directory: str | Path, names: list[str], aliases: dict[str, str
     for path, pairs in by_file.items():
         if not path.is_file():
             raise ModelSpecError(f"{path}: file named by the checkpoint index does not exist")
+        if path.suffix == ".bin":
+            sd = _bin_tensors(path)
+            out.update({n: sd[key] for n, key in pairs})
+            continue
         with safe_open(str(path), framework="pt") as f:
             for n, key in pairs:
                 out[n] = f.get_tensor(key)

@@ -58,6 +58,8 @@ class PlanInputs:
     """Estimate: tokens per sample (default 128); measured: must equal the layers files'."""
     optimizer_s_per_gb: float = 0.0
     """Optimizer step seconds per GB of parameters (not measured by profile)."""
+    dtype: str | None = None
+    """Measured: the precision to plan for; it must be the layers files' (they price it). None: theirs."""
 
     def __post_init__(self) -> None:
         if (self.estimate is None) == (not self.layers):
@@ -126,6 +128,8 @@ class Strategy:
     microbatches: int = 4
     seq_len: int = 128
     recompute: bool = False
+    dtype: str = "float32"
+    """Precision: float32, or bfloat16 (mixed: fp32 master weights, bf16 autocast)."""
 
     def __post_init__(self) -> None:
         if self.name not in STRATEGIES:
@@ -196,6 +200,9 @@ def _load_measured(inputs: PlanInputs) -> Costs:
     files = [LayersFile.load(x) for x in paths]
     cap = Capacities.load(inputs.capacities) if inputs.capacities else None
     prof = Profiles.from_layers(files, cap, [str(x) for x in paths], str(inputs.capacities or "capacities.json"))
+    if inputs.dtype and inputs.dtype != prof.model.precision:
+        raise UsageError(f"--dtype {inputs.dtype}: the layers files were measured at {prof.model.precision}; "
+                         f"re-profile with torchpp profile --dtype {inputs.dtype} to plan for it")
     if inputs.seq_len and inputs.seq_len != prof.seq_len:
         raise UsageError(f"--seq-len: the layers files were measured at {prof.seq_len}; re-profile to plan "
                          f"for {inputs.seq_len}")
@@ -288,12 +295,13 @@ def predict_plan(p: Plan, costs: Costs) -> dict[str, Any]:
 
 def fixed_plan(strategy: Strategy, options: PlanOptions) -> Plan:
     """A fixed-strategy plan whose action lists are proven consistent (no search, no costs)."""
-    from ..models.presets import ModelSpecError, load_config, model_info
+    from ..models.presets import ModelSpecError, load_config, model_info, precision_fields
     from ..schedules import build
     from .simple import dp_plan, even_plan, pp_plan
 
     try:
-        info = model_info(load_config(strategy.model, strategy.num_layers), strategy.model)
+        info = model_info(load_config(strategy.model, strategy.num_layers), strategy.model,
+                          **precision_fields(strategy.dtype))
     except ModelSpecError as e:
         raise UsageError(str(e)) from None
     kw = dict(seq_len=strategy.seq_len, global_batch=options.global_batch, num_microbatches=strategy.microbatches,

@@ -49,7 +49,6 @@ def configure(p: argparse.ArgumentParser) -> None:
     e = p.add_argument_group("estimate-only")
     e.add_argument("--estimate", action="store_true", help="no measurements: costs from --model and --device-spec")
     e.add_argument("--device-spec", type=T.existing_path, default=None)
-    e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     e.add_argument("--topology", type=Path, default=None,
                    help="topology.json or seed 001 text: choose pp/dp/tp for --devices N devices of --device-spec's "
                         "kind ({\"flops\": F} or its first device) on it, each layout priced by the fast path")
@@ -65,6 +64,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--global-batch", type=T.int_in(1, V.MAX_GLOBAL_BATCH), default=8,
                    help=f"samples per step, 1..{V.MAX_GLOBAL_BATCH} (default 8)")
     p.add_argument("--seq-len", type=T.int_in(1, V.MAX_SEQ_LEN), default=None, help="default: the layers files' (or 128)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="precision of the plan; bfloat16: fp32 master weights and optimizer state with bf16 "
+                        "autocast. Measured plans must match the layers files' (default: theirs; else float32)")
     p.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
     p.add_argument("--recompute", action="store_true", help="fixed strategies: recompute every layer")
     p.add_argument("--out", type=T.out_file, default=Path("plan.json"), help="fixed strategies: output file")
@@ -93,10 +95,13 @@ def inputs_of(args: argparse.Namespace) -> PlanInputs:
     """The input files of `torchpp plan`'s flags, each required flag named when it is missing."""
     common = dict(capacities=args.capacities, memory_model=args.memory_model, activation_factor=args.activation_factor,
                   tied_embed=args.tied_embed, seq_len=args.seq_len, optimizer_s_per_gb=args.optimizer_s_per_gb)
+    if not args.estimate:
+        common["dtype"] = args.dtype
     if args.estimate:
         if args.device_spec is None:
             raise UsageError("--device-spec: expected a device spec JSON with --estimate")
-        return PlanInputs(estimate=Estimate(model=args.model, device_spec=args.device_spec, dtype=args.dtype),
+        return PlanInputs(estimate=Estimate(model=args.model, device_spec=args.device_spec,
+                                            dtype=args.dtype or "float32"),
                           devices=Path(args.devices) if args.devices else None, **common)
     if not args.devices or str(args.devices).isdigit():
         raise UsageError("--devices: expected devices.json")
@@ -125,7 +130,7 @@ def run_fixed(args: argparse.Namespace) -> int:
     strategy = Strategy(name=args.strategy, model=args.model, num_layers=num_layers, stages=args.stages,
                         group_sizes=args.group_sizes, devices=devices,
                         hosts=args.hosts, microbatches=args.microbatches,
-                        seq_len=args.seq_len or 128, recompute=args.recompute)
+                        seq_len=args.seq_len or 128, recompute=args.recompute, dtype=args.dtype or "float32")
     plan = api.fixed_plan(strategy, PlanOptions(global_batch=args.global_batch, schedule=args.schedule))
     plan.save(args.out)
     print(f"wrote {args.out}: {plan.num_stages} stage(s), {plan.world_size} rank(s), "

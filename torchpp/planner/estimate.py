@@ -64,7 +64,7 @@ def block_params(model: str, num_layers: int | None = None) -> tuple[Any, list[i
 
 def estimate_profiles(model: str, spec_path: str, seq_len: int, dtype: str = "float32",
                       num_layers: int | None = None) -> tuple[Profiles, Bandwidth, dict[str, float]]:
-    from ..models.presets import hidden_size, model_info
+    from ..models.presets import hidden_size, model_info, precision_fields
 
     data = read_json(spec_path)
     r = Reader(data, spec_path)
@@ -72,8 +72,8 @@ def estimate_profiles(model: str, spec_path: str, seq_len: int, dtype: str = "fl
     if not devs.data:
         raise FormatError(spec_path, "devices", "at least one device")
     cfg, params = block_params(model, num_layers)
-    info = model_info(cfg, model, dtype)
-    by = DTYPE_BYTES[dtype]
+    info = model_info(cfg, model, **precision_fields(dtype))
+    by = DTYPE_BYTES[info.dtype]  # mixed precision keeps fp32 weights and sends fp32 activations
     h, V, L = hidden_size(cfg), int(cfg.vocab_size), info.num_layers
     flops = np.array([2.0 * seq_len * h]
                      + [2.0 * params[1 + i] * seq_len + 4.0 * seq_len * seq_len * h for i in range(L)]

@@ -23,6 +23,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=T.out_file, default=None, help="layers file to write (default layers_<host>.json)")
     p.add_argument("--trace", type=T.out_file, default=None, help="also write the counted steps as a Chrome trace")
     p.add_argument("--layers", type=T.int_in(1, V.MAX_LAYERS), default=None, help="profile only the first N decoder layers")
+    p.add_argument("--attn-implementation", choices=["eager", "sdpa"], default=None,
+                   help="attention kernels to time (default: the ones torchpp.train picks for the model)")
     p.add_argument("--seed", type=int, default=0, help="seed of preset weights and synthetic tokens")
     p.add_argument("--timer", choices=["cpp", "python"], default=None, help="force the span timer backend: cpp or python")
     p.add_argument("--quiet", action="store_true", help="no progress lines and no summary")
@@ -48,8 +50,9 @@ def run(args: argparse.Namespace) -> int:
         pc = ProfileConfig(model=args.model, seq_len=args.seq_len, batch=max(batches), dtype=args.dtype,
                            fit_batches=tuple(batches),
                            iters=args.iters, warmup=args.warmup, threads=args.threads, host=host,
-                           num_layers=args.layers, seed=args.seed, timer=args.timer)
-        cfg = load_config(pc.model, pc.num_layers)  # reject a bad --model/--layers before any work
+                           num_layers=args.layers, seed=args.seed, timer=args.timer,
+                           attn_implementation=args.attn_implementation)
+        cfg = load_config(pc.model, pc.num_layers, pc.attn_implementation)  # reject a bad --model/--layers before any work
         limit = max_positions(cfg)
         if limit is not None and pc.seq_len > limit:
             raise ValueError(f"--seq-len: expected at most {limit} (the model's position limit), got {pc.seq_len}")

@@ -44,6 +44,8 @@ class ProfileConfig:
     seed: int = 0
     timer: str | None = None
     """Force a timer backend ("cpp" or "python"); default: the C++ one when built."""
+    attn_implementation: str | None = None
+    """eager or sdpa, as ``torchpp.train --attn-implementation`` (default: the one training picks)."""
     fit_batches: tuple[int, ...] = ()
     """Smaller batch sizes also measured, to fit each block's per-call time (``*_fixed_s``)."""
 
@@ -62,6 +64,15 @@ class ProfileConfig:
             raise ValueError(f"--layers: expected an integer >= 1, got {self.num_layers!r}")
         if not self.host:
             self.host = socket.gethostname()
+
+    @property
+    def autocast(self) -> str:
+        """``--dtype bfloat16`` measures what training runs: fp32 weights under bf16 autocast."""
+        return "bfloat16" if self.dtype == "bfloat16" else ""
+
+    @property
+    def weights_dtype(self) -> str:
+        return "float32" if self.autocast else self.dtype
 
 
 def max_positions(cfg) -> int | None:
@@ -82,13 +93,13 @@ def _cpu_name() -> str:
 def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float], None] | None = None,
                    trace: TraceWriter | None = None) -> LayersFile:
     """Profile ``pc.model`` on this host; ``progress(phase, i, n, step_s)`` after every step."""
-    cfg = load_config(pc.model, pc.num_layers)
+    cfg = load_config(pc.model, pc.num_layers, pc.attn_implementation)
     limit = max_positions(cfg)
     if limit is not None and pc.seq_len > limit:
         raise ValueError(f"--seq-len: expected at most {limit} (the model's position limit), got {pc.seq_len}")
     torch.set_num_threads(pc.threads)
     retain_freed_memory()  # time blocks under the allocator policy training runs with
-    model = build_model(pc.model, seed=pc.seed, dtype=pc.dtype, config=cfg)
+    model = build_model(pc.model, seed=pc.seed, dtype=pc.weights_dtype, config=cfg)
     parts = find_parts(model)
     all_ids = torch.randint(0, int(cfg.vocab_size), (pc.batch, pc.seq_len),
                             generator=torch.Generator().manual_seed(pc.seed))
@@ -103,7 +114,8 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
     rss_hook = model.register_forward_hook(sample_rss)
     by_batch: dict[int, list[StepTimes]] = {}
     try:
-        with BlockProfiler(model, timer=timer, parts=parts) as prof:
+        with BlockProfiler(model, timer=timer, parts=parts) as prof, \
+                torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(pc.autocast)):
             for bsz in (*pc.fit_batches, pc.batch):  # the main batch last: its steps are the trace's
                 ids, tag = all_ids[:bsz], ("" if bsz == pc.batch else f" (batch {bsz})")
                 by_batch[bsz] = []
@@ -143,7 +155,7 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
 
     walls = [s.wall_s for s in steps]
     return LayersFile(
-        host=pc.host, model=model_info(cfg, pc.model, pc.dtype),
+        host=pc.host, model=model_info(cfg, pc.model, pc.weights_dtype, pc.autocast),
         run=RunInfo(seq_len=pc.seq_len, batch=pc.batch, iters=pc.iters, warmup=pc.warmup, threads=pc.threads,
                     torch_version=torch.__version__, timer=timer.backend, seed=pc.seed, cpu=_cpu_name(),
                     batches=sorted(by_batch) if len(by_batch) > 1 else []),

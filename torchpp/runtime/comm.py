@@ -126,12 +126,13 @@ class Comm:
 
     # -- p2p
     def _post(self, action: Action, tensor: torch.Tensor, fn) -> Pending:
+        posted = time.perf_counter()  # before the call: gloo may start moving bytes inside isend
         try:
             work = fn(tensor, action.peer, tag=tag_of(action))
         except RuntimeError as e:
             raise PeerError(self._message(action, time.perf_counter(), e)) from None
         send = fn is dist.isend
-        p = Pending(action, tensor, work, time.perf_counter(), self.timeout_s, threaded=self.stamp or send)
+        p = Pending(action, tensor, work, posted, self.timeout_s, threaded=self.stamp or send)
         if self.stamp:
             threading.Thread(target=p._wait, name=f"wait-{action}", daemon=True).start()
         elif send:

@@ -43,13 +43,24 @@ class ClockSync:
     """Add to this rank's relative times to get rank 0's relative times."""
     rtt_s: float
     """Round trip of the kept sample (the offset is exact to within half of it)."""
+    wall_ns: int | None = None
+    """This host's wall clock (ns since the epoch) at ``base_s``: Kineto's ``baseTimeNanoseconds``."""
+
+
+def _base_now() -> tuple[float, int]:
+    """(perf_counter, wall-clock ns) of one instant: the wall clock read between two perf_counter
+    reads, paired with their midpoint."""
+    a = time.perf_counter()
+    wall = time.time_ns()
+    b = time.perf_counter()
+    return (a + b) / 2, wall
 
 
 def sync_clocks(rank: int, world_size: int, rounds: int = 16) -> ClockSync:
     """Ping-pong with rank 0; every rank calls this together."""
-    base = time.perf_counter()
+    base, wall = _base_now()
     if world_size == 1:
-        return ClockSync(base, 0.0, 0.0)
+        return ClockSync(base, 0.0, 0.0, wall)
     import torch
     import torch.distributed as dist
 
@@ -60,7 +71,7 @@ def sync_clocks(rank: int, world_size: int, rounds: int = 16) -> ClockSync:
                 dist.recv(buf, src=r, tag=_CLOCK_TAG)
                 buf[0] = time.perf_counter() - base
                 dist.send(buf, dst=r, tag=_CLOCK_TAG)
-        return ClockSync(base, 0.0, 0.0)
+        return ClockSync(base, 0.0, 0.0, wall)
     best = (float("inf"), 0.0)
     for _ in range(rounds):
         t1 = time.perf_counter()
@@ -70,7 +81,7 @@ def sync_clocks(rank: int, world_size: int, rounds: int = 16) -> ClockSync:
         rtt = t2 - t1
         if rtt < best[0]:
             best = (rtt, float(buf[0]) - ((t1 + t2) / 2 - base))
-    return ClockSync(base, best[1], best[0])
+    return ClockSync(base, best[1], best[0], wall)
 
 
 @dataclass
@@ -99,11 +110,13 @@ class StepRecorder:
     _open: dict[str, float] = field(default_factory=dict)
     _bwd: dict[int, dict[str, list[float | None]]] = field(default_factory=dict)
     _bwd_begin: float = 0.0
+    _begin: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
         self.writer = TraceWriter(world_size=self.world_size, rank=self.rank, metadata={
             "step": self.step, "rank": self.rank, "stage": self.stage, "host": self.host,
             "clock_offset_s": self.clock.offset_s, "clock_rtt_s": self.clock.rtt_s, "clock": "perf_counter"})
+        self.writer.base_time_ns = self.clock.wall_ns
         self.writer.name_process(self.rank, f"rank {self.rank} · stage {self.stage} · host {self.host}")
 
     def _t(self, t: float) -> float:
@@ -133,11 +146,15 @@ class StepRecorder:
         self._bwd_begin = t
 
     def backward_end(self, microbatch: int, t: float) -> None:
-        for name, (b, e) in self._bwd.pop(microbatch, {}).items():
-            if b is None:
-                b = self._bwd_begin
-            end = e if e is not None else t
-            self.writer.complete(self.rank, "blocks", name, self._t(b), end - b,
+        """Write the backward block slices of ``microbatch``, laid out so they nest: a block's
+        end (its input's gradient hook) and the previous block's start (the hook on the same
+        tensor, registered earlier, so called first) are one instant seen twice, a few
+        microseconds apart; the end is cut at the next start."""
+        spans = sorted((self._bwd_begin if b is None else b, t if e is None else e, name)
+                       for name, (b, e) in self._bwd.pop(microbatch, {}).items())
+        for i, (b, end, name) in enumerate(spans):
+            end = min(end, t, spans[i + 1][0] if i + 1 < len(spans) else end)
+            self.writer.complete(self.rank, "blocks", name, self._t(b), max(0.0, end - b),
                                  {"stage": self.stage, "microbatch": microbatch, "pass": "backward"}, cat="block")
 
     # -- blocks (Stage.profiler)
@@ -164,9 +181,21 @@ class StepRecorder:
         self._mb = microbatch
 
     # -- output
+    def _step_annotation(self, end_s: float) -> None:
+        """Kineto's ``ProfilerStep#N`` slice on the compute row, around everything of the step
+        (tools such as HTA find steps by it)."""
+        xs = [e for e in self.writer.events if e.get("ph") == "X"]
+        t0 = min([self._t(self._begin) * 1e6, *(e["ts"] for e in xs)]) - 0.001  # 1 ns: rounding cannot
+        t1 = max([self._t(end_s) * 1e6, *(e["ts"] + e["dur"] for e in xs)]) + 0.001  # uncover a child
+        ev = self.writer.complete(self.rank, "compute", f"ProfilerStep#{self.step}", t0 * 1e-6, (t1 - t0) * 1e-6,
+                                  {"step": self.step}, cat="user_annotation")
+        self.writer.events.remove(ev)
+        self.writer.events.insert(0, ev)
+
     def finish(self) -> dict[str, Any]:
         """Lay out the p2p rows without overlap, add flow halves, return the trace JSON."""
         w = self.writer
+        self._step_annotation(time.perf_counter())
         w.metadata["peak_rss_bytes"] = peak_rss_bytes()
         if _BASE_RSS is not None:
             w.metadata["base_rss_bytes"] = _BASE_RSS

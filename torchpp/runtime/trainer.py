@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..formats import FormatError, Plan, file_hash, validate_plan
-from ..models.presets import DTYPES, hidden_size, is_preset, load_config, num_hidden_layers
+from ..models.presets import DTYPES, hidden_size, is_preset, load_config, num_hidden_layers, resolve_model
 from ..models.stages import StageSpec, build_stage, count_targets
 from ..schedules import Schedule, build
 from . import checkpoint as ckpt
@@ -28,7 +28,9 @@ from . import elastic_hooks
 from .allocator import retain_freed_memory
 from .comm import Comm, guarded
 from .exchange import all_gather_json, require_agreement, require_no_errors
+from .evaluate import Evaluator
 from .executor import Executor, StepResult
+from .optim import OptimSettings, SteppedOptimizer
 from .rendezvous import env_store
 
 OPTIMIZERS = ("adamw", "sgd")
@@ -47,6 +49,23 @@ class TrainConfig:
     weight_decay: float = 0.0
     optimizer: str = "adamw"
     adam_eps: float = 1e-8
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = 0.0
+    """Clip the global gradient norm (all stages and groups) to this; 0: no clipping."""
+    lr_schedule: str = "constant"
+    """constant, linear or cosine decay (to 0 at ``steps``) after ``warmup_steps`` of linear warm-up."""
+    warmup_steps: int = 0
+    eval_every: int = 0
+    """Steps between evaluation losses on held-out data (0: none); the last step is always evaluated."""
+    eval_fraction: float = 0.0
+    """Hold out this fraction of ``data`` for evaluation (or give ``eval_data``)."""
+    eval_data: str | None = None
+    eval_batches: int = 1
+    """Global batches in one evaluation."""
+    attn_implementation: str | None = None
+    """eager or sdpa; default: SDPA where HF supports it for the model, eager where HF requires it."""
+    text_column: str = "text"
+    """The text column of .csv/.parquet/.json tables in ``data``."""
     seed: int = 0
     threads: int | None = None
     """Torch intra-op threads per rank; default: this host's cores / ranks on this host."""
@@ -59,6 +78,9 @@ class TrainConfig:
     """Complete checkpoints kept in ``checkpoint_dir`` (older ones are deleted once a newer one is
     complete); 0 keeps every one."""
     resume: bool = False
+    export_dir: Path | None = None
+    """Where the trained model is written as a HF checkpoint directory (weights, config, generation
+    config, tokenizer) after the last step; default ``<checkpoint_dir>/final`` when checkpointing."""
     log_dir: Path | None = None
     timeout_s: float = 300.0
     layers: int | None = None
@@ -69,6 +91,9 @@ class TrainConfig:
     """Each rank writes ``rank<R>`` here after every step (an elastic driver's stall detector)."""
     elastic_log: Path | None = None
     """The elastic driver's decisions so far (JSON lines), shown in metrics, TensorBoard and traces."""
+    torch_profiler: bool = False
+    """Also record the traced steps with torch.profiler (``torch_step<N>_rank<R>.json`` in ``trace_dir``),
+    on the same wall clock as torchpp's traces (``torchpp.trace.kineto.merge_kineto``)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -87,6 +112,30 @@ class TrainConfig:
             raise ValueError(f"--threads: expected >= 1, got {self.threads}")
         if (self.checkpoint_every or self.resume) and self.checkpoint_dir is None:
             raise ValueError("--checkpoint-dir: expected a directory with --checkpoint-every or --resume")
+        self.optim_settings()  # checks --max-grad-norm, --lr-schedule and --warmup-steps
+        if not all(0 <= b < 1 for b in self.adam_betas):
+            raise ValueError(f"--adam-betas: expected two values in [0, 1), got {self.adam_betas}")
+        if self.eval_every < 0 or self.eval_batches < 1:
+            raise ValueError(f"--eval-every/--eval-batches: expected >= 0 and >= 1, got {self.eval_every}, "
+                             f"{self.eval_batches}")
+        if self.eval_every and not (self.eval_data or self.eval_fraction):
+            raise ValueError("--eval-every: expected --eval-fraction or --eval-data to say what to evaluate on")
+        if self.eval_data and self.eval_fraction:
+            raise ValueError("--eval-data and --eval-fraction: expected one of them, not both")
+
+    @property
+    def export_to(self) -> Path | None:
+        if self.export_dir is not None:
+            return self.export_dir
+        return self.checkpoint_dir / "final" if self.checkpoint_dir is not None else None
+
+    def optim_settings(self) -> OptimSettings:
+        return OptimSettings(max_grad_norm=self.max_grad_norm, schedule=self.lr_schedule,
+                             warmup_steps=self.warmup_steps, total_steps=self.steps)
+
+    @property
+    def evaluates(self) -> bool:
+        return bool(self.eval_data or self.eval_fraction)
 
 
 @dataclass
@@ -106,6 +155,9 @@ class TrainSummary:
     losses: list[float] = field(default_factory=list)
     step_times_s: list[float] = field(default_factory=list)
     traces: list[Path] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)
+    """Global gradient norm of each step before clipping."""
+    eval_losses: list[tuple[int, float]] = field(default_factory=list)
 
 
 def prepare(cfg: TrainConfig, world_size: int) -> Prepared:
@@ -114,12 +166,13 @@ def prepare(cfg: TrainConfig, world_size: int) -> Prepared:
 
     source = str(cfg.plan)
     plan = Plan.load(cfg.plan)
-    if cfg.data != "synthetic" and not Path(cfg.data).exists():
-        raise DataError(f"--data: {cfg.data}: expected 'synthetic' or an existing text/JSON file or directory")
-    model = cfg.model or plan.model.name
+    for flag, data in (("--data", cfg.data), ("--eval-data", cfg.eval_data)):
+        if data not in (None, "synthetic") and not Path(data).exists():
+            raise DataError(f"{flag}: {data}: expected 'synthetic' or an existing text/JSON file or directory")
+    model = resolve_model(cfg.model or plan.model.name)
     if cfg.model is None and not is_preset(model):
         raise FormatError(source, "model.name", "a preset name (or pass --model PATH for a local checkpoint)", model)
-    mcfg = load_config(model, cfg.layers)
+    mcfg = load_config(model, cfg.layers, cfg.attn_implementation)
     validate_plan(plan, source, world_size=world_size, model_layers=num_hidden_layers(mcfg))
     checks = (("hidden_size", hidden_size(mcfg), plan.model.hidden_size),
               ("vocab_size", int(mcfg.vocab_size), plan.model.vocab_size),
@@ -211,7 +264,7 @@ class _Log:
 
 
 def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float, weight_decay: float,
-                   eps: float = 1e-8) -> torch.optim.Optimizer:
+                   eps: float = 1e-8, betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.Optimizer:
     """AdamW (default) or SGD, fused into one kernel where torch has one for these tensors.
 
     On one CPU thread the fused AdamW step is about 4x faster than the multi-tensor one (7 ms
@@ -222,7 +275,7 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float, weigh
     kwargs = {"fused": True} if fusable(params) else {}
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay, **kwargs)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, eps=eps, **kwargs)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, eps=eps, betas=betas, **kwargs)
 
 
 def fusable(params: list[torch.Tensor]) -> bool:
@@ -250,13 +303,19 @@ def fingerprint(cfg: TrainConfig, prep: Prepared) -> dict[str, str]:
     that change what is computed or written (short values: the error message quotes them)."""
     plan = prep.plan
     return {"plan": prep.plan_hash, "model": _model_id(prep), "data": _data_id(cfg.data),
-            "seq_len": str(plan.seq_len), "global_batch": str(plan.global_batch), "dtype": plan.model.dtype,
+            "seq_len": str(plan.seq_len), "global_batch": str(plan.global_batch),
+            "dtype": f"{plan.model.dtype} autocast {plan.model.autocast or 'none'}",
             "steps": str(cfg.steps), "lr": repr(cfg.lr), "weight_decay": repr(cfg.weight_decay),
             "optimizer": cfg.optimizer, "adam_eps": repr(cfg.adam_eps), "seed": str(cfg.seed),
             "layers": str(cfg.layers), "checkpoint_dir": str(cfg.checkpoint_dir),
             "checkpoint_every": str(cfg.checkpoint_every), "keep_checkpoints": str(cfg.keep_checkpoints),
-            "resume": str(cfg.resume), "trace_steps": str(list(cfg.trace_steps) if cfg.trace_dir else []),
-            "profile_blocks": str(cfg.profile_blocks)}
+            "resume": str(cfg.resume), "export_dir": str(cfg.export_to),
+            "trace_steps": str(list(cfg.trace_steps) if cfg.trace_dir else []),
+            "profile_blocks": str(cfg.profile_blocks), "adam_betas": repr(tuple(cfg.adam_betas)),
+            "max_grad_norm": repr(cfg.max_grad_norm), "lr_schedule": f"{cfg.lr_schedule} warmup {cfg.warmup_steps}",
+            "eval": f"every {cfg.eval_every} x {cfg.eval_batches} on "
+                    f"{_data_id(cfg.eval_data) if cfg.eval_data else cfg.eval_fraction}",
+            "attn_implementation": str(prep.config._attn_implementation), "text_column": cfg.text_column}
 
 
 def _short_hash(data: bytes) -> str:
@@ -271,7 +330,7 @@ def _model_id(prep: Prepared) -> str:
     name = prep.model if is_preset(prep.model) else Path(prep.model).name
     digest = _short_hash(json.dumps(conf, sort_keys=True, default=str).encode())
     if not is_preset(prep.model):
-        weights = sum(p.stat().st_size for p in Path(prep.model).glob("*.safetensors"))
+        weights = sum(p.stat().st_size for pat in ("*.safetensors", "*.bin") for p in Path(prep.model).glob(pat))
         return f"{name} config {digest} weights {weights} bytes"
     return f"{name} config {digest}"
 
@@ -315,9 +374,51 @@ def _prepare_checkpoints(cfg: TrainConfig, roles: ckpt.Roles, stage: Any) -> int
     return max(0, ckpt.agree_on_step(cfg.checkpoint_dir))
 
 
+@dataclass(kw_only=True)
+class _Session:
+    """Everything one rank holds while it trains (built by :func:`_setup`, used by every step)."""
+
+    cfg: TrainConfig
+    prep: Prepared
+    rank: int
+    world: int
+    g: Any
+    """``guarded``: run a collective or a write with the rank's timeout, naming what it waits for."""
+    hosts: list[str]
+    roles: ckpt.Roles
+    stage: Any
+    optimizer: torch.optim.Optimizer
+    stepper: SteppedOptimizer
+    executor: Executor
+    evaluator: Evaluator | None
+    source: Any
+    eval_source: Any
+    log: "_Log"
+    decisions: list
+    saver: ckpt.BackgroundSaver | None
+    start: int
+
+
 def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummary:
-    from ..data import open_source
-    from .tracing import StepRecorder, mark_base_rss, sync_clocks, write_step
+    ss = _setup(cfg, prep, rank, world)
+    plan = prep.plan
+    ss.log.print(f"torchpp.train: {plan.num_stages} stage(s), {world} rank(s), {plan.schedule}, "
+                 f"{plan.num_microbatches} x {plan.micro_batch_size} samples x {plan.seq_len} tokens; "
+                 f"steps {ss.start + 1}..{cfg.steps}")
+    ss.log.event({"event": "start", "world_size": world, "plan": str(cfg.plan), "plan_hash": prep.plan_hash,
+                  "model": prep.model, "start_step": ss.start,
+                  "rank0_params": sum(p.numel() for p in ss.stage.parameters())})
+    summary = TrainSummary(rank=rank, start_step=ss.start, steps_done=ss.start)
+    elastic_hooks.heartbeat(cfg.heartbeat_dir, rank, ss.start)
+    for step in range(ss.start + 1, cfg.steps + 1):
+        _train_step(ss, step, summary)
+    _finish(ss, summary)
+    return summary
+
+
+def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
+    """Agree with every rank, build this rank's stage, optimizer and executor, resume if asked."""
+    from .tracing import mark_base_rss
 
     plan, schedule = prep.plan, prep.schedule
     pstage = plan.stage_of_rank(rank)
@@ -328,73 +429,104 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
     g("creating the all-reduce groups", comm.make_groups, schedule)
     hosts = g("exchanging host names with all ranks", all_gather_json, socket.gethostname())
     roles = ckpt.Roles.decide(rank, {r: plan.stage_of_rank(r).index for r in range(world)}, hosts)
-    spec = StageSpec.from_plan(plan, pstage.index)
     mark_base_rss()  # what the stage adds to this process is what the planner's memory model predicts
-    stage = build_stage(prep.model, prep.config, spec, seed=cfg.seed, dtype=plan.model.dtype)
+    stage = build_stage(prep.model, prep.config, StageSpec.from_plan(plan, pstage.index), seed=cfg.seed,
+                        dtype=plan.model.dtype, autocast=plan.model.autocast)
     params = [p for p in stage.parameters()]
-    optimizer = make_optimizer(cfg.optimizer, params, cfg.lr, cfg.weight_decay, cfg.adam_eps)
+    optimizer = make_optimizer(cfg.optimizer, params, cfg.lr, cfg.weight_decay, cfg.adam_eps, tuple(cfg.adam_betas))
     start = 0
     if cfg.checkpoint_dir is not None:
         start = g("checking the checkpoint directory with all ranks", _prepare_checkpoints, cfg, roles, stage)
     log = _Log(rank, cfg.log_dir)
     decisions = elastic_hooks.report_decisions(cfg.elastic_log, log)
+    if plan.model.dtype != "float32" and not plan.model.autocast:
+        log.print(f"torchpp.train: note: the plan keeps pure {plan.model.dtype} weights and optimizer state (no fp32 "
+                  "master weights); plan with --dtype bfloat16 for mixed precision")
     if start > 0:
         _resume(cfg, start, log, rank=rank, stage=stage, optimizer=optimizer)
-    executor = Executor(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm, optimizer=optimizer)
+    stepper = SteppedOptimizer(optimizer, params, cfg.optim_settings(), counts_stage=pstage.devices[0].rank == rank,
+                               skip=stage.tied_parameter() if stage.tied_copy else None, done_steps=start)
+    executor = Executor(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm, optimizer=stepper)
     executor.step_index = start
-    needs_tokens = pstage.has_embed or pstage.has_tail
-    source = open_source(cfg.data, seq_len=plan.seq_len, global_batch=plan.global_batch,
-                         vocab_size=plan.model.vocab_size, seed=cfg.seed,
-                         tokenizer_dir=None if is_preset(prep.model) else prep.model) if needs_tokens else None
-    n_params = sum(p.numel() for p in params)
-    log.print(f"torchpp.train: {plan.num_stages} stage(s), {world} rank(s), {plan.schedule}, "
-              f"{plan.num_microbatches} x {plan.micro_batch_size} samples x {plan.seq_len} tokens; "
-              f"steps {start + 1}..{cfg.steps}")
-    log.event({"event": "start", "world_size": world, "plan": str(cfg.plan), "plan_hash": prep.plan_hash,
-               "model": prep.model, "start_step": start, "rank0_params": n_params})
-    summary = TrainSummary(rank=rank, start_step=start, steps_done=start)
+    evaluator = (Evaluator(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm)
+                 if cfg.evaluates else None)
+    source, eval_source = _sources(cfg, prep, pstage.has_embed or pstage.has_tail)
     saver = (ckpt.BackgroundSaver(cfg.checkpoint_dir, rank=rank, roles=roles, stage=stage, keep=cfg.keep_checkpoints,
                                   timeout_s=cfg.timeout_s) if cfg.checkpoint_background and cfg.checkpoint_dir else None)
-    elastic_hooks.heartbeat(cfg.heartbeat_dir, rank, start)
+    return _Session(cfg=cfg, prep=prep, rank=rank, world=world, g=g, hosts=hosts, roles=roles, stage=stage,
+                    optimizer=optimizer, stepper=stepper, executor=executor, evaluator=evaluator, source=source,
+                    eval_source=eval_source, log=log, decisions=decisions, saver=saver, start=start)
+
+
+def _train_step(ss: _Session, step: int, summary: TrainSummary) -> None:
+    """One optimizer step: its batch, the executor's action list, statistics, traces, checkpoint."""
+    cfg, plan, g, rank = ss.cfg, ss.prep.plan, ss.g, ss.rank
+    pstage = plan.stage_of_rank(rank)
     S = plan.num_stages
-    tokens_per_step = plan.global_batch * plan.seq_len
-    for step in range(start + 1, cfg.steps + 1):
-        ids = source.batch(step - 1) if source is not None else None
-        n_tokens = count_targets(ids) if ids is not None and pstage.has_tail else None
-        rec = None
-        if cfg.trace_dir is not None and step in cfg.trace_steps:
-            clock = g("clock ping-pong with rank 0", sync_clocks, rank, world)
-            rec = StepRecorder(rank=rank, world_size=world, stage=pstage.index, host=hosts[rank], step=step,
-                               clock=clock, layers=tuple(pstage.layers))
-            executor.observer = rec
-            stage.profiler = rec if cfg.profile_blocks else None
-        t0 = time.perf_counter()
-        res = executor.step(ids, n_tokens)
-        stats = g(f"step {step}: statistics all-reduce with all ranks", _reduce_stats, res, pstage.index,
-                  len(pstage.devices), S)
-        dt = time.perf_counter() - t0
-        if rec is not None:
-            executor.observer, stage.profiler = None, None
-            trace = rec.finish()
-            trace["metadata"]["plan_hash"] = prep.plan_hash  # analyze and replan refuse another plan's traces
-            if decisions:
-                trace["metadata"]["elastic"] = decisions
-            summary.traces += g(f"step {step}: gathering traces on rank 0", write_step, cfg.trace_dir, step, rank,
-                                world, trace)
-        summary.losses.append(float(stats[0]))
-        summary.step_times_s.append(dt)
-        summary.steps_done = step
-        _report_step(log, step, cfg.steps, stats, S, dt, tokens_per_step)
-        if cfg.checkpoint_dir is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-                                               or step == cfg.steps):
-            _checkpoint(cfg, prep, step, g, log, saver, rank=rank, roles=roles, stage=stage, optimizer=optimizer)
-        elastic_hooks.heartbeat(cfg.heartbeat_dir, rank, step)
-    if saver is not None:
-        for d in g("writing the last checkpoint", saver.wait):
+    ids = ss.source.batch(step - 1) if ss.source is not None else None
+    n_tokens = count_targets(ids) if ids is not None and pstage.has_tail else None
+    rec = _start_trace(ss, step) if cfg.trace_dir is not None and step in cfg.trace_steps else None
+    t0 = time.perf_counter()
+    with _torch_profiler(cfg, rec, step, rank):
+        res = ss.executor.step(ids, n_tokens)
+    stats = g(f"step {step}: statistics all-reduce with all ranks", _reduce_stats, res, pstage.index,
+              len(pstage.devices), S)
+    dt = time.perf_counter() - t0
+    if rec is not None:
+        summary.traces += _finish_trace(ss, step, rec)
+    summary.losses.append(float(stats[0]))
+    summary.step_times_s.append(dt)
+    summary.steps_done = step
+    extra = _step_extras(cfg, step, ss.stepper, ss.evaluator, ss.eval_source, g, summary)
+    _report_step(ss.log, step, cfg.steps, stats, S, dt, plan.global_batch * plan.seq_len, extra)
+    if cfg.checkpoint_dir is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+                                           or step == cfg.steps):
+        _checkpoint(cfg, ss.prep, step, g, ss.log, ss.saver, rank=rank, roles=ss.roles, stage=ss.stage,
+                    optimizer=ss.optimizer)
+    elastic_hooks.heartbeat(cfg.heartbeat_dir, rank, step)
+
+
+def _start_trace(ss: _Session, step: int) -> Any:
+    """Align clocks with rank 0 and record this step (and its blocks with --profile-blocks)."""
+    from .tracing import StepRecorder, sync_clocks
+
+    pstage = ss.prep.plan.stage_of_rank(ss.rank)
+    clock = ss.g("clock ping-pong with rank 0", sync_clocks, ss.rank, ss.world)
+    rec = StepRecorder(rank=ss.rank, world_size=ss.world, stage=pstage.index, host=ss.hosts[ss.rank], step=step,
+                       clock=clock, layers=tuple(pstage.layers))
+    ss.executor.observer = rec
+    ss.stage.profiler = rec if ss.cfg.profile_blocks else None
+    return rec
+
+
+def _finish_trace(ss: _Session, step: int, rec: Any) -> list:
+    """This rank's trace of the step (tied to the plan by its hash), gathered on rank 0."""
+    from .tracing import write_step
+
+    ss.executor.observer, ss.stage.profiler = None, None
+    trace = rec.finish()
+    trace["metadata"]["plan_hash"] = ss.prep.plan_hash  # analyze and replan refuse another plan's traces
+    if ss.decisions:
+        trace["metadata"]["elastic"] = ss.decisions
+    return ss.g(f"step {step}: gathering traces on rank 0", write_step, ss.cfg.trace_dir, step, ss.rank, ss.world,
+                trace)
+
+
+def _finish(ss: _Session, summary: TrainSummary) -> None:
+    """The last background checkpoint, the HF model directory, the logs."""
+    cfg, g, log = ss.cfg, ss.g, ss.log
+    if ss.saver is not None:
+        for d in g("writing the last checkpoint", ss.saver.wait):
             if d is not None:
                 log.print(f"checkpoint {d}")
+    if cfg.export_to is not None and summary.steps_done == cfg.steps:
+        from .export import export_hf
+
+        d = g("writing the HF model directory", export_hf, cfg.export_to, roles=ss.roles, stage=ss.stage,
+              source=None if is_preset(ss.prep.model) else ss.prep.model)
+        if d is not None:
+            log.print(f"model {d} (AutoModelForCausalLM.from_pretrained loads it)")
     log.close()
-    return summary
 
 
 def _resume(cfg: TrainConfig, start: int, log: _Log, *, rank: int, stage, optimizer) -> None:
@@ -422,17 +554,70 @@ def _checkpoint(cfg: TrainConfig, prep: Prepared, step: int, g, log: _Log, saver
             log.print(f"checkpoint {d}")
 
 
+def _step_extras(cfg: TrainConfig, step: int, stepper: SteppedOptimizer, evaluator: Evaluator | None,
+                 eval_source: Any, g: Any, summary: TrainSummary) -> dict[str, float]:
+    """Learning rate and gradient norm of the step, and the evaluation loss when it is due
+    (every rank evaluates together); recorded in ``summary`` and returned as scalars."""
+    extra = {"train/learning_rate": stepper.last_lr, "train/grad_norm": stepper.last_grad_norm}
+    if evaluator is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)):
+        extra["eval/loss"] = g(f"step {step}: evaluation with all ranks", _evaluate, evaluator, eval_source,
+                               cfg.eval_batches)
+        summary.eval_losses.append((step, extra["eval/loss"]))
+    summary.grad_norms.append(stepper.last_grad_norm)
+    return extra
+
+
+def _torch_profiler(cfg: TrainConfig, rec: Any, step: int, rank: int) -> Any:
+    """torch.profiler around a traced step when asked (a no-op context otherwise)."""
+    import contextlib
+
+    if rec is None or not cfg.torch_profiler:
+        return contextlib.nullcontext()
+    from ..trace.kineto import capture
+
+    return capture(cfg.trace_dir / f"torch_step{step}_rank{rank}.json")
+
+
+def _sources(cfg: TrainConfig, prep: Prepared, needs_tokens: bool) -> tuple[Any, Any]:
+    """(training, evaluation) token sources; None on ranks that need no tokens (or no evaluation)."""
+    from ..data import held_out, open_source
+
+    if not needs_tokens:
+        return None, None
+    plan = prep.plan
+    kw = dict(seq_len=plan.seq_len, global_batch=plan.global_batch, vocab_size=plan.model.vocab_size, seed=cfg.seed,
+              tokenizer_dir=None if is_preset(prep.model) else prep.model, text_column=cfg.text_column)
+    source = open_source(cfg.data, **kw)
+    if cfg.eval_data:
+        return source, open_source(cfg.eval_data, **kw)
+    if cfg.eval_fraction:
+        return held_out(source, cfg.eval_fraction)
+    return source, None
+
+
+def _evaluate(evaluator: Evaluator, source: Any, batches: int) -> float:
+    """Mean of the global evaluation loss over the first ``batches`` held-out batches."""
+    losses = [evaluator.loss(source.batch(i) if source is not None else None) for i in range(batches)]
+    return sum(losses) / len(losses)
+
+
+_JSONL_NAMES = {"train/learning_rate": "lr", "train/grad_norm": "grad_norm", "eval/loss": "eval_loss"}
+
+
 def _report_step(log: _Log, step: int, steps: int, stats: torch.Tensor, S: int, dt: float,
-                 tokens_per_step: int) -> None:
-    """Rank 0's progress line, metrics.jsonl record and TensorBoard scalars of one step."""
+                 tokens_per_step: int, extra: dict[str, float]) -> None:
+    """Rank 0's progress line, metrics.jsonl record and TensorBoard scalars of one step
+    (``extra``: learning rate, gradient norm and evaluation loss, named as their scalars)."""
     loss = float(stats[0])
     comp = [float(x) for x in stats[1:1 + S]]
     wait = [float(x) for x in stats[1 + S:1 + 2 * S]]
-    log.print(f"step {step:>5}/{steps}  loss {loss:.4f}  {dt:.3f} s  {tokens_per_step / dt:,.0f} tok/s  "
+    ev = f"  eval {extra['eval/loss']:.4f}" if "eval/loss" in extra else ""
+    log.print(f"step {step:>5}/{steps}  loss {loss:.4f}{ev}  lr {extra['train/learning_rate']:.3g}  "
+              f"|g| {extra['train/grad_norm']:.3g}  {dt:.3f} s  {tokens_per_step / dt:,.0f} tok/s  "
               f"compute/stage {' '.join(f'{c:.3f}' for c in comp)} s")
     log.event({"step": step, "loss": loss, "step_time_s": dt, "tokens_per_s": tokens_per_step / dt,
-               "compute_s": comp, "comm_wait_s": wait})
-    log.scalars(step, {"train/loss": loss, "perf/step_time_s": dt, "perf/tokens_per_s": tokens_per_step / dt,
+               "compute_s": comp, "comm_wait_s": wait, **{_JSONL_NAMES[k]: v for k, v in extra.items()}})
+    log.scalars(step, {"train/loss": loss, "perf/step_time_s": dt, "perf/tokens_per_s": tokens_per_step / dt, **extra,
                        **{f"stage{s}/compute_s": comp[s] for s in range(S)},
                        **{f"stage{s}/comm_wait_s": wait[s] for s in range(S)}})
 

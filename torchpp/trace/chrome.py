@@ -27,14 +27,19 @@ class TraceWriter:
     precise: bool = False
     """Keep times as computed (predicted traces, so analysing them equals analysing the
     timeline); measured ones are rounded to the nanosecond."""
+    base_time_ns: int | None = None
+    """Wall-clock time (ns since the epoch) of ``ts`` 0, written as Kineto's ``baseTimeNanoseconds``
+    so a torch.profiler trace of the same run merges onto the same clock."""
     _named: set[tuple[int, int | None]] = field(default_factory=set)
 
     def name_process(self, pid: int, name: str, sort_index: int | None = None) -> None:
         if (pid, None) in self._named:
             return
         self._named.add((pid, None))
-        self.events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
-        self.events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+        self.events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "ts": 0, "args": {"name": name}})
+        self.events.append({"ph": "M", "name": "process_labels", "pid": pid, "tid": 0, "ts": 0,
+                            "args": {"labels": "CPU"}})
+        self.events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "ts": 0,
                             "args": {"sort_index": pid if sort_index is None else sort_index}})
 
     def _thread(self, pid: int, thread: str) -> int:
@@ -43,8 +48,9 @@ class TraceWriter:
             tid = THREADS[thread] = len(THREADS)
         if (pid, tid) not in self._named:
             self._named.add((pid, tid))
-            self.events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": thread}})
-            self.events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+            self.events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "ts": 0,
+                                "args": {"name": thread}})
+            self.events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "ts": 0,
                                 "args": {"sort_index": tid}})
         return tid
 
@@ -66,8 +72,10 @@ class TraceWriter:
                             "tid": dst["tid"], "ts": dst["ts"] + dst["dur"]})
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"format": f"torchpp.{TRACE_KIND}/{TRACE_VERSION}", "traceEvents": self.events,
-                               "displayTimeUnit": "ms", "metadata": self.metadata}
+        out: dict[str, Any] = {"format": f"torchpp.{TRACE_KIND}/{TRACE_VERSION}", "schemaVersion": 1,
+                               "traceEvents": self.events, "displayTimeUnit": "ms", "metadata": self.metadata}
+        if self.base_time_ns is not None:
+            out["baseTimeNanoseconds"] = self.base_time_ns
         if self.rank is not None:
             out["distributedInfo"] = {"rank": self.rank, "world_size": self.world_size}
         return out
@@ -93,6 +101,10 @@ def merge(traces: list[dict[str, Any]], offsets_s: list[float] | None = None,
             events.append(ev)
     world = max((t.get("distributedInfo", {}).get("world_size", 1) for t in traces), default=1)
     ranks = {str(t.get("distributedInfo", {}).get("rank", i)): t.get("metadata", {}) for i, t in enumerate(traces)}
-    return {"format": f"torchpp.{TRACE_KIND}/{TRACE_VERSION}", "traceEvents": events, "displayTimeUnit": "ms",
-            "metadata": {**(metadata or {}), "merged_ranks": len(traces), "world_size": world,
-                         "clock_offsets_s": list(offsets_s or [0.0] * len(traces)), "ranks": ranks}}
+    out = {"format": f"torchpp.{TRACE_KIND}/{TRACE_VERSION}", "schemaVersion": 1, "traceEvents": events,
+           "displayTimeUnit": "ms",
+           "metadata": {**(metadata or {}), "merged_ranks": len(traces), "world_size": world,
+                        "clock_offsets_s": list(offsets_s or [0.0] * len(traces)), "ranks": ranks}}
+    if traces and "baseTimeNanoseconds" in traces[0]:  # every clock is the first trace's after the offsets
+        out["baseTimeNanoseconds"] = traces[0]["baseTimeNanoseconds"]
+    return out

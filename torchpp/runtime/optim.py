@@ -1,0 +1,120 @@
+"""The optimizer step of a pipeline rank: global-norm gradient clipping and the LR schedule.
+
+Clipping must see the gradient of the *whole* model, which no rank holds: each rank adds the
+squared norms of the gradients it is the one owner of, and one all-reduce over the world gives
+the squared global norm. After the group and tied all-reduces every member of a data-parallel
+group holds the same gradient, and the first and last stage both hold the tied weight's summed
+gradient, so only the group's first device counts its stage, and the tied copy on a last stage
+that does not also hold the embedding is skipped: each parameter is counted once and the norm
+equals single-process ``torch.nn.utils.clip_grad_norm_``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+SCHEDULES = ("constant", "linear", "cosine")
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimSettings:
+    """What the optimizer step does besides the update itself."""
+
+    max_grad_norm: float = 0.0
+    """Clip the global gradient norm to this value (0: no clipping; the norm is still logged)."""
+    schedule: str = "constant"
+    """Learning-rate shape after warm-up: constant, linear (to 0) or cosine (to 0), as HF's schedulers."""
+    warmup_steps: int = 0
+    total_steps: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_grad_norm < 0:
+            raise ValueError(f"--max-grad-norm: expected >= 0 (0: no clipping), got {self.max_grad_norm}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"--lr-schedule: expected one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"--warmup-steps: expected >= 0, got {self.warmup_steps}")
+
+
+def lr_lambda(settings: OptimSettings) -> Callable[[int], float]:
+    """The factor on the base learning rate after ``k`` optimizer steps (HF's
+    ``get_{constant,linear,cosine}_schedule_with_warmup``, so runs compare with HF training)."""
+    warm, total, shape = settings.warmup_steps, settings.total_steps, settings.schedule
+
+    def factor(k: int) -> float:
+        if k < warm:
+            return k / max(1, warm)
+        if shape == "constant":
+            return 1.0
+        progress = (k - warm) / max(1, total - warm)
+        if shape == "linear":
+            return max(0.0, 1.0 - progress)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+    return factor
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, settings: OptimSettings,
+                   done_steps: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR`` placed at ``done_steps`` (a resumed run continues the same curve)."""
+    for g in optimizer.param_groups:
+        g.setdefault("initial_lr", g["lr"])
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(settings), last_epoch=done_steps - 1)
+
+
+def owned_gradients(params: list[torch.nn.Parameter], *, counts_stage: bool,
+                    skip: torch.nn.Parameter | None) -> list[torch.Tensor]:
+    """The gradients this rank counts in the global norm (see the module docstring)."""
+    if not counts_stage:
+        return []
+    return [p.grad for p in params if p.grad is not None and p is not skip]
+
+
+def global_grad_norm(grads: list[torch.Tensor], group: object = None) -> float:
+    """sqrt of the squared norms summed over ``grads`` and over every rank of ``group``."""
+    sq = torch.zeros((), dtype=torch.float64)
+    for g in grads:
+        sq += torch.linalg.vector_norm(g.detach(), dtype=torch.float32).double() ** 2
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(sq, group=group)
+    return float(sq.sqrt())
+
+
+def clip_(params: list[torch.nn.Parameter], total_norm: float, max_norm: float) -> None:
+    """Scale every gradient as ``clip_grad_norm_`` does (same coefficient, same epsilon)."""
+    coef = max_norm / (total_norm + 1e-6)
+    if coef < 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+
+
+class SteppedOptimizer:
+    """What the executor calls at its OPTIMIZER action: global norm, clipping, the update,
+    then the scheduler (so step k runs at the schedule's k-th rate, as in HF training).
+
+    ``last_grad_norm`` and ``last_lr`` are what the step used, for logs."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], settings: OptimSettings,
+                 *, counts_stage: bool, skip: torch.nn.Parameter | None, done_steps: int = 0):
+        self.optimizer, self.params, self.settings = optimizer, params, settings
+        self.counts_stage, self.skip = counts_stage, skip
+        self.scheduler = make_scheduler(optimizer, settings, done_steps)
+        self.last_grad_norm = float("nan")
+        self.last_lr = float(optimizer.param_groups[0]["lr"])
+
+    def step(self) -> None:
+        grads = owned_gradients(self.params, counts_stage=self.counts_stage, skip=self.skip)
+        self.last_grad_norm = global_grad_norm(grads)
+        if self.settings.max_grad_norm > 0:
+            clip_(self.params, self.last_grad_norm, self.settings.max_grad_norm)
+        self.last_lr = float(self.optimizer.param_groups[0]["lr"])
+        self.optimizer.step()
+        self.scheduler.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
