@@ -1,0 +1,124 @@
+"""The search over schedule kinds: one-chunk kinds by the stage DP, multi-chunk kinds by
+:mod:`torchpp.planner.chunks`, every candidate priced by replaying its own schedule.
+
+The stage DP runs once, for the first one-chunk kind asked for (1F1B under ``auto``); its best
+priced layouts are priced again under the other one-chunk kinds (ZB-H1, GPipe) and refined by
+the local search under each, and their device groups seed the chunked search. On small instances
+(at most :data:`SMALL_DEVICES` devices) every one-chunk kind gets its own DP and every sequence
+of device groups seeds the chunked search, which is what makes the planner equal exhaustive
+search there.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Sequence
+
+from ..formats import Plan
+from .chunks import MULTI_CHUNK, ONE_CHUNK, ChunkLayout, descend, group_sequences, layouts, price_layout
+from .search import (InfeasibleError, Problem, SearchResult, StageChoice, StageCosts, Tables, infeasible_message,
+                     refine, search_single)
+
+SMALL_DEVICES = 3
+"""Up to this many devices the kinds are searched exhaustively over device groups (see above)."""
+SEEDS = 6
+"""Distinct one-chunk layouts whose device groups seed the other kinds."""
+STARTS = 4
+"""Priced chunked layouts the local search starts from."""
+
+
+def search_kinds(pb: Problem, kinds: Sequence[str], progress=None) -> SearchResult:
+    """The best priced plan over ``kinds`` (see the module docstring)."""
+    t0 = time.perf_counter()
+    one = [k for k in kinds if k in ONE_CHUNK]
+    multi = [k for k in kinds if k in MULTI_CHUNK]
+    small = len(pb.hosts) <= SMALL_DEVICES
+    base = search_single(replace(pb, schedule=one[0] if one else "1f1b"), progress)
+    t = base.tables
+    priced: list[tuple[float, Plan]] = list(base.priced) if one else []
+    for k in one[1:]:
+        pbk = replace(pb, schedule=k)
+        priced += search_single(pbk).priced if small else _reprice(pbk, t, base.priced[:SEEDS])
+    if multi:
+        found = _search_chunks(pb, t, base.priced, multi, small)
+        if progress and found:
+            progress(f"  chunked kinds: {len(found)} plan(s) priced, best step {min(s for s, _ in found):.4g} s")
+        priced += found
+    if not priced:
+        raise InfeasibleError(infeasible_message(pb, t))
+    priced.sort(key=lambda x: x[0])
+    best: dict[str, float] = {}
+    for s, p in priced:
+        best.setdefault(p.schedule, s)
+    step, plan = priced[0]
+    return SearchResult(plan=plan, step_time_s=step, candidates_priced=len(priced), dp_candidates=base.dp_candidates,
+                        planning_time_s=time.perf_counter() - t0, priced=priced,
+                        mode=f"{base.mode}; kinds {', '.join(kinds)}", refined=base.refined, tables=t, kinds=best)
+
+
+def _layout_of(pb: Problem, plan: Plan) -> tuple[list[int], list[StageChoice]]:
+    """A one-chunk plan's device order and stage choices (what build_plan takes)."""
+    idx = {h: i for i, h in enumerate(pb.hosts)}
+    order, stages, pos = [], [], 0
+    for st in plan.stages:
+        order += [idx[d.host] for d in st.devices]
+        stages.append(StageChoice(cut=st.layers, hosts=(pos, pos + len(st.devices)), recompute_all=False, cost=0.0))
+        pos += len(st.devices)
+    return order, stages
+
+
+def _reprice(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]]) -> list[tuple[float, Plan]]:
+    """The given one-chunk layouts priced under ``pb.schedule``, then refined by the local search."""
+    from ..sim.measured import price
+    from .search import build_plan
+
+    out, seeds = [], []
+    for _, p in plans:
+        order, stages = _layout_of(pb, p)
+        plan = build_plan(pb, t, order, stages, p.micro_batch_size, "optimal")
+        if plan is None:
+            continue
+        s = price(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte)[0]
+        out.append((s, plan))
+        seeds.append((s, p.micro_batch_size, [(st.cut, tuple(order[x] for x in range(*st.hosts))) for st in stages]))
+    return out + refine(pb, t, seeds, 8 if len(pb.hosts) <= 16 else 0)
+
+
+def _seed_groups(pb: Problem, plans: Sequence[tuple[float, Plan]], small: bool) -> list[tuple[int, tuple]]:
+    """(micro-batch size, device groups in pipeline order) to try the chunked kinds on."""
+    idx = {h: i for i, h in enumerate(pb.hosts)}
+    out: dict[tuple, None] = {}
+    for _, p in sorted(plans, key=lambda x: x[0]):
+        if len(out) >= SEEDS:
+            break
+        out[(p.micro_batch_size, tuple(tuple(idx[d.host] for d in st.devices) for st in p.stages))] = None
+    if small:
+        from .search import micro_batch_sizes
+
+        for b in micro_batch_sizes(pb):
+            for groups in group_sequences(len(pb.hosts), b):
+                out[(b, groups)] = None
+    return list(out)
+
+
+def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], kinds: Sequence[str],
+                   small: bool) -> list[tuple[float, Plan]]:
+    """Every chunked kind's DP layout on each seed's groups, priced; then the local search from the best."""
+    costs: dict[int, StageCosts] = {}
+    seen: dict[tuple, float] = {}
+    starts: list[tuple[float, ChunkLayout]] = []
+    found: list[tuple[float, Plan]] = []
+    for b, groups in _seed_groups(pb, plans, small):
+        sc = costs.setdefault(b, StageCosts(t, b, pb.global_batch // b, pb.allow_recompute))
+        for lay in layouts(sc, kinds, groups):
+            if lay.key in seen:
+                continue
+            got = price_layout(pb, t, lay)
+            seen[lay.key] = got[0] if got else float("inf")
+            if got:
+                starts.append((got[0], lay))
+                found.append(got)
+    starts.sort(key=lambda x: x[0])
+    budget = 300 if small else 40 if len(pb.hosts) <= 16 else 8
+    found += descend(pb, t, starts[:STARTS], kinds, budget, seen)
+    return found
