@@ -89,9 +89,11 @@ def chunk_in_flight(kind: str, pl: Placement, m: int) -> list[int]:
     return out
 
 
-def dp_cuts(sc: "StageCosts", kind: str, v: int, groups: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
+def dp_cuts(sc: "StageCosts", kind: str, v: int, groups: Sequence[tuple[int, ...]]
+            ) -> tuple[tuple[int, ...], float] | None:
     """Cut points minimising the largest (chunk cost × chunks of its group) over chunks in pipeline
-    order, the group of each chunk fixed by the placement; None when no cut fits."""
+    order, the group of each chunk fixed by the placement, and an estimate of the step to rank
+    layouts by before pricing them; None when no cut fits."""
     t, L, m = sc.t, sc.t.L, sc.m
     try:
         pl = placement(kind, len(groups), v)
@@ -101,13 +103,11 @@ def dp_cuts(sc: "StageCosts", kind: str, v: int, groups: Sequence[tuple[int, ...
     S = len(pl.position)
     g = [tuple(sorted(groups[pl.position[c]])) for c in range(S)]
     mult = [len(pl.chunks[pl.position[c]]) for c in range(S)]
-    V = np.full(L + 1, np.inf)
-    V[:] = sc.stage(g[-1], None, max(n[-1], 1))[:, L] * mult[-1]
+    costs = [sc.stage(g[c], g[c + 1] if c + 1 < S and g[c + 1] != g[c] else None, max(n[c], 1)) for c in range(S)]
+    V = costs[-1][:, L] * mult[-1]
     args: list[np.ndarray] = []
     for c in range(S - 2, -1, -1):
-        nxt = g[c + 1] if g[c + 1] != g[c] else None
-        cost = sc.stage(g[c], nxt, max(n[c], 1)) * mult[c]
-        tot = np.maximum(cost, V[None, :])
+        tot = np.maximum(costs[c] * mult[c], V[None, :])
         tot = np.where(t.valid, tot, np.inf)
         a = tot.argmin(axis=1)
         V = tot[np.arange(L + 1), a]
@@ -119,7 +119,19 @@ def dp_cuts(sc: "StageCosts", kind: str, v: int, groups: Sequence[tuple[int, ...
         c0 = int(a[c0])
         bounds.append(c0)
     bounds.append(L)
-    return tuple(bounds)
+    return tuple(bounds), _estimate(sc, pl, groups, [float(costs[c][bounds[c], bounds[c + 1]]) for c in range(S)])
+
+
+def _estimate(sc: "StageCosts", pl: Placement, groups: Sequence[tuple[int, ...]], chunk: Sequence[float]) -> float:
+    """m × the busiest group's time per micro-batch, plus one micro-batch's pass through the chunks
+    over v (the fill of an interleaved pipeline), plus the tied all-reduce unless one group holds both ends."""
+    t = sc.t
+    load = max(sum(chunk[c] for c in cs) for cs in pl.chunks)
+    est = sc.m * load + sum(chunk) / pl.v
+    first, last = set(groups[pl.position[0]]), set(groups[pl.position[-1]])
+    if t.pb.profiles.model.tied_embeddings and first != last:
+        est += t.pb.links.ring_allreduce([t.hosts[h] for h in sorted(first | last)], t.pb.profiles.tied_bytes)
+    return est
 
 
 def build_chunk_plan(pb: "Problem", t: "Tables", lay: ChunkLayout) -> Plan | None:
@@ -170,14 +182,15 @@ def price_layout(pb: "Problem", t: "Tables", lay: ChunkLayout) -> tuple[float, P
         return None
 
 
-def layouts(sc: "StageCosts", kinds: Iterable[str], groups: Sequence[tuple[int, ...]]) -> list[ChunkLayout]:
-    """The DP's layout of every multi-chunk kind and chunk count for one group sequence."""
+def layouts(sc: "StageCosts", kinds: Iterable[str], groups: Sequence[tuple[int, ...]]
+            ) -> list[tuple[float, ChunkLayout]]:
+    """The DP's layout of every multi-chunk kind and chunk count for one group sequence, with its estimate."""
     out = []
     for kind in kinds:
         for v in chunk_counts(kind, len(groups), sc.t.L):
-            bounds = dp_cuts(sc, kind, v, groups)
-            if bounds is not None:
-                out.append(ChunkLayout(kind=kind, v=v, b=sc.b, groups=tuple(groups), bounds=bounds))
+            got = dp_cuts(sc, kind, v, groups)
+            if got is not None:
+                out.append((got[1], ChunkLayout(kind=kind, v=v, b=sc.b, groups=tuple(groups), bounds=got[0])))
     return out
 
 

@@ -23,8 +23,12 @@ SMALL_DEVICES = 3
 """Up to this many devices the kinds are searched exhaustively over device groups (see above)."""
 SEEDS = 6
 """Distinct one-chunk layouts whose device groups seed the other kinds."""
+REPRICED = 3
+"""Beyond small instances, one-chunk layouts of the DP's kind priced again under each other one-chunk kind."""
 STARTS = 4
 """Priced chunked layouts the local search starts from."""
+PRICED = 6
+"""Beyond small instances, chunked layouts priced (best estimates) besides each kind's best estimate."""
 
 
 def search_kinds(pb: Problem, kinds: Sequence[str], progress=None) -> SearchResult:
@@ -38,7 +42,7 @@ def search_kinds(pb: Problem, kinds: Sequence[str], progress=None) -> SearchResu
     priced: list[tuple[float, Plan]] = list(base.priced) if one else []
     for k in one[1:]:
         pbk = replace(pb, schedule=k)
-        priced += search_single(pbk).priced if small else _reprice(pbk, t, base.priced[:SEEDS])
+        priced += _search_one(pbk, t, base.priced, small)
     if multi:
         found = _search_chunks(pb, t, base.priced, multi, small)
         if progress and found:
@@ -54,6 +58,18 @@ def search_kinds(pb: Problem, kinds: Sequence[str], progress=None) -> SearchResu
     return SearchResult(plan=plan, step_time_s=step, candidates_priced=len(priced), dp_candidates=base.dp_candidates,
                         planning_time_s=time.perf_counter() - t0, priced=priced,
                         mode=f"{base.mode}; kinds {', '.join(kinds)}", refined=base.refined, tables=t, kinds=best)
+
+
+def _search_one(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], small: bool
+                ) -> list[tuple[float, Plan]]:
+    """Plans of the one-chunk kind ``pb.schedule``: its own DP on small instances, else (or where its
+    order does not run every micro-batch count the DP tries) the given layouts re-priced."""
+    if small:
+        try:
+            return search_single(pb).priced
+        except ValueError:
+            pass
+    return _reprice(pb, t, plans[:REPRICED])
 
 
 def _layout_of(pb: Problem, plan: Plan) -> tuple[list[int], list[StageChoice]]:
@@ -75,13 +91,16 @@ def _reprice(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]]) -> lis
     out, seeds = [], []
     for _, p in plans:
         order, stages = _layout_of(pb, p)
-        plan = build_plan(pb, t, order, stages, p.micro_batch_size, "optimal")
-        if plan is None:
+        try:
+            plan = build_plan(pb, t, order, stages, p.micro_batch_size, "optimal")
+            if plan is None:
+                continue
+            s = price(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte)[0]
+        except ValueError:  # the kind's order does not run this micro-batch count on this many stages
             continue
-        s = price(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte)[0]
         out.append((s, plan))
         seeds.append((s, p.micro_batch_size, [(st.cut, tuple(order[x] for x in range(*st.hosts))) for st in stages]))
-    return out + refine(pb, t, seeds, 8 if len(pb.hosts) <= 16 else 0)
+    return out + refine(pb, t, seeds, 4 if len(pb.hosts) <= 16 else 0)
 
 
 def _seed_groups(pb: Problem, plans: Sequence[tuple[float, Plan]], small: bool) -> list[tuple[int, tuple]]:
@@ -103,22 +122,32 @@ def _seed_groups(pb: Problem, plans: Sequence[tuple[float, Plan]], small: bool) 
 
 def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], kinds: Sequence[str],
                    small: bool) -> list[tuple[float, Plan]]:
-    """Every chunked kind's DP layout on each seed's groups, priced; then the local search from the best."""
+    """Every chunked kind's DP layout on each seed's groups; on small instances all of them priced,
+    else the best :data:`PRICED` by estimate and the best of each kind; then the local search."""
     costs: dict[int, StageCosts] = {}
+    cands: dict[tuple, tuple[float, ChunkLayout]] = {}
+    for b, groups in _seed_groups(pb, plans, small):
+        sc = costs.setdefault(b, StageCosts(t, b, pb.global_batch // b, pb.allow_recompute))
+        for est, lay in layouts(sc, kinds, groups):
+            cands.setdefault(lay.key, (est, lay))
+    ranked = sorted(cands.values(), key=lambda x: x[0])
+    if not small:
+        top = {x[1].key: x for x in ranked[:PRICED]}
+        for kind in kinds:
+            first = next((x for x in ranked if x[1].kind == kind), None)
+            if first is not None:
+                top.setdefault(first[1].key, first)
+        ranked = list(top.values())
     seen: dict[tuple, float] = {}
     starts: list[tuple[float, ChunkLayout]] = []
     found: list[tuple[float, Plan]] = []
-    for b, groups in _seed_groups(pb, plans, small):
-        sc = costs.setdefault(b, StageCosts(t, b, pb.global_batch // b, pb.allow_recompute))
-        for lay in layouts(sc, kinds, groups):
-            if lay.key in seen:
-                continue
-            got = price_layout(pb, t, lay)
-            seen[lay.key] = got[0] if got else float("inf")
-            if got:
-                starts.append((got[0], lay))
-                found.append(got)
+    for _, lay in ranked:
+        got = price_layout(pb, t, lay)
+        seen[lay.key] = got[0] if got else float("inf")
+        if got:
+            starts.append((got[0], lay))
+            found.append(got)
     starts.sort(key=lambda x: x[0])
-    budget = 300 if small else 40 if len(pb.hosts) <= 16 else 8
+    budget = 300 if small else 8 if len(pb.hosts) <= 16 else 4
     found += descend(pb, t, starts[:STARTS], kinds, budget, seen)
     return found

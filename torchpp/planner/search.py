@@ -129,6 +129,17 @@ class Tables:
         self.full_time = {h: float(stage_time(p, n, whole).per_sample) for h, n in enumerate(pb.hosts)}
         self._per_sample: dict[tuple[int, int], np.ndarray] = {}
         self._cap: dict[tuple[int, int, int], np.ndarray] = {}
+        self._rec: dict[tuple, tuple[list[bool], list[int]] | None] = {}
+
+    def recompute(self, hosts: Sequence[int], cut: tuple[int, int], b: int, n: int
+                  ) -> tuple[list[bool], list[int]] | None:
+        """``choose_recompute`` of a stage, kept: the local search and the schedule kinds build the
+        same stage many times, and its MILP is the dearest step of building a plan."""
+        key = (tuple(hosts), cut, b, n)
+        if key not in self._rec:
+            self._rec[key] = choose_recompute(self.pb, self, hosts, cut, b, n)
+        got = self._rec[key]
+        return None if got is None else (list(got[0]), list(got[1]))
 
     def per_sample(self, v: int, n: int) -> np.ndarray:
         """Memory bytes per sample of every stage, ``n`` micro-batches in flight."""
@@ -369,10 +380,13 @@ def build_plan(pb: Problem, t: Tables, order: Sequence[int], stages: list[StageC
         a, i = st.hosts
         hosts = [order[x] for x in range(a, i)]
         c, c2 = st.cut
-        n = in_flight(pb.schedule, S, s, m)
+        try:
+            n = in_flight(pb.schedule, S, s, m)
+        except ValueError:  # the kind's order cannot run m micro-batches on S stages (zb-h1's rounds)
+            return None
         names = [pb.hosts[h] for h in hosts]
         layers = list(range(c, c2))
-        rec = choose_recompute(pb, t, hosts, (c, c2), b, n)
+        rec = t.recompute(hosts, (c, c2), b, n)
         if rec is None:
             return None
         flags, samples = rec
