@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -182,12 +182,14 @@ def price_layout(pb: "Problem", t: "Tables", lay: ChunkLayout) -> tuple[float, P
         return None
 
 
-def layouts(sc: "StageCosts", kinds: Iterable[str], groups: Sequence[tuple[int, ...]]
-            ) -> list[tuple[float, ChunkLayout]]:
-    """The DP's layout of every multi-chunk kind and chunk count for one group sequence, with its estimate."""
+def layouts(costs_of: Callable[[int], "StageCosts"], kinds: Iterable[str], groups: Sequence[tuple[int, ...]],
+            L: int) -> list[tuple[float, ChunkLayout]]:
+    """The DP's layout of every multi-chunk kind and chunk count v for one group sequence, with its
+    estimate; ``costs_of(v)``: stage costs whose memory checks give each chunk 1/v of its device."""
     out = []
     for kind in kinds:
-        for v in chunk_counts(kind, len(groups), sc.t.L):
+        for v in chunk_counts(kind, len(groups), L):
+            sc = costs_of(v)
             got = dp_cuts(sc, kind, v, groups)
             if got is not None:
                 out.append((got[1], ChunkLayout(kind=kind, v=v, b=sc.b, groups=tuple(groups), bounds=got[0])))

@@ -124,11 +124,19 @@ def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], 
                    small: bool) -> list[tuple[float, Plan]]:
     """Every chunked kind's DP layout on each seed's groups; on small instances all of them priced,
     else the best :data:`PRICED` by estimate and the best of each kind; then the local search."""
-    costs: dict[int, StageCosts] = {}
+    tables: dict[int, Tables] = {}
+    costs: dict[tuple[int, int], StageCosts] = {}
+
+    def costs_of(b: int, v: int) -> StageCosts:
+        if v not in tables:  # each of a device's v chunks checked against 1/v of its memory
+            tables[v] = Tables(replace(pb, budget={h: x / v for h, x in pb.budget.items()}))
+        if (b, v) not in costs:
+            costs[(b, v)] = StageCosts(tables[v], b, pb.global_batch // b, pb.allow_recompute)
+        return costs[(b, v)]
+
     cands: dict[tuple, tuple[float, ChunkLayout]] = {}
     for b, groups in _seed_groups(pb, plans, small):
-        sc = costs.setdefault(b, StageCosts(t, b, pb.global_batch // b, pb.allow_recompute))
-        for est, lay in layouts(sc, kinds, groups):
+        for est, lay in layouts(lambda v: costs_of(b, v), kinds, groups, t.L):
             cands.setdefault(lay.key, (est, lay))
     ranked = sorted(cands.values(), key=lambda x: x[0])
     if not small:
