@@ -15,6 +15,7 @@ schedule kind for the other of its placement family.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
@@ -193,6 +194,20 @@ def layouts(costs_of: Callable[[int], "StageCosts"], kinds: Iterable[str], group
             got = dp_cuts(sc, kind, v, groups)
             if got is not None:
                 out.append((got[1], ChunkLayout(kind=kind, v=v, b=sc.b, groups=tuple(groups), bounds=got[0])))
+    return out
+
+
+def every_cut(kinds: Iterable[str], b: int, groups: tuple[tuple[int, ...], ...], L: int, limit: int
+              ) -> list[ChunkLayout]:
+    """Every layout of each kind and chunk count whose cuts number at most ``limit`` (small instances)."""
+    out = []
+    for kind in kinds:
+        for v in chunk_counts(kind, len(groups), L):
+            S = v * len(groups)
+            if math.comb(L - 1, S - 1) > limit:
+                continue
+            for cuts in itertools.combinations(range(1, L), S - 1):
+                out.append(ChunkLayout(kind=kind, v=v, b=b, groups=groups, bounds=(0, *cuts, L)))
     return out
 
 

@@ -4,9 +4,11 @@
 The stage DP runs once, for the first one-chunk kind asked for (1F1B under ``auto``); its best
 priced layouts are priced again under the other one-chunk kinds (ZB-H1, GPipe) and refined by
 the local search under each, and their device groups seed the chunked search. On small instances
-(at most :data:`SMALL_DEVICES` devices) every one-chunk kind gets its own DP and every sequence
-of device groups seeds the chunked search, which is what makes the planner equal exhaustive
-search there.
+(at most :data:`SMALL_DEVICES` devices) every one-chunk kind gets its own DP, every sequence
+of device groups seeds the chunked search, and where a kind has few ways to cut the layers into
+its chunks (:data:`TINY_CUTS`) every cut is priced — the chunk DP balances chunks, not the sum
+over a device's chunks, and the local search can stop in a local optimum — which is what makes
+the planner equal exhaustive search there.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from ..formats import Plan
-from .chunks import MULTI_CHUNK, ONE_CHUNK, ChunkLayout, descend, group_sequences, layouts, price_layout
+from .chunks import MULTI_CHUNK, ONE_CHUNK, ChunkLayout, descend, every_cut, group_sequences, layouts, price_layout
 from .search import (InfeasibleError, Problem, SearchResult, StageChoice, StageCosts, Tables, infeasible_message,
                      refine, search_single)
 
@@ -23,6 +25,8 @@ SMALL_DEVICES = 3
 """Up to this many devices the kinds are searched exhaustively over device groups (see above)."""
 SEEDS = 6
 """Distinct one-chunk layouts whose device groups seed the other kinds."""
+TINY_CUTS = 64
+"""On small instances, a kind and chunk count with at most this many ways to cut the layers has every cut priced."""
 REPRICED = 3
 """Beyond small instances, one-chunk layouts of the DP's kind priced again under each other one-chunk kind."""
 STARTS = 4
@@ -136,7 +140,10 @@ def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], 
 
     cands: dict[tuple, tuple[float, ChunkLayout]] = {}
     for b, groups in _seed_groups(pb, plans, small):
-        for est, lay in layouts(lambda v: costs_of(b, v), kinds, groups, t.L):
+        found_here = layouts(lambda v: costs_of(b, v), kinds, groups, t.L)
+        if small:
+            found_here += [(0.0, x) for x in every_cut(kinds, b, groups, t.L, TINY_CUTS)]
+        for est, lay in found_here:
             cands.setdefault(lay.key, (est, lay))
     ranked = sorted(cands.values(), key=lambda x: x[0])
     if not small:
@@ -156,6 +163,6 @@ def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], 
             starts.append((got[0], lay))
             found.append(got)
     starts.sort(key=lambda x: x[0])
-    budget = 300 if small else 8 if len(pb.hosts) <= 16 else 4
-    found += descend(pb, t, starts[:STARTS], kinds, budget, seen)
+    budget = 1000 if small else 8 if len(pb.hosts) <= 16 else 4
+    found += descend(pb, t, starts if small else starts[:STARTS], kinds, budget, seen)
     return found
