@@ -41,10 +41,11 @@ def search_kinds(pb: Problem, kinds: Sequence[str], progress=None) -> SearchResu
     one = [k for k in kinds if k in ONE_CHUNK]
     multi = [k for k in kinds if k in MULTI_CHUNK]
     small = len(pb.hosts) <= SMALL_DEVICES
-    base = search_single(replace(pb, schedule=one[0] if one else "1f1b"), progress)
+    first = next((k for k in one if k != "zb-h1"), "1f1b")  # zb-h1's order does not run every m the DP tries
+    base = search_single(replace(pb, schedule=first), progress)
     t = base.tables
-    priced: list[tuple[float, Plan]] = list(base.priced) if one else []
-    for k in one[1:]:
+    priced: list[tuple[float, Plan]] = list(base.priced) if first in one else []
+    for k in [k for k in one if k != first]:
         pbk = replace(pb, schedule=k)
         priced += _search_one(pbk, t, base.priced, small)
     if multi:

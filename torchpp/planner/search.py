@@ -894,7 +894,7 @@ def search(pb: Problem, progress=None) -> SearchResult:
     from .chunks import schedule_kinds
 
     kinds = schedule_kinds(pb.schedule)
-    if len(kinds) == 1 and kinds[0] in ("1f1b", "gpipe", "zb-h1"):
+    if len(kinds) == 1 and kinds[0] in ("1f1b", "gpipe"):
         res = search_single(pb, progress)
         res.kinds = {kinds[0]: res.step_time_s}
         return res
