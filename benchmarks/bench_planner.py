@@ -7,6 +7,11 @@ decoder layers, hosts 0.5–3× the reference speed with 2–16 GiB, links 0.1�
 batch 32 / 64. Targets: < 1 s and < 10 s. Wall and CPU time are both printed: on a shared
 machine the CPU time of this process is the figure that does not depend on other load.
 
+Every search runs under ``--schedule 1f1b`` and ``auto`` (every kind, chunked placements
+included); beside each, the planner's step over a proven lower bound (planner/bound.py, an LP
+relaxation). Seed 000's 4-host instance: planning time, the plan, and seed 000's own plan priced
+the same way (target ratio <= 0.5). The gap to brute force over every kind is tests/test_planner_chunks.py.
+
 Gap: random small instances (3–4 devices, 4–5 layers, tight memory, uneven links); the
 exhaustive search tries every micro-batch size, every sequence of disjoint device sets (any
 order, any subset, idle devices allowed) and every contiguous layer split, gives each plan
@@ -26,7 +31,8 @@ from torchpp.formats import GB, Bandwidth
 from torchpp.cost import Links, MemoryEstimator, Profiles
 from torchpp.sim.measured import price
 from torchpp.planner.search import InfeasibleError, Problem, StageChoice, Tables, build_plan, search
-from torchpp.planner.synthetic import layers_file, random_instance
+from torchpp.planner.bound import lower_bound
+from torchpp.planner.synthetic import layers_file, random_instance, seed000_instance, seed000_plan
 
 
 def qwen_like(rng: random.Random, hosts: int, layers: int) -> tuple[list, Bandwidth, dict]:
@@ -42,13 +48,33 @@ def qwen_like(rng: random.Random, hosts: int, layers: int) -> tuple[list, Bandwi
     return files, Bandwidth(bytes_per_sec=rates, latency_s={k: 2e-4 for k in rates}), mem
 
 
-def timing(hosts: int, layers: int, G: int, seed: int = 0) -> tuple[float, float, str, float]:
+def timing(hosts: int, layers: int, G: int, seed: int = 0, schedule: str = "auto"
+           ) -> tuple[float, float, str, float, float]:
+    """Wall and CPU seconds of one search, its mode, its step and the proven lower bound."""
     files, bw, mem = qwen_like(random.Random(seed), hosts, layers)
     pb = Problem(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files], budget=mem,
-                 memory=MemoryEstimator.analytic(), global_batch=G)
+                 memory=MemoryEstimator.analytic(), global_batch=G, schedule=schedule)
     t0, c0 = time.perf_counter(), time.process_time()
     res = search(pb)
-    return time.perf_counter() - t0, time.process_time() - c0, res.mode, res.step_time_s
+    lb = lower_bound(pb.profiles, pb.hosts, pb.budget, pb.memory, G)
+    return time.perf_counter() - t0, time.process_time() - c0, f"{res.plan.schedule}; {res.mode}", res.step_time_s, lb
+
+
+def seed000() -> None:
+    """Seed 000's 4-host instance: planning time, torchpp's plan and seed 000's own plan priced the same way."""
+    files, bw, mem, memory = seed000_instance()
+    pb = Problem(profiles=Profiles.from_layers(files), links=Links(bw), hosts=list(mem), budget=mem, memory=memory,
+                 global_batch=20, micro_batch_sizes=[4], schedule="auto")
+    t0, c0 = time.perf_counter(), time.process_time()
+    res = search(pb)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    theirs = price(seed000_plan(pb.profiles.model), pb.profiles, pb.links)[0]
+    lb = lower_bound(pb.profiles, pb.hosts, pb.budget, pb.memory, 20)
+    layout = " | ".join(f"[{s.layers[0]},{s.layers[1]}) {','.join(d.host for d in s.devices)}" for s in res.plan.stages)
+    print(f"seed 000's instance: planning {wall:.3f} s wall, {cpu:.3f} s CPU (target <= 1 s)\n"
+          f"  torchpp ({res.plan.schedule}): {res.step_time_s:.4g} s  {layout}\n"
+          f"  seed 000's plan (1f1b): {theirs:.4g} s; ratio {res.step_time_s / theirs:.3f} (target <= 0.5)\n"
+          f"  planner / lower bound {res.step_time_s / lb:.3f} (bound {lb:.4g} s)", flush=True)
 
 
 def exhaustive(pb: Problem) -> float:
@@ -96,17 +122,48 @@ def gap(instances: int, seed: int = 7) -> list[float]:
     return ratios
 
 
+def gantts(out: str) -> None:
+    """The predicted Gantt of the best plan of each schedule kind on seed 000's instance (one renderer:
+    planner/report.write_outputs), saved as ``out/<kind>.png``."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from torchpp.planner import api
+    from torchpp.planner.chunks import KINDS
+
+    files, bw, mem, memory = seed000_instance()
+    costs = api.Costs(profiles=Profiles.from_layers(files), links=Links(bw), hosts=list(mem), budget=mem, memory=memory)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    for kind in KINDS:
+        try:
+            res = api.plan(costs, api.PlanOptions(global_batch=20, micro_batch_sizes=[4], schedule=kind))
+        except InfeasibleError as e:
+            print(f"  {kind}: no plan ({str(e)[:80]}...)")
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            api.write(res, Path(tmp))
+            shutil.copy(Path(tmp) / "gantt.png", Path(out) / f"{kind}.png")
+        print(f"  {kind}: {res.plan.predicted['step_time_s']:.4g} s -> {out}/{kind}.png", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--instances", type=int, default=12)
     ap.add_argument("--skip-large", action="store_true")
+    ap.add_argument("--gantts", default=None, help="write each kind's predicted Gantt on seed 000's instance here")
     a = ap.parse_args()
+    if a.gantts:
+        gantts(a.gantts)
+        return 0
     print("planning time")
     for hosts, layers, G, target in ((8, 28, 32, 1.0), (64, 96, 64, 10.0))[: 1 if a.skip_large else 2]:
-        secs, cpu, mode, step = timing(hosts, layers, G)
-        print(f"  {hosts:>2} devices x {layers:>2} layers (G={G}): {secs:.3f} s wall, {cpu:.3f} s CPU "
-              f"(target < {target:g} s) "
-              f"[{mode}], predicted step {step:.4g} s", flush=True)
+        for schedule in ("1f1b", "auto"):
+            secs, cpu, mode, step, lb = timing(hosts, layers, G, schedule=schedule)
+            print(f"  {hosts:>2} devices x {layers:>2} layers (G={G}, --schedule {schedule}): {secs:.3f} s wall, "
+                  f"{cpu:.3f} s CPU (target < {target:g} s) [{mode}], predicted step {step:.4g} s, "
+                  f"planner / proven lower bound {step / lb:.3f}", flush=True)
+    seed000()
     print("gap to exhaustive search over every device order and subset (priced)")
     r = gap(a.instances)
     if r:

@@ -170,7 +170,7 @@ def test_corrected_files_round_trip_through_plan(run_dir, capsys):
     assert main(["plan", "--layers", *[str(out / f"layers_{h}.json") for h in "abc"], "--bandwidth",
                  str(out / "bandwidth.json"), "--memory-model", str(out / "memory_model.json"), "--devices",
                  str(out / "devices.json"), "--global-batch", "8", "--optimizer-s-per-gb", str(opt["a"]),
-                 "--out-dir", str(run_dir / "again")]) == 0
+                 "--schedule", replanned.schedule, "--out-dir", str(run_dir / "again")]) == 0
     again = Plan.load(run_dir / "again" / "plan.json")
     assert again.predicted["step_time_s"] == pytest.approx(replanned.predicted["step_time_s"], rel=1e-9)
     assert [s.layers for s in again.stages] == [s.layers for s in replanned.stages]

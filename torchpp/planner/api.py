@@ -21,7 +21,7 @@ from ..formats import Bandwidth, Capacities, Devices, FormatError, LayersFile, M
 
 Progress = Callable[[str], None] | None
 OUTPUTS = ("plan.json", "stages.csv", "steps.csv", "plan_meta.json", "summary.txt", "gantt.png")
-SCHEDULES = ("1f1b", "gpipe")
+SCHEDULES = ("auto", "1f1b", "zb-h1", "gpipe", "interleaved", "interleaved-zb", "v", "zbv")
 STRATEGIES = ("even", "dp", "pp")
 
 
@@ -93,7 +93,8 @@ class Costs:
 class PlanOptions:
     """How to search: the batch, the schedule and the limits of the plan space."""
     global_batch: int = 8
-    schedule: str = "1f1b"
+    schedule: str = "auto"
+    """``auto`` (the best over every kind, chunked placements included), one kind, or a comma-separated list."""
     max_stages: int | None = None
     micro_batch_sizes: list[int] | None = None
     """Only these micro-batch sizes (None: every divisor of the global batch)."""
@@ -107,8 +108,12 @@ class PlanOptions:
     """Also price these on the same devices and costs: ``even``, ``dp``, ``pp`` or plan.json files."""
 
     def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"PlanOptions.schedule: expected one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        from .chunks import schedule_kinds
+
+        try:
+            schedule_kinds(self.schedule)
+        except ValueError as e:
+            raise ValueError(f"PlanOptions.{e}") from None
 
 
 @dataclass(kw_only=True)
@@ -253,9 +258,10 @@ def _meta(res: Any, chosen: Plan, pb: Any, options: PlanOptions, compare: list[d
     return {
         "format": "torchpp.plan_meta/1",
         "model": pb.profiles.model.name, "hosts": hosts, "global_batch": options.global_batch,
-        "schedule": options.schedule, "host_tables": dict(pb.profiles.origin),
+        "schedule": options.schedule, "chosen_schedule": chosen.schedule, "host_tables": dict(pb.profiles.origin),
         "search": {"mode": res.mode, "dp_candidates": res.dp_candidates, "priced": res.candidates_priced,
                    "planning_time_s": res.planning_time_s, "refined": res.refined, "max_stages": options.max_stages,
+                   "best_per_schedule": res.kinds,
                    "micro_batch_sizes": options.micro_batch_sizes, "recompute": options.recompute,
                    "candidates": [{"step_time_s": s, "stages": p.num_stages, "micro_batch_size": p.micro_batch_size,
                                    "devices": p.world_size} for s, p in res.priced]},
@@ -305,7 +311,8 @@ def fixed_plan(strategy: Strategy, options: PlanOptions) -> Plan:
     except ModelSpecError as e:
         raise UsageError(str(e)) from None
     kw = dict(seq_len=strategy.seq_len, global_batch=options.global_batch, num_microbatches=strategy.microbatches,
-              schedule=options.schedule, recompute=strategy.recompute, hosts=strategy.hosts)
+              schedule="1f1b" if options.schedule == "auto" else options.schedule, recompute=strategy.recompute,
+              hosts=strategy.hosts)
     if strategy.name == "dp":
         if not strategy.devices or strategy.devices < 1:
             raise UsageError("--devices: expected a positive device count with --strategy dp")
@@ -358,7 +365,8 @@ def _compared_plan(name: str, chosen: Plan, hosts: list[str], progress: Progress
     """``even``/``pp`` over min(devices, layers) stages, ``dp`` over every device, or a plan file."""
     from .simple import dp_plan, even_plan, pp_plan
 
-    kw = dict(seq_len=chosen.seq_len, global_batch=chosen.global_batch, schedule=chosen.schedule)
+    one_chunk = chosen.schedule if chosen.schedule in ("1f1b", "gpipe", "zb-h1") else "1f1b"
+    kw = dict(seq_len=chosen.seq_len, global_batch=chosen.global_batch, schedule=one_chunk)
     try:
         if name in ("even", "pp"):
             S = min(len(hosts), chosen.model.num_layers)

@@ -67,10 +67,22 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="precision of the plan; bfloat16: fp32 master weights and optimizer state with bf16 "
                         "autocast. Measured plans must match the layers files' (default: theirs; else float32)")
-    p.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
+    p.add_argument("--schedule", type=_schedule, default=None,
+                   help="search: auto (default: the best over 1f1b, zb-h1, gpipe, interleaved, interleaved-zb, v, "
+                        "zbv), one kind or a comma-separated list; fixed strategies: 1f1b (default) or gpipe")
     p.add_argument("--recompute", action="store_true", help="fixed strategies: recompute every layer")
     p.add_argument("--out", type=T.out_file, default=Path("plan.json"), help="fixed strategies: output file")
     p.set_defaults(func=run)
+
+
+def _schedule(text: str) -> str:
+    from .chunks import schedule_kinds
+
+    try:
+        schedule_kinds(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
 
 def options_of(args: argparse.Namespace) -> PlanOptions:
     """The search options of `torchpp plan`'s flags."""
-    return PlanOptions(global_batch=args.global_batch, schedule=args.schedule, max_stages=args.max_stages,
+    return PlanOptions(global_batch=args.global_batch, schedule=args.schedule or "auto", max_stages=args.max_stages,
                        micro_batch_sizes=args.micro_batch_sizes, recompute=not args.no_recompute,
                        exact_devices=args.exact_devices, max_group=args.max_group,
                        compare=api.compare_names(args.compare))
@@ -131,7 +143,10 @@ def run_fixed(args: argparse.Namespace) -> int:
                         group_sizes=args.group_sizes, devices=devices,
                         hosts=args.hosts, microbatches=args.microbatches,
                         seq_len=args.seq_len or 128, recompute=args.recompute, dtype=args.dtype or "float32")
-    plan = api.fixed_plan(strategy, PlanOptions(global_batch=args.global_batch, schedule=args.schedule))
+    schedule = args.schedule or "1f1b"
+    if schedule not in ("1f1b", "gpipe"):
+        raise UsageError(f"--schedule: fixed strategies run 1f1b or gpipe, got {schedule!r}")
+    plan = api.fixed_plan(strategy, PlanOptions(global_batch=args.global_batch, schedule=schedule))
     plan.save(args.out)
     print(f"wrote {args.out}: {plan.num_stages} stage(s), {plan.world_size} rank(s), "
           f"{plan.num_microbatches} x {plan.micro_batch_size} samples, {plan.schedule}")

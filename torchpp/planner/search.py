@@ -59,6 +59,7 @@ class Problem:
     memory: MemoryEstimator
     global_batch: int
     schedule: str = "1f1b"
+    """A schedule kind, a comma-separated list of kinds, or ``auto`` (every kind, chunks included)."""
     max_stages: int | None = None
     micro_batch_sizes: Sequence[int] | None = None
     """Micro-batch sizes to consider (default: every divisor of the global batch)."""
@@ -91,6 +92,9 @@ class SearchResult:
     mode: str = ""
     refined: int = 0
     """Plans priced by the local search (included in ``candidates_priced``)."""
+    tables: "Tables | None" = None
+    kinds: dict[str, float] = field(default_factory=dict)
+    """Best priced step time per schedule kind searched."""
 
 
 # ----------------------------------------------------------------------------- range tables
@@ -125,6 +129,17 @@ class Tables:
         self.full_time = {h: float(stage_time(p, n, whole).per_sample) for h, n in enumerate(pb.hosts)}
         self._per_sample: dict[tuple[int, int], np.ndarray] = {}
         self._cap: dict[tuple[int, int, int], np.ndarray] = {}
+        self._rec: dict[tuple, tuple[list[bool], list[int]] | None] = {}
+
+    def recompute(self, hosts: Sequence[int], cut: tuple[int, int], b: int, n: int
+                  ) -> tuple[list[bool], list[int]] | None:
+        """``choose_recompute`` of a stage, kept: the local search and the schedule kinds build the
+        same stage many times, and its MILP is the dearest step of building a plan."""
+        key = (tuple(hosts), cut, b, n)
+        if key not in self._rec:
+            self._rec[key] = choose_recompute(self.pb, self, hosts, cut, b, n)
+        got = self._rec[key]
+        return None if got is None else (list(got[0]), list(got[1]))
 
     def per_sample(self, v: int, n: int) -> np.ndarray:
         """Memory bytes per sample of every stage, ``n`` micro-batches in flight."""
@@ -365,10 +380,13 @@ def build_plan(pb: Problem, t: Tables, order: Sequence[int], stages: list[StageC
         a, i = st.hosts
         hosts = [order[x] for x in range(a, i)]
         c, c2 = st.cut
-        n = in_flight(pb.schedule, S, s, m)
+        try:
+            n = in_flight(pb.schedule, S, s, m)
+        except ValueError:  # the kind's order cannot run m micro-batches on S stages (zb-h1's rounds)
+            return None
         names = [pb.hosts[h] for h in hosts]
         layers = list(range(c, c2))
-        rec = choose_recompute(pb, t, hosts, (c, c2), b, n)
+        rec = t.recompute(hosts, (c, c2), b, n)
         if rec is None:
             return None
         flags, samples = rec
@@ -407,8 +425,8 @@ def bottlenecks(pb: Problem, t: Tables | None = None, orders: Sequence[tuple[int
     return best
 
 
-def search(pb: Problem, progress=None) -> SearchResult:
-    """Find the plan with the lowest priced step time (see the module docstring)."""
+def search_single(pb: Problem, progress=None) -> SearchResult:
+    """The plan of one one-chunk schedule kind (``pb.schedule``) with the lowest priced step time."""
     t0 = time.perf_counter()
     if not pb.hosts:
         raise ValueError("no devices to plan for")
@@ -468,7 +486,8 @@ def search(pb: Problem, progress=None) -> SearchResult:
     priced.sort(key=lambda x: x[0])
     step, plan = priced[0]
     return SearchResult(plan=plan, step_time_s=step, candidates_priced=len(priced), dp_candidates=len(cands),
-                        planning_time_s=time.perf_counter() - t0, priced=priced, mode=mode, refined=len(found))
+                        planning_time_s=time.perf_counter() - t0, priced=priced, mode=mode, refined=len(found),
+                        tables=t)
 
 
 Layout = list[tuple[tuple[int, int], tuple[int, ...]]]
@@ -867,3 +886,18 @@ def _reconstruct_fast(ptrs, lastk, j: int, L: int) -> list[StageChoice]:
     k = int(lastk[a, c])
     out.append(StageChoice(cut=(c, L), hosts=(a, a + k), recompute_all=False, cost=0.0))
     return out
+
+
+def search(pb: Problem, progress=None) -> SearchResult:
+    """Find the plan with the lowest priced step time over the schedule kinds ``pb.schedule`` names
+    (see the module docstring; several kinds or ``auto``: :mod:`torchpp.planner.kinds`)."""
+    from .chunks import schedule_kinds
+
+    kinds = schedule_kinds(pb.schedule)
+    if len(kinds) == 1 and kinds[0] in ("1f1b", "gpipe"):
+        res = search_single(pb, progress)
+        res.kinds = {kinds[0]: res.step_time_s}
+        return res
+    from .kinds import search_kinds
+
+    return search_kinds(pb, kinds, progress)

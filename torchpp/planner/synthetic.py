@@ -71,3 +71,36 @@ def random_instance(rng: random.Random, *, hosts: int, layers: int, batch: int =
     need = 4 * (sum(pb) + 8100) + 16 * act * (layers + 2) * batch
     mem = {h: int(rng.uniform(0.15, 1.0) * need) for h in names}
     return files, bw, mem
+
+
+SEED000_HOSTS = {"host0": (1.0, 8), "host1": (0.7, 4), "host2": (0.5, 4), "host3": (0.35, 2)}
+"""Seed 000's 4-host instance: capacity (speed relative to host0) and memory in GB per host."""
+SEED000_PLAN = [((0, 12), "host0"), ((12, 20), "host1"), ((20, 25), "host2"), ((25, 28), "host3")]
+"""Seed 000's own plan on that instance: layer range and host per stage."""
+
+
+def seed000_instance() -> tuple[list[LayersFile], Bandwidth, dict[str, int], "MemoryEstimator"]:
+    """Seed 000's instance (Qwen3-0.6B-like): 28 equal layers of 0.12 s forward and 0.24 s backward
+    for a batch of 4 on host0, hosts of speed 1/0.7/0.5/0.35 with 8/4/4/2 GB, every link 12.5e6 B/s,
+    memory model base 5e8 B, alpha 4, Kp 2. Returns (layers files, links, memory bytes, memory model)."""
+    from ..cost import MemoryEstimator
+    from ..formats import GB
+
+    files = [layers_file(h, num_layers=28, speed=speed, batch=4, seq_len=512, layer_fwd_s=0.12, layer_bwd_s=0.24,
+                         embed_fwd_s=0.0, tail_fwd_s=0.0, layer_param_bytes=62_923_776,
+                         embed_param_bytes=622_329_856, tail_param_bytes=622_333_952,
+                         act_bytes_per_sample=2_097_152, tied=True, model_name="qwen3-0.6b-like",
+                         hidden_size=1024, vocab_size=151_936)
+             for h, (speed, _) in SEED000_HOSTS.items()]
+    mem = {h: gb * GB for h, (_, gb) in SEED000_HOSTS.items()}
+    memory = MemoryEstimator(5e8, 4.0, 2.0, "seed 000 (base 5e8 B, alpha 4, Kp 2)")
+    return files, uniform_links(list(SEED000_HOSTS), 12.5e6), mem, memory
+
+
+def seed000_plan(model: ModelInfo, global_batch: int = 20, micro_batch_size: int = 4) -> "Plan":
+    """Seed 000's own plan ``[0,12) host0 | [12,20) host1 | [20,25) host2 | [25,28) host3`` under 1F1B."""
+    from ..plans import make_plan
+
+    return make_plan(model, seq_len=512, global_batch=global_batch,
+                     num_microbatches=global_batch // micro_batch_size, layer_ranges=[r for r, _ in SEED000_PLAN],
+                     group_sizes=[1] * len(SEED000_PLAN), hosts=[h for _, h in SEED000_PLAN], strategy="seed000")

@@ -1,0 +1,135 @@
+"""The search over schedule kinds: equals brute force over every kind on small instances, beats
+seed 000's plan by 2x on its instance through the V placement, and stays above a proven bound."""
+import itertools
+import random
+from dataclasses import replace
+
+import pytest
+
+from torchpp.cost import Links, MemoryEstimator, Profiles
+from torchpp.planner import api
+from torchpp.planner.bound import lower_bound
+from torchpp.planner.chunks import KINDS, MULTI_CHUNK, ChunkLayout, build_chunk_plan, chunk_counts, schedule_kinds
+from torchpp.planner.search import Problem, StageChoice, Tables, build_plan, search
+from torchpp.planner.synthetic import layers_file, random_instance, seed000_instance, seed000_plan, uniform_links
+from torchpp.sim.measured import price
+
+
+def problem(files, bw, budget, G, **kw):
+    return Problem(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files],
+                   budget=budget, memory=kw.pop("memory", MemoryEstimator.analytic()), global_batch=G, **kw)
+
+
+# ----------------------------------------------------------------------------- brute force, written apart
+def ordered_groups(n, p):
+    for labels in itertools.product(range(p + 1), repeat=n):  # label p = idle
+        groups = tuple(tuple(d for d in range(n) if labels[d] == s) for s in range(p))
+        if all(groups):
+            yield groups
+
+
+def compositions(L, S):
+    for cuts in itertools.combinations(range(1, L), S - 1):
+        yield (0, *cuts, L)
+
+
+def brute_force(pb):
+    """Lowest priced step over every kind, micro-batch size, device-group sequence, chunk count and cut."""
+    t = Tables(pb)
+    N, L, G = len(pb.hosts), t.L, pb.global_batch
+    best = float("inf")
+    for b in [x for x in range(1, G + 1) if G % x == 0]:
+        for p in range(1, N + 1):
+            for groups in ordered_groups(N, p):
+                if any(len(g) > b for g in groups):
+                    continue
+                for kind in ("1f1b", "zb-h1", "gpipe"):
+                    pk = replace(pb, schedule=kind)
+                    order = [d for g in groups for d in g]
+                    pos = list(itertools.accumulate([0] + [len(g) for g in groups]))
+                    for bounds in compositions(L, p) if p <= L else ():
+                        stages = [StageChoice(cut=(bounds[s], bounds[s + 1]), hosts=(pos[s], pos[s + 1]),
+                                              recompute_all=False, cost=0.0) for s in range(p)]
+                        plan = build_plan(pk, t, order, stages, b, "brute")
+                        if plan is not None:
+                            best = min(best, price(plan, pk.profiles, pk.links)[0])
+                for kind in MULTI_CHUNK:
+                    for v in chunk_counts(kind, p, L):
+                        for bounds in compositions(L, v * p):
+                            plan = build_chunk_plan(pb, t, ChunkLayout(kind=kind, v=v, b=b, groups=groups,
+                                                                       bounds=bounds))
+                            if plan is not None:
+                                best = min(best, price(plan, pb.profiles, pb.links)[0])
+    return best
+
+
+@pytest.mark.parametrize("seed,hosts,layers,G", [(15, 3, 4, 2), (21, 3, 5, 4), (12, 2, 6, 4), (3, 3, 6, 2)])
+def test_auto_equals_brute_force_over_every_kind(seed, hosts, layers, G):
+    files, bw, mem = random_instance(random.Random(seed), hosts=hosts, layers=layers, batch=2)
+    pb = problem(files, bw, mem, G, schedule="auto")
+    best = brute_force(pb)
+    assert best < float("inf")
+    res = search(pb)
+    assert res.step_time_s == pytest.approx(best, rel=1e-9)
+    assert res.step_time_s == pytest.approx(price(res.plan, pb.profiles, pb.links)[0], rel=1e-12)
+
+
+def seed000_problem(**kw):
+    files, bw, mem, memory = seed000_instance()
+    return problem(files, bw, mem, 20, memory=memory, micro_batch_sizes=[4], **kw)
+
+
+def test_seed000_instance_plan_is_at_most_half_of_seed000s_own_plan():
+    pb = seed000_problem(schedule="auto")
+    theirs = price(seed000_plan(pb.profiles.model), pb.profiles, pb.links)[0]
+    assert theirs == pytest.approx(88.08, abs=0.05)  # the issue's figure for seed 000's plan
+    ours = search(replace(pb, schedule="1f1b"))
+    assert ours.step_time_s == pytest.approx(84.30, abs=0.05)  # 1F1B alone pays the tied all-reduce
+    res = search(pb)
+    assert res.step_time_s <= 0.5 * theirs, (res.step_time_s, theirs)
+    assert res.plan.schedule in ("v", "zbv")
+    first, last = res.plan.stages[0], res.plan.stages[-1]
+    assert first.ranks == last.ranks  # one device holds the embedding and the tail: no tied all-reduce
+    assert lower_bound(pb.profiles, pb.hosts, pb.budget, pb.memory, 20) <= res.step_time_s
+
+
+def test_plan_compare_with_a_plan_file_prices_it_the_same_way(tmp_path):
+    pb = seed000_problem()
+    theirs = seed000_plan(pb.profiles.model)
+    theirs.save(tmp_path / "seed000.json")
+    costs = api.Costs(profiles=pb.profiles, links=pb.links, hosts=pb.hosts, budget=pb.budget, memory=pb.memory)
+    res = api.plan(costs, api.PlanOptions(global_batch=20, micro_batch_sizes=[4],
+                                          compare=[str(tmp_path / "seed000.json")]))
+    row = res.compare[1]
+    assert row["step_time_s"] == pytest.approx(price(theirs, pb.profiles, pb.links)[0])
+    assert row["ratio"] >= 2.0
+    assert res.meta["chosen_schedule"] == res.plan.schedule
+    assert set(res.meta["search"]["best_per_schedule"]) <= set(KINDS)
+
+
+def test_schedule_kinds_parse_and_reject():
+    assert schedule_kinds("auto") == list(KINDS)
+    assert schedule_kinds("v, 1f1b") == ["v", "1f1b"]
+    with pytest.raises(ValueError, match="schedule"):
+        schedule_kinds("zb")
+    with pytest.raises(ValueError, match="schedule"):
+        api.PlanOptions(schedule="1f1b,dualpipe")
+
+
+def test_one_kind_searches_only_that_kind():
+    files, bw, mem = random_instance(random.Random(21), hosts=3, layers=5, batch=2)
+    for kind in ("interleaved", "zbv", "zb-h1"):
+        res = search(problem(files, bw, mem, 4, schedule=kind))
+        assert res.plan.schedule == kind and set(res.kinds) == {kind}
+
+
+def test_lower_bound_is_work_over_capacity_without_memory_limits_and_below_every_plan():
+    files = [layers_file(h, num_layers=6, speed=s, batch=4) for h, s in (("a", 1.0), ("b", 3.0))]
+    pb = problem(files, uniform_links(["a", "b"], 1e12), {"a": 1e12, "b": 1e12}, 8, schedule="auto")
+    prof = pb.profiles
+    per = {h: float(sum(prof.table(h)[0]) + sum(prof.table(h)[1])) for h in pb.hosts}
+    assert lower_bound(prof, pb.hosts, pb.budget, pb.memory, 8) == pytest.approx(8 / sum(1 / x for x in per.values()))
+    for seed in (1, 2):
+        files, bw, mem = random_instance(random.Random(seed), hosts=3, layers=5, batch=2)
+        pb = problem(files, bw, mem, 4, schedule="auto")
+        assert lower_bound(pb.profiles, pb.hosts, pb.budget, pb.memory, 4) <= search(pb).step_time_s * (1 + 1e-9)

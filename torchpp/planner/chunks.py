@@ -1,0 +1,271 @@
+"""The planner's chunk dimensions: interleaved placements (v chunks per device group) and the V
+placement (chunks c and 2p−1−c on one group, so one device holds the embedding and the tail).
+
+For a device-group sequence (groups in pipeline order, taken from the best priced one-chunk
+plans, or every sequence on small instances) and a schedule kind with its chunk count, the layer
+cuts come from a bottleneck DP over chunks in pipeline order with the group of each chunk index
+fixed by the placement: it minimises the largest chunk cost times the number of chunks its group
+holds (a group's time is the sum of its chunks'). Each candidate gets integer sample shares
+(Algorithm 1 over its chunks' total time), is checked against each device's memory with the
+micro-batches held read off the schedule's own order (``StageMemory.chunks_peak``, recomputing a
+group's layers when it does not fit), and is priced by replaying its action lists. A steepest
+descent on the priced step time then moves one cut, shifts a chunk, swaps two groups or trades a
+schedule kind for the other of its placement family.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+
+import numpy as np
+
+from ..formats import Placement, Plan, placement_of
+from ..plans import make_chunked_plan
+from ..schedules import ScheduleError, in_flight_chunks
+from ..sim.measured import price
+from .allocate import allocate
+
+if TYPE_CHECKING:
+    from .search import Problem, StageCosts, Tables
+
+ONE_CHUNK = ("1f1b", "zb-h1", "gpipe")
+"""Kinds with one chunk per device group: searched by the stage DP."""
+MULTI_CHUNK = ("interleaved", "interleaved-zb", "v", "zbv")
+"""Kinds whose groups hold several chunks: searched here."""
+KINDS = ONE_CHUNK + MULTI_CHUNK
+FAMILY = {"interleaved": "interleaved-zb", "interleaved-zb": "interleaved", "v": "zbv", "zbv": "v"}
+"""The other kind of the same placement (full backward / split backward)."""
+MAX_CHUNKS_PER_DEVICE = 4
+"""Interleaved placements are searched with 2..this many chunks per group."""
+
+
+def schedule_kinds(spec: str) -> list[str]:
+    """``auto`` (every kind), one kind, or a comma-separated list -> the kinds to search."""
+    if spec == "auto":
+        return list(KINDS)
+    kinds = [x.strip() for x in spec.split(",") if x.strip()]
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise ValueError(f"schedule: expected 'auto' or kinds from {', '.join(KINDS)}, got {spec!r}")
+    return list(dict.fromkeys(kinds))
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """A multi-chunk plan's shape: kind, chunks per group, micro-batch size, the device groups
+    (host indices) in pipeline-position order and the cut points of the chunks."""
+
+    kind: str
+    v: int
+    b: int
+    groups: tuple[tuple[int, ...], ...]
+    bounds: tuple[int, ...]
+    """Chunk c holds decoder layers [bounds[c], bounds[c + 1])."""
+
+    @property
+    def key(self) -> tuple:
+        return (self.kind, self.v, self.b, tuple(tuple(sorted(g)) for g in self.groups), self.bounds)
+
+
+def chunk_counts(kind: str, p: int, L: int) -> list[int]:
+    """Chunks per group worth trying for ``p`` groups and ``L`` layers."""
+    if kind in ("v", "zbv"):
+        return [2] if 2 * p <= L else []
+    return [v for v in range(2, MAX_CHUNKS_PER_DEVICE + 1) if v * p <= L]
+
+
+def placement(kind: str, p: int, v: int) -> Placement:
+    return placement_of(kind, p * v, v)
+
+
+def chunk_in_flight(kind: str, pl: Placement, m: int) -> list[int]:
+    """Most micro-batches each chunk holds at once, read off its group's order."""
+    out = [0] * len(pl.position)
+    for pos in range(pl.p):
+        for prof in in_flight_chunks(kind, pl, pos, m):
+            for c, n in prof:
+                out[c] = max(out[c], n)
+    return out
+
+
+def dp_cuts(sc: "StageCosts", kind: str, v: int, groups: Sequence[tuple[int, ...]]
+            ) -> tuple[tuple[int, ...], float] | None:
+    """Cut points minimising the largest (chunk cost × chunks of its group) over chunks in pipeline
+    order, the group of each chunk fixed by the placement, and an estimate of the step to rank
+    layouts by before pricing them; None when no cut fits."""
+    t, L, m = sc.t, sc.t.L, sc.m
+    try:
+        pl = placement(kind, len(groups), v)
+        n = chunk_in_flight(kind, pl, m)
+    except (ValueError, ScheduleError):
+        return None
+    S = len(pl.position)
+    g = [tuple(sorted(groups[pl.position[c]])) for c in range(S)]
+    mult = [len(pl.chunks[pl.position[c]]) for c in range(S)]
+    costs = [sc.stage(g[c], g[c + 1] if c + 1 < S and g[c + 1] != g[c] else None, max(n[c], 1)) for c in range(S)]
+    V = costs[-1][:, L] * mult[-1]
+    args: list[np.ndarray] = []
+    for c in range(S - 2, -1, -1):
+        tot = np.maximum(costs[c] * mult[c], V[None, :])
+        tot = np.where(t.valid, tot, np.inf)
+        a = tot.argmin(axis=1)
+        V = tot[np.arange(L + 1), a]
+        args.append(a)
+    if not np.isfinite(V[0]):
+        return None
+    bounds, c0 = [0], 0
+    for a in reversed(args):
+        c0 = int(a[c0])
+        bounds.append(c0)
+    bounds.append(L)
+    return tuple(bounds), _estimate(sc, pl, groups, [float(costs[c][bounds[c], bounds[c + 1]]) for c in range(S)])
+
+
+def _estimate(sc: "StageCosts", pl: Placement, groups: Sequence[tuple[int, ...]], chunk: Sequence[float]) -> float:
+    """m × the busiest group's time per micro-batch, plus one micro-batch's pass through the chunks
+    over v (the fill of an interleaved pipeline), plus the tied all-reduce unless one group holds both ends."""
+    t = sc.t
+    load = max(sum(chunk[c] for c in cs) for cs in pl.chunks)
+    est = sc.m * load + sum(chunk) / pl.v
+    first, last = set(groups[pl.position[0]]), set(groups[pl.position[-1]])
+    if t.pb.profiles.model.tied_embeddings and first != last:
+        est += t.pb.links.ring_allreduce([t.hosts[h] for h in sorted(first | last)], t.pb.profiles.tied_bytes)
+    return est
+
+
+def build_chunk_plan(pb: "Problem", t: "Tables", lay: ChunkLayout) -> Plan | None:
+    """A plan of ``lay`` with Algorithm 1 shares per group, recomputing a group's layers only when its
+    devices do not fit otherwise; None when memory does not fit or the kind cannot run it."""
+    from .report import device_memory
+
+    names = [[pb.hosts[h] for h in g] for g in lay.groups]
+    ranges = [(lay.bounds[i], lay.bounds[i + 1]) for i in range(len(lay.bounds) - 1)]
+    try:
+        pl = placement(lay.kind, len(lay.groups), lay.v)
+    except ValueError:
+        return None
+    shares = []
+    for pos, grp in enumerate(lay.groups):
+        secs = [sum(float(t.tau[(h, 0)][ranges[c]]) for c in pl.chunks[pos]) for h in grp]
+        s = allocate(lay.b, secs, [lay.b] * len(grp))
+        if s is None:
+            return None
+        shares.append([float(x) for x in s])
+    rec = [[False] * (b - a) for a, b in ranges]
+    for _ in range(2):
+        try:
+            plan = make_chunked_plan(pb.profiles.model, seq_len=pb.profiles.seq_len, global_batch=pb.global_batch,
+                                     num_microbatches=pb.global_batch // lay.b, layer_ranges=ranges,
+                                     schedule=lay.kind, chunks_per_device=lay.v, group_sizes=[len(g) for g in names],
+                                     hosts=[h for g in names for h in g], shares=shares, recompute=rec,
+                                     strategy="optimal")
+            mem = device_memory(plan, pb.profiles, pb.memory)
+        except (ValueError, ScheduleError):
+            return None
+        over = {r for r, v in mem.items() if v > pb.budget[plan.device_of_rank(r).host]}
+        if not over:
+            return plan
+        if not pb.allow_recompute:
+            return None
+        rec = [[True] * len(f) if any(r in over for r in plan.stages[c].ranks) else f for c, f in enumerate(rec)]
+    return None
+
+
+def price_layout(pb: "Problem", t: "Tables", lay: ChunkLayout) -> tuple[float, Plan] | None:
+    plan = build_chunk_plan(pb, t, lay)
+    if plan is None:
+        return None
+    try:
+        return price(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte)[0], plan
+    except (ValueError, ScheduleError):
+        return None
+
+
+def layouts(costs_of: Callable[[int], "StageCosts"], kinds: Iterable[str], groups: Sequence[tuple[int, ...]],
+            L: int) -> list[tuple[float, ChunkLayout]]:
+    """The DP's layout of every multi-chunk kind and chunk count v for one group sequence, with its
+    estimate; ``costs_of(v)``: stage costs whose memory checks give each chunk 1/v of its device."""
+    out = []
+    for kind in kinds:
+        for v in chunk_counts(kind, len(groups), L):
+            sc = costs_of(v)
+            got = dp_cuts(sc, kind, v, groups)
+            if got is not None:
+                out.append((got[1], ChunkLayout(kind=kind, v=v, b=sc.b, groups=tuple(groups), bounds=got[0])))
+    return out
+
+
+def every_cut(kinds: Iterable[str], b: int, groups: tuple[tuple[int, ...], ...], L: int, limit: int
+              ) -> list[ChunkLayout]:
+    """Every layout of each kind and chunk count whose cuts number at most ``limit`` (small instances)."""
+    out = []
+    for kind in kinds:
+        for v in chunk_counts(kind, len(groups), L):
+            S = v * len(groups)
+            if math.comb(L - 1, S - 1) > limit:
+                continue
+            for cuts in itertools.combinations(range(1, L), S - 1):
+                out.append(ChunkLayout(kind=kind, v=v, b=b, groups=groups, bounds=(0, *cuts, L)))
+    return out
+
+
+def group_sequences(n_hosts: int, max_group: int) -> Iterable[tuple[tuple[int, ...], ...]]:
+    """Every sequence of disjoint non-empty device sets (devices left over stay idle)."""
+    for p in range(1, n_hosts + 1):
+        for labels in itertools.product(range(p + 1), repeat=n_hosts):
+            groups = tuple(tuple(d for d in range(n_hosts) if labels[d] == s) for s in range(p))
+            if all(groups) and max(len(g) for g in groups) <= max_group:
+                yield groups
+
+
+def neighbours(lay: ChunkLayout, kinds: Sequence[str]) -> list[ChunkLayout]:
+    """Layouts one move away: a cut ±1, a chunk shifted ±1, two groups swapped, the other kind of the family."""
+    out: list[ChunkLayout] = []
+    S, bd = len(lay.bounds) - 1, list(lay.bounds)
+    for k in range(1, S):
+        for d in (-1, 1):
+            nb = list(bd)
+            nb[k] += d
+            out.append(replace(lay, bounds=tuple(nb)))
+            if k + 1 < S:
+                nb2 = list(nb)
+                nb2[k + 1] += d
+                out.append(replace(lay, bounds=tuple(nb2)))
+    for i, j in itertools.combinations(range(len(lay.groups)), 2):
+        g = list(lay.groups)
+        g[i], g[j] = g[j], g[i]
+        out.append(replace(lay, groups=tuple(g)))
+    if FAMILY[lay.kind] in kinds:
+        out.append(replace(lay, kind=FAMILY[lay.kind]))
+    return [x for x in out if all(x.bounds[i] < x.bounds[i + 1] for i in range(S))]
+
+
+def descend(pb: "Problem", t: "Tables", starts: Sequence[tuple[float, ChunkLayout]], kinds: Sequence[str],
+            budget: int, seen: dict) -> list[tuple[float, Plan]]:
+    """Steepest descent on the priced step time from each start, pricing at most ``budget`` layouts."""
+    found: list[tuple[float, Plan]] = []
+    used = 0
+    for s0, lay in sorted(starts, key=lambda x: x[0]):
+        cur, cur_s = lay, s0
+        while used < budget:
+            best = None
+            for nb in neighbours(cur, kinds):
+                if nb.key not in seen:
+                    if used >= budget:
+                        break
+                    used += 1
+                    got = price_layout(pb, t, nb)
+                    seen[nb.key] = got[0] if got else float("inf")
+                    if got:
+                        found.append(got)
+                s = seen[nb.key]
+                if s < cur_s * (1 - 1e-12) and (best is None or s < best[0]):
+                    best = (s, nb)
+            if best is None:
+                break
+            cur_s, cur = best
+        if used >= budget:
+            break
+    return found

@@ -1,0 +1,169 @@
+"""The search over schedule kinds: one-chunk kinds by the stage DP, multi-chunk kinds by
+:mod:`torchpp.planner.chunks`, every candidate priced by replaying its own schedule.
+
+The stage DP runs once, for the first one-chunk kind asked for (1F1B under ``auto``); its best
+priced layouts are priced again under the other one-chunk kinds (ZB-H1, GPipe) and refined by
+the local search under each, and their device groups seed the chunked search. On small instances
+(at most :data:`SMALL_DEVICES` devices) every one-chunk kind gets its own DP, every sequence
+of device groups seeds the chunked search, and where a kind has few ways to cut the layers into
+its chunks (:data:`TINY_CUTS`) every cut is priced — the chunk DP balances chunks, not the sum
+over a device's chunks, and the local search can stop in a local optimum — which is what makes
+the planner equal exhaustive search there.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Sequence
+
+from ..formats import Plan
+from .chunks import MULTI_CHUNK, ONE_CHUNK, ChunkLayout, descend, every_cut, group_sequences, layouts, price_layout
+from .search import (InfeasibleError, Problem, SearchResult, StageChoice, StageCosts, Tables, infeasible_message,
+                     refine, search_single)
+
+SMALL_DEVICES = 3
+"""Up to this many devices the kinds are searched exhaustively over device groups (see above)."""
+SEEDS = 6
+"""Distinct one-chunk layouts whose device groups seed the other kinds."""
+TINY_CUTS = 64
+"""On small instances, a kind and chunk count with at most this many ways to cut the layers has every cut priced."""
+REPRICED = 3
+"""Beyond small instances, one-chunk layouts of the DP's kind priced again under each other one-chunk kind."""
+STARTS = 4
+"""Priced chunked layouts the local search starts from."""
+PRICED = 6
+"""Beyond small instances, chunked layouts priced (best estimates) besides each kind's best estimate."""
+
+
+def search_kinds(pb: Problem, kinds: Sequence[str], progress=None) -> SearchResult:
+    """The best priced plan over ``kinds`` (see the module docstring)."""
+    t0 = time.perf_counter()
+    one = [k for k in kinds if k in ONE_CHUNK]
+    multi = [k for k in kinds if k in MULTI_CHUNK]
+    small = len(pb.hosts) <= SMALL_DEVICES
+    first = next((k for k in one if k != "zb-h1"), "1f1b")  # zb-h1's order does not run every m the DP tries
+    base = search_single(replace(pb, schedule=first), progress)
+    t = base.tables
+    priced: list[tuple[float, Plan]] = list(base.priced) if first in one else []
+    for k in [k for k in one if k != first]:
+        pbk = replace(pb, schedule=k)
+        priced += _search_one(pbk, t, base.priced, small)
+    if multi:
+        found = _search_chunks(pb, t, base.priced, multi, small)
+        if progress and found:
+            progress(f"  chunked kinds: {len(found)} plan(s) priced, best step {min(s for s, _ in found):.4g} s")
+        priced += found
+    if not priced:
+        raise InfeasibleError(infeasible_message(pb, t))
+    priced.sort(key=lambda x: x[0])
+    best: dict[str, float] = {}
+    for s, p in priced:
+        best.setdefault(p.schedule, s)
+    step, plan = priced[0]
+    return SearchResult(plan=plan, step_time_s=step, candidates_priced=len(priced), dp_candidates=base.dp_candidates,
+                        planning_time_s=time.perf_counter() - t0, priced=priced,
+                        mode=f"{base.mode}; kinds {', '.join(kinds)}", refined=base.refined, tables=t, kinds=best)
+
+
+def _search_one(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], small: bool
+                ) -> list[tuple[float, Plan]]:
+    """Plans of the one-chunk kind ``pb.schedule``: its own DP on small instances, else (or where its
+    order does not run every micro-batch count the DP tries) the given layouts re-priced."""
+    if small:
+        try:
+            return search_single(pb).priced
+        except ValueError:
+            pass
+    return _reprice(pb, t, plans[:REPRICED])
+
+
+def _layout_of(pb: Problem, plan: Plan) -> tuple[list[int], list[StageChoice]]:
+    """A one-chunk plan's device order and stage choices (what build_plan takes)."""
+    idx = {h: i for i, h in enumerate(pb.hosts)}
+    order, stages, pos = [], [], 0
+    for st in plan.stages:
+        order += [idx[d.host] for d in st.devices]
+        stages.append(StageChoice(cut=st.layers, hosts=(pos, pos + len(st.devices)), recompute_all=False, cost=0.0))
+        pos += len(st.devices)
+    return order, stages
+
+
+def _reprice(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]]) -> list[tuple[float, Plan]]:
+    """The given one-chunk layouts priced under ``pb.schedule``, then refined by the local search."""
+    from ..sim.measured import price
+    from .search import build_plan
+
+    out, seeds = [], []
+    for _, p in plans:
+        order, stages = _layout_of(pb, p)
+        try:
+            plan = build_plan(pb, t, order, stages, p.micro_batch_size, "optimal")
+            if plan is None:
+                continue
+            s = price(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte)[0]
+        except ValueError:  # the kind's order does not run this micro-batch count on this many stages
+            continue
+        out.append((s, plan))
+        seeds.append((s, p.micro_batch_size, [(st.cut, tuple(order[x] for x in range(*st.hosts))) for st in stages]))
+    return out + refine(pb, t, seeds, 4 if len(pb.hosts) <= 16 else 0)
+
+
+def _seed_groups(pb: Problem, plans: Sequence[tuple[float, Plan]], small: bool) -> list[tuple[int, tuple]]:
+    """(micro-batch size, device groups in pipeline order) to try the chunked kinds on."""
+    idx = {h: i for i, h in enumerate(pb.hosts)}
+    out: dict[tuple, None] = {}
+    for _, p in sorted(plans, key=lambda x: x[0]):
+        if len(out) >= SEEDS:
+            break
+        out[(p.micro_batch_size, tuple(tuple(idx[d.host] for d in st.devices) for st in p.stages))] = None
+    if small:
+        from .search import micro_batch_sizes
+
+        for b in micro_batch_sizes(pb):
+            for groups in group_sequences(len(pb.hosts), b):
+                out[(b, groups)] = None
+    return list(out)
+
+
+def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], kinds: Sequence[str],
+                   small: bool) -> list[tuple[float, Plan]]:
+    """Every chunked kind's DP layout on each seed's groups; on small instances all of them priced,
+    else the best :data:`PRICED` by estimate and the best of each kind; then the local search."""
+    tables: dict[int, Tables] = {}
+    costs: dict[tuple[int, int], StageCosts] = {}
+
+    def costs_of(b: int, v: int) -> StageCosts:
+        if v not in tables:  # each of a device's v chunks checked against 1/v of its memory
+            tables[v] = Tables(replace(pb, budget={h: x / v for h, x in pb.budget.items()}))
+        if (b, v) not in costs:
+            costs[(b, v)] = StageCosts(tables[v], b, pb.global_batch // b, pb.allow_recompute)
+        return costs[(b, v)]
+
+    cands: dict[tuple, tuple[float, ChunkLayout]] = {}
+    for b, groups in _seed_groups(pb, plans, small):
+        found_here = layouts(lambda v: costs_of(b, v), kinds, groups, t.L)
+        if small:
+            found_here += [(0.0, x) for x in every_cut(kinds, b, groups, t.L, TINY_CUTS)]
+        for est, lay in found_here:
+            cands.setdefault(lay.key, (est, lay))
+    ranked = sorted(cands.values(), key=lambda x: x[0])
+    if not small:
+        top = {x[1].key: x for x in ranked[:PRICED]}
+        for kind in kinds:
+            first = next((x for x in ranked if x[1].kind == kind), None)
+            if first is not None:
+                top.setdefault(first[1].key, first)
+        ranked = list(top.values())
+    seen: dict[tuple, float] = {}
+    starts: list[tuple[float, ChunkLayout]] = []
+    found: list[tuple[float, Plan]] = []
+    for _, lay in ranked:
+        got = price_layout(pb, t, lay)
+        seen[lay.key] = got[0] if got else float("inf")
+        if got:
+            starts.append((got[0], lay))
+            found.append(got)
+    starts.sort(key=lambda x: x[0])
+    budget = 1000 if small else 8 if len(pb.hosts) <= 16 else 4
+    found += descend(pb, t, starts if small else starts[:STARTS], kinds, budget, seen)
+    return found
