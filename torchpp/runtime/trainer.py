@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from ..formats import FormatError, Plan, file_hash, validate_plan
 from ..models.presets import DTYPES, hidden_size, is_preset, load_config, num_hidden_layers
-from ..models.stages import StageSpec, build_stage, count_targets
+from ..models.stages import StageSet, StageSpec, build_stages, count_targets
 from ..schedules import Schedule, build
 from . import checkpoint as ckpt
 from . import elastic_hooks
@@ -311,18 +311,19 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
     from .tracing import StepRecorder, mark_base_rss, sync_clocks, write_step
 
     plan, schedule = prep.plan, prep.schedule
-    pstage = plan.stage_of_rank(rank)
-    comm = Comm(rank, cfg.timeout_s)
+    chunks = plan.stages_of_rank(rank)
+    pstage = chunks[0]
+    comm = Comm(rank, cfg.timeout_s, boundaries=plan.num_stages - 1, samples=plan.micro_batch_size)
     g = lambda what, fn, *a, **kw: guarded(rank, what, cfg.timeout_s, fn, *a, **kw)  # noqa: E731
     # the first collective: ranks started with different plans or options must stop here, before any write
     g("comparing plan, model, data and options with all ranks", require_agreement, fingerprint(cfg, prep))
     g("creating the all-reduce groups", comm.make_groups, schedule)
     hosts = g("exchanging host names with all ranks", all_gather_json, socket.gethostname())
-    roles = ckpt.Roles.decide(rank, {r: plan.stage_of_rank(r).index for r in range(world)}, hosts)
-    spec = StageSpec.from_plan(plan, pstage.index)
+    roles = ckpt.Roles.decide(rank, {r: plan.stages_of_rank(r)[0].index for r in range(world)}, hosts,
+                              chunks=tuple(c.index for c in chunks))
     mark_base_rss()  # what the stage adds to this process is what the planner's memory model predicts
-    stage = build_stage(prep.model, prep.config, spec, seed=cfg.seed, dtype=plan.model.dtype)
-    params = [p for p in stage.parameters()]
+    stage = _build_chunks(prep, plan, [c.index for c in chunks], cfg.seed)
+    params = stage.parameters()
     optimizer = make_optimizer(cfg.optimizer, params, cfg.lr, cfg.weight_decay, cfg.adam_eps)
     start = 0
     if cfg.checkpoint_dir is not None:
@@ -333,7 +334,7 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
         _resume(cfg, start, log, rank=rank, stage=stage, optimizer=optimizer)
     executor = Executor(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm, optimizer=optimizer)
     executor.step_index = start
-    needs_tokens = pstage.has_embed or pstage.has_tail
+    needs_tokens = any(c.has_embed or c.has_tail for c in chunks)
     source = open_source(cfg.data, seq_len=plan.seq_len, global_batch=plan.global_batch,
                          vocab_size=plan.model.vocab_size, seed=cfg.seed,
                          tokenizer_dir=None if is_preset(prep.model) else prep.model) if needs_tokens else None
@@ -351,21 +352,22 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
     tokens_per_step = plan.global_batch * plan.seq_len
     for step in range(start + 1, cfg.steps + 1):
         ids = source.batch(step - 1) if source is not None else None
-        n_tokens = count_targets(ids) if ids is not None and pstage.has_tail else None
+        n_tokens = count_targets(ids) if ids is not None and chunks[-1].has_tail else None
         rec = None
         if cfg.trace_dir is not None and step in cfg.trace_steps:
             clock = g("clock ping-pong with rank 0", sync_clocks, rank, world)
             rec = StepRecorder(rank=rank, world_size=world, stage=pstage.index, host=hosts[rank], step=step,
-                               clock=clock, layers=tuple(pstage.layers))
+                               clock=clock, layers=(chunks[0].layers[0], chunks[-1].layers[1]))
             executor.observer = rec
-            stage.profiler = rec if cfg.profile_blocks else None
+            stage.set_profiler(rec if cfg.profile_blocks else None)
         t0 = time.perf_counter()
         res = executor.step(ids, n_tokens)
         stats = g(f"step {step}: statistics all-reduce with all ranks", _reduce_stats, res, pstage.index,
                   len(pstage.devices), S)
         dt = time.perf_counter() - t0
         if rec is not None:
-            executor.observer, stage.profiler = None, None
+            executor.observer = None
+            stage.set_profiler(None)
             trace = rec.finish()
             trace["metadata"]["plan_hash"] = prep.plan_hash  # analyze and replan refuse another plan's traces
             if decisions:
@@ -386,6 +388,12 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
                 log.print(f"checkpoint {d}")
     log.close()
     return summary
+
+
+def _build_chunks(prep: Prepared, plan: Plan, chunks: list[int], seed: int) -> StageSet:
+    """One stage per chunk this rank holds (a tied weight shared in-process where it holds both ends)."""
+    specs = {c: StageSpec.from_plan(plan, c) for c in chunks}
+    return build_stages(prep.model, prep.config, specs, seed=seed, dtype=plan.model.dtype)
 
 
 def _resume(cfg: TrainConfig, start: int, log: _Log, *, rank: int, stage, optimizer) -> None:
