@@ -311,16 +311,14 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
     from .tracing import StepRecorder, mark_base_rss, sync_clocks, write_step
 
     plan, schedule = prep.plan, prep.schedule
-    chunks = plan.stages_of_rank(rank)
-    pstage = chunks[0]
+    chunks = plan.stages_of_rank(rank)  # in pipeline order; the first names the rank in traces and statistics
     comm = Comm(rank, cfg.timeout_s, boundaries=plan.num_stages - 1, samples=plan.micro_batch_size)
     g = lambda what, fn, *a, **kw: guarded(rank, what, cfg.timeout_s, fn, *a, **kw)  # noqa: E731
     # the first collective: ranks started with different plans or options must stop here, before any write
     g("comparing plan, model, data and options with all ranks", require_agreement, fingerprint(cfg, prep))
     g("creating the all-reduce groups", comm.make_groups, schedule)
     hosts = g("exchanging host names with all ranks", all_gather_json, socket.gethostname())
-    roles = ckpt.Roles.decide(rank, {r: plan.stages_of_rank(r)[0].index for r in range(world)}, hosts,
-                              chunks=tuple(c.index for c in chunks))
+    roles = _roles(plan, rank, hosts)
     mark_base_rss()  # what the stage adds to this process is what the planner's memory model predicts
     stage = _build_chunks(prep, plan, [c.index for c in chunks], cfg.seed)
     params = stage.parameters()
@@ -356,14 +354,14 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
         rec = None
         if cfg.trace_dir is not None and step in cfg.trace_steps:
             clock = g("clock ping-pong with rank 0", sync_clocks, rank, world)
-            rec = StepRecorder(rank=rank, world_size=world, stage=pstage.index, host=hosts[rank], step=step,
+            rec = StepRecorder(rank=rank, world_size=world, stage=chunks[0].index, host=hosts[rank], step=step,
                                clock=clock, layers=(chunks[0].layers[0], chunks[-1].layers[1]))
             executor.observer = rec
             stage.set_profiler(rec if cfg.profile_blocks else None)
         t0 = time.perf_counter()
         res = executor.step(ids, n_tokens)
-        stats = g(f"step {step}: statistics all-reduce with all ranks", _reduce_stats, res, pstage.index,
-                  len(pstage.devices), S)
+        stats = g(f"step {step}: statistics all-reduce with all ranks", _reduce_stats, res, chunks[0].index,
+                  len(chunks[0].devices), S)
         dt = time.perf_counter() - t0
         if rec is not None:
             executor.observer = None
@@ -388,6 +386,12 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
                 log.print(f"checkpoint {d}")
     log.close()
     return summary
+
+
+def _roles(plan: Plan, rank: int, hosts: list[str]) -> ckpt.Roles:
+    """Who writes which checkpoint files: ranks holding the same chunks are told apart by host."""
+    first = {r: plan.stages_of_rank(r)[0].index for r in range(len(hosts))}
+    return ckpt.Roles.decide(rank, first, hosts, chunks=tuple(c.index for c in plan.stages_of_rank(rank)))
 
 
 def _build_chunks(prep: Prepared, plan: Plan, chunks: list[int], seed: int) -> StageSet:
