@@ -195,3 +195,51 @@ def test_split_backward_equals_full_backward(recompute, tail):
     (a, ga), (b, gb) = got
     assert torch.equal(a, b)
     assert all(torch.equal(u, v) for u, v in zip(ga, gb))
+
+
+def test_weight_pass_releases_the_kept_graph():
+    """What the input pass keeps (saved activations) lives until the weight pass, then is freed."""
+    import gc
+    import weakref
+
+    cfg = load_config(MODEL)
+    st = build_stage(MODEL, cfg, StageSpec(layers=(1, 3), has_embed=False, has_tail=False, num_stages=3), seed=3)
+    saved: list[weakref.ref] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        # a detached alias: holding the tensor itself would tie a node to its own output (a cycle)
+        if isinstance(t, torch.nn.Parameter):
+            return t
+        t = t.detach()
+        saved.append(weakref.ref(t))
+        return t
+
+    x = torch.randn(2, 8, st.hidden_size, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = st.forward(x)
+    dx, task = backward_input(out, torch.randn_like(out), x, st.parameters(), [])
+    del out, x
+    gc.collect()
+    assert dx is not None and any(r() is not None for r in saved)
+    backward_weight(task)
+    del task
+    gc.collect()
+    assert all(r() is None for r in saved)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_message_tags_tell_every_message_on_a_link_apart(name):
+    """Interleaved and V placements send several chunks' messages between the same two ranks: the
+    chunk is in the tag, so two messages in flight on one link never share one."""
+    from torchpp.runtime.comm import tag_of
+
+    case = CASES[name]
+    info = model_info(load_config(MODEL), MODEL)
+    plan = make_chunked_plan(info, seq_len=SEQ, global_batch=case.mbs * case.m, num_microbatches=case.m,
+                             layer_ranges=case.layers, schedule=case.schedule, group_sizes=case.groups,
+                             shares=case.shares)
+    sched = build(plan)
+    space = (plan.num_stages - 1, plan.micro_batch_size)
+    sent = [(r, a.peer, tag_of(a, *space)) for r, acts in sched.items() for a in acts if a.is_send]
+    got = [(a.peer, r, tag_of(a, *space)) for r, acts in sched.items() for a in acts if a.is_recv]
+    assert len(set(sent)) == len(sent) and sorted(sent) == sorted(got)
