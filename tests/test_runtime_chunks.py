@@ -101,6 +101,12 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         specs.append(_spec(d, a, _plan(a, d / "first.json"), steps=1, checkpoint_every=1,
                            checkpoint_background=first == "interleaved_v2"))
         specs.append(_spec(d, b, _plan(b, d / "then.json"), resume=True))
+    # a traced ZBV run with block events: I and W of both chunks of a rank on its compute row
+    d = dirs["traced"] = root / "traced"
+    d.mkdir()
+    case = CASES["zbv_group"]
+    specs.append(_spec(d, case, _plan(case, d / "plan.json"), checkpoint_dir=None, trace_dir=d / "traces",
+                       trace_steps=(2,), profile_blocks=True))
     run_cases(specs, nprocs=3, workdir=root, timeout_s=600)
     return dirs
 
@@ -148,6 +154,26 @@ def test_checkpoint_resumes_under_another_chunking(runs, name):
     assert json.loads((d / f"result{STEPS}.json").read_text())["losses"] == pytest.approx(ref_losses[1:], abs=1e-5)
     worst = _worst(d / "ckpt" / f"step_{STEPS:08d}", ref)
     assert worst[0] < 1e-5, f"largest difference {worst[0]:.3g} in {worst[1]}"
+
+
+def test_traces_show_each_chunk_and_the_split_backward(runs):
+    from torchpp.trace.analyze import analyze, events_from_trace
+
+    merged = json.loads((runs["traced"] / "traces" / "timeline_step2_all.json").read_text())
+    xs = [e for e in merged["traceEvents"] if e["ph"] == "X" and e.get("cat") != "block"]
+    case = CASES["zbv_group"]
+    for rank, chunks in ((0, {0, 3}), (1, {1, 2}), (2, {1, 2})):
+        mine = [e for e in xs if e["pid"] == rank]
+        for kind in "FIW":
+            assert {e["args"]["stage"] for e in mine if e["name"] == f"{kind}0"} == chunks, (rank, kind)
+        assert not any(e["name"].startswith("B") for e in mine)
+        assert sum(e["name"] == "optimizer" for e in mine) == 1
+    # the local hand-off between chunks 1 and 2 of ranks 1 and 2 sends nothing
+    assert not [e for e in xs if e["name"] == "send_act" and e["pid"] in (1, 2) and e["args"]["stage"] == 1]
+    names = {e["args"].get("name") for e in merged["traceEvents"] if e["ph"] == "M" and e["pid"] == 0}
+    assert any("stages 0,3" in str(n) for n in names)
+    a = analyze(events_from_trace(merged))
+    assert a.num_microbatches == case.m and a.step_time_s > 0
 
 
 def test_v_rank_holds_the_tied_weight_once():

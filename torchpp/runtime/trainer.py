@@ -355,7 +355,7 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
         if cfg.trace_dir is not None and step in cfg.trace_steps:
             clock = g("clock ping-pong with rank 0", sync_clocks, rank, world)
             rec = StepRecorder(rank=rank, world_size=world, stage=chunks[0].index, host=hosts[rank], step=step,
-                               clock=clock, layers=(chunks[0].layers[0], chunks[-1].layers[1]))
+                               clock=clock, chunks={c.index: tuple(c.layers) for c in chunks})
             executor.observer = rec
             stage.set_profiler(rec if cfg.profile_blocks else None)
         t0 = time.perf_counter()
