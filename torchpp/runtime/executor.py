@@ -1,6 +1,10 @@
 """Runs one rank's action list (``schedules.build``) for one optimizer step.
 
-The list is the schedule; this loop adds nothing to the order. Each receive is posted
+The list is the schedule; this loop adds nothing to the order. A rank may hold several chunks
+(interleaved, V): each action runs on its chunk's :class:`Stage`, and where two chunks of the
+rank hold the same samples (the V's turn, chunk p-1 to p) the activation and the gradient are
+handed over in-process. ``I`` computes only the input gradient (what the previous chunk waits
+for) and keeps the graph; ``W`` computes the weight gradients from it later and frees it. Each receive is posted
 ``RECV_LOOKAHEAD`` forward/backward passes before the pass that needs it (or at the start of
 the step), sends are non-blocking and awaited before the optimizer step, so communication
 overlaps compute as far as the order allows while only a few receive buffers are alive at a
