@@ -177,7 +177,7 @@ class TorchppSteps:
         prep = prepare(self.cfg, world)
         self.plan = prep.plan
         self.pstage = self.plan.stage_of_rank(rank)
-        comm = Comm(rank, s.timeout_s)
+        comm = Comm(rank, s.timeout_s, boundaries=self.plan.num_stages - 1, samples=self.plan.micro_batch_size)
         comm.make_groups(prep.schedule)
         stage = build_stage(prep.model, prep.config, StageSpec.from_plan(self.plan, self.pstage.index), seed=s.seed,
                             dtype=self.plan.model.dtype)

@@ -481,3 +481,231 @@ def load_stage_weights(stage: Stage, directory: str | Path) -> None:
         if tuple(t.shape) != tuple(p.shape):
             raise ModelSpecError(f"{directory}: tensor {n!r}: expected shape {tuple(p.shape)}, got {tuple(t.shape)}")
         p.copy_(t.to(p.dtype))
+
+
+# ----------------------------------------------------------------------------- several chunks on one rank
+class StageSet:
+    """The chunks one rank holds (interleaved or V placement), each a :class:`Stage`.
+
+    Parameters are listed once: in the V placement the rank holding the embedding chunk and
+    the tail chunk shares ONE tied weight (the lm_head uses the embedding's parameter), which
+    belongs to the embedding chunk (the first in pipeline order) for the optimizer, the group
+    all-reduce and the checkpoint. Names stay the HF names."""
+
+    def __init__(self, chunks: dict[int, Stage]):
+        self.chunks = dict(sorted(chunks.items()))
+        first = next(iter(self.chunks.values()))
+        self.cfg = first.cfg
+        seen: set[int] = set()
+        self._owned: dict[int, list[tuple[str, nn.Parameter]]] = {}
+        for c, st in self.chunks.items():
+            self._owned[c] = [(n, p) for n, p in st.named_parameters() if id(p) not in seen]
+            seen |= {id(p) for _, p in self._owned[c]}
+
+    def owned(self, chunk: int) -> list[tuple[str, nn.Parameter]]:
+        """``chunk``'s parameters not already listed by an earlier chunk of this rank."""
+        return self._owned[chunk]
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        for c in self.chunks:
+            yield from self._owned[c]
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for _, p in self.named_parameters()]
+
+    def source_name(self, name: str) -> str:
+        for st in self.chunks.values():
+            src = st.source_name(name)
+            if src != name:
+                return src
+        return name
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.chunks.values())).dtype
+
+    @property
+    def hidden_size(self) -> int:
+        return next(iter(self.chunks.values())).hidden_size
+
+    def set_profiler(self, profiler: "BlockObserver | None") -> None:
+        for st in self.chunks.values():
+            st.profiler = profiler
+
+    def only(self) -> "Stage":
+        """The one chunk of a rank that holds one (what evaluation and single-chunk tools take)."""
+        if len(self.chunks) != 1:
+            raise ValueError(f"this rank holds chunks {list(self.chunks)}; expected one")
+        return next(iter(self.chunks.values()))
+
+    def tied_copy_parameter(self) -> nn.Parameter | None:
+        """The tail chunk's copy of a tied weight that another rank also holds (synced by the tied
+        all-reduce, so counted once across ranks by whoever counts the embedding); None when this rank
+        holds no such copy, e.g. in the V placement where both ends share one parameter."""
+        if self.shares_tied_weight():
+            return None
+        for st in self.chunks.values():
+            if st.tied_copy:
+                return st.tied_parameter()
+        return None
+
+    def shares_tied_weight(self) -> bool:
+        """True when this rank holds the embedding and the tail chunk and they use one tied weight."""
+        st = list(self.chunks.values())
+        emb = [s for s in st if s.spec.has_embed]
+        tail = [s for s in st if s.spec.has_tail]
+        if not (emb and tail) or not getattr(self.cfg, "tie_word_embeddings", False):
+            return False
+        return _get(tail[0].module, tail[0].parts.lm_head).weight is _get(emb[0].module, emb[0].parts.token).weight
+
+
+def build_stages(model: str, cfg, specs: dict[int, StageSpec], *, seed: int = 0, dtype: str = "float32",
+                 weights: str | Path | None = None, autocast: str = "") -> StageSet:
+    """One :class:`Stage` per chunk of a rank; a tail chunk of a tied model whose rank also holds the
+    embedding chunk uses the embedding's weight (the copy it was built with is dropped)."""
+    chunks = {c: build_stage(model, cfg, spec, seed=seed, dtype=dtype, weights=weights, autocast=autocast)
+              for c, spec in specs.items()}
+    emb = [st for st in chunks.values() if st.spec.has_embed]
+    if emb and getattr(cfg, "tie_word_embeddings", False):
+        shared = _get(emb[0].module, emb[0].parts.token).weight
+        for st in chunks.values():
+            if st.spec.has_tail and not st.spec.has_embed:
+                _get(st.module, st.parts.lm_head).weight = shared
+    return StageSet(chunks)
+
+
+# ----------------------------------------------------------------------------- split backward (zero-bubble)
+@dataclass(eq=False)
+class WeightTask:
+    """What the weight-gradient pass of one micro-batch needs, kept from its input-gradient pass:
+    either the whole backward (a chunk without an input gradient: it all waits for W), or the
+    graph nodes where each group of weights meets the input path, with the gradients that
+    reached those nodes during the input pass."""
+
+    full: tuple[torch.Tensor, torch.Tensor | None] | None = None
+    groups: list[tuple[list, list, list[nn.Parameter]]] | None = None
+    """(nodes, the gradients into each node, the weights reached from them)."""
+
+
+def _grad_node(t: torch.Tensor):
+    """The autograd node of ``t``: its grad_fn, or for a leaf its gradient accumulator."""
+    if t.grad_fn is not None:
+        return t.grad_fn
+    return t.view_as(t).grad_fn.next_functions[0][0]
+
+
+def _parents(root) -> dict:
+    """node -> the nodes whose backward feeds it (the reverse of ``next_functions``), from ``root``."""
+    parents: dict = {root: []}
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        for child, _ in node.next_functions:
+            if child is None:
+                continue
+            if child not in parents:
+                parents[child] = []
+                todo.append(child)
+            parents[child].append(node)
+    return parents
+
+
+def _up(starts: list, parents: dict, stop: set) -> tuple[set, set]:
+    """Nodes reachable from ``starts`` towards the output, not entering ``stop``; and the ``stop``
+    nodes met on the way."""
+    seen, met, todo = set(starts), set(), list(starts)
+    while todo:
+        for p in parents.get(todo.pop(), ()):
+            if p in stop:
+                met.add(p)
+            elif p not in seen:
+                seen.add(p)
+                todo.append(p)
+    return seen, met
+
+
+def _weight_groups(root, x_node, weights: list[nn.Parameter]) -> list[tuple[list, list[nn.Parameter]]]:
+    """Weights grouped by the input-path nodes where their gradient branches off: a node of the
+    input path computes both gradients, so W restarts from that node with the gradient it got."""
+    parents = _parents(root)
+    on_path, _ = _up([x_node], parents, set())
+    groups: list[tuple[set, list[nn.Parameter]]] = []
+    for w in weights:
+        node = _grad_node(w)
+        if node not in parents:
+            continue  # not used by this micro-batch's graph
+        _, met = _up([node], parents, on_path)
+        hit = [g for g in groups if g[0] & met]
+        merged = (set(met).union(*(g[0] for g in hit)), [p for g in hit for p in g[1]] + [w])
+        groups = [g for g in groups if not any(g is h for h in hit)] + [merged]
+    return [(list(nodes), ws) for nodes, ws in groups if nodes]
+
+
+def backward_input(out: torch.Tensor, grad: torch.Tensor | None, x: torch.Tensor | None,
+                   weights: list[nn.Parameter], now: list[nn.Parameter]) -> tuple[torch.Tensor | None, WeightTask]:
+    """The input gradient of one chunk's micro-batch (``I``), keeping what ``backward_weight`` needs.
+
+    ``now``: weights whose gradient is computed here as well (layers recomputed from a checkpoint:
+    their saved tensors can be unpacked only once). A chunk whose input needs no gradient (the
+    embedding chunk) computes nothing now: the whole backward runs in W."""
+    if x is None or not x.requires_grad:
+        return None, WeightTask(full=(out, grad))
+    root = out.grad_fn
+    groups = _weight_groups(root, _grad_node(x), weights)
+    captured: list[list] = [[None] * len(nodes) for nodes, _ in groups]
+    handles = []
+    for gi, (nodes, _) in enumerate(groups):
+        for ni, node in enumerate(nodes):
+            def keep(grads, gi=gi, ni=ni):
+                captured[gi][ni] = grads
+            handles.append(node.register_prehook(keep))
+    try:
+        gout = torch.ones_like(out) if grad is None else grad
+        res = torch.autograd.grad(out, [x, *now], gout, retain_graph=True, allow_unused=True)
+    finally:
+        for h in handles:
+            h.remove()
+    _accumulate(now, res[1:])
+    return res[0], WeightTask(groups=[(nodes, captured[gi], ws) for gi, (nodes, ws) in enumerate(groups)])
+
+
+def backward_weight(task: WeightTask) -> None:
+    """The weight gradients of one micro-batch (``W``), accumulated into ``.grad``; the kept graph
+    is released when ``task`` is dropped."""
+    if task.full is not None:
+        out, grad = task.full
+        torch.autograd.backward(out, grad)
+        task.full = None
+        return
+    from torch.autograd.graph import GradientEdge
+
+    for nodes, grads, ws in task.groups or ():
+        edges, values = [], []
+        for node, gs in zip(nodes, grads):
+            for i, g in enumerate(gs or ()):
+                if g is not None:
+                    edges.append(GradientEdge(node, i))
+                    values.append(g)
+        if not edges:
+            continue
+        # a node below another one of the group must see only what it got in the input pass
+        clamp = [n.register_prehook(lambda _g, saved=gs: saved) for n, gs in zip(nodes, grads)] if len(nodes) > 1 else []
+        try:
+            res = torch.autograd.grad(edges, [GradientEdge(_grad_node(w), 0) for w in ws], values,
+                                      retain_graph=True, allow_unused=True)
+        finally:
+            for h in clamp:
+                h.remove()
+        _accumulate(ws, res)
+    task.groups = None
+
+
+@torch.no_grad()
+def _accumulate(params: list[nn.Parameter], grads) -> None:
+    for p, g in zip(params, grads):
+        if g is None:
+            continue
+        if p.grad is None:
+            p.grad = g.detach()
+        else:
+            p.grad += g

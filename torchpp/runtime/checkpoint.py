@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from ..formats import file_hash, read_json, write_json
-from ..models.stages import Stage, read_tensors
+from ..models.stages import Stage, StageSet, read_tensors
 
 MANIFEST = "manifest.json"
 CKPT_FORMAT = "torchpp.checkpoint/1"
@@ -79,19 +79,34 @@ class Roles:
     stage: int
     writes_stage: bool
     writes_manifest: bool
+    chunks: tuple[int, ...] = ()
+    """Every chunk this rank holds (its files are written together); empty: just ``stage``."""
 
     @staticmethod
-    def decide(rank: int, stage_of: dict[int, int], hosts: list[str]) -> "Roles":
+    def decide(rank: int, stage_of: dict[int, int], hosts: list[str], chunks: tuple[int, ...] = ()) -> "Roles":
+        """``stage_of``: each rank's first chunk (ranks holding the same chunks share it)."""
         mine = hosts[rank]
         same_host = [r for r in range(len(hosts)) if hosts[r] == mine]
         writes_stage = rank == min(r for r in same_host if stage_of[r] == stage_of[rank])
-        return Roles(stage=stage_of[rank], writes_stage=writes_stage, writes_manifest=rank == min(same_host))
+        return Roles(stage=stage_of[rank], writes_stage=writes_stage, writes_manifest=rank == min(same_host),
+                     chunks=chunks or (stage_of[rank],))
 
 
-def optimizer_tensors(stage: Stage, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    names = {id(p): n for n, p in stage.named_parameters()}
+def _chunks(stage: Stage | StageSet, roles: "Roles") -> dict[int, list[tuple[str, torch.nn.Parameter]]]:
+    """Chunk -> the parameters its file holds (a tensor shared by two chunks is written once)."""
+    if isinstance(stage, StageSet):
+        return {c: stage.owned(c) for c in stage.chunks}
+    return {roles.stage: list(stage.named_parameters())}
+
+
+def optimizer_tensors(stage: Stage | StageSet, optimizer: torch.optim.Optimizer,
+                      only: list[tuple[str, torch.nn.Parameter]] | None = None) -> dict[str, torch.Tensor]:
+    """Optimizer state keyed ``<param name>::<state key>`` (of ``only`` when given)."""
+    names = {id(p): n for n, p in (only if only is not None else stage.named_parameters())}
     out: dict[str, torch.Tensor] = {}
     for p, st in optimizer.state.items():
+        if id(p) not in names:
+            continue
         for k, v in st.items():
             t = v if torch.is_tensor(v) else torch.tensor(v, dtype=torch.float64)
             out[f"{names[id(p)]}::{k}"] = t
@@ -105,19 +120,23 @@ class Snapshot:
 
     step: int
     stage: int
-    params: dict[str, torch.Tensor]
-    optim: dict[str, torch.Tensor]
+    params: dict[int, dict[str, torch.Tensor]]
+    """Per chunk written by this rank, its parameters by HF name."""
+    optim: dict[int, dict[str, torch.Tensor]]
     rng: torch.Tensor
 
 
-def snapshot(step: int, *, roles: Roles, stage: Stage, optimizer: torch.optim.Optimizer, copy: bool) -> Snapshot:
+def snapshot(step: int, *, roles: Roles, stage: Stage | StageSet, optimizer: torch.optim.Optimizer,
+             copy: bool) -> Snapshot:
     """This rank's share of checkpoint ``step``; ``copy`` clones the tensors (needed when they are
     written in the background)."""
     take = (lambda t: t.detach().clone()) if copy else (lambda t: t.detach())
-    params, optim = {}, {}
+    params: dict[int, dict[str, torch.Tensor]] = {}
+    optim: dict[int, dict[str, torch.Tensor]] = {}
     if roles.writes_stage:
-        params = {n: take(p) for n, p in stage.named_parameters()}
-        optim = {k: take(v) for k, v in optimizer_tensors(stage, optimizer).items()}
+        for c, named in _chunks(stage, roles).items():
+            params[c] = {n: take(p) for n, p in named}
+            optim[c] = {k: take(v) for k, v in optimizer_tensors(stage, optimizer, named).items()}
     return Snapshot(step=step, stage=roles.stage, params=params, optim=optim, rng=torch.get_rng_state())
 
 
@@ -125,12 +144,11 @@ def write_files(root: str | Path, snap: Snapshot, rank: int) -> dict[str, Any]:
     """Write this rank's files of ``snap`` (each atomically); returns its part of the index."""
     d = step_dir(root, snap.step)
     d.mkdir(parents=True, exist_ok=True)
-    s = snap.stage
-    mine: dict[str, Any] = {"stage": s, "params": [], "optim": []}
-    if snap.params:
-        _save_safetensors(d / f"model-stage{s}.safetensors", snap.params)
-        _save_safetensors(d / f"optim-stage{s}.safetensors", snap.optim)
-        mine = {"stage": s, "params": sorted(snap.params), "optim": sorted(snap.optim)}
+    mine: dict[str, Any] = {"chunks": []}
+    for c, params in snap.params.items():
+        _save_safetensors(d / f"model-stage{c}.safetensors", params)
+        _save_safetensors(d / f"optim-stage{c}.safetensors", snap.optim[c])
+        mine["chunks"].append({"stage": c, "params": sorted(params), "optim": sorted(snap.optim[c])})
     _atomic(d / f"rng-rank{rank}.pt", lambda tmp: torch.save(snap.rng, tmp))
     return mine
 
@@ -213,7 +231,7 @@ class BackgroundSaver:
 def _write_index_and_manifest(d: Path, step: int, parts: list[dict[str, Any]], stage: Stage, world: int,
                               info: dict[str, Any]) -> None:
     weight_map, optim_map = {}, {}
-    for part in parts:
+    for part in (chunk for rank in parts for chunk in rank["chunks"]):
         for n in part["params"]:
             weight_map[n] = f"model-stage{part['stage']}.safetensors"
         for n in part["optim"]:

@@ -44,11 +44,22 @@ def describe(action: Action) -> str:
     return str(action)
 
 
-def tag_of(action: Action) -> int:
-    """One tag per (micro-batch, direction, first sample): a receive can only match its own send."""
+def tag_of(action: Action, boundaries: int = 1, samples: int = 1 << 16) -> int:
+    """One tag per (micro-batch, direction, chunk boundary, first sample): a receive can only match
+    its own send, also when two ranks exchange several chunks' messages (interleaved, V).
+
+    ``boundaries``: chunk boundaries of the plan (stages - 1); ``samples``: the micro-batch size.
+    The boundary of a message is the chunk it leaves downwards: the sender's chunk for
+    activations, the receiver's for gradients."""
     grad = action.kind in (Kind.SEND_GRAD, Kind.RECV_GRAD)
+    down = action.kind in (Kind.SEND_ACT, Kind.RECV_GRAD)
+    boundary = action.stage if down else action.stage - 1
     lo = action.samples[0] if action.samples else 0
-    return (((action.microbatch or 0) << 1 | int(grad)) << 16) | lo
+    tag = (((action.microbatch or 0) * 2 + int(grad)) * max(1, boundaries) + boundary) * samples + lo
+    if not 0 <= tag < 1 << 31:
+        raise PeerError(f"{action}: message tag {tag} does not fit gloo's 31 bits (too many micro-batches "
+                        f"x chunks x samples)")
+    return tag
 
 
 @dataclass(eq=False)
@@ -108,8 +119,10 @@ def _why(cause: BaseException, timeout_s: float) -> str:
 class Comm:
     """This rank's links to its pipeline neighbours and its all-reduce groups."""
 
-    def __init__(self, rank: int, timeout_s: float):
+    def __init__(self, rank: int, timeout_s: float, boundaries: int = 1, samples: int = 1 << 16):
         self.rank, self.timeout_s = rank, timeout_s
+        self.tag_space = (boundaries, samples)
+        """(chunk boundaries, micro-batch size) of the plan: what :func:`tag_of` spreads tags over."""
         self.groups: dict[tuple[int, ...], object] = {}
         self.stamp = False
         """Stamp each operation's completion from a waiter thread (for traces)."""
@@ -128,7 +141,7 @@ class Comm:
     def _post(self, action: Action, tensor: torch.Tensor, fn) -> Pending:
         posted = time.perf_counter()  # before the call: gloo may start moving bytes inside isend
         try:
-            work = fn(tensor, action.peer, tag=tag_of(action))
+            work = fn(tensor, action.peer, tag=tag_of(action, *self.tag_space))
         except RuntimeError as e:
             raise PeerError(self._message(action, time.perf_counter(), e)) from None
         send = fn is dist.isend

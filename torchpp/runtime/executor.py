@@ -1,6 +1,10 @@
 """Runs one rank's action list (``schedules.build``) for one optimizer step.
 
-The list is the schedule; this loop adds nothing to the order. Each receive is posted
+The list is the schedule; this loop adds nothing to the order. A rank may hold several chunks
+(interleaved, V): each action runs on its chunk's :class:`Stage`, and where two chunks of the
+rank hold the same samples (the V's turn, chunk p-1 to p) the activation and the gradient are
+handed over in-process. ``I`` computes only the input gradient (what the previous chunk waits
+for) and keeps the graph; ``W`` computes the weight gradients from it later and frees it. Each receive is posted
 ``RECV_LOOKAHEAD`` forward/backward passes before the pass that needs it (or at the start of
 the step), sends are non-blocking and awaited before the optimizer step, so communication
 overlaps compute as far as the order allows while only a few receive buffers are alive at a
@@ -23,8 +27,8 @@ from typing import Protocol
 import torch
 
 from ..formats import Plan
-from ..models.stages import Stage
-from ..schedules import Action, Kind, sample_ranges
+from ..models.stages import Stage, StageSet, WeightTask, backward_input, backward_weight
+from ..schedules import GRAD_OUT, PASSES, Action, Kind, sample_ranges
 from .comm import Comm, Pending, PeerError, describe
 
 RECV_LOOKAHEAD = 2
@@ -34,13 +38,13 @@ RECV_LOOKAHEAD = 2
 def receive_posting(actions: list[Action], lookahead: int = RECV_LOOKAHEAD) -> dict[int, list[Action]]:
     """index in ``actions`` -> the receives to post just before executing that action.
 
-    A receive is consumed by the first forward/backward after it in the list; it is posted
+    A receive is consumed by the first pass (F, B, I) after it in the list (W passes count as passes too); it is posted
     before the pass ``lookahead`` passes earlier (at index 0 when there is none)."""
-    passes = [i for i, a in enumerate(actions) if a.kind in (Kind.FORWARD, Kind.BACKWARD)]
+    passes = [i for i, a in enumerate(actions) if a.kind in PASSES]
     out: dict[int, list[Action]] = {}
     seen = 0
     for i, a in enumerate(actions):
-        if a.kind in (Kind.FORWARD, Kind.BACKWARD):
+        if a.kind in PASSES:
             seen += 1
         elif a.is_recv:
             at = passes[seen - lookahead] if seen >= lookahead else 0
@@ -75,23 +79,30 @@ class StepResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+Key = tuple[int, int]
+"""(chunk, micro-batch)."""
+
+
 @dataclass
 class _StepState:
     """What one step holds between its actions: posted receives, unfinished sends, received
-    sample ranges, each micro-batch's input and output, and the step's totals."""
+    sample ranges, each (chunk, micro-batch)'s input, output, input gradient and kept weight
+    pass, and the step's totals."""
 
     ids: torch.Tensor | None
     n_tokens: int | None
-    grad_sends: dict[int, int]
-    """Per micro-batch, gradient sends still to post (its input is dropped after the last)."""
+    grad_uses: dict[Key, int]
+    """Per (chunk, micro-batch), consumers of its input gradient still to come (sends, local hand-off)."""
     recv_shape: tuple[int, int]
     """(tokens, hidden) of a received activation or gradient, per sample."""
     dtype: torch.dtype
     pending: dict[Action, Pending] = field(default_factory=dict)
     sends: list[Pending] = field(default_factory=list)
-    parts: dict[tuple[Kind, int], list[tuple[int, torch.Tensor]]] = field(default_factory=dict)
-    inputs: dict[int, torch.Tensor] = field(default_factory=dict)
-    outputs: dict[int, torch.Tensor] = field(default_factory=dict)
+    parts: dict[tuple[Kind, int, int], list[tuple[int, torch.Tensor]]] = field(default_factory=dict)
+    inputs: dict[Key, torch.Tensor] = field(default_factory=dict)
+    outputs: dict[Key, torch.Tensor] = field(default_factory=dict)
+    in_grads: dict[Key, torch.Tensor] = field(default_factory=dict)
+    weight_tasks: dict[Key, WeightTask] = field(default_factory=dict)
     loss: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
     compute_s: float = 0.0
     wait_s: float = 0.0
@@ -99,33 +110,56 @@ class _StepState:
 
 
 class Executor:
-    """One rank: its stage, its action list, its links and its optimizer."""
+    """One rank: its chunks (one :class:`Stage` each), its action list, its links and its optimizer."""
 
-    def __init__(self, *, rank: int, plan: Plan, actions: list[Action], stage: Stage, comm: Comm,
+    def __init__(self, *, rank: int, plan: Plan, actions: list[Action], stage: Stage | StageSet, comm: Comm,
                  optimizer: torch.optim.Optimizer):
-        self.rank, self.plan, self.actions, self.stage, self.comm, self.optimizer = (
-            rank, plan, actions, stage, comm, optimizer)
-        self.pstage = plan.stage_of_rank(rank)
-        self.range = sample_ranges(self.pstage)[rank]
-        self.params = [p for p in stage.parameters() if p.requires_grad]
-        tied = stage.tied_parameter()
-        self.tied = tied
-        self.tied_contributor = self.pstage.devices[0].rank == rank
+        self.rank, self.plan, self.actions, self.comm, self.optimizer = rank, plan, actions, comm, optimizer
+        held = plan.stages_of_rank(rank)
+        self.stages = stage if isinstance(stage, StageSet) else StageSet({held[0].index: stage})
+        if sorted(self.stages.chunks) != [c.index for c in held]:
+            raise ValueError(f"rank {rank}: built chunks {sorted(self.stages.chunks)}, the plan gives it "
+                             f"{[c.index for c in held]}")
+        self.pstages = {c.index: c for c in held}
+        self.ranges = {c.index: sample_ranges(c)[rank] for c in held}
+        self.params = {c: [p for _, p in self.stages.owned(c) if p.requires_grad] for c in self.stages.chunks}
+        self.recompute_now = {c: _recomputed(st) for c, st in self.stages.chunks.items()}
+        now = {c: {id(p) for p in ps} for c, ps in self.recompute_now.items()}
+        self.weight_later = {c: [p for p in st.parameters() if p.requires_grad and id(p) not in now[c]]
+                             for c, st in self.stages.chunks.items()}
+        """Per chunk, the weights its ``W`` computes (a shared tied weight in both of its chunks)."""
+        ends = [c for c in self.pstages if self.pstages[c].has_embed or self.pstages[c].has_tail]
+        self.tied = self.stages.chunks[ends[0]].tied_parameter() if ends else None
+        self.tied_contributor = bool(ends) and self.pstages[ends[0]].devices[0].rank == rank
         self.observer: StepObserver | None = None
         self.posting = receive_posting(actions)
         self.step_index = 0
         """Steps done so far (set to the resumed step); with the micro-batch it seeds dropout."""
 
+    @property
+    def stage(self) -> Stage:
+        """The rank's first chunk (one-chunk callers)."""
+        return next(iter(self.stages.chunks.values()))
+
     def _rows(self, mb: int, lo: int, hi: int) -> slice:
         base = mb * self.plan.micro_batch_size
         return slice(base + lo, base + hi)
 
+    def _local(self, src: int, dst: int) -> tuple[int, int] | None:
+        """Samples both chunks ``src`` and ``dst`` of this rank hold: handed over without communication."""
+        if src not in self.ranges or dst not in self.ranges:
+            return None
+        (a, b), (c, d) = self.ranges[src], self.ranges[dst]
+        lo, hi = max(a, c), min(b, d)
+        return (lo, hi) if lo < hi else None
+
     def step(self, ids: torch.Tensor | None, n_tokens: int | None) -> StepResult:
         """One optimizer step over the global batch ``ids`` (None on ranks that need no tokens)."""
         self.comm.stamp = self.observer is not None
-        s = _StepState(ids=ids, n_tokens=n_tokens, grad_sends=self._grad_sends(),
-                       recv_shape=(self.plan.seq_len, self.stage.hidden_size), dtype=self.stage.dtype)
+        s = _StepState(ids=ids, n_tokens=n_tokens, grad_uses=self._grad_uses(),
+                       recv_shape=(self.plan.seq_len, self.stages.hidden_size), dtype=self.stages.dtype)
         run = {Kind.FORWARD: self._forward, Kind.SEND_ACT: self._send_act, Kind.BACKWARD: self._backward,
+               Kind.BACKWARD_INPUT: self._backward, Kind.BACKWARD_WEIGHT: self._backward_weight,
                Kind.SEND_GRAD: self._send_grad, Kind.ALLREDUCE: self._allreduce_action,
                Kind.OPTIMIZER: self._optimizer_action}
         for i, act in enumerate(self.actions):
@@ -136,20 +170,26 @@ class Executor:
                 run[act.kind](act, s)
             else:  # pragma: no cover - build() only makes the kinds above
                 raise RuntimeError(f"rank {self.rank}: cannot execute {describe(act)}")
-            if act.kind in (Kind.FORWARD, Kind.BACKWARD) and s.sends:
+            if act.kind in PASSES and s.sends:
                 s.sent += self._release_finished(s.sends)
-        if s.pending or s.parts or s.outputs:
+        left = (s.pending, s.parts, s.outputs, s.in_grads, s.weight_tasks)
+        if any(left):
             raise RuntimeError(f"rank {self.rank}: step ended with unconsumed messages or activations "
-                               f"({len(s.pending)} receives, {len(s.parts)} parts, {len(s.outputs)} outputs)")
+                               f"({', '.join(str(len(x)) for x in left)} receives, parts, outputs, input "
+                               "gradients, weight passes)")
         self.step_index += 1
         return StepResult(loss=float(s.loss), compute_s=s.compute_s, comm_wait_s=s.wait_s, sent_bytes=s.sent)
 
-    def _grad_sends(self) -> dict[int, int]:
-        """Per micro-batch, the gradient sends of this step (its input is kept until the last one)."""
-        out: dict[int, int] = {}
+    def _grad_uses(self) -> dict[Key, int]:
+        """Per (chunk, micro-batch), who reads its input gradient: each send, and the earlier chunk
+        of this rank when it holds some of the same samples (a local hand-off)."""
+        out: dict[Key, int] = {}
         for act in self.actions:
+            key = (act.stage, act.microbatch)
             if act.kind == Kind.SEND_GRAD:
-                out[act.microbatch] = out.get(act.microbatch, 0) + 1
+                out[key] = out.get(key, 0) + 1
+            elif act.kind in GRAD_OUT and self._local(act.stage - 1, act.stage):
+                out[key] = out.get(key, 0) + 1
         return out
 
     def _post_receives(self, i: int, s: "_StepState") -> None:
@@ -164,22 +204,44 @@ class Executor:
         s.wait_s += time.perf_counter() - t0
         if self.observer:
             self.observer.p2p(p, t0)
-        s.parts.setdefault((act.kind, act.microbatch), []).append((act.samples[0], tensor))
+        s.parts.setdefault((act.kind, act.stage, act.microbatch), []).append((act.samples[0], tensor))
+
+    def _gather(self, kind: Kind, chunk: int, src: int, mb: int, s: "_StepState") -> torch.Tensor:
+        """This chunk's input (activations) or output gradient: received parts plus the local hand-off
+        from chunk ``src`` of this rank."""
+        parts = s.parts.pop((kind, chunk, mb), [])
+        local = self._local(src, chunk)
+        if local:
+            lo, hi = local
+            a = self.ranges[src][0]
+            if kind == Kind.RECV_ACT:
+                parts.append((lo, s.outputs[(src, mb)][lo - a:hi - a].detach()))
+            else:
+                parts.append((lo, self._use_in_grad((src, mb), s)[lo - a:hi - a]))
+        return _joined(parts, *self.ranges[chunk])
+
+    def _use_in_grad(self, key: Key, s: "_StepState") -> torch.Tensor:
+        g = s.in_grads[key]
+        s.grad_uses[key] -= 1
+        if s.grad_uses[key] == 0:  # pending sends keep the tensor alive as long as they need it
+            s.in_grads.pop(key)
+        return g
 
     def _forward(self, act: Action, s: "_StepState") -> None:
-        st, obs, mb = self.pstage, self.observer, act.microbatch
-        a, b = self.range
+        c, obs, mb = act.stage, self.observer, act.microbatch
+        st, stage = self.pstages[c], self.stages.chunks[c]
+        a, b = self.ranges[c]
         if obs:
             obs.forward_microbatch(mb)
         t0 = time.perf_counter()
         if st.has_embed:
             x = s.ids[self._rows(mb, a, b)]
         else:
-            x = _joined(s.parts.pop((Kind.RECV_ACT, mb)), a, b).requires_grad_(True)
+            x = self._gather(Kind.RECV_ACT, c, c - 1, mb, s).requires_grad_(True)
         labels = s.ids[self._rows(mb, a, b)] if st.has_tail else None
-        self.stage.rng_key = (self.step_index, mb)
-        out = self.stage.forward(x, labels, s.n_tokens)
-        s.inputs[mb], s.outputs[mb] = x, out
+        stage.rng_key = (self.step_index, mb)
+        out = stage.forward(x, labels, s.n_tokens)
+        s.inputs[(c, mb)], s.outputs[(c, mb)] = x, out
         if st.has_tail:
             s.loss += out.detach().double()
         t1 = time.perf_counter()
@@ -189,38 +251,48 @@ class Executor:
 
     def _send_act(self, act: Action, s: "_StepState") -> None:
         lo, hi = act.samples
-        a = self.range[0]
-        s.sends.append(self.comm.isend(act, s.outputs[act.microbatch][lo - a:hi - a].detach().contiguous()))
+        a = self.ranges[act.stage][0]
+        out = s.outputs[(act.stage, act.microbatch)]
+        s.sends.append(self.comm.isend(act, out[lo - a:hi - a].detach().contiguous()))
 
     def _backward(self, act: Action, s: "_StepState") -> None:
-        obs, mb = self.observer, act.microbatch
-        a, b = self.range
+        """A full backward (``B``) or the input-gradient half (``I``) of one chunk's micro-batch."""
+        c, obs, mb = act.stage, self.observer, act.microbatch
+        key = (c, mb)
         t0 = time.perf_counter()
         if obs:
             obs.backward_begin(mb, t0)
-        out = s.outputs.pop(mb)
-        if self.pstage.has_tail:
-            out.backward()
-        else:
-            grad = _joined(s.parts.pop((Kind.RECV_GRAD, mb)), a, b)
+        out, x = s.outputs.pop(key), s.inputs.pop(key)
+        grad = None if self.pstages[c].has_tail else self._gather(Kind.RECV_GRAD, c, c + 1, mb, s)
+        if act.kind == Kind.BACKWARD:
             torch.autograd.backward(out, grad)
-        del out
-        t1 = time.perf_counter()
-        if obs:
-            obs.backward_end(mb, t1)
+            dx = x.grad if x.requires_grad else None
+        else:
+            dx, s.weight_tasks[key] = backward_input(out, grad, x, self.weight_later[c], self.recompute_now[c])
+        del out, x
+        if dx is not None and s.grad_uses.get(key):
+            s.in_grads[key] = dx
+        self._timed(act, t0, s)
+
+    def _backward_weight(self, act: Action, s: "_StepState") -> None:
+        """The weight-gradient half (``W``): its kept graph is freed here."""
+        t0 = time.perf_counter()
+        backward_weight(s.weight_tasks.pop((act.stage, act.microbatch)))
+        self._timed(act, t0, s)
+
+    def _timed(self, act: Action, t0: float, s: "_StepState") -> None:
+        obs, t1 = self.observer, time.perf_counter()
+        if obs and act.kind != Kind.BACKWARD_WEIGHT:
+            obs.backward_end(act.microbatch, t1)
         s.compute_s += t1 - t0
         if obs:
-            obs.compute(act, t0, t1, {"samples": list(act.samples or (a, b))})
-        if not s.grad_sends.get(mb):
-            s.inputs.pop(mb)
+            obs.compute(act, t0, t1, {"samples": list(act.samples or self.ranges[act.stage])})
 
     def _send_grad(self, act: Action, s: "_StepState") -> None:
         lo, hi = act.samples
-        a, mb = self.range[0], act.microbatch
-        s.sends.append(self.comm.isend(act, s.inputs[mb].grad[lo - a:hi - a].contiguous()))
-        s.grad_sends[mb] -= 1
-        if s.grad_sends[mb] == 0:  # the pending sends keep the gradient alive, not the input
-            s.inputs.pop(mb)
+        key = (act.stage, act.microbatch)
+        a = self.ranges[act.stage][0]
+        s.sends.append(self.comm.isend(act, self._use_in_grad(key, s)[lo - a:hi - a].contiguous()))
 
     def _allreduce_action(self, act: Action, s: "_StepState") -> None:
         t0 = time.perf_counter()
@@ -231,7 +303,7 @@ class Executor:
             self.observer.collective(act, t0, t1, nbytes)
 
     def _optimizer_action(self, act: Action, s: "_StepState") -> None:
-        """Wait for this step's sends, then step the optimizer."""
+        """Wait for this step's sends, then step the optimizer (over every chunk of the rank)."""
         obs = self.observer
         t0 = time.perf_counter()
         for p in s.sends:
@@ -269,12 +341,24 @@ class Executor:
             self.tied.grad = buf
             return buf.numel() * buf.element_size()
         grads = []
-        for p in self.params:
+        for p in self.params[act.stage]:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             grads.append(p.grad)
         self.comm.all_reduce(act, grads)
         return sum(g.numel() * g.element_size() for g in grads)
+
+
+def _recomputed(stage: Stage) -> list[torch.nn.Parameter]:
+    """Parameters of the layers ``stage`` recomputes: their gradients are taken in the ``I`` pass
+    (a checkpointed layer's saved tensors are recomputed for one backward pass only)."""
+    a, b = stage.spec.layers
+    flags = stage.spec.recompute or ()
+    out: list[torch.nn.Parameter] = []
+    for i, rec in zip(range(a, b), flags):
+        if rec:
+            out += [p for p in stage.layer_list[i].parameters() if p.requires_grad]
+    return out
 
 
 def _joined(parts: list[tuple[int, torch.Tensor]], a: int, b: int) -> torch.Tensor:

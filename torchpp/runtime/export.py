@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..formats import write_json
-from ..models.stages import Stage
+from ..models.stages import Stage, StageSet
 from .checkpoint import Roles, _atomic, _save_safetensors
 from .exchange import all_gather_json
 
@@ -36,7 +36,7 @@ def hf_state(stage: Stage) -> dict[str, torch.Tensor]:
     return {n: t.contiguous() for n, t in revert_weight_conversion(stage.module, state).items()}
 
 
-def export_hf(out: str | Path, *, roles: Roles, stage: Stage, source: str | None) -> Path | None:
+def export_hf(out: str | Path, *, roles: Roles, stage: Stage | StageSet, source: str | None) -> Path | None:
     """All ranks call this after the last step; returns ``out`` on the ranks that wrote its index.
 
     ``source``: the model directory the run started from (its tokenizer and generation config
@@ -44,16 +44,17 @@ def export_hf(out: str | Path, *, roles: Roles, stage: Stage, source: str | None
     d = Path(out)
     d.mkdir(parents=True, exist_ok=True)
     names: list[str] = []
+    stages = list(stage.chunks.values()) if isinstance(stage, StageSet) else [stage]
     if roles.writes_stage:
-        state = hf_state(stage)
+        state = {n: t for st in stages for n, t in hf_state(st).items()}
         _save_safetensors(d / f"model-stage{roles.stage}.safetensors", state)
         names = sorted(state)
     parts = all_gather_json([roles.stage, names])  # also the barrier: every shard is in place
     if not roles.writes_manifest:
         return None
     weight_map = {n: f"model-stage{s}.safetensors" for s, ns in parts for n in ns}
-    _atomic(d / "config.json", lambda tmp: stage.cfg.to_json_file(tmp))
-    _write_generation_config(d, stage.cfg, source)
+    _atomic(d / "config.json", lambda tmp: stages[0].cfg.to_json_file(tmp))
+    _write_generation_config(d, stages[0].cfg, source)
     copy_tokenizer(source, d)
     write_json(d / INDEX, {"metadata": {"format": "pt"}, "weight_map": weight_map})
     return d

@@ -104,6 +104,8 @@ class StepRecorder:
     step: int
     clock: ClockSync
     layers: tuple[int, int] = (0, 0)
+    chunks: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Every chunk the rank holds -> its layer range (several under interleaved and V placements)."""
     writer: TraceWriter = field(init=False)
     _p2p: list[_P2P] = field(default_factory=list)
     _mb: int | None = None
@@ -114,23 +116,27 @@ class StepRecorder:
 
     def __post_init__(self) -> None:
         self.writer = TraceWriter(world_size=self.world_size, rank=self.rank, metadata={
-            "step": self.step, "rank": self.rank, "stage": self.stage, "host": self.host,
-            "clock_offset_s": self.clock.offset_s, "clock_rtt_s": self.clock.rtt_s, "clock": "perf_counter"})
+            "step": self.step, "rank": self.rank, "stage": self.stage, "stages": sorted(self.chunks or [self.stage]),
+            "host": self.host, "clock_offset_s": self.clock.offset_s, "clock_rtt_s": self.clock.rtt_s,
+            "clock": "perf_counter"})
         self.writer.base_time_ns = self.clock.wall_ns
-        self.writer.name_process(self.rank, f"rank {self.rank} · stage {self.stage} · host {self.host}")
+        held = sorted(self.chunks or [self.stage])  # named as the simulator's predicted traces name it
+        where = f"stage {held[0]}" if len(held) == 1 else "stages " + ",".join(map(str, held))
+        self.writer.name_process(self.rank, f"rank {self.rank} · {where} · host {self.host}")
 
     def _t(self, t: float) -> float:
         return t - self.clock.base_s
 
     # -- executor
     def compute(self, action: Action, start_s: float, end_s: float, args: dict) -> None:
-        name = {Kind.FORWARD: "F", Kind.BACKWARD: "B"}.get(action.kind)
+        name = {Kind.FORWARD: "F", Kind.BACKWARD: "B", Kind.BACKWARD_INPUT: "I",
+                Kind.BACKWARD_WEIGHT: "W"}.get(action.kind)
         name = f"{name}{action.microbatch}" if name else "optimizer"
         if action.kind == Kind.FORWARD:
             self._mb = action.microbatch
         self.writer.complete(self.rank, "compute", name, self._t(start_s), end_s - start_s,
                              {"stage": action.stage, "microbatch": action.microbatch,
-                              "layers": list(self.layers), **args})
+                              "layers": list(self.chunks.get(action.stage, self.layers)), **args})
 
     def p2p(self, pending, waited_from_s: float | None) -> None:
         blocked = 0.0 if waited_from_s is None else max(0.0, pending.done_s - waited_from_s)

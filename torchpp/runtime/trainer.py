@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from ..formats import FormatError, Plan, file_hash, validate_plan
 from ..models.presets import DTYPES, hidden_size, is_preset, load_config, num_hidden_layers, resolve_model
-from ..models.stages import StageSpec, build_stage, count_targets
+from ..models.stages import StageSet, StageSpec, build_stages, count_targets
 from ..schedules import Schedule, build
 from . import checkpoint as ckpt
 from . import elastic_hooks
@@ -185,6 +185,9 @@ def prepare(cfg: TrainConfig, world_size: int) -> Prepared:
     if plan.micro_batch_size >= 1 << 16:
         raise FormatError(source, "micro_batch_size", "fewer than 65536 samples", plan.micro_batch_size)
     _check_positions(plan, mcfg, source, model)
+    if cfg.evaluates and any(len(plan.stages_of_rank(r)) > 1 for r in plan.ranks):
+        raise FormatError(source, "schedule", "a schedule with one chunk per device (1f1b, gpipe, zb-h1) to "
+                          "evaluate (--eval-every, --eval-data, --eval-fraction)", plan.schedule)
     return Prepared(plan, model, mcfg, build(plan), file_hash(cfg.plan))
 
 
@@ -421,18 +424,17 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
     from .tracing import mark_base_rss
 
     plan, schedule = prep.plan, prep.schedule
-    pstage = plan.stage_of_rank(rank)
-    comm = Comm(rank, cfg.timeout_s)
+    chunks = plan.stages_of_rank(rank)  # in pipeline order; the first names the rank in traces and statistics
+    comm = Comm(rank, cfg.timeout_s, boundaries=plan.num_stages - 1, samples=plan.micro_batch_size)
     g = lambda what, fn, *a, **kw: guarded(rank, what, cfg.timeout_s, fn, *a, **kw)  # noqa: E731
     # the first collective: ranks started with different plans or options must stop here, before any write
     g("comparing plan, model, data and options with all ranks", require_agreement, fingerprint(cfg, prep))
     g("creating the all-reduce groups", comm.make_groups, schedule)
     hosts = g("exchanging host names with all ranks", all_gather_json, socket.gethostname())
-    roles = ckpt.Roles.decide(rank, {r: plan.stage_of_rank(r).index for r in range(world)}, hosts)
+    roles = _roles(plan, rank, hosts)
     mark_base_rss()  # what the stage adds to this process is what the planner's memory model predicts
-    stage = build_stage(prep.model, prep.config, StageSpec.from_plan(plan, pstage.index), seed=cfg.seed,
-                        dtype=plan.model.dtype, autocast=plan.model.autocast)
-    params = [p for p in stage.parameters()]
+    stage = _build_chunks(prep, plan, [c.index for c in chunks], cfg.seed)
+    params = stage.parameters()
     optimizer = make_optimizer(cfg.optimizer, params, cfg.lr, cfg.weight_decay, cfg.adam_eps, tuple(cfg.adam_betas))
     start = 0
     if cfg.checkpoint_dir is not None:
@@ -444,13 +446,13 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
                   "master weights); plan with --dtype bfloat16 for mixed precision")
     if start > 0:
         _resume(cfg, start, log, rank=rank, stage=stage, optimizer=optimizer)
-    stepper = SteppedOptimizer(optimizer, params, cfg.optim_settings(), counts_stage=pstage.devices[0].rank == rank,
-                               skip=stage.tied_parameter() if stage.tied_copy else None, done_steps=start)
+    stepper = SteppedOptimizer(optimizer, params, cfg.optim_settings(), counts_stage=chunks[0].devices[0].rank == rank,
+                               skip=stage.tied_copy_parameter(), done_steps=start)
     executor = Executor(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm, optimizer=stepper)
     executor.step_index = start
-    evaluator = (Evaluator(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm)
+    evaluator = (Evaluator(rank=rank, plan=plan, actions=schedule[rank], stage=stage.only(), comm=comm)
                  if cfg.evaluates else None)
-    source, eval_source = _sources(cfg, prep, pstage.has_embed or pstage.has_tail)
+    source, eval_source = _sources(cfg, prep, any(c.has_embed or c.has_tail for c in chunks))
     saver = (ckpt.BackgroundSaver(cfg.checkpoint_dir, rank=rank, roles=roles, stage=stage, keep=cfg.keep_checkpoints,
                                   timeout_s=cfg.timeout_s) if cfg.checkpoint_background and cfg.checkpoint_dir else None)
     return _Session(cfg=cfg, prep=prep, rank=rank, world=world, g=g, hosts=hosts, roles=roles, stage=stage,
@@ -461,16 +463,16 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
 def _train_step(ss: _Session, step: int, summary: TrainSummary) -> None:
     """One optimizer step: its batch, the executor's action list, statistics, traces, checkpoint."""
     cfg, plan, g, rank = ss.cfg, ss.prep.plan, ss.g, ss.rank
-    pstage = plan.stage_of_rank(rank)
+    chunks = plan.stages_of_rank(rank)
     S = plan.num_stages
     ids = ss.source.batch(step - 1) if ss.source is not None else None
-    n_tokens = count_targets(ids) if ids is not None and pstage.has_tail else None
+    n_tokens = count_targets(ids) if ids is not None and chunks[-1].has_tail else None
     rec = _start_trace(ss, step) if cfg.trace_dir is not None and step in cfg.trace_steps else None
     t0 = time.perf_counter()
     with _torch_profiler(cfg, rec, step, rank):
         res = ss.executor.step(ids, n_tokens)
-    stats = g(f"step {step}: statistics all-reduce with all ranks", _reduce_stats, res, pstage.index,
-              len(pstage.devices), S)
+    stats = g(f"step {step}: statistics all-reduce with all ranks", _reduce_stats, res, chunks[0].index,
+              len(chunks[0].devices), S)
     dt = time.perf_counter() - t0
     if rec is not None:
         summary.traces += _finish_trace(ss, step, rec)
@@ -490,12 +492,12 @@ def _start_trace(ss: _Session, step: int) -> Any:
     """Align clocks with rank 0 and record this step (and its blocks with --profile-blocks)."""
     from .tracing import StepRecorder, sync_clocks
 
-    pstage = ss.prep.plan.stage_of_rank(ss.rank)
+    chunks = ss.prep.plan.stages_of_rank(ss.rank)
     clock = ss.g("clock ping-pong with rank 0", sync_clocks, ss.rank, ss.world)
-    rec = StepRecorder(rank=ss.rank, world_size=ss.world, stage=pstage.index, host=ss.hosts[ss.rank], step=step,
-                       clock=clock, layers=tuple(pstage.layers))
+    rec = StepRecorder(rank=ss.rank, world_size=ss.world, stage=chunks[0].index, host=ss.hosts[ss.rank], step=step,
+                       clock=clock, chunks={c.index: tuple(c.layers) for c in chunks})
     ss.executor.observer = rec
-    ss.stage.profiler = rec if ss.cfg.profile_blocks else None
+    ss.stage.set_profiler(rec if ss.cfg.profile_blocks else None)
     return rec
 
 
@@ -503,7 +505,8 @@ def _finish_trace(ss: _Session, step: int, rec: Any) -> list:
     """This rank's trace of the step (tied to the plan by its hash), gathered on rank 0."""
     from .tracing import write_step
 
-    ss.executor.observer, ss.stage.profiler = None, None
+    ss.executor.observer = None
+    ss.stage.set_profiler(None)
     trace = rec.finish()
     trace["metadata"]["plan_hash"] = ss.prep.plan_hash  # analyze and replan refuse another plan's traces
     if ss.decisions:
@@ -527,6 +530,19 @@ def _finish(ss: _Session, summary: TrainSummary) -> None:
         if d is not None:
             log.print(f"model {d} (AutoModelForCausalLM.from_pretrained loads it)")
     log.close()
+
+
+def _roles(plan: Plan, rank: int, hosts: list[str]) -> ckpt.Roles:
+    """Who writes which checkpoint files: ranks holding the same chunks are told apart by host."""
+    first = {r: plan.stages_of_rank(r)[0].index for r in range(len(hosts))}
+    return ckpt.Roles.decide(rank, first, hosts, chunks=tuple(c.index for c in plan.stages_of_rank(rank)))
+
+
+def _build_chunks(prep: Prepared, plan: Plan, chunks: list[int], seed: int) -> StageSet:
+    """One stage per chunk this rank holds (a tied weight shared in-process where it holds both ends)."""
+    specs = {c: StageSpec.from_plan(plan, c) for c in chunks}
+    return build_stages(prep.model, prep.config, specs, seed=seed, dtype=plan.model.dtype,
+                        autocast=plan.model.autocast)
 
 
 def _resume(cfg: TrainConfig, start: int, log: _Log, *, rank: int, stage, optimizer) -> None:
