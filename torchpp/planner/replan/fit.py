@@ -328,9 +328,8 @@ def fit_hosts(plan: Plan, old: "OldCosts", meas: Measurements) -> CostFit:
     """Fit every host the plan used and build the corrected profiles (hosts it did not use keep theirs)."""
     prof, files = old.profiles, old.files
     ranks_of: dict[str, list[int]] = defaultdict(list)
-    for s in plan.stages:
-        for d in s.devices:
-            ranks_of[d.host].append(d.rank)
+    for r in plan.ranks:
+        ranks_of[plan.device_of_rank(r).host].append(r)
     fits = {h: fit_host(h, rs, plan, prof, meas) for h, rs in sorted(ranks_of.items())}
     cap = old.capacities
     ref = cap.ref_host if cap is not None and cap.ref_host in prof.fwd else (files[0].host if files else old.planned[0])

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from ...formats import Bandwidth, Capacities, Devices, FormatError, LayersFile, MemoryModel, Plan
 from ...schedules import Kind, build
-from ...trace.analyze import COMPUTE_KINDS, Event, analyze, events_from_trace
+from ...trace.analyze import COMPUTE_KINDS, Event, analyze, events_from_trace, message_key
 from ...trace.chrome import load_trace
 from ...cost import ANALYTIC_KP, Links, MeasuredCost, MemoryEstimator, Profiles
 from .write import template_from_model
@@ -189,14 +189,14 @@ def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "p
             elif e.kind == "optimizer":
                 out.optimizer[e.rank].append(e.dur)
             elif e.kind.startswith("send"):
-                sends[(e.rank, e.peer, e.kind[5:], e.microbatch)] = e
+                sends[message_key(e)] = e
             elif e.kind.startswith("recv"):
                 recvs.append(e)
         for r, g in call_gaps(evs).items():
             out.gaps[r].extend(g)
         clipped = _row_clipped(list(sends.values()) + recvs)
         for rv in recvs:
-            sd = sends.get((rv.peer, rv.rank, rv.kind[5:], rv.microbatch))
+            sd = sends.get(message_key(rv))  # chunks of one rank sending to one peer told apart
             if sd is None or not rv.bytes:
                 continue
             # the message can move only once both ends have posted it; it is done when it arrived
@@ -218,7 +218,8 @@ def call_gaps(events: Sequence[Event]) -> dict[int, list[float]]:
     out: dict[int, list[float]] = {}
     for r, evs in by.items():
         comp = sorted((e for e in evs if e.kind in COMPUTE_KINDS), key=lambda e: e.start)
-        waits = [(e.end, e.wait_s) for e in evs if e.kind.startswith("recv")]
+        # how long compute waited: a receive's slice may start late on a busy row, its wait did not
+        waits = [(e.end, e.dur if e.blocked_s is None else e.blocked_s) for e in evs if e.kind.startswith("recv")]
         gaps = []
         for a, b in zip(comp, comp[1:]):
             waited = sum(w for end, w in waits if a.end - 1e-6 <= end <= b.start + 1e-6)
