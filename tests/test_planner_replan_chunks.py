@@ -139,3 +139,21 @@ def test_replan_schedule_choice_and_chunk_mismatch(tmp_path, capsys):
                               hosts=run["hosts"])
     with pytest.raises(FormatError, match=r"timeline_step2_all.json.*args\.layers.*\[0, 2\]"):
         read_run(tmp_path / "traces", other, prof)
+
+
+def test_analyze_of_a_chunked_run_compares_each_ranks_memory_over_all_its_chunks(tmp_path, capsys):
+    """`torchpp analyze --plan` of a ZBV run: per rank, measured peak against the plan's prediction
+    for all the chunks it holds (the tied weight once); the per-rank table names every chunk."""
+    plan, run = measured_run(tmp_path, "zbv-tied", steps=(2,))
+    assert main(["analyze", str(tmp_path / "traces"), "--plan", str(tmp_path / "plan.json"),
+                 "--out", str(tmp_path / "report")]) == 0
+    rep = json.loads((tmp_path / "report" / "report.json").read_text())
+    prof = Profiles.from_layers([LayersFile.load(p) for p in run["claimed"]])
+    want = device_memory(plan, prof, MemoryEstimator.analytic())
+    truth = device_memory(plan, prof, TRUE_MEMORY)
+    assert set(rep["memory"]) == {str(r) for r in plan.ranks}
+    for r in plan.ranks:
+        m = rep["memory"][str(r)]
+        assert m["predicted_peak_bytes"] == int(want[r]) and m["measured_peak_bytes"] == int(truth[r])
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| 0 | 0,5 |" in md and "| 2 | 2,3 |" in md
