@@ -43,7 +43,8 @@ def rank_memory(trace: dict[str, Any]) -> dict[int, int]:
 
 
 def predicted_memory(plan: Plan | None) -> dict[int, int]:
-    """Per rank, the planner's predicted peak (plan.json ``predicted.stages[].devices[]``)."""
+    """Per rank, the planner's predicted peak (plan.json ``predicted.stages[].devices[]``): the whole
+    rank's, every chunk it holds included, repeated under each of its chunks."""
     if plan is None or not plan.predicted:
         return {}
     out = {int(r): int(v) for r, v in (plan.predicted.get("memory_bytes_per_rank") or {}).items()}
@@ -91,6 +92,12 @@ def build_report(trace_dir: Path, plan: Plan | None = None, predicted: Path | No
     return out
 
 
+def _chunks(rank: dict[str, Any]) -> str:
+    """A rank's chunks as the report names them: ``2``, or ``0,5`` for a rank holding several."""
+    held = sorted(int(c) for c in rank.get("chunk_compute_s") or {})
+    return ",".join(map(str, held)) if held else str(rank["stage"])
+
+
 def write_markdown(rep: dict[str, Any], path: Path) -> None:
     m = rep["measured"]
     lines = [f"# Timeline report: {rep['trace_dir']}", "",
@@ -99,10 +106,10 @@ def write_markdown(rep: dict[str, Any], path: Path) -> None:
         lines.append(f"Predicted: {rep['predicted_step_time_s']:.4f} s, error "
                      f"{100 * rep['step_time_error']:+.1f}%")
     lines += ["", "## Per rank (seconds)", "",
-              "| rank | stage | compute | forward | backward | recompute | recv wait | all-reduce | optimizer | idle |",
+              "| rank | stage(s) | compute | forward | backward | recompute | recv wait | all-reduce | optimizer | idle |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for r, s in m["ranks"].items():
-        lines.append(f"| {r} | {s['stage']} | {s['compute_s']:.4f} | {s['forward_s']:.4f} | {s['backward_s']:.4f} | "
+        lines.append(f"| {r} | {_chunks(s)} | {s['compute_s']:.4f} | {s['forward_s']:.4f} | {s['backward_s']:.4f} | "
                      f"{s['recompute_s']:.4f} | {s['recv_wait_s']:.4f} | {s['allreduce_s']:.4f} | "
                      f"{s['optimizer_s']:.4f} | {s['idle_s']:.4f} |")
     b = m["bubble"]

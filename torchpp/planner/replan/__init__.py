@@ -5,7 +5,8 @@
 
 The run's merged timelines (``timeline_step<N>_all.json``, read with
 :mod:`torchpp.trace.analyze`) say how long each rank's forward and backward of every
-micro-batch took. The plan's cost model (:class:`~torchpp.cost.MeasuredCost`) says
+micro-batch took (every chunk a rank holds, and the I/W halves of a zero-bubble schedule's
+backward). The plan's cost model (:class:`~torchpp.cost.MeasuredCost`) says
 how long they should have taken. Per host, scale factors are fitted by non-negative least
 squares (``scipy.optimize.nnls``): one forward and one backward factor per group of blocks
 the data can tell apart (a host that ran two different layer ranges gets one factor per
@@ -19,7 +20,8 @@ calls beyond waiting for data (dispatch, posting messages) is measured per host 
 on every forward and backward (``LayersFile.call_overhead_s``). The optimizer's seconds per
 parameter byte and, from the ranks' peak RSS, the memory model are refitted too. The corrected
 layers, bandwidth, capacities and memory files are written to the output folder, the same
-search as ``torchpp plan`` runs on them, and ``replan_summary.txt/json`` say what changed:
+search as ``torchpp plan`` runs on them (``--schedule``, default auto: every schedule kind), and
+``replan_summary.txt/json`` say what changed:
 per host the old and new speed, the links that changed, the old plan's measured step time
 against its prediction, the old plan re-priced with the corrected costs, the new plan's
 predicted step time and the predicted gain.

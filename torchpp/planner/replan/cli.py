@@ -34,7 +34,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="devices.json (default: the plan's devices with the budgets in its prediction)")
     p.add_argument("--out-dir", type=T.out_dir, required=True)
     p.add_argument("--global-batch", type=T.int_in(1, V.MAX_GLOBAL_BATCH), default=None, help="default: the plan's")
-    p.add_argument("--schedule", choices=["1f1b", "gpipe"], default=None, help="default: the plan's")
+    p.add_argument("--schedule", type=_schedule, default="auto",
+                   help="as `torchpp plan --schedule`: auto (default: the best over 1f1b, zb-h1, gpipe, interleaved, "
+                        "interleaved-zb, v, zbv), one kind or a comma-separated list")
     p.add_argument("--max-stages", type=T.int_in(1, V.MAX_STAGES), default=None)
     p.add_argument("--micro-batch-sizes", type=T.int_list(1, V.MAX_GLOBAL_BATCH), default=None)
     p.add_argument("--no-recompute", action="store_true")
@@ -43,6 +45,16 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare", default=None, help="e.g. even,dp,pp: price these too (corrected costs)")
     p.add_argument("--no-memory-refit", action="store_true", help="keep the memory model even if peaks were traced")
     p.set_defaults(func=run)
+
+
+def _schedule(text: str) -> str:
+    from ..chunks import schedule_kinds
+
+    try:
+        schedule_kinds(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,7 +123,7 @@ def _options(args: argparse.Namespace, plan: Plan):
     from .. import api
 
     return api.PlanOptions(
-        global_batch=args.global_batch or plan.global_batch, schedule=args.schedule or plan.schedule,
+        global_batch=args.global_batch or plan.global_batch, schedule=args.schedule,
         max_stages=args.max_stages, micro_batch_sizes=args.micro_batch_sizes, recompute=not args.no_recompute,
         exact_devices=args.exact_devices, max_group=args.max_group, compare=api.compare_names(args.compare))
 

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from ...formats import Bandwidth, MemoryModel, MemorySample, Plan
-from ...cost import (MemoryEstimator, Profiles, StageMemory, block_time, layer_forward_calls, model_time,
-                     recompute_runs, stage_blocks)
-from ...schedules import in_flight
+from ...cost import (MemoryEstimator, Profiles, Span, StageMemory, block_time, layer_forward_calls, model_time,
+                     recompute_runs, stage_blocks, stage_time)
+from ...schedules import rank_held
 from .read import Measurements, Transfer
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class HostFit:
     host: str
     ranks: list[int]
     ranges: list[tuple[int, int]]
-    """Layer ranges [start, end) this host ran (decoder layers, as in plan.json)."""
+    """Layer ranges [start, end) of every chunk this host ran (decoder layers, as in plan.json)."""
     points: int
     factor: float
     forward: float
@@ -60,37 +60,73 @@ class HostFit:
     """Mean forward + backward per micro-batch (all of the host's ranks)."""
 
 
+@dataclass(frozen=True)
+class _Chunk:
+    """What one rank computes of one chunk: its blocks [lo, hi), recomputed runs and samples."""
+
+    lo: int
+    hi: int
+    rec: tuple[tuple[int, int], ...]
+    samples: int
+
+
+def _chunks_of(plan: Plan, ranks: Sequence[int]) -> dict[tuple[int, int], _Chunk]:
+    """(rank, chunk index) -> its blocks, for every chunk the ranks hold."""
+    out = {}
+    for r in ranks:
+        for st in plan.stages_of_rank(r):
+            lo, hi = stage_blocks(st.layers, st.has_embed, st.has_tail)
+            out[(r, st.index)] = _Chunk(lo, hi, recompute_runs(st.layers[0], st.recompute), st.device(r).samples)
+    return out
+
+
+def _pass_time(profiles: Profiles, host: str, a: int, b: int, n: int, kind: str) -> float:
+    """Seconds of blocks [a, b) in one ``kind`` pass on ``n`` samples, without the runtime's per-call
+    cost and recomputation: F, B, or a zero-bubble schedule's I / W (the backward split as priced)."""
+    if kind in ("F", "B"):
+        return float(block_time(profiles, host, a, b, n, backward=kind == "B"))
+    t = stage_time(profiles, host, Span(a, b))
+    return (t.backward_input(n) if kind == "I" else t.backward_weight(n)) - t.call
+
+
+def _design(host: str, profiles: Profiles, meas: Measurements, info: Mapping[tuple[int, int], _Chunk],
+            groups: Sequence[tuple[int, int]]) -> tuple[np.ndarray, ...]:
+    """The least-squares rows: forwards (Af, yf); backward passes B, I and W (Ab, yb) with the
+    recomputed forwards inside B and I (Ar, priced by the forward factors)."""
+    rows_f, y_f, rows_b, y_b, rec_rows = [], [], [], [], []
+    for c in meas.compute:
+        ch = info.get((c.rank, c.stage))
+        if ch is None:
+            continue
+        inside = [ch.lo <= a and b <= ch.hi for a, b in groups]
+        row = [_pass_time(profiles, host, a, b, ch.samples, c.kind) if ok else 0.0
+               for (a, b), ok in zip(groups, inside)]
+        if c.kind == "F":
+            rows_f.append(row)
+            y_f.append(c.seconds)
+            continue
+        rows_b.append(row)
+        rec_rows.append([sum(block_time(profiles, host, max(x, a), min(y, b), ch.samples) for x, y in ch.rec
+                             if max(x, a) < min(y, b)) if ok and c.kind != "W" else 0.0
+                         for (a, b), ok in zip(groups, inside)])
+        y_b.append(c.seconds)
+    return tuple(np.array(x, dtype=float) for x in (rows_f, y_f, rows_b, y_b, rec_rows))
+
+
 def fit_host(host: str, ranks: Sequence[int], plan: Plan, profiles: Profiles, meas: Measurements) -> HostFit:
     """Forward/backward factors per block group of one host (nnls), and overall ones.
 
-    The groups are the pieces the host's block ranges cut the model into; when the ranges do not
-    determine them (e.g. overlapping ranges seen only together) one factor covers all.
+    The groups are the pieces the blocks of every chunk the host ran cut the model into; when
+    those do not determine them (e.g. overlapping ranges seen only together) one factor covers all.
+    A zero-bubble schedule's I and W passes are rows of the backward fit (each its part of the
+    backward as priced).
     """
-    info = {}
-    for r in ranks:
-        st = plan.stage_of_rank(r)
-        lo, hi = stage_blocks(st.layers, st.has_embed, st.has_tail)
-        info[r] = (lo, hi, recompute_runs(st.layers[0], st.recompute), plan.device_of_rank(r).samples)
-    bounds = sorted({x for lo, hi, _, _ in info.values() for x in (lo, hi)})
-    groups = [(a, b) for a, b in zip(bounds, bounds[1:]) if any(lo <= a and b <= hi for lo, hi, _, _ in info.values())]
-    rows_f, y_f, rows_b, y_b, rec_rows = [], [], [], [], []
-    for c in meas.compute:
-        if c.rank not in info:
-            continue
-        lo, hi, rec, n = info[c.rank]
-        inside = [lo <= a and b <= hi for a, b in groups]
-        if c.kind == "F":
-            rows_f.append([block_time(profiles, host, a, b, n) if ok else 0.0 for (a, b), ok in zip(groups, inside)])
-            y_f.append(c.seconds)
-        else:
-            rows_b.append([block_time(profiles, host, a, b, n, backward=True) if ok else 0.0
-                           for (a, b), ok in zip(groups, inside)])
-            rec_rows.append([sum(block_time(profiles, host, max(x, a), min(y, b), n) for x, y in rec
-                                 if max(x, a) < min(y, b)) if ok else 0.0 for (a, b), ok in zip(groups, inside)])
-            y_b.append(c.seconds)
-    if not y_f or not y_b:
+    info = _chunks_of(plan, ranks)
+    bounds = sorted({x for ch in info.values() for x in (ch.lo, ch.hi)})
+    groups = [(a, b) for a, b in zip(bounds, bounds[1:]) if any(ch.lo <= a and b <= ch.hi for ch in info.values())]
+    Af, yf, Ab, yb, Ar = _design(host, profiles, meas, info, groups)
+    if not len(yf) or not len(yb):
         raise ValueError(f"host {host}: the timelines hold no forward/backward events of its ranks {list(ranks)}")
-    Af, yf, Ab, yb, Ar = (np.array(x, dtype=float) for x in (rows_f, y_f, rows_b, y_b, rec_rows))
     kf_all = _ls_factor(yf, Af.sum(axis=1))
     ok_groups = len(groups) > 1 and np.linalg.matrix_rank(np.unique(Af > 0, axis=0).astype(float)) == len(groups)
     kf = _nnls(Af, yf) if ok_groups else np.full(len(groups), kf_all)
@@ -101,7 +137,8 @@ def fit_host(host: str, ranks: Sequence[int], plan: Plan, profiles: Profiles, me
     resid = np.concatenate([(yf - pf) / np.maximum(yf, 1e-12), (yb - pb_) / np.maximum(yb, 1e-12)])
     p_all = np.concatenate([Af.sum(axis=1), Ab.sum(axis=1) + Ar.sum(axis=1)])
     y_all = np.concatenate([yf, yb])
-    return HostFit(host=host, ranks=sorted(ranks), ranges=sorted({tuple(plan.stage_of_rank(r).layers) for r in ranks}),
+    ranges = sorted({tuple(st.layers) for r in ranks for st in plan.stages_of_rank(r)})
+    return HostFit(host=host, ranks=sorted(ranks), ranges=ranges,
                    points=len(y_all), factor=_ls_factor(y_all, p_all), forward=kf_all, backward=kb_all,
                    groups=[{"blocks": [a, b], "forward": float(x), "backward": float(z)}
                            for (a, b), x, z in zip(groups, kf, kb)],
@@ -175,11 +212,19 @@ def fit_links(plan: Plan, meas: Measurements, old: Bandwidth) -> list[LinkFit]:
     return out
 
 
+def rank_param_bytes(plan: Plan, profiles: Profiles, rank: int) -> float:
+    """Parameter bytes of every chunk ``rank`` holds, the tied weight once where it holds both ends
+    (what its one optimizer step updates, as :class:`~torchpp.cost.MeasuredCost` prices it)."""
+    chunks = plan.stages_of_rank(rank)
+    w = sum(profiles.stage_param_bytes(s) for s in chunks)
+    return w - (profiles.tied_bytes if len(chunks) > 1 and chunks[0].has_embed and chunks[-1].has_tail else 0)
+
+
 def fit_optimizer(plan: Plan, profiles: Profiles, meas: Measurements) -> dict[str, float]:
     """Seconds per parameter byte of the optimizer step, per host that ran one."""
     per: dict[str, list[float]] = defaultdict(list)
     for r, durs in meas.optimizer.items():
-        w = profiles.stage_param_bytes(plan.stage_of_rank(r))
+        w = rank_param_bytes(plan, profiles, r)
         if w > 0 and durs:
             per[plan.device_of_rank(r).host].append(statistics.median(durs) / w)
     return {h: float(statistics.mean(v)) for h, v in per.items()}
@@ -189,13 +234,34 @@ def memory_terms(plan: Plan, profiles: Profiles, rank: int, memory: MemoryEstima
                  ) -> tuple[float, float, float, tuple[int, int, int]]:
     """(weights W, Kp's multiplier, bytes independent of the coefficients, (samples, in-flight, A)) of a rank.
 
-    The planner's memory model is ``base + alpha·W + s·n·(Kp·A_kept + A_rec) + Kp·A_max·s``.
+    The planner's memory model is ``base + alpha·W + s·n·(Kp·A_kept + A_rec) + Kp·A_max·s`` per
+    chunk; a rank holding several chunks (``StageMemory.chunks_peak``) holds all their weights (the
+    tied weight once), the activations of the worst moment of its order (``schedules.rank_held``,
+    the worst as ``memory`` weighs them) and the largest recomputed layer of any chunk. With
+    several chunks, samples x in-flight is the sum over the chunks held at that moment and A the
+    kept bytes per sample averaged over them.
     """
-    st = plan.stage_of_rank(rank)
-    s = plan.device_of_rank(rank).samples
-    n = in_flight(plan.schedule, plan.num_stages, st.index, plan.num_microbatches)
-    t = StageMemory(profiles, memory).terms(st, s, n)
-    return t.weights, t.kp_bytes, t.fixed_bytes, (s, n, int(t.kept_per_sample))
+    sm = StageMemory(profiles, memory)
+    chunks = {c.index: (c, c.device(rank).samples) for c in plan.stages_of_rank(rank)}
+    none = {i: sm.terms(c, s, 0) for i, (c, s) in chunks.items()}
+
+    def held(prof: Sequence[tuple[int, int]]) -> tuple[float, float, int]:
+        """(Kp's multiplier, fixed bytes, samples x micro-batches) of the activations held."""
+        kp = fixed = 0.0
+        sn = 0
+        for i, n in prof:
+            c, s = chunks[i]
+            t = sm.terms(c, s, n)
+            kp, fixed, sn = kp + t.kp_bytes - none[i].kp_bytes, fixed + t.fixed_bytes, sn + s * n
+        return kp, fixed, sn
+
+    profs = [[(i, n) for i, n in prof if i in chunks] for prof in rank_held(plan, rank)] or [[]]
+    kp, fixed, sn = max((held(p) for p in profs), key=lambda h: memory.kp * h[0] + h[1])
+    largest = max(t.kp_bytes for t in none.values())
+    if len(chunks) == 1:
+        (i, (_, s)), = chunks.items()
+        return none[i].weights, kp + largest, fixed, (s, sn // s if s else 0, int(none[i].kept_per_sample))
+    return rank_param_bytes(plan, profiles, rank), kp + largest, fixed, (sn, 1, int(kp / sn) if sn else 0)
 
 
 def refit_memory(plan: Plan, profiles: Profiles, peaks: Mapping[int, int], prior: MemoryEstimator
@@ -225,9 +291,9 @@ def refit_memory(plan: Plan, profiles: Profiles, peaks: Mapping[int, int], prior
     ss = float(((y - y.mean()) ** 2).sum())
     samples = []
     for r, (w, _, _, (s, n, kept)), p, pk in zip(ranks, rows, pred, y):
-        st = plan.stage_of_rank(r)
-        samples.append(MemorySample(start=st.layers[0], end=st.layers[1], has_embed=st.has_embed,
-                                    has_tail=st.has_tail, weights_bytes=int(w), activation_bytes_per_sample=kept,
+        ch = plan.stages_of_rank(r)  # several chunks: the span from the first's start to the last's end
+        samples.append(MemorySample(start=ch[0].layers[0], end=ch[-1].layers[1], has_embed=ch[0].has_embed,
+                                    has_tail=ch[-1].has_tail, weights_bytes=int(w), activation_bytes_per_sample=kept,
                                     batch=max(1, s * n), peak_bytes=int(peaks[r]),
                                     predicted_bytes=float(peaks[r] - pk + p)))
     mm = MemoryModel(base=float(base), alpha=float(alpha), Kp=float(kp),
@@ -262,9 +328,8 @@ def fit_hosts(plan: Plan, old: "OldCosts", meas: Measurements) -> CostFit:
     """Fit every host the plan used and build the corrected profiles (hosts it did not use keep theirs)."""
     prof, files = old.profiles, old.files
     ranks_of: dict[str, list[int]] = defaultdict(list)
-    for s in plan.stages:
-        for d in s.devices:
-            ranks_of[d.host].append(d.rank)
+    for r in plan.ranks:
+        ranks_of[plan.device_of_rank(r).host].append(r)
     fits = {h: fit_host(h, rs, plan, prof, meas) for h, rs in sorted(ranks_of.items())}
     cap = old.capacities
     ref = cap.ref_host if cap is not None and cap.ref_host in prof.fwd else (files[0].host if files else old.planned[0])

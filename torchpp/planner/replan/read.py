@@ -13,23 +13,27 @@ from typing import Any, Mapping, Sequence
 
 from ...formats import Bandwidth, Capacities, Devices, FormatError, LayersFile, MemoryModel, Plan
 from ...schedules import Kind, build
-from ...trace.analyze import Event, analyze, events_from_trace
+from ...trace.analyze import COMPUTE_KINDS, Event, analyze, events_from_trace, message_key
 from ...trace.chrome import load_trace
 from ...cost import ANALYTIC_KP, Links, MeasuredCost, MemoryEstimator, Profiles
 from .write import template_from_model
+
+_PASSES = (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)
 
 
 # ----------------------------------------------------------------------------- reading the run
 @dataclass
 class Compute:
-    """One measured forward or backward of one micro-batch on one rank, with its prediction."""
+    """One measured compute pass of one micro-batch of one chunk on one rank, with its prediction."""
 
     rank: int
     step: int
-    kind: str            # "F" or "B"
+    kind: str            # "F", "B", or a zero-bubble schedule's "I" (input gradient) / "W" (weight gradient)
     microbatch: int
     seconds: float
     predicted_s: float
+    stage: int = 0
+    """The chunk (``args.stage``) the pass belongs to."""
 
 
 @dataclass
@@ -81,19 +85,23 @@ def find_merged(trace_dir: Path) -> list[tuple[int, Path]]:
 
 
 def _check_trace(path: str, trace: dict[str, Any], events: list[Event], plan: Plan, plan_src: str) -> None:
-    """The timeline must come from this plan: same ranks, stages, layer ranges and micro-batches."""
+    """The timeline must come from this plan: same ranks, chunks, layer ranges and micro-batches."""
     md = trace.get("metadata") or {}
     ws = md.get("world_size")
     if ws is not None and int(ws) != plan.world_size:
         raise FormatError(path, "metadata.world_size", f"{plan.world_size} (the ranks of {plan_src})", ws)
-    ranks = {d.rank for s in plan.stages for d in s.devices}
+    ranks = set(plan.ranks)
+    chunks = {r: [s.index for s in plan.stages_of_rank(r)] for r in ranks}
     for r, info in (md.get("ranks") or {}).items():
         if int(r) not in ranks:
             raise FormatError(path, f"metadata.ranks.{r}", f"a rank of {plan_src} (0..{plan.world_size - 1})")
-        want = plan.stage_of_rank(int(r)).index
-        if isinstance(info, Mapping) and info.get("stage") is not None and int(info["stage"]) != want:
-            raise FormatError(path, f"metadata.ranks.{r}.stage", f"{want} (rank {r}'s stage in {plan_src})",
+        want = chunks[int(r)]
+        if isinstance(info, Mapping) and info.get("stage") is not None and int(info["stage"]) != want[0]:
+            raise FormatError(path, f"metadata.ranks.{r}.stage", f"{want[0]} (rank {r}'s {_which(want)} in {plan_src})",
                               info["stage"])
+        if isinstance(info, Mapping) and info.get("stages") is not None and list(info["stages"]) != want:
+            raise FormatError(path, f"metadata.ranks.{r}.stages", f"{want} (rank {r}'s chunks in {plan_src})",
+                              info["stages"])
     for i, ev in enumerate(trace["traceEvents"]):
         args = ev.get("args") or {}
         if ev.get("ph") != "X" or "stage" not in args or "layers" not in args or ev.get("cat") == "block":
@@ -101,23 +109,36 @@ def _check_trace(path: str, trace: dict[str, Any], events: list[Event], plan: Pl
         r = int(ev["pid"])
         if r not in ranks:
             raise FormatError(path, f"traceEvents[{i}].pid", f"a rank of {plan_src} (0..{plan.world_size - 1})", r)
-        st = plan.stage_of_rank(r)
-        if int(args["stage"]) != st.index:
-            raise FormatError(path, f"traceEvents[{i}].args.stage", f"{st.index} (rank {r}'s stage in {plan_src})",
-                              args["stage"])
+        if int(args["stage"]) not in chunks[r]:
+            want = chunks[r][0] if len(chunks[r]) == 1 else f"one of {chunks[r]}"
+            raise FormatError(path, f"traceEvents[{i}].args.stage",
+                              f"{want} (rank {r}'s {_which(chunks[r])} in {plan_src})", args["stage"])
+        st = plan.stages[int(args["stage"])]
         if list(args["layers"]) != list(st.layers):
             raise FormatError(path, f"traceEvents[{i}].args.layers",
                               f"{list(st.layers)} (stage {st.index}'s layers in {plan_src})", args["layers"])
-    seen: dict[int, set] = defaultdict(set)
+    _check_microbatches(path, events, plan, plan_src, chunks)
+
+
+def _which(chunks: Sequence[int]) -> str:
+    return "stage" if len(chunks) == 1 else f"first chunk (of {list(chunks)})"
+
+
+def _check_microbatches(path: str, events: list[Event], plan: Plan, plan_src: str,
+                        chunks: Mapping[int, Sequence[int]]) -> None:
+    """Every chunk of every rank forwarded every micro-batch of the plan."""
+    seen: dict[tuple[int, int], set] = defaultdict(set)
     for e in events:
         if e.kind == "F":
-            seen[e.rank].add(e.microbatch)
+            seen[(e.rank, e.stage)].add(e.microbatch)
     want_mb = set(range(plan.num_microbatches))
-    for r in sorted(ranks):
-        if seen.get(r, set()) != want_mb:
-            raise FormatError(path, f"traceEvents (F<mb> of rank {r})",
-                              f"micro-batches 0..{plan.num_microbatches - 1} ({plan_src}: num_microbatches)",
-                              sorted(seen.get(r, set())))
+    for r in sorted(chunks):
+        for c in chunks[r]:
+            if seen.get((r, c), set()) != want_mb:
+                where = f"rank {r}" if len(chunks[r]) == 1 else f"rank {r}, stage {c}"
+                raise FormatError(path, f"traceEvents (F<mb> of {where})",
+                                  f"micro-batches 0..{plan.num_microbatches - 1} ({plan_src}: num_microbatches)",
+                                  sorted(seen.get((r, c), set())))
 
 
 def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "plan.json",
@@ -137,8 +158,8 @@ def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "p
     pred = {}
     for r, acts in build(plan).items():
         for a in acts:
-            if a.kind in (Kind.FORWARD, Kind.BACKWARD):
-                pred[(r, "F" if a.kind == Kind.FORWARD else "B", a.microbatch)] = cost.compute_s(r, a)
+            if a.kind in _PASSES:
+                pred[(r, a.stage, a.kind.value, a.microbatch)] = cost.compute_s(r, a)
     out = Measurements()
     for n, path in found:
         tr = load_trace(path)
@@ -159,20 +180,23 @@ def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "p
         sends: dict[tuple, Event] = {}
         recvs: list[Event] = []
         for e in evs:
-            if e.kind in ("F", "B"):
-                out.compute.append(Compute(e.rank, n, e.kind, int(e.microbatch), e.dur, pred[(e.rank, e.kind,
-                                                                                               int(e.microbatch))]))
+            if e.kind in COMPUTE_KINDS:
+                key = (e.rank, e.stage, e.kind, int(e.microbatch))
+                if key not in pred:
+                    raise FormatError(str(path), f"traceEvents ({e.kind}{e.microbatch} of rank {e.rank}, stage "
+                                      f"{e.stage})", f"a compute pass of {plan_src}'s schedule {plan.schedule!r}")
+                out.compute.append(Compute(e.rank, n, e.kind, int(e.microbatch), e.dur, pred[key], e.stage))
             elif e.kind == "optimizer":
                 out.optimizer[e.rank].append(e.dur)
             elif e.kind.startswith("send"):
-                sends[(e.rank, e.peer, e.kind[5:], e.microbatch)] = e
+                sends[message_key(e)] = e
             elif e.kind.startswith("recv"):
                 recvs.append(e)
         for r, g in call_gaps(evs).items():
             out.gaps[r].extend(g)
         clipped = _row_clipped(list(sends.values()) + recvs)
         for rv in recvs:
-            sd = sends.get((rv.peer, rv.rank, rv.kind[5:], rv.microbatch))
+            sd = sends.get(message_key(rv))  # chunks of one rank sending to one peer told apart
             if sd is None or not rv.bytes:
                 continue
             # the message can move only once both ends have posted it; it is done when it arrived
@@ -184,7 +208,7 @@ def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "p
 
 
 def call_gaps(events: Sequence[Event]) -> dict[int, list[float]]:
-    """Per rank, the time between consecutive forward/backward calls not spent waiting for a
+    """Per rank, the time between consecutive compute calls (F/B/I/W) not spent waiting for a
     receive: what the runtime itself costs per call (dispatching actions, posting messages,
     copying), which block timings do not contain. The end of the step (all-reduce, optimizer) is
     left out: waiting for a collective's peers is not always inside its event."""
@@ -193,8 +217,9 @@ def call_gaps(events: Sequence[Event]) -> dict[int, list[float]]:
         by[e.rank].append(e)
     out: dict[int, list[float]] = {}
     for r, evs in by.items():
-        comp = sorted((e for e in evs if e.kind in ("F", "B")), key=lambda e: e.start)
-        waits = [(e.end, e.wait_s) for e in evs if e.kind.startswith("recv")]
+        comp = sorted((e for e in evs if e.kind in COMPUTE_KINDS), key=lambda e: e.start)
+        # how long compute waited: a receive's slice may start late on a busy row, its wait did not
+        waits = [(e.end, e.dur if e.blocked_s is None else e.blocked_s) for e in evs if e.kind.startswith("recv")]
         gaps = []
         for a, b in zip(comp, comp[1:]):
             waited = sum(w for end, w in waits if a.end - 1e-6 <= end <= b.start + 1e-6)

@@ -4,8 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ...formats import Bandwidth, Plan
-from ...cost import MemoryEstimator, Profiles, StageMemory
-from ...schedules import in_flight
+from ...cost import MemoryEstimator, Profiles
 
 if TYPE_CHECKING:
     from .fit import CostFit, LinkFit, MemoryFit
@@ -16,14 +15,15 @@ LINK_CHANGE = 0.10
 """A link whose measured rate differs from the old one by more than this is reported as changed."""
 
 
-def _mem_pred(plan: Plan, profiles: Profiles, memory: MemoryEstimator, rank: int) -> float:
-    st = plan.stage_of_rank(rank)
-    n = in_flight(plan.schedule, plan.num_stages, st.index, plan.num_microbatches)
-    return float(StageMemory(profiles, memory).peak(st, plan.device_of_rank(rank).samples, n))
+def _mem_pred(plan: Plan, profiles: Profiles, memory: MemoryEstimator) -> dict[int, float]:
+    """Predicted peak bytes per rank, every chunk it holds included (the planner's own report)."""
+    from ..report import device_memory
+
+    return device_memory(plan, profiles, memory)
 
 
 def _layers_of(plan: Plan, host: str) -> int:
-    """Decoder layers on the host's stage(s) (0 when it is idle)."""
+    """Decoder layers on the host's chunks (0 when it is idle)."""
     return sum(s.num_layers for s in plan.stages if any(d.host == host for d in s.devices))
 
 
@@ -110,6 +110,7 @@ def build_summary(plan: Plan, plan_src: str, traces: str, meas: "Measurements", 
                   repriced: float) -> dict[str, Any]:
     """``replan_summary.json`` up to the new plan (:func:`add_new_plan` adds it)."""
     mem_model = memory.model
+    mem_old, mem_new = _mem_pred(plan, old.profiles, old.memory), _mem_pred(plan, old.profiles, memory.estimator)
     return {
         "format": "torchpp.replan_summary/1",
         "plan": plan_src, "traces": traces, "timelines": meas.files,
@@ -143,8 +144,7 @@ def build_summary(plan: Plan, plan_src: str, traces: str, meas: "Measurements", 
                    "new": ({"base": mem_model.base, "alpha": mem_model.alpha, "Kp": mem_model.Kp, "r2": mem_model.r2}
                            if mem_model else None),
                    "ranks": {str(r): {"measured_peak_bytes": v,
-                                      "old_predicted_bytes": _mem_pred(plan, old.profiles, old.memory, r),
-                                      "new_predicted_bytes": _mem_pred(plan, old.profiles, memory.estimator, r)}
+                                      "old_predicted_bytes": mem_old[r], "new_predicted_bytes": mem_new[r]}
                              for r, v in sorted(meas.peak_rss.items())}},
         "written": [str(p) for p in written.files],
     }
