@@ -17,13 +17,14 @@ from typing import Iterable, Mapping, Sequence
 
 from .analyze import Event
 
-COLOURS = {"F": "#4c72b0", "B": "#dd8452", "optimizer": "#8c8c8c", "recv_act": "#a6c8e8", "recv_grad": "#f2c6a4",
+COLOURS = {"F": "#4c72b0", "B": "#dd8452", "I": "#ccb974", "W": "#64b5cd", "optimizer": "#8c8c8c", "recv_act": "#a6c8e8", "recv_grad": "#f2c6a4",
            "send_act": "#55a868", "send_grad": "#c44e52", "allreduce": "#8172b3"}
-LABELS = {"F": "forward", "B": "backward", "optimizer": "optimizer", "recv_act": "waiting for activations",
+LABELS = {"F": "forward", "B": "backward", "I": "backward: input gradient", "W": "backward: weight gradient",
+          "optimizer": "optimizer", "recv_act": "waiting for activations",
           "recv_grad": "waiting for gradients", "send_act": "activation transfer", "send_grad": "gradient transfer",
           "allreduce": "all-reduce"}
 CHANNELS = ("compute", "wait", "comm")
-"""compute: F/B/optimizer; wait: compute blocked on a receive (drawn on the compute row); comm."""
+"""compute: F/B (or I and W)/optimizer; wait: compute blocked on a receive (drawn on the compute row); comm."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +44,7 @@ def bars_from_events(events: Iterable[Event]) -> list[Bar]:
     """Bars of a timeline's events; a receive is drawn as the time compute waited for it."""
     out = []
     for e in events:
-        if e.kind in ("F", "B"):
+        if e.kind in ("F", "B", "I", "W"):
             out.append(Bar(e.rank, "compute", e.kind, f"{e.kind}{'' if e.microbatch is None else e.microbatch}",
                            e.start, e.end))
         elif e.kind == "optimizer":
