@@ -341,3 +341,11 @@ def test_runtime_time_between_calls_is_measured_and_priced(tmp_path):
     st = plan.stages[0]
     assert stage_time(prof, "a", st).forward(1) == pytest.approx(stage_time(base, "a", st).forward(1) + 0.25)
     assert stage_time(prof, "a", st).backward(1) == pytest.approx(stage_time(base, "a", st).backward(1) + 0.25)
+
+
+def test_a_figure_that_could_not_be_measured_is_written_as_null():
+    """JSON has no NaN and torchpp writes none: the replan summary turns NaN into null."""
+    from torchpp.planner.report import json_ready
+
+    assert json_ready({"links": [{"rate": float("nan"), "n": 2}], "k": float("inf"), "ok": 1.5}) == \
+        {"links": [{"rate": None, "n": 2}], "k": None, "ok": 1.5}

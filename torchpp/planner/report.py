@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -172,4 +173,15 @@ def input_hashes(paths: Mapping[str, Sequence[Path] | Path | None]) -> dict[str,
 
 
 def json_ready(d: Any) -> Any:
-    return json.loads(json.dumps(d, default=float))
+    """Plain JSON types; a figure that could not be measured (NaN, e.g. a link no message crossed
+    in a one-device run) becomes null, since JSON has no NaN and torchpp writes none."""
+    def clean(x: Any) -> Any:
+        if isinstance(x, float):
+            return x if math.isfinite(x) else None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [clean(v) for v in x]
+        return x
+
+    return clean(json.loads(json.dumps(d, default=float)))

@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 
 from ...formats import LayersFile, Plan, write_json
+from ..report import json_ready
 from ...cost import Links, MemoryEstimator, Profiles
 from ...sim.measured import price
 from .fit import corrected_bandwidth, fit_hosts, fit_links, fit_memory, optimizer_rates
@@ -129,7 +130,7 @@ def _options(args: argparse.Namespace, plan: Plan):
 
 
 def _write_summary(out: Path, summary: dict) -> None:
-    write_json(out / "replan_summary.json", summary)
+    write_json(out / "replan_summary.json", json_ready(summary))  # an unmeasurable figure is null
     text = summary_text(summary)
     (out / "replan_summary.txt").write_text(text)
     print(text, end="")
