@@ -67,7 +67,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="precision of the plan; bfloat16: fp32 master weights and optimizer state with bf16 "
                         "autocast. Measured plans must match the layers files' (default: theirs; else float32)")
-    p.add_argument("--schedule", type=_schedule, default=None,
+    p.add_argument("--schedule", type=schedule_arg, default=None,
                    help="search: auto (default: the best over 1f1b, zb-h1, gpipe, interleaved, interleaved-zb, v, "
                         "zbv), one kind or a comma-separated list; fixed strategies: 1f1b (default) or gpipe")
     p.add_argument("--recompute", action="store_true", help="fixed strategies: recompute every layer")
@@ -75,7 +75,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=run)
 
 
-def _schedule(text: str) -> str:
+def schedule_arg(text: str) -> str:
+    """argparse type of ``--schedule`` (plan and replan): auto, one kind or a comma-separated list."""
     from .chunks import schedule_kinds
 
     try:

@@ -20,6 +20,7 @@ from .write import write_corrected
 
 def configure(p: argparse.ArgumentParser) -> None:
     from ... import argtypes as T, validate as V
+    from ..cli import schedule_arg
 
     p.add_argument("--plan", type=T.existing_path, required=True, help="plan.json the traced run used")
     p.add_argument("--traces", type=T.existing_path, required=True, help="folder with the run's timeline_step<N>_all.json")
@@ -35,7 +36,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="devices.json (default: the plan's devices with the budgets in its prediction)")
     p.add_argument("--out-dir", type=T.out_dir, required=True)
     p.add_argument("--global-batch", type=T.int_in(1, V.MAX_GLOBAL_BATCH), default=None, help="default: the plan's")
-    p.add_argument("--schedule", type=_schedule, default="auto",
+    p.add_argument("--schedule", type=schedule_arg, default="auto",
                    help="as `torchpp plan --schedule`: auto (default: the best over 1f1b, zb-h1, gpipe, interleaved, "
                         "interleaved-zb, v, zbv), one kind or a comma-separated list")
     p.add_argument("--max-stages", type=T.int_in(1, V.MAX_STAGES), default=None)
@@ -47,15 +48,6 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-memory-refit", action="store_true", help="keep the memory model even if peaks were traced")
     p.set_defaults(func=run)
 
-
-def _schedule(text: str) -> str:
-    from ..chunks import schedule_kinds
-
-    try:
-        schedule_kinds(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
 
 
 def run(args: argparse.Namespace) -> int:
