@@ -110,43 +110,18 @@ class TorchppSteps:
 
 def _peer_chunk(s: Setup, cfg, chunk: int, layers: tuple[int, int], last: bool):
     """One chunk as the peer's examples build it: the whole model, pruned to the chunk."""
-    import gc
-
-    import torch
-    from torch import nn
+    from peer_part import peer_part
 
     from torchpp.models.presets import build_model
-    from torchpp.models.stages import Stage, StagePaths, StageSpec, _get, _set
+    from torchpp.models.stages import StagePaths, _get
 
     model = build_model(s.model, seed=s.seed, config=cfg)
+    part, _ = peer_part(model, cfg, layers, first=chunk == 0, last=last)
     parts = StagePaths.of(model)
-    a, b = layers
-    lay = _get(model, parts.layers)
-    for i in range(int(cfg.num_hidden_layers)):
-        if not a <= i < b:
-            lay[i] = nn.Module()
-    if chunk != 0:
-        for p in parts.embed:
-            _set(model, p, None)
-    if not last:
-        _set(model, parts.norm, None)
-        _set(model, parts.lm_head, None)
-    gc.collect()
-    stage = Stage(model, cfg, StageSpec(layers=layers, has_embed=chunk == 0, has_tail=False), parts)
-
-    class Part(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.hf = model
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            h = stage.forward(x)
-            return stage.logits(h) if last else h
-
     tied = None
     if getattr(cfg, "tie_word_embeddings", False) and (chunk == 0 or last):
         tied = _get(model, parts.token).weight if chunk == 0 else _get(model, parts.lm_head).weight
-    return Part(), tied
+    return part, tied
 
 
 class PeerSteps:

@@ -275,16 +275,15 @@ class PeerSteps:
 
     def __init__(self, s: Setup, rank: int, world: int):
         import datetime
-        import gc
 
         import torch
         import torch.distributed as dist
-        from torch import nn
+        from peer_part import peer_part
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
         from torchpp.data import SyntheticTokens
         from torchpp.models.presets import build_model, load_config
-        from torchpp.models.stages import Stage, StagePaths, StageSpec, _get, _set, count_targets
+        from torchpp.models.stages import Stage, StagePaths, _get, count_targets
         from torchpp.runtime.trainer import make_optimizer
 
         torch.set_num_threads(1)
@@ -296,31 +295,8 @@ class PeerSteps:
         n = int(cfg.num_hidden_layers)
         a, b = even_split(n, world)[rank]
         self.first, self.last = first, last = rank == 0, rank == world - 1
-        layers = _get(model, parts.layers)
-        for i in range(n):
-            if not a <= i < b:
-                layers[i] = nn.Module()
-        if not first:
-            for p in parts.embed:
-                _set(model, p, None)
-        if not last:
-            _set(model, parts.norm, None)
-            _set(model, parts.lm_head, None)
-        gc.collect()
-        # The same per-stage compute as torchpp (positions, masks, rotary per stage); the last stage
-        # returns logits and the schedule applies the loss.
-        stage = Stage(model, cfg, StageSpec(layers=(a, b), has_embed=first, has_tail=False, num_stages=world), parts)
-
-        class Part(nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.hf = model
-
-            def forward(self, x: torch.Tensor) -> torch.Tensor:
-                h = stage.forward(x)
-                return stage.logits(h) if last else h
-
-        part = Part()
+        # the same per-stage compute as torchpp; the last stage returns logits and the schedule applies the loss
+        part, _ = peer_part(model, cfg, (a, b), first=first, last=last, num_stages=world)
         group = dist.new_group(list(range(world)), timeout=timeout)
         pstage = PipelineStage(part, rank, world, torch.device("cpu"), group=group)
         self.sched = Schedule1F1B(pstage, s.microbatches,
