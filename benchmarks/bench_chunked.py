@@ -113,11 +113,11 @@ def _peer_chunk(s: Setup, cfg, chunk: int, layers: tuple[int, int], last: bool):
     from peer_part import peer_part
 
     from torchpp.models.presets import build_model
-    from torchpp.models.stages import StagePaths, _get
+    from torchpp.models.stages import _get
 
     model = build_model(s.model, seed=s.seed, config=cfg)
-    part, _ = peer_part(model, cfg, layers, first=chunk == 0, last=last)
-    parts = StagePaths.of(model)
+    part, stage = peer_part(model, cfg, layers, first=chunk == 0, last=last)
+    parts = stage.parts  # found before the pruning
     tied = None
     if getattr(cfg, "tie_word_embeddings", False) and (chunk == 0 or last):
         tied = _get(model, parts.token).weight if chunk == 0 else _get(model, parts.lm_head).weight
