@@ -133,3 +133,12 @@ def test_lower_bound_is_work_over_capacity_without_memory_limits_and_below_every
         files, bw, mem = random_instance(random.Random(seed), hosts=3, layers=5, batch=2)
         pb = problem(files, bw, mem, 4, schedule="auto")
         assert lower_bound(pb.profiles, pb.hosts, pb.budget, pb.memory, 4) <= search(pb).step_time_s * (1 + 1e-9)
+
+
+def test_one_device_is_never_given_several_chunks():
+    """Chunks of one device run one after another: the one-chunk plan's work plus a call and a held
+    activation set per chunk, so the search never offers it (a demo run once chose 4 chunks on pi3)."""
+    files, bw, mem = random_instance(random.Random(5), hosts=1, layers=4, batch=2)
+    res = search(problem(files, bw, mem, 4, schedule="auto"))
+    assert all(len(res.plan.stages_of_rank(r)) == 1 for r in res.plan.ranks), res.plan.schedule
+    assert all(chunk_counts(kind, 1, 8) == [] for kind in MULTI_CHUNK)

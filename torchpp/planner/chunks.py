@@ -70,7 +70,11 @@ class ChunkLayout:
 
 
 def chunk_counts(kind: str, p: int, L: int) -> list[int]:
-    """Chunks per group worth trying for ``p`` groups and ``L`` layers."""
+    """Chunks per group worth trying for ``p`` groups and ``L`` layers (none for one group: its
+    chunks would run one after another on the same devices, the one-chunk plan's work plus a call
+    and a held activation set per chunk)."""
+    if p < 2:
+        return []
     if kind in ("v", "zbv"):
         return [2] if 2 * p <= L else []
     return [v for v in range(2, MAX_CHUNKS_PER_DEVICE + 1) if v * p <= L]
