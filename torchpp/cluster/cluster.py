@@ -195,6 +195,33 @@ class HostResult:
     seconds: float
     rank: int | None = None
     """Plan rank of the process (None when one process ran per host)."""
+    why: str | None = None
+    """Why it ended when that is known beyond its exit code (the kernel's OOM killer)."""
+
+
+def oom_message(host: str, rank: int | None, limit: int | None) -> str:
+    """One line saying which process the kernel killed for its host's memory limit."""
+    who = f"rank {rank} on host {host}" if rank is not None else f"the process on host {host}"
+    lim = f" ({limit / 2**30:.2f} GiB)" if limit else ""
+    return f"{who} was killed by the kernel for exceeding its memory limit{lim}"
+
+
+class _OomWatch:
+    """Attributes a SIGKILLed process to its host's OOM killer when that group's count grew."""
+
+    def __init__(self, groups: dict[int, Any]):
+        self.groups = groups
+        self.seen = {i: g.oom_kills() for i, g in groups.items()}
+
+    def why(self, host_index: int, host: str, rank: int | None, returncode: int) -> str | None:
+        if returncode not in (-9, 137):
+            return None
+        g = self.groups[host_index]
+        now = g.oom_kills()
+        if now <= self.seen[host_index]:
+            return None
+        self.seen[host_index] += 1
+        return oom_message(host, rank, g.memory_limit())
 
 
 def host_env(state: dict[str, Any], i: int, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -358,6 +385,8 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
     t0 = time.monotonic()
     ends: dict[int, float] = {}
     codes: dict[int, int] = {}
+    whys: dict[int, str] = {}
+    oom = _OomWatch(groups)
     try:
         for p, env, path in zip(places, envs, paths):
             f = open(path, "wb")
@@ -369,7 +398,11 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
             for i, p in enumerate(procs):
                 if i not in codes and p.poll() is not None:
                     codes[i], ends[i] = p.returncode, time.monotonic() - t0
-                    if p.returncode != 0:
+                    why = oom.why(places[i].host_index, places[i].host, places[i].rank, p.returncode)
+                    if why:
+                        whys[i] = why
+                        log(why)
+                    elif p.returncode != 0:
                         log(f"  {places[i].label}: exited {p.returncode} after {ends[i]:.1f}s")
             if timeout is not None and time.monotonic() - t0 > timeout and len(codes) < len(procs):
                 log(f"cluster {name}: timeout after {timeout:g}s; killing all hosts")
@@ -389,12 +422,12 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
             f.close()
         if follower:
             follower.poll(final=True)
-    results = [HostResult(p.host, codes.get(i, 1), path, ends.get(i, 0.0), rank=p.rank)
+    results = [HostResult(p.host, codes.get(i, 1), path, ends.get(i, 0.0), rank=p.rank, why=whys.get(i))
                for i, (p, path) in enumerate(zip(places, paths))]
     write_json(log_dir / "run.json", {"cluster": name, "argv": argv, "timeout_s": timeout,
                                       "plan": None if plan is None else str(plan),
                                       "hosts": [{"host": r.host, "rank": r.rank, "returncode": r.returncode,
-                                                 "seconds": r.seconds, "log": str(r.log)} for r in results]})
+                                                 "why": r.why, "seconds": r.seconds, "log": str(r.log)} for r in results]})
     return worst([r.returncode for r in results]), results
 
 
