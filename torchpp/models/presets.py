@@ -28,12 +28,13 @@ _QWEN3_TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hi
 _QWEN3_SMALL = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=8,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
                     rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=True)
-# The homelab scenario's model (configs/cluster/homelab.json): Qwen3 architecture, 8 layers of hidden 512,
-# a 16k vocabulary with untied embeddings (as Qwen3 from 1.7B up), ~42M parameters. With AdamW it needs
-# ~0.67 GB for weights, gradients and moments alone: more than any one host of homelab may use, less than
-# all of them together. One step of 16 x 32 tokens is ~100 GFLOP, a few seconds on the cluster's 1.85 cores.
-_QWEN3_HOMELAB = dict(vocab_size=16384, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
-                      num_attention_heads=8, num_key_value_heads=4, head_dim=64, max_position_embeddings=4096,
+# The homelab scenario's model (configs/cluster/homelab.json): Qwen3 architecture, 16 layers of hidden 384,
+# a 16k vocabulary with untied embeddings (as Qwen3 from 1.7B up), ~41M parameters. With AdamW it needs
+# ~0.65 GB for weights, gradients and moments alone: more than any one host of homelab may use, less than
+# all of them together. Sixteen thin layers rather than eight wide ones let a plan follow the hosts'
+# uneven speeds layer by layer. One step of 32 x 32 tokens is ~0.2 TFLOP: a few seconds on 1.85 cores.
+_QWEN3_HOMELAB = dict(vocab_size=16384, hidden_size=384, intermediate_size=1152, num_hidden_layers=16,
+                      num_attention_heads=6, num_key_value_heads=3, head_dim=64, max_position_embeddings=4096,
                       rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False)
 _LLAMA_TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
