@@ -272,6 +272,11 @@ class RunResult:
         w = self.windows
         return (max(w) - min(w)) / self.measured_step_s if len(w) > 1 else 0.0
 
+    @property
+    def memory_error(self) -> float | None:
+        """The worst rank's relative error of predicted against measured peak memory."""
+        return max((x["error"] for x in self.memory_mib), key=abs, default=None)
+
 
 def window_medians(steps: Sequence[float], n: int = 3) -> list[float]:
     """Split the steps into ``n`` consecutive windows (as even as possible) and take each one's median."""
@@ -297,11 +302,6 @@ class Baseline:
     """Worst device's predicted memory / budget (host)."""
     note: str = ""
     """What a real run showed, e.g. the kernel's OOM kill."""
-
-    @property
-    def memory_error(self) -> float | None:
-        """The worst rank's relative error of predicted against measured peak memory."""
-        return max((x["error"] for x in self.memory_mib), key=abs, default=None)
 
 
 def memory_rows(report_json: Path) -> list[dict]:
@@ -479,7 +479,8 @@ class Demo:
         pred = d / "predicted.json"
         text = self.p.run(f"{name}: predict (simulate the plan's action lists)",
                           [*self.tp, "simulate", "plan", str(plan), "--bandwidth", str(m.bandwidth), "--layers",
-                           *map(str, m.files), "--comm", "links", "--trace", str(pred)])
+                           *map(str, m.files), "--capacities", str(m.capacities), "--comm", "links", "--trace",
+                           str(pred)])
         predicted = next((float(x.split()[3]) for x in text.splitlines() if x.startswith("predicted step time")),
                          None)
         traces, logs = d / "traces", d / "logs"
@@ -565,7 +566,7 @@ def summary_lines(cfg: DemoConfig, mode: str, hosts: Sequence[str], results: Seq
              f"{cfg.model}, seq {cfg.seq_len}, global batch {cfg.global_batch}; measured = median of rank 0's step "
              f"times after the first ({cfg.steps - 1} steps), spread = (slowest - fastest of 3 windows) / median; "
              "every strategy at its own best micro-batching", "",
-             "| run | micro-batches | measured step (s) | spread | predicted (s) | error | plan is faster by | "
+             "| run | micro-batches | measured step (s) | spread | predicted (s) | error | step / plan's | "
              "peak memory error (worst rank) |", "|---|---|---|---|---|---|---|---|"]
     for b in baselines:
         pred = f"{b.predicted_step_s:.3f}" if b.predicted_step_s is not None else "does not fit"
