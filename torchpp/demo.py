@@ -357,9 +357,13 @@ class Demo:
         if c.capacity_layers is None:
             shell = f"exec {cmd} --out {q}/layers_\"$HOST\".json"
         else:
+            # speeds first, every host at once (the ratios under one load); then the first host profiles the
+            # whole model while the others repeat theirs, so it sees the contention a training step will
             ref = shlex.quote(self.hosts.names[0])
-            shell = (f"if [ \"$HOST\" = {ref} ]; then {cmd} --out {q}/layers_\"$HOST\".json || exit 1; fi; "
-                     f"exec {cmd} --layers {c.capacity_layers} --out {q}/speed_\"$HOST\".json")
+            speed = f"{cmd} --layers {c.capacity_layers} --out {q}/speed_\"$HOST\".json"
+            again = f"{cmd} --layers {c.capacity_layers} --out {q}/busy_\"$HOST\".json"
+            shell = (f"{speed} || exit 1; if [ \"$HOST\" = {ref} ]; then exec {cmd} --out {q}/layers_\"$HOST\".json; "
+                     f"else exec {again}; fi")
         argv = self.hosts.each_host(shell, self.path("logs", "profile"))
         what = "" if c.capacity_layers is None else f"; the others their first {c.capacity_layers} layers"
         self.p.run(f"profile {len(self.hosts.names)} hosts ({c.model}, batch {c.profile_batches}{what})", argv)
