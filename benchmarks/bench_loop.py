@@ -121,9 +121,14 @@ def main() -> int:
     ap.add_argument("--local", action="store_true", help="local processes instead of the emulated cluster")
     ap.add_argument("--hosts", type=int, default=2, help="local processes (with --local)")
     ap.add_argument("--steps", type=int, default=DemoConfig.steps)
-    ap.add_argument("--model", default=DemoConfig.model)
+    ap.add_argument("--scenario", default="hetero4", help="the demo's scenario (default hetero4; bench_prove "
+                    "covers homelab)")
+    ap.add_argument("--model", default=None, help="default: the scenario's")
     a = ap.parse_args()
-    cfg = DemoConfig(model=a.model, steps=a.steps)
+    cfg = DemoConfig.scenario(a.scenario)
+    cfg.steps = a.steps
+    if a.model:
+        cfg.model = a.model
     a.out.mkdir(parents=True, exist_ok=True)
     try:
         with demo_hosts(cfg, a.out, a.local, a.hosts, extra_steps=8) as demo:

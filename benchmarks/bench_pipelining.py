@@ -80,6 +80,8 @@ class Setup:
     seed: int = 0
     lr: float = 1e-3
     timeout_s: float = 120.0
+    peer_schedule: str = "1F1B"
+    """The peer's schedule class, ``torch.distributed.pipelining.Schedule<peer_schedule>`` (1F1B, GPipe)."""
 
     @property
     def micro_batch_size(self) -> int:
@@ -279,7 +281,8 @@ class PeerSteps:
         import torch
         import torch.distributed as dist
         from peer_part import peer_part
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+        from torch.distributed import pipelining
+        from torch.distributed.pipelining import PipelineStage
 
         from torchpp.data import SyntheticTokens
         from torchpp.models.presets import build_model, load_config
@@ -299,7 +302,7 @@ class PeerSteps:
         part, _ = peer_part(model, cfg, (a, b), first=first, last=last, num_stages=world)
         group = dist.new_group(list(range(world)), timeout=timeout)
         pstage = PipelineStage(part, rank, world, torch.device("cpu"), group=group)
-        self.sched = Schedule1F1B(pstage, s.microbatches,
+        self.sched = getattr(pipelining, f"Schedule{s.peer_schedule}")(pstage, s.microbatches,
                                   loss_fn=lambda logits, target: Stage.loss(logits, target, count_targets(target)))
         # the same optimizer as torchpp (fused AdamW), so the comparison is of the pipelines alone
         self.opt = make_optimizer("adamw", list(part.parameters()), s.lr, 0.0)

@@ -247,3 +247,11 @@ def test_cpu_period_bounds_checked_before_any_write():
             g.set_cpu(0.5, period_us=bad)
     with pytest.raises(ValueError, match="positive"):
         g.set_cpu(0.0)
+
+
+def test_oom_message_names_rank_host_and_limit():
+    from torchpp.cluster.cluster import oom_message
+
+    assert oom_message("laptop", 0, 2**30) == ("rank 0 on host laptop was killed by the kernel for exceeding its "
+                                               "memory limit (1.00 GiB)")
+    assert oom_message("pi3", None, None) == "the process on host pi3 was killed by the kernel for exceeding its memory limit"

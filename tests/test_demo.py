@@ -54,7 +54,36 @@ def check_artefacts(out: Path, hosts: list[str]) -> dict:
     assert (out / "replan" / "plan.json").exists() and (out / "replan" / "replan_summary.txt").exists()
     table = (out / "summary.md").read_text()
     assert "| even |" in table and "| plan |" in table and "| replan |" in table
+    assert "| lower bound (total work / total capacity) |" in table and "\nwhy: " in table
+    assert [b["name"].split()[0] for b in summary["baselines"]] == ["single", "dp"]
+    assert summary["lower_bound_s"] > 0
     return summary
+
+
+def test_windows_and_the_closing_lines():
+    from torchpp.demo import Baseline, window_medians, why_line
+    from torchpp.planner.simple import even_plan
+    from torchpp.formats import ModelInfo
+
+    assert window_medians([1, 2, 3, 4, 5, 6, 7]) == [2, 4.5, 6.5] and window_medians([3.0]) == [3.0]
+    info = ModelInfo(name="m", source="preset", num_layers=4, hidden_size=8, vocab_size=16, tied_embeddings=False)
+    p = even_plan(info, stages=2, hosts=["a", "b"], seq_len=8, global_batch=8, num_microbatches=4)
+    single = Baseline(name="single (a)", predicted_step_s=None, fits=False, memory="9 GiB/1 GiB (a)")
+    line = why_line(p, [single])
+    assert line.startswith("no single host can hold the model with AdamW (9 GiB/1 GiB (a)), so it is split")
+    assert "a layers [0,2) + embedding; b layers [2,4) + lm_head" in line and "4 micro-batches of 2" in line
+
+
+def test_run_verdict_reads_the_oom_line(tmp_path):
+    from torchpp.demo import run_verdict
+
+    why = "rank 0 on host laptop was killed by the kernel for exceeding its memory limit (1.00 GiB)"
+    (tmp_path / "run.json").write_text(json.dumps({"hosts": [{"returncode": -9, "why": why}]}))
+    assert run_verdict(tmp_path / "run.json", "") == why
+    (tmp_path / "run.json").write_text(json.dumps({"hosts": [{"returncode": 0, "why": None}]}))
+    assert run_verdict(tmp_path / "run.json", "").startswith("it ran")
+    (tmp_path / "run.json").write_text(json.dumps({"hosts": [{"returncode": 1, "why": None}]}))
+    assert "exit 1" in run_verdict(tmp_path / "run.json", "boom\n")
 
 
 @pytest.mark.slow
@@ -74,14 +103,14 @@ def test_demo_on_local_processes(tmp_path):
 def test_demo_on_the_emulated_cluster(tmp_path):
     from torchpp.cluster import cluster
 
-    if cluster.load_state("hetero4") is not None or cluster.leftovers("hetero4")["namespaces"]:
-        pytest.skip("cluster hetero4 is up on this machine; not touching it")
+    if cluster.load_state("homelab") is not None or cluster.leftovers("homelab")["namespaces"]:
+        pytest.skip("cluster homelab is up on this machine; not touching it")
     out = tmp_path / "demo"
     try:
-        res = run_demo(out, timeout=1500)  # noqa: the demo brings hetero4 up and down itself
+        res = run_demo(out, timeout=1500)  # noqa: the demo brings homelab (the default scenario) up and down itself
     finally:
-        left = cluster.leftovers("hetero4")
+        left = cluster.leftovers("homelab")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert not left["namespaces"], left  # the demo took its cluster down
-    summary = check_artefacts(out, ["laptop", "desktop", "pi4", "pi3"])
-    assert summary["mode"] == "emulated cluster hetero4"
+    summary = check_artefacts(out, ["laptop", "pi4a", "pi4b", "pi3"])
+    assert summary["mode"] == "emulated cluster homelab"

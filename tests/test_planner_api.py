@@ -72,3 +72,38 @@ def test_fixed_plan_is_the_commands(tmp_path):
     assert p == Plan.load(tmp_path / "cli.json")
     with pytest.raises(UsageError, match="--devices"):
         api.fixed_plan(api.Strategy(name="dp"), api.PlanOptions())
+
+
+def test_compare_prices_each_strategy_at_its_own_best_micro_batching(measured):
+    """`--compare even,pp,dp,single`: every fixed strategy at the fastest of its own micro-batchings
+    that fits (not the chosen plan's), and `single` as the best one device."""
+    from torchpp.planner.simple import fixed_candidates
+
+    res = api.plan(inputs(measured), api.PlanOptions(global_batch=8, compare=["even", "pp", "dp", "single"]))
+    rows = {c["name"]: c for c in res.compare}
+    assert list(rows) == ["chosen (optimal)", "even", "pp", "dp", "single"]
+    pb, budget = res.problem, res.problem.budget
+    for name in ("even", "pp", "dp", "single"):
+        cands = [api.price(p, pb, budget) for p in fixed_candidates(name, res.plan.model, pb.hosts, seq_len=res.plan.seq_len,
+                                                                   global_batch=8)]
+        best = min(c.step_time_s for c in cands if c.fits)
+        assert rows[name]["step_time_s"] == pytest.approx(best) and not rows[name]["oom"]
+        assert len({c.plan.num_microbatches for c in cands}) > 1  # really several micro-batchings
+    assert len(rows["single"]["hosts"]) == 1 and len(rows["even"]["hosts"]) == 3
+
+
+def test_single_device_that_fits_nowhere_says_so(measured):
+    """Budgets too small for the whole model on any one device: `single` is reported as not fitting."""
+    res = api.plan(inputs(measured), api.PlanOptions(global_batch=8))
+    pb = res.problem
+    from torchpp.planner.simple import fixed_candidates
+
+    cands = [api.price(p, pb, pb.budget) for p in fixed_candidates("single", res.plan.model, pb.hosts,
+                                                                   seq_len=res.plan.seq_len, global_batch=8)]
+    need = min(d["memory_bytes"] for c in cands for s in c.predicted["stages"] for d in s["devices"])
+    tight = {h: need * 0.9 for h in pb.hosts}
+    got = api.best_fixed("single", res.plan.model, pb, tight, seq_len=res.plan.seq_len, global_batch=8)
+    assert got is not None and not got.fits
+    row = api.compare_plans(["single"], res.plan, pb, tight)[1]
+    assert row["oom"] and "does not fit" in __import__("torchpp.planner.report", fromlist=["x"]).summary_text(
+        res.plan, {}, [api.compare_plans([], res.plan, pb, tight)[0], row])

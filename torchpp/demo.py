@@ -1,17 +1,24 @@
 """`torchpp demo`: the whole loop on an embedded default, one command.
 
-profile each host → capacities → bandwidth probe → calibrate memory → plan → train with
-traces → analyse → replan → train again, then a table of measured step times (an even split,
-the plan, the re-plan) next to their predictions. On a machine that allows network namespaces
-and cgroups the hosts are the emulated ``hetero4`` cluster; otherwise they are local processes
-on this machine, and the demo says so. Every step is a ``torchpp`` command reading and writing
-files under ``--out``; each command line and its output is kept in ``--out/logs``, so any step
-can be re-run alone.
+profile each host → capacities → bandwidth probe → calibrate memory → plan (pricing every
+baseline at its own best micro-batching) → the best single device, confirmed by a real run
+where the planner says it does not fit → train the even 1F1B split and the plan with traces →
+analyse → replan → train again, then a table of each baseline, the plan, the re-plan and the
+lower bound, measured next to predicted, and one line on why the plan looks as it does.
+
+The default scenario is ``homelab`` (configs/cluster/homelab.json: an old laptop and three
+Raspberry Pis, and the qwen3-homelab model that none of them can train alone); ``--scenario
+hetero4`` is the earlier one (qwen3-small, which fits the laptop). On a machine that allows
+network namespaces and cgroups the hosts are the emulated cluster; otherwise they are local
+processes on this machine, and the demo says so. Every step is a ``torchpp`` command reading and
+writing files under ``--out``; each command line and its output is kept in ``--out/logs``, so
+any step can be re-run alone.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -21,7 +28,10 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from .formats import Plan
 
 PY = sys.executable
 
@@ -30,23 +40,43 @@ PY = sys.executable
 class DemoConfig:
     """Sizes of the demo; ``quick`` shrinks them for a smoke run."""
 
-    model: str = "qwen3-small"
-    seq_len: int = 64
-    profile_batches: str = "1,4,16"
+    model: str = "qwen3-homelab"
+    seq_len: int = 32
+    profile_batches: str = "1,4,8"
     """Batch sizes each host is profiled at: spanning the micro-batch sizes the planner may pick,
     so a call's time is interpolated, not extrapolated."""
-    global_batch: int = 16
+    global_batch: int = 32
     steps: int = 6
     """Optimizer steps per training run; the first is warm-up and not counted."""
     memory_samples: int = 6
-    cluster: str = "configs/cluster/hetero4.json"
+    cluster: str = "configs/cluster/homelab.json"
     local_hosts: int = 2
     timeout_s: float = 900.0
+    compare: str = "even,pp,dp,single"
+    """Baselines the planner prices next to its plan, each at its own best micro-batching."""
+    capacity_layers: int | None = 2
+    """Profile the whole model on the first host only and this many layers on every host (for
+    their speeds): hosts that cannot hold the model cannot profile it either. None: every host
+    profiles the whole model."""
 
     @staticmethod
     def quick() -> "DemoConfig":
         return DemoConfig(model="qwen3-tiny", seq_len=32, profile_batches="1,2,8", global_batch=8, steps=3,
-                          memory_samples=4)
+                          memory_samples=4, capacity_layers=None)
+
+    @staticmethod
+    def scenario(name: str) -> "DemoConfig":
+        """``homelab``: a model no single host can train (the default); ``hetero4``: qwen3-small,
+        which one laptop trains fastest, on four unevenly fast hosts."""
+        if name not in SCENARIOS:
+            raise ValueError(f"--scenario: expected one of {', '.join(SCENARIOS)}, got {name!r}")
+        if name == "hetero4":
+            return DemoConfig(model="qwen3-small", seq_len=64, profile_batches="1,4,16", global_batch=16,
+                              capacity_layers=None, cluster="configs/cluster/hetero4.json")
+        return DemoConfig()
+
+
+SCENARIOS = ("homelab", "hetero4")
 
 
 @dataclass
@@ -58,7 +88,7 @@ class Progress:
     done: int = 0
     t0: float = field(default_factory=time.monotonic)
 
-    def run(self, title: str, cmd: Sequence[str], timeout: float = 900) -> str:
+    def run(self, title: str, cmd: Sequence[str], timeout: float = 900, allow_failure: bool = False) -> str:
         self.done += 1
         tag = f"[{self.done:2d}/{self.total}]"
         print(f"{tag} {title} ...", flush=True)
@@ -76,7 +106,7 @@ class Progress:
             except subprocess.TimeoutExpired:
                 rc = 124
         text = log.read_text(errors="replace")
-        if rc != 0:
+        if rc != 0 and not allow_failure:
             tail = "\n".join(text.splitlines()[-20:])
             raise DemoError(f"{tag} {title} failed (exit {rc}); full log in {log}:\n{tail}")
         print(f"{tag} {title}: {time.monotonic() - t:.1f}s (total {time.monotonic() - self.t0:.0f}s)", flush=True)
@@ -232,9 +262,46 @@ class RunResult:
         return (self.predicted_step_s - self.measured_step_s) / self.measured_step_s
 
     @property
+    def windows(self) -> list[float]:
+        """Medians of three consecutive windows of the measured steps (fewer with fewer steps)."""
+        return window_medians(self.steps_s)
+
+    @property
+    def spread(self) -> float:
+        """(slowest - fastest window) / the median step: how much the measurement itself moves."""
+        w = self.windows
+        return (max(w) - min(w)) / self.measured_step_s if len(w) > 1 else 0.0
+
+    @property
     def memory_error(self) -> float | None:
         """The worst rank's relative error of predicted against measured peak memory."""
         return max((x["error"] for x in self.memory_mib), key=abs, default=None)
+
+
+def window_medians(steps: Sequence[float], n: int = 3) -> list[float]:
+    """Split the steps into ``n`` consecutive windows (as even as possible) and take each one's median."""
+    n = max(1, min(n, len(steps)))
+    size, extra = divmod(len(steps), n)
+    out, a = [], 0
+    for i in range(n):
+        b = a + size + (1 if i < extra else 0)
+        out.append(statistics.median(steps[a:b]))
+        a = b
+    return out
+
+
+@dataclass
+class Baseline:
+    """A strategy the planner priced (at its own best micro-batching) and, where it does not fit,
+    what a real run of it did."""
+
+    name: str
+    predicted_step_s: float | None
+    fits: bool
+    memory: str
+    """Worst device's predicted memory / budget (host)."""
+    note: str = ""
+    """What a real run showed, e.g. the kernel's OOM kill."""
 
 
 def memory_rows(report_json: Path) -> list[dict]:
@@ -254,6 +321,19 @@ def measured_step_times(log_dir: Path) -> list[float]:
     return [t for s, t in steps if s > 1] or [t for _, t in steps]
 
 
+def run_verdict(run_json: Path, text: str) -> str:
+    """One line on how a run that was expected not to fit ended (`cluster run`'s run.json)."""
+    ranks = json.loads(run_json.read_text())["hosts"] if run_json.exists() else []
+    why = next((r["why"] for r in ranks if r.get("why")), None)
+    if why:
+        return why
+    if ranks and all(r["returncode"] == 0 for r in ranks):
+        return "it ran: the planner's memory model is cautious here"
+    codes = ", ".join(str(r["returncode"]) for r in ranks) or "?"
+    last = next((x for x in reversed(text.splitlines()) if x.strip()), "")
+    return f"it failed (exit {codes}) without an OOM kill: {last[:160]}"
+
+
 class Demo:
     def __init__(self, cfg: DemoConfig, out: Path, hosts: Hosts):
         self.cfg, self.out, self.hosts = cfg, out, hosts
@@ -264,25 +344,49 @@ class Demo:
         return self.out.joinpath(*parts)
 
     # --- measure
-    def profile(self) -> list[Path]:
+    def profile(self) -> tuple[list[Path], list[Path]]:
+        """Layers files for the plan and the files capacities are computed from. With
+        ``capacity_layers``, hosts that cannot hold the whole model are not asked to: the first
+        host profiles it all, and every host its first ``capacity_layers`` layers, which give
+        each host's speed relative to the first."""
         c, d = self.cfg, self.path("hosts")
         d.mkdir(parents=True, exist_ok=True)
-        shell = (f"exec {shlex.quote(PY)} -m torchpp profile --model {c.model} --seq-len {c.seq_len} "
-                 f"--batch {c.profile_batches} --iters 3 --warmup 1 --threads 1 --quiet --host \"$HOST\" "
-                 f"--out {shlex.quote(str(d))}/layers_\"$HOST\".json")
+        q = shlex.quote(str(d))
+        cmd = (f"{shlex.quote(PY)} -m torchpp profile --model {c.model} --seq-len {c.seq_len} "
+               f"--batch {c.profile_batches} --iters 3 --warmup 1 --threads 1 --quiet --host \"$HOST\"")
+        if c.capacity_layers is None:
+            shell = f"exec {cmd} --out {q}/layers_\"$HOST\".json"
+        else:
+            # speeds first, every host at once (the ratios under one load); then the first host profiles the
+            # whole model while the others repeat theirs, so it sees the contention a training step will
+            ref = shlex.quote(self.hosts.names[0])
+            speed = f"{cmd} --layers {c.capacity_layers} --out {q}/speed_\"$HOST\".json"
+            again = f"{cmd} --layers {c.capacity_layers} --out {q}/busy_\"$HOST\".json"
+            shell = (f"{speed} || exit 1; if [ \"$HOST\" = {ref} ]; then exec {cmd} --out {q}/layers_\"$HOST\".json; "
+                     f"else exec {again}; fi")
         argv = self.hosts.each_host(shell, self.path("logs", "profile"))
-        self.p.run(f"profile {len(self.hosts.names)} hosts ({c.model}, batch {c.profile_batches})", argv)
-        files = [d / f"layers_{h}.json" for h in self.hosts.names]
-        missing = [str(f) for f in files if not f.exists()]
+        what = "" if c.capacity_layers is None else f"; the others their first {c.capacity_layers} layers"
+        self.p.run(f"profile {len(self.hosts.names)} hosts ({c.model}, batch {c.profile_batches}{what})", argv)
+        if c.capacity_layers is None:
+            files = speed = [d / f"layers_{h}.json" for h in self.hosts.names]
+        else:
+            files, speed = [d / f"layers_{self.hosts.names[0]}.json"], [d / f"speed_{h}.json" for h in self.hosts.names]
+        missing = [str(f) for f in {*files, *speed} if not f.exists()]
         if missing:
-            raise DemoError(f"profile wrote no {', '.join(missing)}")
-        return files
+            raise DemoError(f"profile wrote no {', '.join(sorted(missing))}")
+        return files, speed
 
     def capacities(self, files: list[Path]) -> Path:
         out = self.path("capacities.json")
         text = self.p.run("capacities", [*self.tp, "capacities", "--inputs", *map(str, files), "--ref-host",
                                          self.hosts.names[0], "--out", str(out)])
         self.p.note("\n".join(x for x in text.splitlines() if "capacity" in x))
+        if self.cfg.capacity_layers is not None:
+            # per-host tables of a few layers do not describe the whole model; keep the speeds, which
+            # scale the first host's whole-model profile
+            data = json.loads(out.read_text())
+            data.pop("tables", None)
+            out.write_text(json.dumps(data, indent=1) + "\n")
         return out
 
     def bandwidth(self) -> Path:
@@ -312,26 +416,65 @@ class Demo:
                           [*self.tp, "plan", "--layers", *map(str, m.files), "--capacities", str(m.capacities),
                            "--bandwidth", str(m.bandwidth), "--memory-model", str(m.memory), "--devices",
                            str(m.devices), "--global-batch",
-                           str(self.cfg.global_batch), "--compare", "even,dp", "--out-dir", str(d)])
+                           str(self.cfg.global_batch), "--compare", self.cfg.compare, "--out-dir", str(d)])
         self.p.note("\n".join(x for x in text.splitlines() if x.startswith(("plan:", "predicted", "stage ", "    "))
                               and "candidate" not in x)[:2000])
         return d / "plan.json"
 
+    def compared(self) -> dict[str, dict]:
+        """The planner's comparison rows (plan_meta.json), by name."""
+        meta = json.loads(self.path("plan", "plan_meta.json").read_text())
+        return {r["name"]: r for r in meta.get("compare", [])}
+
     def even_plan(self, planned: Path, m: Measured | None = None) -> Path:
+        """The even 1F1B split over every host, at its own best micro-batching as the planner priced it."""
         from .formats import Plan
 
         p = Plan.load(planned)
-        n = len(self.hosts.names)
+        n = min(len(self.hosts.names), p.model.num_layers)
+        mb = self.compared().get("even", {}).get("num_microbatches", p.num_microbatches)
         out = self.path("even", "plan.json")
         out.parent.mkdir(parents=True, exist_ok=True)
-        self.p.run(f"even split over {n} hosts (baseline)",
-                   [*self.tp, "plan", "--strategy", "pp", "--stages", str(min(n, p.model.num_layers)), "--model",
+        self.p.run(f"even split over {n} hosts, {mb} micro-batches (its best)",
+                   [*self.tp, "plan", "--strategy", "pp", "--stages", str(n), "--model",
                     self.cfg.model, "--global-batch", str(self.cfg.global_batch), "--microbatches",
-                    str(p.num_microbatches), "--seq-len", str(self.cfg.seq_len), "--hosts",
+                    str(mb), "--seq-len", str(self.cfg.seq_len), "--hosts",
                     ",".join(self.hosts.names[:n]), "--out", str(out)])
         if m is not None:
             price_fixed(out, m)
         return out
+
+    def baselines(self, m: Measured) -> list[Baseline]:
+        """The best single device and data parallelism as the planner priced them; a single device
+        that does not fit is run for real on its host, to show the memory limit stop it."""
+        rows = self.compared()
+        out = []
+        for name in ("single", "dp"):
+            r = rows.get(name)
+            if r is None:
+                continue
+            b = Baseline(name=f"{name} ({r['hosts'][0]})" if name == "single" else name,
+                         predicted_step_s=None if r["oom"] else r["step_time_s"], fits=not r["oom"], memory=r["memory"])
+            if name == "single" and r["oom"] and isinstance(self.hosts, ClusterHosts):
+                b.note = self.confirm_does_not_fit(r["hosts"][0], r["num_microbatches"])
+            out.append(b)
+        return out
+
+    def confirm_does_not_fit(self, host: str, microbatches: int) -> str:
+        """Train the whole model on ``host`` for two steps; return what stopped it (one line)."""
+        c, plan = self.cfg, self.path("single", "plan.json")
+        plan.parent.mkdir(parents=True, exist_ok=True)
+        self.p.total += 2
+        self.p.run(f"single device ({host}): the whole model", [
+            *self.tp, "plan", "--strategy", "dp", "--devices", "1", "--hosts", host, "--model", c.model,
+            "--global-batch", str(c.global_batch), "--microbatches", str(microbatches), "--seq-len", str(c.seq_len),
+            "--out", str(plan)])
+        argv = ["-m", "torchpp.train", "--plan", str(plan), "--model", c.model, "--data", "synthetic", "--steps", "2",
+                "--threads", "1", "--seed", "0", "--timeout-s", "120"]
+        text = self.p.run(f"single device ({host}): train it (the planner says it does not fit)",
+                          self.hosts.ranks(plan, argv, self.path("single", "hosts")), timeout=300, allow_failure=True)
+        self.p.note(ran := run_verdict(self.path("single", "hosts", "run.json"), text))
+        return ran
 
     # --- run and look
     def train(self, name: str, plan: Path, m: Measured) -> RunResult:
@@ -340,7 +483,8 @@ class Demo:
         pred = d / "predicted.json"
         text = self.p.run(f"{name}: predict (simulate the plan's action lists)",
                           [*self.tp, "simulate", "plan", str(plan), "--bandwidth", str(m.bandwidth), "--layers",
-                           *map(str, m.files), "--comm", "links", "--trace", str(pred)])
+                           *map(str, m.files), "--capacities", str(m.capacities), "--comm", "links", "--trace",
+                           str(pred)])
         predicted = next((float(x.split()[3]) for x in text.splitlines() if x.startswith("predicted step time")),
                          None)
         traces, logs = d / "traces", d / "logs"
@@ -375,8 +519,8 @@ class Demo:
         c = self.cfg
         print(f"torchpp demo: {c.model}, seq {c.seq_len}, global batch {c.global_batch}, on {self.hosts.mode} "
               f"({', '.join(self.hosts.names)}); outputs in {self.out}", flush=True)
-        files = self.profile()
-        cap = self.capacities(files)
+        files, speed = self.profile()
+        cap = self.capacities(speed)
         bw = self.bandwidth()
         mem = self.memory(files[0])
         devices = self.path("devices.json")
@@ -387,36 +531,29 @@ class Demo:
 
     def main(self) -> dict:
         m = self.measure_and_plan()
+        base = self.baselines(m)
         even = self.even_plan(m.plan, m)
         results = [self.train("even", even, m), self.train("plan", m.plan, m)]
         replanned = self.replan(results[1], m)
         results.append(self.train("replan", replanned, m))
-        return self.summarise(results)
+        return self.summarise(results, base)
 
-    def summarise(self, results: list[RunResult]) -> dict:
-        base = results[0].measured_step_s
-        lines = [f"# torchpp demo ({self.hosts.mode}: {', '.join(self.hosts.names)})", "",
-                 f"{self.cfg.model}, seq {self.cfg.seq_len}, global batch {self.cfg.global_batch}; measured = "
-                 f"median of rank 0's step times after the first ({self.cfg.steps - 1} steps)", "",
-                 "| plan | measured step (s) | predicted (s) | error | vs even | peak memory error (worst rank) |",
-                 "|---|---|---|---|---|---|"]
-        for r in results:
-            pred = f"{r.predicted_step_s:.4f}" if r.predicted_step_s is not None else "–"
-            err = f"{100 * r.error:+.1f}%" if r.error is not None else "–"
-            me = r.memory_error
-            mem = f"{100 * me:+.1f}% ({len(r.memory_mib)} rank(s))" if me is not None else "–"
-            lines.append(f"| {r.name} | {r.measured_step_s:.4f} | {pred} | {err} | {r.measured_step_s / base:.3f}x "
-                         f"| {mem} |")
-        lines += ["", "files:"] + [f"- {r.name}: plan {r.plan}, report {r.report}, timelines {r.trace_dir}"
-                                   for r in results]
-        lines += [f"- plan summary {self.path('plan', 'summary.txt')}, Gantt {self.path('plan', 'gantt.png')}",
-                  f"- replan summary {self.path('replan', 'replan_summary.txt')}",
-                  f"- every command and its output: {self.p.log_dir}"]
-        text = "\n".join(lines)
+    def summarise(self, results: list[RunResult], baselines: Sequence[Baseline] = ()) -> dict:
+        from .formats import Plan
+
+        plan = Plan.load(next(r.plan for r in results if r.name == "plan"))
+        text = "\n".join(summary_lines(self.cfg, self.hosts.mode, self.hosts.names, results, baselines, plan)
+                         + ["", "files:"] + [f"- {r.name}: plan {r.plan}, report {r.report}, timelines {r.trace_dir}"
+                                             for r in results]
+                         + [f"- plan summary {self.path('plan', 'summary.txt')}, Gantt {self.path('plan', 'gantt.png')}",
+                            f"- replan summary {self.path('replan', 'replan_summary.txt')}",
+                            f"- every command and its output: {self.p.log_dir}"])
         self.path("summary.md").write_text(text + "\n")
         summary = {"format": "torchpp.demo/1", "mode": self.hosts.mode, "hosts": self.hosts.names,
-                   "config": asdict(self.cfg), "runs": [{**asdict(r), "error": r.error, "memory_error": r.memory_error}
-                                                      for r in results],
+                   "config": asdict(self.cfg), "runs": [{**asdict(r), "error": r.error, "memory_error": r.memory_error,
+                                                         "windows_s": r.windows, "spread": r.spread} for r in results],
+                   "baselines": [asdict(b) for b in baselines],
+                   "lower_bound_s": (plan.predicted or {}).get("lower_bound_s"),
                    "seconds": time.monotonic() - self.p.t0}
         self.path("summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         print("\n" + text, flush=True)
@@ -425,10 +562,67 @@ class Demo:
         return summary
 
 
+def summary_lines(cfg: DemoConfig, mode: str, hosts: Sequence[str], results: Sequence[RunResult],
+                  baselines: Sequence[Baseline], plan: "Plan") -> list[str]:
+    """The closing table: each baseline, the plan, the re-plan and the lower bound, then why."""
+    ref = next(r.measured_step_s for r in results if r.name == "plan")
+    lines = [f"# torchpp demo ({mode}: {', '.join(hosts)})", "",
+             f"{cfg.model}, seq {cfg.seq_len}, global batch {cfg.global_batch}; measured = median of rank 0's step "
+             f"times after the first ({cfg.steps - 1} steps), spread = (slowest - fastest of 3 windows) / median; "
+             "every strategy at its own best micro-batching", "",
+             "| run | micro-batches | measured step (s) | spread | predicted (s) | error | step / plan's | "
+             "peak memory error (worst rank) |", "|---|---|---|---|---|---|---|---|"]
+    for b in baselines:
+        pred = f"{b.predicted_step_s:.3f}" if b.predicted_step_s is not None else "does not fit"
+        meas = b.note or ("not run" if b.fits else "does not fit")
+        vs = f"{b.predicted_step_s / ref:.2f}x (predicted)" if b.predicted_step_s else "–"
+        lines.append(f"| {b.name} | – | {meas} | – | {pred} | – | {vs} | {b.memory} |")
+    for r in results:
+        p = _plan_of(r)
+        pred = f"{r.predicted_step_s:.3f}" if r.predicted_step_s is not None else "–"
+        err = f"{100 * r.error:+.1f}%" if r.error is not None else "–"
+        me = r.memory_error
+        mem = f"{100 * me:+.1f}% ({len(r.memory_mib)} rank(s))" if me is not None else "–"
+        lines.append(f"| {r.name} | {p.num_microbatches} x {p.micro_batch_size} | {r.measured_step_s:.3f} | "
+                     f"{100 * r.spread:.0f}% | {pred} | {err} | {r.measured_step_s / ref:.2f}x | {mem} |")
+    bound = (plan.predicted or {}).get("lower_bound_s")
+    if bound:
+        lines.append(f"| lower bound (total work / total capacity) | – | – | – | {bound:.3f} | – | "
+                     f"{bound / ref:.2f}x | – |")
+    return lines + ["", "why: " + why_line(plan, baselines)]
+
+
+def _plan_of(r: RunResult) -> "Plan":
+    from .formats import Plan
+
+    return Plan.load(r.plan)
+
+
+def why_line(plan: "Plan", baselines: Sequence[Baseline]) -> str:
+    """One sentence on why the plan looks as it does, read off the plan and the baselines."""
+    single = next((b for b in baselines if b.name.startswith("single")), None)
+    stages = "; ".join(f"{'+'.join(d.host for d in s.devices)} layers [{s.layers[0]},{s.layers[1]})"
+                       + (" + embedding" if s.has_embed else "") + (" + lm_head" if s.has_tail else "")
+                       for s in plan.stages)
+    bub = (plan.predicted or {}).get("bubble", {})
+    step = (plan.predicted or {}).get("step_time_s")
+    share = bub.get("real", 0.0) / step if bub and step else None
+    head = (f"no single host can hold the model with AdamW ({single.memory}), so it is split; "
+            if single is not None and not single.fits else "")
+    if plan.num_stages == 1 and len(plan.stages[0].devices) == 1:
+        return head + f"one device ({stages}) is fastest: splitting would cost more in links than it gains"
+    tail = f"; {plan.num_microbatches} micro-batches of {plan.micro_batch_size} keep the pipeline full"
+    if share is not None:
+        tail += f" (predicted idle {100 * share:.0f}% of the step)"
+    return head + f"{plan.num_stages} stage(s) sized to each host's measured speed and memory: {stages}" + tail
+
+
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("out/demo"), help="where every file goes (default out/demo)")
     p.add_argument("--local", action="store_true", help="local processes even where the emulated cluster is possible")
-    p.add_argument("--cluster", type=Path, default=Path(DemoConfig.cluster), help="cluster config (default hetero4)")
+    p.add_argument("--scenario", choices=SCENARIOS, default="homelab",
+                   help="homelab (default): a model no single host can train; hetero4: qwen3-small, which fits one host")
+    p.add_argument("--cluster", type=Path, default=None, help="cluster config (default: the scenario's)")
     p.add_argument("--hosts", type=int, default=DemoConfig.local_hosts, help="local processes (default 2)")
     p.add_argument("--model", default=None, help=f"preset (default {DemoConfig.model})")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 6)")
@@ -439,7 +633,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .errors import UsageError
 
-    cfg = DemoConfig.quick() if args.quick else DemoConfig()
+    base = DemoConfig.scenario(args.scenario)
+    cfg = dataclasses.replace(DemoConfig.quick(), cluster=base.cluster) if args.quick else base
     if args.model:
         cfg.model = args.model
     if args.steps is not None:
@@ -448,7 +643,8 @@ def run(args: argparse.Namespace) -> int:
         cfg.steps = args.steps
     if args.hosts < 1:
         raise UsageError(f"--hosts: expected at least 1, got {args.hosts}")
-    cfg.cluster = str(args.cluster)
+    if args.cluster is not None:
+        cfg.cluster = str(args.cluster)
     try:
         with demo_hosts(cfg, args.out, args.local, args.hosts) as demo:
             demo.main()

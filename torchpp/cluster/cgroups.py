@@ -226,6 +226,22 @@ class Cgroup:
                     out[n] = (path / n).read_text().strip()
         return out
 
+    def oom_kills(self) -> int:
+        """How many processes the kernel's OOM killer has killed in this group so far."""
+        h, path = _hierarchy("memory", self.hier), self.paths().get("memory")
+        name = "memory.events" if h.version == 2 else "memory.oom_control"
+        try:
+            fields = dict(line.split() for line in (path / name).read_text().splitlines() if line.strip())
+        except (OSError, ValueError, TypeError):
+            return 0
+        return int(fields.get("oom_kill", 0))
+
+    def memory_limit(self) -> int | None:
+        """The group's memory limit in bytes; None when it has none."""
+        lim = self.limits()
+        raw = lim.get("memory.max", lim.get("memory.limit_in_bytes", "max"))
+        return int(raw) if raw.isdigit() and int(raw) < 2**60 else None
+
     def add(self, pid: int) -> None:
         """Move a process (all its threads) into the group; its later children follow it."""
         for path in self.dirs():

@@ -305,6 +305,8 @@ def _cluster_run(args: argparse.Namespace) -> int:
     for r in results:
         who = r.host if r.rank is None else f"{r.host} rank {r.rank}"
         print(f"  {who:<16} exit {r.returncode:<4} {r.seconds:7.1f}s  {r.log}")
+    if any(r.why for r in results):
+        return rc  # the reason is one line, already said as it happened
     for r in results:
         if r.returncode != 0:
             print(f"--- last lines of {r.log}:\n{cluster.tail(r.log)}")

@@ -200,6 +200,33 @@ class HostResult:
     seconds: float
     rank: int | None = None
     """Plan rank of the process (None when one process ran per host)."""
+    why: str | None = None
+    """Why it ended when that is known beyond its exit code (the kernel's OOM killer)."""
+
+
+def oom_message(host: str, rank: int | None, limit: int | None) -> str:
+    """One line saying which process the kernel killed for its host's memory limit."""
+    who = f"rank {rank} on host {host}" if rank is not None else f"the process on host {host}"
+    lim = f" ({limit / 2**30:.2f} GiB)" if limit else ""
+    return f"{who} was killed by the kernel for exceeding its memory limit{lim}"
+
+
+class _OomWatch:
+    """Attributes a SIGKILLed process to its host's OOM killer when that group's count grew."""
+
+    def __init__(self, groups: dict[int, Any]):
+        self.groups = groups
+        self.seen = {i: g.oom_kills() for i, g in groups.items()}
+
+    def why(self, host_index: int, host: str, rank: int | None, returncode: int) -> str | None:
+        if returncode not in (-9, 137):
+            return None
+        g = self.groups[host_index]
+        now = g.oom_kills()
+        if now <= self.seen[host_index]:
+            return None
+        self.seen[host_index] += 1
+        return oom_message(host, rank, g.memory_limit())
 
 
 def host_env(state: dict[str, Any], i: int, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -340,19 +367,7 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
     a plan; with ``follow``, line by line to ``follow(label, line)`` as well). On timeout,
     Ctrl-C or SIGTERM every process of the cluster is killed (SIGTERM, then SIGKILL after
     ``grace_s``)."""
-    _require(f"`torchpp cluster run` ({name})")
-    state = load_state(name)
-    if state is None or state.get("phase") != "up":
-        raise ClusterError(f"cluster '{name}' is not up; run `torchpp cluster up -c configs/cluster/{name}.json`")
-    if not argv:
-        raise ClusterError("cluster run: give the command after `--`")
-    if plan is None:
-        places = host_placements(state)
-        envs = [host_env(state, p.host_index) for p in places]
-    else:
-        places = plan_placements(state, Plan.load(plan), str(plan))
-        master = next(p.host_index for p in places if p.rank == 0)
-        envs = [placement_env(state, p, master) for p in places]
+    state, places, envs = _placements(name, argv, plan)
     log_dir.mkdir(parents=True, exist_ok=True)
     hier = cgroups.detect()
     groups = {p.host_index: cgroups.existing(state["hosts"][p.host_index]["cgroup"], hier) for p in places}
@@ -367,6 +382,8 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
     t0 = time.monotonic()
     ends: dict[int, float] = {}
     codes: dict[int, int] = {}
+    whys: dict[int, str] = {}
+    oom = _OomWatch(groups)
     try:
         for p, env, path in zip(places, envs, paths):
             f = open(path, "wb")
@@ -378,7 +395,11 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
             for i, p in enumerate(procs):
                 if i not in codes and p.poll() is not None:
                     codes[i], ends[i] = p.returncode, time.monotonic() - t0
-                    if p.returncode != 0:
+                    why = oom.why(places[i].host_index, places[i].host, places[i].rank, p.returncode)
+                    if why:
+                        whys[i] = why
+                        log(why)
+                    elif p.returncode != 0:
                         log(f"  {places[i].label}: exited {p.returncode} after {ends[i]:.1f}s")
             if timeout is not None and time.monotonic() - t0 > timeout and len(codes) < len(procs):
                 log(f"cluster {name}: timeout after {timeout:g}s; killing all hosts")
@@ -401,13 +422,30 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
         watchdog.kill()
         watchdog.wait()
         shutil.rmtree(tmp, ignore_errors=True)
-    results = [HostResult(p.host, codes.get(i, 1), path, ends.get(i, 0.0), rank=p.rank)
+    results = [HostResult(p.host, codes.get(i, 1), path, ends.get(i, 0.0), rank=p.rank, why=whys.get(i))
                for i, (p, path) in enumerate(zip(places, paths))]
     write_json(log_dir / "run.json", {"cluster": name, "argv": argv, "timeout_s": timeout,
                                       "plan": None if plan is None else str(plan),
                                       "hosts": [{"host": r.host, "rank": r.rank, "returncode": r.returncode,
-                                                 "seconds": r.seconds, "log": str(r.log)} for r in results]})
+                                                 "why": r.why, "seconds": r.seconds, "log": str(r.log)} for r in results]})
     return worst([r.returncode for r in results]), results
+
+
+def _placements(name: str, argv: list[str], plan: str | os.PathLike | None) -> tuple[dict, list, list[dict]]:
+    """The cluster's state, where each process runs (one per host, or one per plan rank) and its
+    environment; errors before anything starts."""
+    _require(f"`torchpp cluster run` ({name})")
+    state = load_state(name)
+    if state is None or state.get("phase") != "up":
+        raise ClusterError(f"cluster '{name}' is not up; run `torchpp cluster up -c configs/cluster/{name}.json`")
+    if not argv:
+        raise ClusterError("cluster run: give the command after `--`")
+    if plan is None:
+        places = host_placements(state)
+        return state, places, [host_env(state, p.host_index) for p in places]
+    places = plan_placements(state, Plan.load(plan), str(plan))
+    master = next(p.host_index for p in places if p.rank == 0)
+    return state, places, [placement_env(state, p, master) for p in places]
 
 
 _PR_SET_PDEATHSIG = 1

@@ -28,6 +28,14 @@ _QWEN3_TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hi
 _QWEN3_SMALL = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=8,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
                     rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=True)
+# The homelab scenario's model (configs/cluster/homelab.json): Qwen3 architecture, 16 layers of hidden 384,
+# a 16k vocabulary with untied embeddings (as Qwen3 from 1.7B up), ~41M parameters. With AdamW it needs
+# ~0.65 GB for weights, gradients and moments alone: more than any one host of homelab may use, less than
+# all of them together. Sixteen thin layers rather than eight wide ones let a plan follow the hosts'
+# uneven speeds layer by layer. One step of 32 x 32 tokens is ~0.2 TFLOP: a few seconds on 1.85 cores.
+_QWEN3_HOMELAB = dict(vocab_size=16384, hidden_size=384, intermediate_size=1152, num_hidden_layers=16,
+                      num_attention_heads=6, num_key_value_heads=3, head_dim=64, max_position_embeddings=4096,
+                      rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False)
 _LLAMA_TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                    rms_norm_eps=1e-6, tie_word_embeddings=False)
@@ -39,6 +47,7 @@ _GPT2_TINY = dict(vocab_size=512, n_embd=64, n_layer=4, n_head=4, n_positions=20
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3-0.6b": ("Qwen3Config", _QWEN3_06B),
     "qwen3-small": ("Qwen3Config", _QWEN3_SMALL),
+    "qwen3-homelab": ("Qwen3Config", _QWEN3_HOMELAB),
     "qwen3-tiny": ("Qwen3Config", _QWEN3_TINY),
     "llama-tiny": ("LlamaConfig", _LLAMA_TINY),
     "gpt2-tiny": ("GPT2Config", _GPT2_TINY),

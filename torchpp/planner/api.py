@@ -23,6 +23,7 @@ Progress = Callable[[str], None] | None
 OUTPUTS = ("plan.json", "stages.csv", "steps.csv", "plan_meta.json", "summary.txt", "gantt.png")
 SCHEDULES = ("auto", "1f1b", "zb-h1", "gpipe", "interleaved", "interleaved-zb", "v", "zbv")
 STRATEGIES = ("even", "dp", "pp")
+"""Fixed strategies `plan --strategy` writes (the comparison also prices ``single``)."""
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -105,7 +106,8 @@ class PlanOptions:
     max_group: int = 8
     """Largest group beyond ``exact_devices``."""
     compare: list[str] = field(default_factory=list)
-    """Also price these on the same devices and costs: ``even``, ``dp``, ``pp`` or plan.json files."""
+    """Also price these on the same devices and costs: ``even``, ``dp``, ``pp``, ``single`` (each at
+    its own best micro-batching) or plan.json files."""
 
     def __post_init__(self) -> None:
         from .chunks import schedule_kinds
@@ -337,50 +339,86 @@ def apply_fixed_ranks(p: Plan, devices: Devices) -> bool:
 
 
 # ----------------------------------------------------------------------------- comparisons
+@dataclass(kw_only=True)
+class Priced:
+    """A plan with the planner's prediction and whether every device's stage fits its memory."""
+    plan: Plan
+    predicted: dict[str, Any]
+    fits: bool
+
+    @property
+    def step_time_s(self) -> float:
+        return float(self.predicted["step_time_s"])
+
+
+def price(p: Plan, pb: Any, budget: dict[str, float]) -> Priced:
+    """Price one plan on the search problem's costs and check it against the memory budgets."""
+    from .report import predict
+
+    pred, _ = predict(p, pb.profiles, pb.links, pb.memory, budget, pb.optimizer_s_per_byte)
+    devs = [d for s in pred["stages"] for d in s["devices"]]
+    fits = not any(d["budget_bytes"] is not None and d["memory_bytes"] > d["budget_bytes"] for d in devs)
+    p.predicted = pred
+    return Priced(plan=p, predicted=pred, fits=fits)
+
+
+def best_fixed(name: str, model: Any, pb: Any, budget: dict[str, float], *, seq_len: int, global_batch: int,
+               schedule: str = "1f1b", sizes: list[int] | None = None) -> Priced | None:
+    """A fixed strategy (``even``, ``pp``, ``dp``, ``single``) at its own best: the fastest of its
+    micro-batchings (and devices, for ``single``) that fits memory; when none fits, the one that
+    overruns its budget least, with ``fits`` False. None when the batch allows no candidate."""
+    from .simple import fixed_candidates
+
+    cands = [price(p, pb, budget) for p in fixed_candidates(name, model, pb.hosts, seq_len=seq_len,
+                                                               global_batch=global_batch, schedule=schedule,
+                                                               sizes=sizes)]
+    if not cands:
+        return None
+    fitting = [c for c in cands if c.fits]
+    if fitting:
+        return min(fitting, key=lambda c: c.step_time_s)
+    return min(cands, key=lambda c: max(_overrun(d) for s in c.predicted["stages"] for d in s["devices"]))
+
+
+def _overrun(d: dict) -> float:
+    return d["memory_bytes"] / d["budget_bytes"] if d["budget_bytes"] else 0.0
+
+
 def compare_plans(names: Sequence[str], chosen: Plan, pb: Any, budget: dict[str, float],
                   progress: Progress = None) -> list[dict]:
-    """Price fixed strategies (and plan files) on the same devices, micro-batching and costs."""
-    from .report import predict
+    """Price fixed strategies, each at its own best micro-batching, and plan files, on the same
+    devices and costs as the chosen plan."""
+    from .simple import FIXED
+
+    rows = [_row("chosen (optimal)", Priced(plan=chosen, predicted=chosen.predicted, fits=True), chosen)]
+    for name in names:
+        if name in FIXED:
+            one_chunk = chosen.schedule if chosen.schedule in ("1f1b", "gpipe", "zb-h1") else "1f1b"
+            got = best_fixed(name, chosen.model, pb, budget, seq_len=chosen.seq_len, global_batch=chosen.global_batch,
+                             schedule=one_chunk, sizes=pb.micro_batch_sizes)
+            if got is None:
+                if progress:
+                    progress(f"  compare {name}: global batch {chosen.global_batch} too small for {len(pb.hosts)} "
+                             "devices")
+                continue
+        else:
+            try:
+                got = price(Plan.load(name), pb, budget)
+            except ValueError as e:
+                raise UsageError(f"--compare {name}: {e}") from None
+        rows.append(_row(name, got, chosen))
+    return rows
+
+
+def _row(name: str, got: Priced, chosen: Plan) -> dict[str, Any]:
+    """One line of the comparison: step time, ratio to the chosen plan, worst memory, micro-batching."""
     from .search import fmt_bytes
 
-    entries = [("chosen (optimal)", chosen)]
-    for name in names:
-        other = _compared_plan(name, chosen, pb.hosts, progress)
-        if other is not None:
-            entries.append((name, other))
-    out = []
-    for name, p in entries:
-        pred, _ = predict(p, pb.profiles, pb.links, pb.memory, budget, pb.optimizer_s_per_byte)
-        devs = [d for s in pred["stages"] for d in s["devices"]]
-        worst = max(((d["memory_bytes"], d["budget_bytes"] or 0, d["host"]) for d in devs),
-                    key=lambda x: x[0] / max(x[1], 1))
-        oom = any(d["budget_bytes"] is not None and d["memory_bytes"] > d["budget_bytes"] for d in devs)
-        out.append({"name": name, "step_time_s": pred["step_time_s"],
-                    "ratio": pred["step_time_s"] / chosen.predicted["step_time_s"],
-                    "memory": f"{fmt_bytes(worst[0])}/{fmt_bytes(worst[1])} ({worst[2]})", "oom": oom})
-    return out
-
-
-def _compared_plan(name: str, chosen: Plan, hosts: list[str], progress: Progress) -> Plan | None:
-    """``even``/``pp`` over min(devices, layers) stages, ``dp`` over every device, or a plan file."""
-    from .simple import dp_plan, even_plan, pp_plan
-
-    one_chunk = chosen.schedule if chosen.schedule in ("1f1b", "gpipe", "zb-h1") else "1f1b"
-    kw = dict(seq_len=chosen.seq_len, global_batch=chosen.global_batch, schedule=one_chunk)
-    try:
-        if name in ("even", "pp"):
-            S = min(len(hosts), chosen.model.num_layers)
-            return (even_plan if name == "even" else pp_plan)(chosen.model, stages=S,
-                                                              num_microbatches=chosen.num_microbatches,
-                                                              hosts=hosts[:S], **kw)
-        if name == "dp":
-            m = next(x for x in range(chosen.num_microbatches, 0, -1)
-                     if chosen.global_batch % x == 0 and chosen.global_batch // x >= len(hosts))
-            return dp_plan(chosen.model, devices=len(hosts), num_microbatches=m, hosts=hosts, **kw)
-        return Plan.load(name)
-    except StopIteration:
-        if progress:
-            progress(f"  compare {name}: global batch {chosen.global_batch} too small for {len(hosts)} devices")
-        return None
-    except ValueError as e:
-        raise UsageError(f"--compare {name}: {e}") from None
+    devs = [d for s in got.predicted["stages"] for d in s["devices"]]
+    worst = max(((d["memory_bytes"], d["budget_bytes"] or 0, d["host"]) for d in devs),
+                key=lambda x: x[0] / max(x[1], 1))
+    p = got.plan
+    return {"name": name, "step_time_s": got.step_time_s, "ratio": got.step_time_s / chosen.predicted["step_time_s"],
+            "memory": f"{fmt_bytes(worst[0])}/{fmt_bytes(worst[1])} ({worst[2]})", "oom": not got.fits,
+            "num_microbatches": p.num_microbatches, "micro_batch_size": p.micro_batch_size,
+            "hosts": [d.host for s in p.stages for d in s.devices]}

@@ -45,7 +45,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="optimizer step seconds per GB of parameters (not measured by profile; default 0)")
     g.add_argument("--out-dir", type=T.out_dir, default=None, help="write plan.json, stages.csv, steps.csv, "
                    "plan_meta.json, summary.txt and gantt.png here")
-    g.add_argument("--compare", default=None, help="e.g. even,dp,pp,other_plan.json: price these too")
+    g.add_argument("--compare", default=None, help="e.g. even,pp,dp,single,other_plan.json: price these too, each fixed "
+                   "strategy at its own best micro-batching (single: the best one device, or 'does not fit')")
     e = p.add_argument_group("estimate-only")
     e.add_argument("--estimate", action="store_true", help="no measurements: costs from --model and --device-spec")
     e.add_argument("--device-spec", type=T.existing_path, default=None)

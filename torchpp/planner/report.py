@@ -150,11 +150,14 @@ def summary_text(plan: Plan, meta: dict[str, Any], compare: Sequence[dict] = ())
               f"  {b.get('real', 0):8.4f}  = {b.get('ideal', 0):8.4f}  + {b.get('imbalance', 0):8.4f}  + "
               f"{b.get('communication', 0):8.4f}      + {b.get('recompute', 0):8.4f}"]
     if compare:
-        lines += ["", "comparison (same devices, micro-batching and cost model):",
-                  f"  {'strategy':<24} {'step time s':>12} {'vs chosen':>10}  {'max memory / budget':>22}"]
+        lines += ["", "comparison (same devices and cost model; each strategy at its own best micro-batching):",
+                  f"  {'strategy':<24} {'step time s':>12} {'vs chosen':>10}  {'micro-batches':>13}  "
+                  f"{'max memory / budget':>22}"]
         for c in compare:
-            lines.append(f"  {c['name']:<24} {c['step_time_s']:>12.4g} {c['ratio']:>10.3f}  "
-                         f"{c['memory']:>22}{'  OUT OF MEMORY' if c['oom'] else ''}")
+            step = f"{c['step_time_s']:>12.4g} {c['ratio']:>10.3f}" if not c["oom"] else f"{'does not fit':>23}"
+            mb = f"{c.get('num_microbatches', '?')} x {c.get('micro_batch_size', '?')}"
+            lines.append(f"  {c['name']:<24} {step}  {mb:>13}  {c['memory']:>22}"
+                         + ("  OUT OF MEMORY (nearest to fitting shown)" if c["oom"] else ""))
     s = meta.get("search", {})
     if s:
         lines += ["", f"search: {s.get('mode', '')}; {s.get('dp_candidates', 0)} DP candidates, "

@@ -1,0 +1,520 @@
+"""Prove it where it matters: a cluster that must collaborate, against fair baselines, in one run.
+
+On the emulated ``homelab`` cluster (configs/cluster/homelab.json: an old laptop and three
+Raspberry Pis; root) with ``qwen3-homelab``, which no single host can train with AdamW, this
+measures in the same run, each strategy at its own best micro-batching:
+
+* ``single``: the best single device, priced by the planner and run for real on its host, where
+  the kernel's OOM killer stops it (one line says so);
+* ``even``: torchpp's 1F1B on an even split (hosts in the cluster's order), at the micro-batch
+  count the planner prices fastest for it;
+* ``peer``: ``torch.distributed.pipelining`` on the same even split (bench_pipelining's peer
+  runner, one process per host), every schedule in ``--peer-schedules`` at every micro-batch
+  count in ``--peer-microbatches``; the fastest is its best;
+* ``fsdp``: data parallelism with sharded state, torch's ``fully_shard`` (FSDP2) over gloo on CPU,
+  one process per host, each decoder layer and the root sharded, the batch split evenly, each
+  host's share in every micro-batch count of ``--fsdp-microbatches`` (a run that does not fit
+  its host's memory says so);
+* ``plan``: the torchpp plan; ``unbalanced``: the plan's stages with its fastest and slowest hosts
+  swapped; ``replan``: re-planned from the unbalanced run's timelines;
+* the lower bound: total work / total capacity (the planner's).
+
+Every trained plan runs 1 + 3 x ``--window`` steps: the first is warm-up, the rest three windows
+whose medians give the spread. Predicted vs measured step time (MAPE over the torchpp-run plans),
+per stage (forward/backward, from ``torchpp analyze``) and peak memory per rank. The load average
+is recorded next to every figure: the machine is shared. Writes ``results.json``, ``results.md``
+and ``step_times.png`` into ``--out`` (default benchmarks/results/bench_prove).
+
+    sudo .venv/bin/python benchmarks/bench_prove.py [--window 2] [--peer-schedules 1F1B,GPipe]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from torchpp.demo import (PY, Demo, DemoConfig, DemoError, RunResult, demo_hosts, price_fixed,  # noqa: E402
+                          window_medians)
+
+TARGETS = {"plan_vs_even": 1.5, "plan_vs_peer": 1.3, "plan_vs_bound": 1.5, "mape": 0.05, "memory": 0.10,
+           "replan": 1.05}
+
+
+def load() -> str:
+    """The 1, 5 and 15 minute load averages, noted next to every figure."""
+    return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
+@dataclass
+class Row:
+    """One strategy's figures: measured windows (or why it did not run) and the prediction."""
+
+    name: str
+    detail: str
+    windows_s: list[float] = field(default_factory=list)
+    predicted_s: float | None = None
+    note: str = ""
+    load: str = ""
+    memory_mib: list[dict] = field(default_factory=list)
+    stage_errors: list[dict] = field(default_factory=list)
+    peak_rss_mib: list[float] = field(default_factory=list)
+
+    @property
+    def median_s(self) -> float | None:
+        return statistics.median(self.windows_s) if self.windows_s else None
+
+    @property
+    def spread(self) -> float | None:
+        m = self.median_s
+        return (max(self.windows_s) - min(self.windows_s)) / m if m and len(self.windows_s) > 1 else None
+
+    @property
+    def error(self) -> float | None:
+        m = self.median_s
+        return (self.predicted_s - m) / m if m and self.predicted_s is not None else None
+
+
+# ----------------------------------------------------------------------------- workers (inside a host)
+def worker(kind: str, setup: dict[str, Any], result_dir: Path, tag: str) -> None:
+    """One rank of a peer or FSDP2 run, started on every host; rank and world from the environment."""
+    import datetime
+    import resource
+
+    import torch.distributed as dist
+
+    from bench_pipelining import PeerSteps, RssSampler, Setup
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    s = Setup(**setup)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=s.timeout_s))
+    with RssSampler() as rss:
+        runner = PeerSteps(s, rank, world) if kind == "peer" else FsdpSteps(s, rank, world)
+        got = [runner.step(i) for i in range(s.warmup + s.steps)]
+    hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out = {"rank": rank, "step_times_s": [t for t, _ in got], "losses": [x for _, x in got],
+           "peak_rss_bytes": max(rss.peak, hwm), "host": os.environ.get("HOST", "")}
+    (result_dir / f"{tag}_rank{rank}.json").write_text(json.dumps(out) + "\n")
+    dist.destroy_process_group()
+
+
+class FsdpSteps:
+    """Sharded data parallelism: torch's ``fully_shard`` (FSDP2) on every decoder layer and the
+    root, the global batch split evenly by rank, the same AdamW (torch's) and data as the others.
+    Each rank's share runs as ``microbatches`` micro-batches, gradients reduce-scattered after
+    each (so no rank ever holds unsharded gradients): fewer is faster, more needs less memory."""
+
+    def __init__(self, s: Any, rank: int, world: int):
+        import torch
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        from torchpp.data import SyntheticTokens
+        from torchpp.models.presets import _causal_lm_class, load_config
+
+        torch.set_num_threads(1)
+        cfg = load_config(s.model, s.layers)
+        with torch.device("meta"):  # FSDP2's way: no rank ever holds the whole model
+            self.model = _causal_lm_class(cfg)(cfg)
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in self.model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+        materialize(self.model, cfg, s.seed)
+        self.model.train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=s.lr, weight_decay=0.0)
+        self.data = SyntheticTokens(vocab_size=int(cfg.vocab_size), seq_len=s.seq_len, global_batch=s.batch,
+                                    seed=s.seed)
+        per = s.batch // world
+        self.rows, self.k = slice(rank * per, (rank + 1) * per), s.microbatches
+
+    def step(self, index: int) -> tuple[float, float]:
+        import torch
+        import torch.distributed as dist
+
+        ids = self.data.batch(index)[self.rows]
+        t0 = time.perf_counter()
+        total = 0.0
+        for part in ids.chunk(self.k):
+            loss = self.model(input_ids=part, labels=part).loss / self.k
+            loss.backward()
+            total += float(loss.detach())
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        v = torch.tensor([total], dtype=torch.float64)
+        dist.all_reduce(v)
+        return time.perf_counter() - t0, float(v[0]) / dist.get_world_size()
+
+
+def materialize(model: Any, cfg: Any, seed: int) -> None:
+    """Give a sharded meta-device model the preset's weights (the same per-name seeded init as
+    ``build_model``, so every system trains from the same weights): each full tensor is made
+    once and only this rank's shard kept; buffers (rotary frequencies) are rebuilt."""
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    from torchpp.models.presets import _param_seed
+
+    model.to_empty(device="cpu")
+    std = float(getattr(cfg, "initializer_range", 0.02))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.rsplit(".", 1)[-1] == "bias":
+                full = torch.zeros(p.shape)
+            elif p.dim() == 1:
+                full = torch.ones(p.shape)
+            else:
+                g = torch.Generator().manual_seed(_param_seed(seed, name))
+                full = torch.randn(p.shape, generator=g, dtype=torch.float32) * std
+            p.copy_(distribute_tensor(full, p.device_mesh, p.placements))
+        rot = model.model.rotary_emb
+        fresh = type(rot)(config=cfg)
+        for name, b in fresh.named_buffers():
+            getattr(rot, name).copy_(b)
+
+
+# ----------------------------------------------------------------------------- the parent
+def run_workers(demo: Demo, kind: str, setup: dict[str, Any], tag: str) -> Row:
+    """Start ``kind`` on every host (one rank each) and read back rank 0's step times."""
+    res = demo.path("workers")
+    res.mkdir(parents=True, exist_ok=True)
+    argv = [PY, str(Path(__file__).resolve()), "--worker", kind, "--setup", json.dumps(setup), "--result-dir",
+            str(res), "--tag", tag]
+    before = load()
+    demo.p.total += 1
+    try:
+        demo.p.run(f"{tag}: {setup['steps'] + setup['warmup']} steps on every host", demo.hosts.probe(
+            argv, demo.path("logs", tag)), timeout=900)
+    except DemoError as e:
+        from torchpp.demo import run_verdict
+
+        why = run_verdict(demo.path("logs", tag, "run.json"), str(e))
+        return Row(name=tag, detail=kind, note=f"did not run: {why}", load=before)
+    ranks = [json.loads((res / f"{tag}_rank{r}.json").read_text()) for r in range(len(demo.hosts.names))]
+    steps = ranks[0]["step_times_s"][setup["warmup"]:]
+    return Row(name=tag, detail=kind, windows_s=window_medians(steps), load=f"{before} → {load()}",
+               peak_rss_mib=[r["peak_rss_bytes"] / 2**20 for r in ranks])
+
+
+def trained(demo: Demo, name: str, plan: Path, meas: Any, detail: str) -> Row:
+    """Train a plan through the demo's loop (traces, analyse) and turn it into a row."""
+    before = load()
+    r: RunResult = demo.train(name, plan, meas)
+    rep = json.loads((Path(r.report).parent / "report.json").read_text())
+    return Row(name=name, detail=detail, windows_s=r.windows, predicted_s=r.predicted_step_s,
+               load=f"{before} → {load()}", memory_mib=r.memory_mib, stage_errors=rep.get("stage_errors", []))
+
+
+def costs_of(meas: Any) -> Any:
+    from torchpp.planner import api
+
+    return api.load(api.PlanInputs(layers=list(meas.files), capacities=meas.capacities, bandwidth=meas.bandwidth,
+                                   devices=meas.devices, memory_model=meas.memory))
+
+
+def unbalanced_plan(demo: Demo, meas: Any) -> Path:
+    """The plan's stages with the hosts of its fastest and slowest stage swapped (if that fits
+    memory; else the even split in reverse host order): a run the re-plan must repair."""
+    from torchpp.formats import Plan
+    from torchpp.planner import api
+    from torchpp.planner.simple import make_plan
+
+    plan, costs = Plan.load(meas.plan), costs_of(meas)
+    pb = SimpleNamespace(profiles=costs.profiles, links=costs.links, memory=costs.memory,
+                         optimizer_s_per_byte=costs.optimizer_s_per_byte)
+    hosts = [[d.host for d in s.devices] for s in plan.stages]
+    cap = json.loads(meas.capacities.read_text())["capacity"]
+    order = sorted(range(len(hosts)), key=lambda i: sum(cap.get(h, 1.0) for h in hosts[i]))
+    swapped = list(hosts)
+    swapped[order[0]], swapped[order[-1]] = hosts[order[-1]], hosts[order[0]]
+    out = demo.path("unbalanced", "plan.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cand = make_plan(plan.model, seq_len=plan.seq_len, global_batch=plan.global_batch,
+                     num_microbatches=plan.num_microbatches, layer_ranges=[s.layers for s in plan.stages],
+                     group_sizes=[len(h) for h in swapped], hosts=[h for g in swapped for h in g], strategy="manual")
+    if len(hosts) < 2 or not api.price(cand, pb, costs.budget).fits:
+        from torchpp.planner.simple import even_plan
+        names = list(reversed(demo.hosts.names))
+        cand = even_plan(plan.model, stages=len(names), hosts=names, seq_len=plan.seq_len,
+                         global_batch=plan.global_batch, num_microbatches=plan.num_microbatches)
+    cand.save(out)
+    price_fixed(out, meas)
+    return out
+
+
+def peer_rows(demo: Demo, args: argparse.Namespace) -> list[Row]:
+    """torch.distributed.pipelining on the even split, every schedule x micro-batch count asked for."""
+    c = demo.cfg
+    rows = []
+    for sched in args.peer_schedules.split(","):
+        for m in args.peer_microbatches:
+            if c.global_batch % m:
+                continue
+            setup = dict(model=c.model, batch=c.global_batch, seq_len=c.seq_len, microbatches=m, steps=3 * args.window,
+                         warmup=1, timeout_s=300.0, peer_schedule=sched)
+            row = run_workers(demo, "peer", setup, f"peer_{sched}_m{m}")
+            row.detail = f"torch.distributed.pipelining Schedule{sched}, even split, {m} x {c.global_batch // m}"
+            rows.append(row)
+    return rows
+
+
+def fsdp_rows(demo: Demo, args: argparse.Namespace) -> list[Row]:
+    """FSDP2 at every micro-batch count asked for (each micro-batch: a host's share / k samples)."""
+    c, n = demo.cfg, len(demo.hosts.names)
+    rows = []
+    for k in args.fsdp_microbatches:
+        if (c.global_batch // n) % k:
+            continue
+        setup = dict(model=c.model, batch=c.global_batch, seq_len=c.seq_len, microbatches=k,
+                     steps=3 * args.fsdp_window, warmup=1, timeout_s=600.0)
+        row = run_workers(demo, "fsdp", setup, f"fsdp_m{k}")
+        row.detail = (f"torch fully_shard (FSDP2) over gloo, {c.global_batch // n} samples per host in {k} "
+                      f"micro-batch(es)")
+        rows.append(row)
+    if rows and not any(r.windows_s for r in rows):
+        rows.append(fsdp_unlimited(demo, args, n))
+    return rows
+
+
+def fsdp_unlimited(demo: Demo, args: argparse.Namespace, n: int) -> Row:
+    """Where FSDP2 fits no host, how much it needs: the same ranks as local processes without
+    memory limits (nor CPU quotas), one step after one warm-up, their peak RSS."""
+    import subprocess
+
+    c, k = demo.cfg, max(args.fsdp_microbatches)
+    setup = dict(model=c.model, batch=c.global_batch, seq_len=c.seq_len, microbatches=k, steps=1, warmup=1,
+                 timeout_s=300.0)
+    res, tag = demo.path("workers"), "fsdp_unlimited"
+    argv = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n), str(Path(__file__).resolve()),
+            "--worker", "fsdp", "--setup", json.dumps(setup), "--result-dir", str(res), "--tag", tag]
+    before = load()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    files = [res / f"{tag}_rank{r}.json" for r in range(n)]
+    if done.returncode != 0 or not all(f.exists() for f in files):
+        return Row(name=tag, detail="FSDP2 without limits", note=f"failed too (exit {done.returncode})", load=before)
+    peaks = [json.loads(f.read_text())["peak_rss_bytes"] / 2**20 for f in files]
+    return Row(name=tag, detail=f"FSDP2, {n} local processes without memory limits or quotas, {k} micro-batch(es)",
+               note=f"needs {min(peaks):.0f}-{max(peaks):.0f} MiB per rank (peak RSS), more than any host's limit; "
+                    "not comparable for speed", load=before, peak_rss_mib=peaks)
+
+
+def run(demo: Demo, args: argparse.Namespace) -> dict:
+    """Every strategy of the module docstring, in one run on the same hosts."""
+    t0, start_load = time.monotonic(), load()
+    meas = demo.measure_and_plan()
+    rows = [single_row(demo, meas)]
+    even = demo.even_plan(meas.plan, meas)
+    rows.append(trained(demo, "even", even, meas, "torchpp 1F1B, even split"))
+    rows += peer_rows(demo, args)
+    rows += fsdp_rows(demo, args) if not args.skip_fsdp else [Row(name="fsdp", detail="FSDP2", note="skipped")]
+    rows.append(trained(demo, "plan", meas.plan, meas, "torchpp plan"))
+    bad = unbalanced_plan(demo, meas)
+    unb = trained(demo, "unbalanced", bad, meas, "plan's stages, fastest and slowest hosts swapped")
+    rows.append(unb)
+    replanned = demo.replan(_result_of(demo, "unbalanced", bad), meas)
+    rows.append(trained(demo, "replan", replanned, meas, "re-planned from the unbalanced run"))
+    from torchpp.formats import Plan
+
+    plan = Plan.load(meas.plan)
+    bound = Row(name="bound", detail="total work / total capacity", predicted_s=plan.predicted["lower_bound_s"])
+    for r in rows:
+        r.detail = r.detail + describe(demo, r.name)
+    return {"mode": demo.hosts.mode, "hosts": demo.hosts.names, "config": asdict(demo.cfg), "rows": [
+        {**asdict(r), "median_s": r.median_s, "spread": r.spread, "error": r.error} for r in rows + [bound]],
+            "load_start": start_load, "load_end": load(), "seconds": time.monotonic() - t0,
+            "plan_stages": [{"layers": s.layers, "hosts": [d.host for d in s.devices], "embed": s.has_embed,
+                             "tail": s.has_tail} for s in plan.stages],
+            "plan_microbatches": [plan.num_microbatches, plan.micro_batch_size]}
+
+
+def describe(demo: Demo, name: str) -> str:
+    """`` (m x b)`` for a trained plan: its micro-batching."""
+    from torchpp.formats import Plan
+
+    p = demo.path(name, "plan.json")
+    if name in ("even", "plan", "unbalanced", "replan") and p.exists():
+        q = Plan.load(p)
+        return f" ({q.num_stages} stage(s), {q.num_microbatches} x {q.micro_batch_size})"
+    return ""
+
+
+def _result_of(demo: Demo, name: str, plan: Path) -> RunResult:
+    """The demo's record of a finished run (what replan reads: its plan and its timelines)."""
+    d = demo.path("runs", name)
+    return RunResult(name=name, plan=str(plan), measured_step_s=0.0, predicted_step_s=None, steps_s=[],
+                     report=str(d / "report" / "report.md"), trace_dir=str(d / "traces"))
+
+
+def single_row(demo: Demo, meas: Any) -> Row:
+    """The best single device as the planner prices it, confirmed by a real run where it does not fit."""
+    got = next((b for b in demo.baselines(meas) if b.name.startswith("single")), None)
+    if got is None:
+        return Row(name="single", detail="best single device", note="not priced")
+    note = got.note or ("fits" if got.fits else "does not fit (planner)")
+    return Row(name="single", detail=f"best single device: {got.name}", predicted_s=got.predicted_step_s,
+               note=f"planner: {got.memory}; real run: {note}", load=load())
+
+
+# ----------------------------------------------------------------------------- the report
+def verdicts(summary: dict) -> dict[str, Any]:
+    """The issue's targets, each with its measured ratio (None where a side did not run)."""
+    rows = {r["name"]: r for r in summary["rows"]}
+    med = lambda n: (rows.get(n) or {}).get("median_s")  # noqa: E731
+    best_of = lambda prefix: min((r for r in summary["rows"] if r["name"].startswith(prefix) and r["median_s"]),  # noqa: E731
+                                 key=lambda r: r["median_s"], default=None)
+    peer, fsdp = best_of("peer_"), best_of("fsdp")
+    plan, best = med("plan"), min(x for x in (med("plan"), med("replan")) if x) if med("plan") else None
+    ratio = lambda a, b: a / b if a and b else None  # noqa: E731
+    runs = [r for r in summary["rows"] if r["name"] in ("even", "plan", "unbalanced", "replan") and r["error"] is not None]
+    mem = [abs(x["error"]) for r in runs for x in r["memory_mib"]]
+    return {"plan_vs_even": ratio(med("even"), plan), "plan_vs_peer": ratio(peer and peer["median_s"], plan),
+            "peer_best": peer and peer["name"], "plan_vs_fsdp": ratio(fsdp and fsdp["median_s"], plan),
+            "fsdp_best": fsdp and fsdp["name"],
+            "fsdp_note": next((r["note"] for r in reversed(summary["rows"]) if r["name"].startswith("fsdp")), ""),
+            "plan_vs_bound": ratio(plan, rows["bound"]["predicted_s"]),
+            "mape": statistics.fmean(abs(r["error"]) for r in runs) if runs else None, "mape_plans": len(runs),
+            "memory_max": max(mem) if mem else None, "memory_mean": statistics.fmean(mem) if mem else None,
+            "replan_vs_best": ratio(med("replan"), best)}
+
+
+def fmt(x: float | None, spec: str = ".3f", none: str = "–") -> str:
+    return none if x is None else format(x, spec)
+
+
+def report(summary: dict, out: Path) -> str:
+    v = summary["verdicts"] = verdicts(summary)
+    plan = next(r["median_s"] for r in summary["rows"] if r["name"] == "plan")
+    lines = [f"# bench_prove on {summary['mode']} ({', '.join(summary['hosts'])})", "",
+             f"{summary['config']['model']}, seq {summary['config']['seq_len']}, global batch "
+             f"{summary['config']['global_batch']}; {summary['load_start']} at the start, {summary['load_end']} at the "
+             f"end (2 cores, shared); {summary['seconds']:.0f} s in all. Median of 3 window medians; spread = "
+             "(slowest - fastest window) / median.", "",
+             "| strategy | what | median step (s) | spread | predicted (s) | error | vs plan | load during | note |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in summary["rows"]:
+        vs = fmt(r["median_s"] / plan, ".2f") + "x" if r["median_s"] and plan else (
+            fmt(r["predicted_s"] / plan, ".2f") + "x (pred.)" if r["predicted_s"] and plan else "–")
+        lines.append(f"| {r['name']} | {r['detail']} | {fmt(r['median_s'])} | {fmt(r['spread'] and 100 * r['spread'], '.0f')}"
+                     f"{'%' if r['spread'] is not None else ''} | {fmt(r['predicted_s'])} | "
+                     f"{fmt(r['error'] and 100 * r['error'], '+.1f')}{'%' if r['error'] is not None else ''} | {vs} | "
+                     f"{r['load']} | {r['note']} |")
+    lines += ["", "## Targets", "", *target_lines(v), "", "## Per stage and per rank (torchpp runs)", ""]
+    for r in summary["rows"]:
+        if r["memory_mib"]:
+            mem = ", ".join(f"r{x['rank']} {x['predicted']:.0f}/{x['measured']:.0f} MiB ({100 * x['error']:+.0f}%)"
+                            for x in r["memory_mib"])
+            st = ", ".join(f"s{x['stage']} F {fmt(x['forward_error'] and 100 * x['forward_error'], '+.0f')}% "
+                           f"B {fmt(x['backward_error'] and 100 * x['backward_error'], '+.0f')}%" for x in r["stage_errors"])
+            lines.append(f"- {r['name']}: peak memory predicted/measured {mem}; stage compute error {st or '–'}")
+        elif r["peak_rss_mib"]:
+            lines.append(f"- {r['name']}: peak RSS per rank " + ", ".join(f"{x:.0f}" for x in r["peak_rss_mib"]) + " MiB")
+    text = "\n".join(lines)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.md").write_text(text + "\n")
+    (out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")
+    chart(summary, out / "step_times.png")
+    return text
+
+
+def target_lines(v: dict) -> list[str]:
+    t = TARGETS
+    ok = lambda good: "met" if good else "MISSED"  # noqa: E731
+    pct = lambda x: fmt(x and 100 * x, ".1f") + "%"  # noqa: E731
+    out = []
+    for key, label, want in (("plan_vs_even", "plan faster than the even 1F1B split", t["plan_vs_even"]),
+                             ("plan_vs_peer", f"plan faster than the peer's best ({v['peer_best']})", t["plan_vs_peer"])):
+        out.append(f"- {label}: {fmt(v[key], '.2f')}x (target ≥ {want}x: "
+                   f"{ok(v[key] is not None and v[key] >= want)})")
+    out.append(f"- plan / lower bound: {fmt(v['plan_vs_bound'], '.2f')} (target ≤ {t['plan_vs_bound']}: "
+               f"{ok(v['plan_vs_bound'] is not None and v['plan_vs_bound'] <= t['plan_vs_bound'])})")
+    if v["plan_vs_fsdp"] is None:
+        out.append(f"- plan faster than sharded DP (FSDP2): FSDP2 could not run here: {v['fsdp_note']}")
+    else:
+        out.append(f"- plan faster than sharded DP (FSDP2, {v['fsdp_best']}): {fmt(v['plan_vs_fsdp'], '.2f')}x "
+                   f"(target > 1: {ok(v['plan_vs_fsdp'] > 1)})")
+    out.append(f"- step-time MAPE over {v['mape_plans']} plans: {pct(v['mape'])} (target ≤ 5% over ≥ 4: "
+               f"{ok(v['mape'] is not None and v['mape'] <= t['mape'] and v['mape_plans'] >= 4)})")
+    out.append(f"- peak memory per rank: max |error| {pct(v['memory_max'])}, mean {pct(v['memory_mean'])} "
+               f"(target ≤ 10%: {ok(v['memory_max'] is not None and v['memory_max'] <= t['memory'])})")
+    out.append(f"- re-plan / best of plan and re-plan: {fmt(v['replan_vs_best'], '.3f')} (target ≤ {t['replan']}: "
+               f"{ok(v['replan_vs_best'] is not None and v['replan_vs_best'] <= t['replan'])})")
+    return out
+
+
+def chart(summary: dict, path: Path) -> None:
+    """Median step per strategy with its window range, predictions as markers, the bound as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in summary["rows"] if r["median_s"] or r["predicted_s"]]
+    rows = [r for r in rows if r["name"] != "bound"]
+    bound = next(r["predicted_s"] for r in summary["rows"] if r["name"] == "bound")
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 4))
+    xs = range(len(rows))
+    meds = [r["median_s"] or 0 for r in rows]
+    lo = [m - min(r["windows_s"]) if r["windows_s"] else 0 for m, r in zip(meds, rows)]
+    hi = [max(r["windows_s"]) - m if r["windows_s"] else 0 for m, r in zip(meds, rows)]
+    ax.bar(xs, meds, yerr=[lo, hi], capsize=3, color=["C2" if r["name"] in ("plan", "replan") else "C0" for r in rows],
+           label="measured (median; bars: window range)")
+    ax.scatter([x for x, r in zip(xs, rows) if r["predicted_s"]], [r["predicted_s"] for r in rows if r["predicted_s"]],
+               color="k", marker="_", s=300, zorder=3, label="predicted")
+    ax.axhline(bound, color="C3", ls="--", lw=1, label="lower bound")
+    ax.set_xticks(list(xs), [r["name"] for r in rows], rotation=30, ha="right")
+    ax.set_ylabel("step time (s)")
+    ax.set_title(f"{summary['config']['model']} on {summary['mode']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_prove")
+    ap.add_argument("--work", type=Path, default=Path("out/bench_prove"), help="profiles, plans, traces, logs")
+    ap.add_argument("--window", type=int, default=2, help="steps per window; 3 windows after one warm-up step")
+    ap.add_argument("--fsdp-window", type=int, default=1, help="steps per FSDP2 window (its steps are slow)")
+    ap.add_argument("--peer-schedules", default="1F1B,GPipe")
+    ap.add_argument("--peer-microbatches", type=lambda t: [int(x) for x in t.split(",")], default=[8, 16])
+    ap.add_argument("--fsdp-microbatches", type=lambda t: [int(x) for x in t.split(",")], default=[1, 4],
+                    help="micro-batches per host's share of the batch, each tried")
+    ap.add_argument("--skip-fsdp", action="store_true")
+    ap.add_argument("--local", action="store_true", help="local processes instead of the emulated cluster")
+    ap.add_argument("--worker", choices=["peer", "fsdp"], default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--setup", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--result-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--tag", default="", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.worker:
+        worker(a.worker, json.loads(a.setup), a.result_dir, a.tag)
+        return 0
+    cfg = DemoConfig(steps=1 + 3 * a.window)
+    a.work.mkdir(parents=True, exist_ok=True)
+    try:
+        with demo_hosts(cfg, a.work, a.local, 2, extra_steps=6) as demo:
+            summary = run(demo, a)
+    except DemoError as e:
+        print(f"bench_prove: {e}", file=sys.stderr)
+        return 1
+    print("\n" + report(summary, a.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
