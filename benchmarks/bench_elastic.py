@@ -96,23 +96,9 @@ def checkpoint_cost(d: Path, plan: Path, steps: int) -> dict:
 
 
 def _kill_after(ck: Path, step: int, rank: int, box: dict) -> None:
-    import psutil
+    from torchpp.runtime.launch import kill_rank_after_checkpoint
 
-    from torchpp.runtime import checkpoint as ckpt
-
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        if ckpt.is_complete(ckpt.step_dir(ck, step)):
-            for p in psutil.Process().children(recursive=True):
-                try:
-                    env = p.environ()
-                except psutil.Error:
-                    continue
-                if env.get("RANK") == str(rank) and env.get("TORCHELASTIC_RESTART_COUNT") == "0":
-                    box["killed_at"] = time.time()
-                    p.kill()
-                    return
-        time.sleep(0.01)
+    kill_rank_after_checkpoint(ck, step, rank, box, timeout_s=240, poll_s=0.01)
 
 
 def recovery(d: Path, plan: Path, meas: dict, steps: int, kill_after: int) -> dict:

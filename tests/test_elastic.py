@@ -24,7 +24,7 @@ from torchpp.planner.synthetic import layers_file, uniform_links
 from torchpp.runtime import checkpoint as ckpt
 from torchpp.elastic.driver import Driver, ElasticConfig, ElasticError, LocalLauncher
 from torchpp.elastic.replan import replan
-from torchpp.runtime.launch import popen_ranks, wait_ranks
+from torchpp.runtime.launch import kill_rank_after_checkpoint, popen_ranks, wait_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTS = ("h0", "h1", "h2")
@@ -60,21 +60,7 @@ def first_plan(path: Path) -> Path:
 
 def _kill_rank_after(driver_dir: Path, ck: Path, step: int, rank: int, box: dict) -> None:
     """SIGKILL ``rank`` of the first attempt once checkpoint ``step`` is complete."""
-    import psutil
-
-    deadline = time.monotonic() + 150
-    while time.monotonic() < deadline:
-        if ckpt.is_complete(ckpt.step_dir(ck, step)):
-            for p in psutil.Process().children(recursive=True):
-                try:
-                    env = p.environ()
-                except psutil.Error:
-                    continue
-                if env.get("RANK") == str(rank) and env.get("TORCHELASTIC_RESTART_COUNT") == "0":
-                    box["killed_at"] = time.time()
-                    p.kill()
-                    return
-        time.sleep(0.02)
+    kill_rank_after_checkpoint(ck, step, rank, box, timeout_s=150)
 
 
 def _final(ck: Path, step: int) -> dict[str, torch.Tensor]:

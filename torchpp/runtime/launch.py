@@ -279,3 +279,27 @@ def run_ranks(world: int, fn: Callable[..., Any], *args: Any, timeout_s: float =
     values by rank (see ``RankPool`` for the options and the errors)."""
     with RankPool(world, threads=threads, env=env, log=log) as pool:
         return pool.run(fn, *args, timeout_s=timeout_s, pg_timeout_s=pg_timeout_s, **kwargs)
+
+
+def kill_rank_after_checkpoint(checkpoint_dir, step: int, rank: int, box: dict, timeout_s: float = 150.0,
+                               poll_s: float = 0.02) -> None:
+    """Fault injection for tests and benchmarks of elastic runs: SIGKILL the first attempt's
+    ``rank`` (a child process of this one with ``RANK`` and ``TORCHELASTIC_RESTART_COUNT=0``) as soon
+    as checkpoint ``step`` is complete; ``box["killed_at"]`` gets the wall-clock time of the kill."""
+    import psutil
+
+    from . import checkpoint as ckpt
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ckpt.is_complete(ckpt.step_dir(checkpoint_dir, step)):
+            for p in psutil.Process().children(recursive=True):
+                try:
+                    env = p.environ()
+                except psutil.Error:
+                    continue
+                if env.get("RANK") == str(rank) and env.get("TORCHELASTIC_RESTART_COUNT") == "0":
+                    box["killed_at"] = time.time()
+                    p.kill()
+                    return
+        time.sleep(poll_s)
