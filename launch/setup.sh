@@ -12,7 +12,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 VPY="$VENV/bin/python"
-inputs=$(find requirements.txt setup.py csrc -type f 2>/dev/null | sort || true)
+inputs=$(find requirements.txt requirements-hta.txt setup.py csrc -type f 2>/dev/null | sort || true)
 stamp="$VENV/.torchpp-setup-$(cat $inputs | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing requirements into $VENV (torch pinned to 2.13.0, CPU build)" >&2
@@ -20,6 +20,8 @@ if [ ! -f "$stamp" ]; then
   # torch first and alone, pinned, so nothing later can pull a CUDA build.
   "$VPY" -m pip install -q "torch==2.13.0" >&2
   "$VPY" -m pip install -q -r requirements.txt >&2
+  # HTA without its declared jupyterlab (a notebook server it does not import): see requirements-hta.txt
+  "$VPY" -m pip install -q --no-deps -r requirements-hta.txt >&2
   echo "[setup] building torchpp and its C++ timer (no build isolation)" >&2
   if ! "$VPY" -m pip install -q --no-build-isolation -e . >&2; then
     echo "[setup] WARNING: the C++ timer did not compile; installing torchpp with its Python timer instead" >&2
