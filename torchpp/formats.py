@@ -936,6 +936,10 @@ class MemorySample:
     """RSS of the span's process before its model was built (the torch runtime)."""
     tail_activation_bytes_per_sample: int = 0
     """The part of ``activation_bytes_per_sample`` that is the tail's output (the logits)."""
+    end_weights_bytes: int = 0
+    """Parameter bytes of the span's larger end block (the embedding or the tail), 0 without one."""
+    microbatches: int = 1
+    """Micro-batches whose gradients each probed step accumulated (a pipeline rank's regime from 2 on)."""
 
 
 @dataclass(kw_only=True)
@@ -964,6 +968,12 @@ class MemoryModel:
     tens of tensors the size of its output for backward, the tail a copy or two of its logits,
     so one factor for both over- or under-counts whichever stage holds the tail; ``None``
     (files without it) means ``Kp``."""
+    Ke: float | None = None
+    """Bytes held per byte of a stage's larger end block (embedding or lm_head, one tensor each):
+    from a rank's second micro-batch on, that weight's fresh gradient is computed beside the
+    accumulated one before it is added in, and the embedding's dense backward adds a scratch
+    copy; for a decoder layer's small matrices this is lost in ``alpha``. ``None`` (files
+    without it): no such term."""
     format: str = f"torchpp.{MEMORY_KIND}/{MEMORY_VERSION}"
 
     @property
@@ -995,7 +1005,9 @@ class MemoryModel:
                 activation_bytes_per_sample=sr.int("activation_bytes_per_sample", min_value=0),
                 batch=sr.int("batch", min_value=1), peak_bytes=sr.int("peak_bytes"),
                 predicted_bytes=sr.float("predicted_bytes", 0.0), process_bytes=sr.int("process_bytes", 0, min_value=0),
-                tail_activation_bytes_per_sample=sr.int("tail_activation_bytes_per_sample", 0, min_value=0)))
+                tail_activation_bytes_per_sample=sr.int("tail_activation_bytes_per_sample", 0, min_value=0),
+                end_weights_bytes=sr.int("end_weights_bytes", 0, min_value=0),
+                microbatches=sr.int("microbatches", 1, min_value=1)))
         r2 = r.raw("r2", None)
         return MemoryModel(base=r.float("base", min_value=0.0, max_value=V.MAX_BYTES),
                            alpha=r.float("alpha", min_value=0.0, max_value=1e6), Kp=r.float("Kp", min_value=0.0, max_value=1e6),
@@ -1003,7 +1015,8 @@ class MemoryModel:
                            samples=samples, host=r.str("host", ""), model=r.str("model", ""),
                            microbatch=r.int("microbatch", 0, min_value=0),
                            process_bytes=r.float("process_bytes", 0.0, min_value=0.0),
-                           Kt=None if r.raw("Kt", None) is None else r.float("Kt", min_value=0.0))
+                           Kt=None if r.raw("Kt", None) is None else r.float("Kt", min_value=0.0),
+                           Ke=None if r.raw("Ke", None) is None else r.float("Ke", min_value=0.0, max_value=1e6))
 
     @staticmethod
     def load(path: str | os.PathLike) -> "MemoryModel":

@@ -2,13 +2,16 @@
 
 Both have the form of seed 000's model, extended for 1F1B and recomputation::
 
-    peak = base + alpha·W + s·n·(Kp·A_kept + A_recomputed) + Kp·A_max_recomputed·s
+    peak = base + alpha·W + Ke·W_end + s·n·(Kp·A_kept + A_recomputed) + Kp·A_max_recomputed·s
 
 with W the stage's parameter bytes, s the samples of a micro-batch this device computes,
 n the micro-batches the stage holds at its peak (``schedules.in_flight``, read off its order), A_kept the activation bytes per sample of layers whose activations are kept, and
 A_recomputed those of recomputed layers, which keep only their input (one tensor) per
 micro-batch plus, during backward, one layer's activations at a time. The tail's share of
 A_kept (its logits) counts with its own fitted factor Kt instead of Kp (``activations``).
+W_end is the parameter bytes of the stage's larger end block (the embedding or the lm_head: one
+large tensor each), whose fresh gradient is computed beside the accumulated one from the second
+micro-batch on; Ke prices it (0 where the calibration file has none).
 
 The analytic model (no calibration file): base 0, alpha 4 (fp32 weights, gradients and the two
 AdamW moments), Kp ``activation_factor`` (default 16: a transformer layer keeps roughly that
@@ -37,6 +40,8 @@ class MemoryEstimator:
     the analytic model). Predictions are of a stage's own peak; budgets are reduced by this."""
     kt: float | None = None
     """Factor of the tail's output (the logits); None: the same as ``kp``."""
+    ke: float = 0.0
+    """Factor of the stage's larger end block's weights (``W_end``); 0: no such term."""
 
     def activations(self, act_bytes: np.ndarray) -> np.ndarray:
         """Per-block activation bytes per sample (embed, layers..., tail) weighted so that ``kp``
@@ -60,19 +65,24 @@ class MemoryEstimator:
         r2 = f", R² {mm.r2:.3f}" if mm.r2 == mm.r2 else ""
         rt = f"; {mm.process_bytes / 2**20:.0f} MiB runtime reserved per device" if mm.process_bytes else ""
         kt = f", Kt {mm.Kt:.2f} (tail)" if mm.Kt is not None else ""
+        ke = f", Ke {mm.Ke:.2f} (end weights)" if mm.Ke is not None else ""
         return MemoryEstimator(mm.base, mm.alpha, mm.Kp, f"fitted {source} (base {mm.base / 2**20:.0f} MiB, "
-                               f"alpha {mm.alpha:.2f}, Kp {mm.Kp:.2f}{kt}{r2}{rt})", mm.process_bytes, mm.Kt)
+                               f"alpha {mm.alpha:.2f}, Kp {mm.Kp:.2f}{kt}{ke}{r2}{rt})", mm.process_bytes, mm.Kt,
+                               mm.Ke or 0.0)
 
-    def static(self, weights: float) -> float:
-        return self.base + self.alpha * weights
+    def static(self, weights: float, end_weights: float = 0.0) -> float:
+        """Bytes independent of the samples: the base, the weights (with gradients and optimizer
+        state) and the accumulation buffer of the larger end block's weights ``end_weights``."""
+        return self.base + self.alpha * weights + self.ke * end_weights
 
     def per_sample(self, act_kept: float, act_recomputed: float, n: int, act_max_recomputed: float = 0.0) -> float:
         """Bytes per sample of one device's micro-batch share."""
         return n * (self.kp * act_kept + act_recomputed) + self.kp * act_max_recomputed
 
     def peak(self, weights: float, act_kept: float, act_recomputed: float, samples: float, n: int,
-             act_max_recomputed: float = 0.0) -> float:
-        return self.static(weights) + samples * self.per_sample(act_kept, act_recomputed, n, act_max_recomputed)
+             act_max_recomputed: float = 0.0, end_weights: float = 0.0) -> float:
+        return (self.static(weights, end_weights)
+                + samples * self.per_sample(act_kept, act_recomputed, n, act_max_recomputed))
 
     def recompute_terms(self, act_layers: np.ndarray, act_fixed: float, n: int) -> tuple[float, np.ndarray, float]:
         """``per_sample`` as a linear form in the recompute flags r_l and y = max_l r_l (the

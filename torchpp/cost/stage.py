@@ -289,6 +289,16 @@ class StageMemory:
         rec = self.acts.over(sp.runs)
         return StageActivations(self.acts(sp.lo, sp.hi) - rec, rec, self.largest.over(sp.runs))
 
+    def end_weights(self, span: Span | PlanStage) -> float | np.ndarray:
+        """Parameter bytes of the larger of the span's end blocks (embedding: block 0, tail: the
+        last), 0 where it holds neither: what the memory model's ``Ke`` prices."""
+        sp = span if isinstance(span, Span) else Span.of_stage(span)
+        pb = np.asarray(self.profiles.param_bytes, dtype=float)
+        embed = np.where(np.asarray(sp.lo) == 0, pb[0], 0.0)
+        tail = np.where(np.asarray(sp.hi) == len(pb), pb[-1], 0.0)
+        out = np.maximum(embed, tail)
+        return float(out) if np.ndim(out) == 0 else out
+
     def layer_activations(self, c: int, c2: int) -> np.ndarray:
         """Activation bytes per sample of each decoder layer of [c, c2) (as the model weighs them)."""
         return self.memory.activations(self.profiles.act_bytes)[layer_blocks(c, c2)]
@@ -300,7 +310,8 @@ class StageMemory:
         a = self.activations(sp)  # the tail's logits weighted by Kt / Kp
         kept, rec, amax = float(a.kept), float(a.recomputed), float(a.largest_recomputed)
         return MemoryTerms(weights=float(self.weights(sp.lo, sp.hi)), kp_bytes=samples * (in_flight * kept + amax),
-                           fixed_bytes=samples * in_flight * rec, kept_per_sample=kept)
+                           fixed_bytes=samples * in_flight * rec + self.memory.ke * float(self.end_weights(sp)),
+                           kept_per_sample=kept)
 
     def per_sample(self, span: Span | PlanStage, in_flight: int) -> float | np.ndarray:
         """Bytes per sample of one device's share of a micro-batch, ``in_flight`` micro-batches held."""
@@ -310,7 +321,7 @@ class StageMemory:
     def static(self, span: Span | PlanStage) -> float | np.ndarray:
         """Bytes independent of the samples: the base and the weights' (with gradients, optimizer state)."""
         sp = span if isinstance(span, Span) else Span.of_stage(span)
-        return self.memory.static(self.weights(sp.lo, sp.hi))
+        return self.memory.static(self.weights(sp.lo, sp.hi), self.end_weights(sp))
 
     def chunks_peak(self, chunks: Sequence[tuple[PlanStage, float]], held: Iterable[Iterable[tuple[int, int]]],
                     shared_bytes: float = 0.0) -> float:
@@ -322,7 +333,8 @@ class StageMemory:
         With one chunk this is :meth:`peak`."""
         acts = {c.index: (s, self.activations(c)) for c, s in chunks}
         static = self.memory.static(sum(float(self.weights(*stage_blocks(c.layers, c.has_embed, c.has_tail)))
-                                        for c, _ in chunks) - shared_bytes)
+                                        for c, _ in chunks) - shared_bytes,
+                                    max(float(self.end_weights(c)) for c, _ in chunks))
         worst = max((sum(acts[c][0] * self.memory.per_sample(acts[c][1].kept, acts[c][1].recomputed, n)
                          for c, n in prof if c in acts) for prof in held), default=0.0)
         largest = max(s * self.memory.per_sample(0.0, 0.0, 0, a.largest_recomputed) for s, a in acts.values())
@@ -333,4 +345,4 @@ class StageMemory:
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         a = self.activations(sp)
         return self.memory.peak(self.weights(sp.lo, sp.hi), a.kept, a.recomputed, samples, in_flight,
-                                a.largest_recomputed)
+                                a.largest_recomputed, self.end_weights(sp))

@@ -115,7 +115,7 @@ class Tables:
         """Stage [c, c2) keeping every layer's activations (0) or recomputing every layer (1)."""
         self.mem = StageMemory(p, pb.memory)
         self.W = np.where(valid, stage_weights(p, self.span[0]), 0.0)
-        self.static = pb.memory.static(self.W)
+        self.static = np.where(valid, self.mem.static(self.span[0]), pb.memory.base)
         self.out_bytes = boundary_bytes(p, Span.of_cut(cuts, cuts, L))  # per sample, leaving a stage ending at c2
         self.hosts = pb.hosts
         self.tau: dict[tuple[int, int], np.ndarray] = {}

@@ -28,10 +28,16 @@ import numpy as np
 from ..formats import LayersFile, MemoryModel, MemorySample
 from ..cost import BlockSums, stage_blocks
 
+PROBE_MICROBATCHES = 2
+"""Micro-batches per probed step: from the second on, a backward runs beside the whole stage's
+gradients and adds its own into them, the regime of every pipeline rank with 2 or more."""
+
 
 def random_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, int]]:
     """Distinct spans, spread over lengths so the fit sees small and large stages; a third of
-    them (at least two) end with the tail, so its own factor Kt can be fitted."""
+    them (at least two) end with the tail, so its own factor Kt can be fitted, and a sixth (at
+    least one, from six spans on) start with the embedding, which the end-block term Ke prices
+    beside the lm_head."""
     rng = random.Random(seed)
     all_spans = [(s, e) for s in range(num_layers) for e in range(s + 1, num_layers + 1)]
     if count >= len(all_spans):
@@ -40,6 +46,8 @@ def random_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, 
     tails = [sp for sp in all_spans if sp[1] == num_layers]
     want = min(len(tails), max(2, count // 3), count)
     out = [tails[i] for i in sorted(rng.sample(range(len(tails)), want))] if want else []
+    embeds = [sp for sp in all_spans if sp[0] == 0 and sp not in out]
+    out += embeds[:min(len(embeds), count // 6, count - len(out))]
     by_len: dict[int, list[tuple[int, int]]] = {}
     for sp in all_spans:
         if sp not in out:
@@ -64,18 +72,30 @@ def span_sums(lf: LayersFile, start: int, end: int) -> tuple[int, int, bool, boo
             int(lf.tail.activation_bytes_per_sample) if has_tail else 0)
 
 
+def end_weights(lf: LayersFile, start: int, end: int) -> int:
+    """Parameter bytes of the larger end block of a stage holding layers [start, end): the
+    embedding when start = 0, the tail when end = N (what ``Ke`` multiplies), else 0."""
+    return int(max(lf.embed_param_bytes if start == 0 else 0,
+                   lf.tail_param_bytes if end == lf.model.num_layers else 0))
+
+
 def fit(samples: Sequence[MemorySample]) -> MemoryModel:
     """NNLS fit of base, alpha, Kp and, when spans with and without the tail are both present,
-    the tail's own factor Kt; columns are scaled so their magnitudes do not matter."""
+    the tail's own factor Kt; when spans with and without an end block (embedding or tail) and
+    enough samples are present, that block's weights' own factor Ke. Columns are scaled so
+    their magnitudes do not matter."""
     from scipy.optimize import nnls
 
     tails = {s.tail_activation_bytes_per_sample > 0 for s in samples}
     with_kt = tails == {True, False} and len(samples) >= 5
+    ends = {s.end_weights_bytes > 0 for s in samples}
+    with_ke = ends == {True, False} and len(samples) >= 5 + with_kt
     rows = []
     for s in samples:
         body = (s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample) * s.batch
         tail = s.tail_activation_bytes_per_sample * s.batch
-        rows.append([1.0, s.weights_bytes, body, tail] if with_kt else [1.0, s.weights_bytes, body + tail])
+        row = [1.0, s.weights_bytes, body, tail] if with_kt else [1.0, s.weights_bytes, body + tail]
+        rows.append(row + [s.end_weights_bytes] * with_ke)
     A = np.array(rows, dtype=float)
     y = np.array([float(s.peak_bytes) for s in samples])
     scale = np.where(np.abs(A).max(axis=0) > 0, np.abs(A).max(axis=0), 1.0)
@@ -87,15 +107,17 @@ def fit(samples: Sequence[MemorySample]) -> MemoryModel:
     r2 = 1.0 - float((res ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan")
     out = [MemorySample(**{**s.__dict__, "predicted_bytes": float(p)}) for s, p in zip(samples, pred)]
     return MemoryModel(base=float(coef[0]), alpha=float(coef[1]), Kp=float(coef[2]), r2=r2,
-                       residuals=[float(r) for r in res], samples=out, Kt=float(coef[3]) if with_kt else None)
+                       residuals=[float(r) for r in res], samples=out, Kt=float(coef[3]) if with_kt else None,
+                       Ke=float(coef[-1]) if with_ke else None)
 
 
 def measure_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, batch: int, seq_len: int,
-                 timeout_s: float = 300.0, threads: int = 1) -> tuple[int, int]:
+                 timeout_s: float = 300.0, threads: int = 1, microbatches: int = 1) -> tuple[int, int]:
     """Peak RSS increase (bytes) of one span, in a fresh Python process, and that process's RSS
     before the span's model was built."""
     cmd = [sys.executable, "-m", "torchpp.profiling.memory_probe", "--model", model, "--start", str(start),
-           "--end", str(end), "--batch", str(batch), "--seq-len", str(seq_len), "--threads", str(threads)]
+           "--end", str(end), "--batch", str(batch), "--seq-len", str(seq_len), "--threads", str(threads),
+           "--microbatches", str(microbatches)]
     cmd += ["--embed"] * has_embed + ["--tail"] * has_tail
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     root = str(Path(__file__).resolve().parents[2])
@@ -111,9 +133,11 @@ def measure_span(model: str, start: int, end: int, has_embed: bool, has_tail: bo
 
 
 def calibrate(lf: LayersFile, model: str, *, samples: int, batch: int | Sequence[int], seq_len: int | None = None,
-              seed: int = 0, timeout_s: float = 300.0, threads: int = 1, progress=print) -> MemoryModel:
+              seed: int = 0, timeout_s: float = 300.0, threads: int = 1, microbatches: int = PROBE_MICROBATCHES,
+              progress=print) -> MemoryModel:
     """Spans take the micro-batch sizes in turn: with one size, weights and activations both
-    grow with a span's length and the fit can hardly tell them apart; with several they can."""
+    grow with a span's length and the fit can hardly tell them apart; with several they can.
+    Each probed step accumulates ``microbatches`` micro-batches, as a pipeline rank's does."""
     seq = seq_len or lf.run.seq_len
     sizes = [batch] if isinstance(batch, int) else list(batch)
     spans = random_spans(lf.model.num_layers, samples, seed)
@@ -121,10 +145,11 @@ def calibrate(lf: LayersFile, model: str, *, samples: int, batch: int | Sequence
     for i, (s, e) in enumerate(spans):
         batch = sizes[i % len(sizes)]
         w, a, he, ht, at = span_sums(lf, s, e)
-        peak, proc = measure_span(model, s, e, he, ht, batch, seq, timeout_s, threads)
+        peak, proc = measure_span(model, s, e, he, ht, batch, seq, timeout_s, threads, microbatches)
         rows.append(MemorySample(start=s, end=e, has_embed=he, has_tail=ht, weights_bytes=w,
                                  activation_bytes_per_sample=a, batch=batch, peak_bytes=peak, process_bytes=proc,
-                                 tail_activation_bytes_per_sample=at))
+                                 tail_activation_bytes_per_sample=at, end_weights_bytes=end_weights(lf, s, e),
+                                 microbatches=microbatches))
         progress(f"  span {i + 1}/{len(spans)} [{s:>3}, {e:>3}){' +embed' if he else ''}{' +tail' if ht else ''} "
                  f"x {batch}: "
                  f"weights {w / 2**20:8.1f} MiB, peak +{peak / 2**20:8.1f} MiB")

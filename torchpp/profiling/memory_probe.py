@@ -38,18 +38,24 @@ class PeakRSS:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.peak = max(self.peak, self.proc.memory_info().rss)
+        from ..runtime.tracing import peak_rss_bytes
+
+        # the kernel's high-water mark catches what sampling misses; the runtime reports it too
+        self.peak = max(self.peak, self.proc.memory_info().rss, peak_rss_bytes())
         self._stop.set()
         self._t.join()
 
 
 def run_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, batch: int, seq_len: int,
-             threads: int = 1, steps: int = PROBE_STEPS) -> dict:
+             threads: int = 1, steps: int = PROBE_STEPS, microbatches: int = 1) -> dict:
     """The runtime's own stage (``build_stage``) and optimizer, trained ``steps`` times.
 
     One step is not enough: AdamW's moments only exist after the first ``step()``, so the first
     backward's activations sit beside weights and gradients alone, while every later one sits
-    beside the moments too; from the second step on the peak is the one a training rank sees."""
+    beside the moments too; from the second step on the peak is the one a training rank sees.
+    With ``microbatches`` > 1 each step accumulates gradients over that many micro-batches, as a
+    pipeline rank does: every backward after the first runs beside the whole stage's gradients
+    and adds its own into them."""
     import torch
 
     from ..models.presets import load_config, num_hidden_layers
@@ -63,29 +69,37 @@ def run_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, 
     total = num_hidden_layers(cfg)
     if not 0 <= start < end <= total:
         raise ValueError(f"span [{start}, {end}) outside the model's {total} layers")
-    if steps < 1:
-        raise ValueError(f"steps: expected at least 1, got {steps}")
+    if steps < 1 or microbatches < 1:
+        raise ValueError(f"steps, microbatches: expected at least 1, got {steps}, {microbatches}")
     vocab = int(cfg.vocab_size)
     gen = torch.Generator().manual_seed(0)
     with PeakRSS() as rss:
         stage = build_stage(model, cfg, StageSpec(layers=(start, end), has_embed=has_embed, has_tail=has_tail))
         opt = make_optimizer("adamw", stage.parameters(), 1e-4, 0.0)
-        for _ in range(steps):
-            if has_embed:
-                x = torch.randint(0, vocab, (batch, seq_len), generator=gen)
-            else:  # a received activation: the runtime computes its gradient to send it back
-                x = torch.randn(batch, seq_len, stage.hidden_size, generator=gen).requires_grad_(True)
-            if has_tail:
-                labels = torch.randint(0, vocab, (batch, seq_len), generator=gen)
-                stage.forward(x, labels, batch * (seq_len - 1)).backward()
-            else:
-                out = stage.forward(x)
-                out.backward(torch.randn(out.shape, generator=gen))
-            del x
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        for _ in range(steps * microbatches):
+            _one_microbatch(stage, has_embed, has_tail, batch, seq_len, vocab, gen)
+            if (_ + 1) % microbatches == 0:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
     return {"start": start, "end": end, "has_embed": has_embed, "has_tail": has_tail, "batch": batch,
-            "steps": steps, "peak_bytes": int(rss.peak - rss.base), "base_rss_bytes": int(rss.base)}
+            "steps": steps, "microbatches": microbatches, "peak_bytes": int(rss.peak - rss.base),
+            "base_rss_bytes": int(rss.base)}
+
+
+def _one_microbatch(stage, has_embed: bool, has_tail: bool, batch: int, seq_len: int, vocab: int, gen) -> None:
+    """Forward and backward of one micro-batch, its gradients added into the stage's."""
+    import torch
+
+    if has_embed:
+        x = torch.randint(0, vocab, (batch, seq_len), generator=gen)
+    else:  # a received activation: the runtime computes its gradient to send it back
+        x = torch.randn(batch, seq_len, stage.hidden_size, generator=gen).requires_grad_(True)
+    if has_tail:
+        labels = torch.randint(0, vocab, (batch, seq_len), generator=gen)
+        stage.forward(x, labels, batch * (seq_len - 1)).backward()
+    else:
+        out = stage.forward(x)
+        out.backward(torch.randn(out.shape, generator=gen))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,8 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, required=True)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=PROBE_STEPS)
+    p.add_argument("--microbatches", type=int, default=1, help="micro-batches accumulated per step")
     a = p.parse_args(argv)
-    print(json.dumps(run_span(a.model, a.start, a.end, a.embed, a.tail, a.batch, a.seq_len, a.threads, a.steps)),
+    print(json.dumps(run_span(a.model, a.start, a.end, a.embed, a.tail, a.batch, a.seq_len, a.threads, a.steps,
+                              a.microbatches)),
           flush=True)
     return 0
 
