@@ -48,7 +48,7 @@ class DemoConfig:
     global_batch: int = 32
     steps: int = 6
     """Optimizer steps per training run; the first is warm-up and not counted."""
-    memory_samples: int = 6
+    memory_samples: int = 8
     cluster: str = "configs/cluster/homelab.json"
     local_hosts: int = 2
     timeout_s: float = 900.0
