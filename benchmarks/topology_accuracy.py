@@ -1,0 +1,205 @@
+"""Does the topology-aware model predict a measured 4-host run? The star template vs the emulated cluster.
+
+    sudo .venv/bin/python benchmarks/topology_accuracy.py          # about 3 minutes
+
+The emulated cluster is a star already: every host's veth ends on one bridge (the switch), its
+uplink and the switch port towards it shaped by tc to the host's rate. This brings up four
+equal hosts (``--cpu`` cores each, every link at ``--rate``), profiles every host under its
+quota at once (``torchpp profile``, as the planning loop does), trains one 4-stage 1F1B
+pipeline of ``--model`` for ``--steps`` steps (the first is warm-up; the median over three
+windows of the rest is the measured step), and prices the same plan's action lists with the
+topology model: compute from the hosts' measured profiles, every send and the tied-embedding
+all-reduce routed over :func:`torchpp.topology.templates.star` built from the cluster's own
+rates, sharing each host's link max-min fairly. The per-pair model (``simulate plan --comm
+links``: every pair a private pipe at the same rates) is printed next to it.
+
+Prints predicted, measured, the error and the verdict against the 5% target, with the load
+average; writes ``results.json`` and ``results.md`` under --out
+(default benchmarks/results/topology_accuracy).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from torchpp.cluster import cluster  # noqa: E402
+from torchpp.cluster.config import ClusterConfig  # noqa: E402
+from torchpp.demo import measured_step_times, window_medians  # noqa: E402
+from torchpp.formats import Bandwidth  # noqa: E402
+
+PY = sys.executable
+TARGET = 0.05
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rate", default="40mbit", help="every host's link to the switch, both ways (tc rate)")
+    p.add_argument("--cpu", type=float, default=0.45, help="CPU quota of each host, in cores")
+    p.add_argument("--model", default="qwen3-small")
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--global-batch", type=int, default=16)
+    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--steps", type=int, default=13, help="training steps; the first is warm-up")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "topology_accuracy")
+    p.add_argument("--work", type=Path, default=ROOT / "out" / "topology_accuracy",
+                   help="profiles, plan, logs and traces")
+    return p.parse_args(argv)
+
+
+def cluster_config(args: argparse.Namespace) -> dict:
+    """Four equal hosts on one switch; a name and subnet no other benchmark uses."""
+    hosts = [{"name": f"h{i}", "cpu": args.cpu, "memory": "2G", "rate": args.rate,
+              "down_rate": args.rate} for i in range(4)]
+    return {"format": "torchpp.cluster/1", "name": "topo4", "subnet": "10.77.41.0/24", "master_port": 29541,
+            "hosts": hosts}
+
+
+def tp(*argv: str, timeout: float = 600) -> str:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([PY, "-m", "torchpp", *argv], capture_output=True, text=True, env=env, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"torchpp {' '.join(argv[:2])} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return r.stdout
+
+
+def on_hosts(cfg: ClusterConfig, argv: list[str], logs: Path, plan: Path | None = None) -> None:
+    rc, res = cluster.run(cfg.name, argv, logs, timeout=600, log=lambda *_: None, plan=plan)
+    if rc != 0:
+        raise RuntimeError("\n".join(f"--- {r.host}\n{cluster.tail(r.log)}" for r in res))
+
+
+def measure(args: argparse.Namespace, cfg: ClusterConfig, work: Path) -> dict:
+    """Profile every host at once, make the plan, train it; the step times rank 0 logged."""
+    mb = args.global_batch // args.microbatches
+    sizes = ",".join(str(b) for b in sorted({1, mb, 2 * mb}))
+    t = time.monotonic()
+    on_hosts(cfg, [PY, "-m", "torchpp", "profile", "--model", args.model, "--seq-len", str(args.seq_len), "--batch",
+                   sizes, "--iters", "4", "--warmup", "1", "--threads", "1", "--quiet", "--host", "{host}", "--out",
+                   str(work / "layers_{host}.json")], work / "logs" / "profile")
+    profile_s = time.monotonic() - t
+    plan = work / "plan.json"
+    tp("plan", "--strategy", "pp", "--stages", "4", "--hosts", ",".join(h.name for h in cfg.hosts), "--model",
+       args.model, "--global-batch", str(args.global_batch), "--microbatches", str(args.microbatches), "--seq-len",
+       str(args.seq_len), "--out", str(plan))
+    t = time.monotonic()
+    on_hosts(cfg, ["-m", "torchpp.train", "--plan", str(plan), "--model", args.model, "--data", "synthetic",
+                   "--steps", str(args.steps), "--threads", "1", "--seed", "0", "--log-dir", str(work / "train"),
+                   "--trace-dir", str(work / "traces"), "--trace-steps", str(args.steps), "--timeout-s", "300"],
+             work / "logs" / "train", plan=plan)
+    steps = measured_step_times(work / "train")
+    return {"plan": plan, "steps_s": steps, "profile_s": profile_s, "train_s": time.monotonic() - t}
+
+
+@dataclasses.dataclass
+class Prediction:
+    topology_s: float
+    links_s: float
+    breakdown: str
+
+
+def link_rates(cfg: ClusterConfig, topo) -> Bandwidth:
+    """The per-pair model's links at the same rates: a pair gets its route's narrowest link."""
+    from torchpp.topology import Network
+
+    net, names = Network(topo), [h.name for h in cfg.hosts]
+    return Bandwidth(bytes_per_sec={Bandwidth.key(a, b): net.rate(i, j) for i, a in enumerate(names)
+                                    for j, b in enumerate(names) if i != j}, source=f"{cfg.source} (tc rates)")
+
+
+def predict(plan_path: Path, layers: list[Path], cfg: ClusterConfig, work: Path) -> Prediction:
+    """The plan's action lists priced on the cluster's star (and, for comparison, on private pairs)."""
+    from torchpp.cluster.topology import star_of
+    from torchpp.formats import Plan
+    from torchpp.schedules import build
+    from torchpp.sim.engine import SimOptions, simulate
+    from torchpp.sim.measured import measured_cost
+    from torchpp.sim.topology import Placement, bundles_of, simulate_topology
+    from torchpp.topology import Network
+
+    plan, topo = Plan.load(plan_path), star_of(cfg)
+    topo.save(work / "topology.json")
+    link_rates(cfg, topo).save(work / "bandwidth.json")
+    cost, bytes_of = measured_cost(plan, layers, work / "bandwidth.json")
+    net = Network(topo)
+    place = Placement({d.rank: [cfg.index(d.host)] for s in plan.stages for d in s.devices})
+    sched = build(plan)
+    res = simulate_topology(sched, cost, lambda c: bundles_of(c, net, place, bytes_of), net)
+    links = simulate(sched, cost, SimOptions(comm="links")).makespan
+    busy = {r: res.timeline.busy(r) for r in res.timeline.spans}
+    share = 1 - max(busy.values()) / res.makespan
+    return Prediction(res.makespan, links, f"busiest rank computes {max(busy.values()):.3f} s of "
+                                            f"{res.makespan:.3f} s: {100 * share:.0f}% of the step is waiting")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    cfg_path = work / "cluster.json"
+    cfg_path.write_text(json.dumps(cluster_config(args), indent=1) + "\n")
+    cfg = ClusterConfig.load(cfg_path)
+    t0, load0 = time.monotonic(), os.getloadavg()
+    if cluster.load_state(cfg.name) is not None or cluster.leftovers(cfg.name)["namespaces"]:
+        cluster.down(cfg.name, log=lambda *_: None)  # a run killed earlier left it behind
+    cluster.up(cfg, skip_netem=True, log=lambda *_: None)
+    try:
+        m = measure(args, cfg, work)
+    finally:
+        cluster.down(cfg.name, log=lambda *_: None)
+    load1 = os.getloadavg()
+    pred = predict(m["plan"], [work / f"layers_{h.name}.json" for h in cfg.hosts], cfg, work)
+    windows = window_medians(m["steps_s"])
+    measured = statistics.median(windows)
+    err = (pred.topology_s - measured) / measured
+    summary = {"config": cluster_config(args), "model": args.model, "seq_len": args.seq_len,
+               "global_batch": args.global_batch, "microbatches": args.microbatches, "schedule": "1f1b",
+               "steps_s": m["steps_s"], "windows_s": windows, "measured_s": measured,
+               "predicted_topology_s": pred.topology_s, "predicted_links_s": pred.links_s,
+               "error": err, "links_error": (pred.links_s - measured) / measured, "target": TARGET,
+               "within_target": abs(err) <= TARGET, "breakdown": pred.breakdown,
+               "load_avg_before": load0, "load_avg_after": load1, "wall_s": time.monotonic() - t0,
+               "profile_s": m["profile_s"], "train_s": m["train_s"]}
+    write_results(args.out, summary)
+    print("\n".join(report_lines(summary)))
+    return 0
+
+
+def report_lines(s: dict) -> list[str]:
+    c = s["config"]["hosts"][0]
+    w = ", ".join(f"{x:.3f}" for x in s["windows_s"])
+    return [f"# Topology-aware prediction vs a measured 4-host run (star, every link {c['rate']})", "",
+            f"{s['model']}, seq {s['seq_len']}, global batch {s['global_batch']} in {s['microbatches']} micro-batches, "
+            f"4-stage 1F1B on 4 hosts of {c['cpu']} core each; {len(s['steps_s'])} measured steps, window medians "
+            f"{w} s.", "",
+            "| model | predicted step (s) | measured step (s) | error |", "|---|---|---|---|",
+            f"| topology (star template, shared links) | {s['predicted_topology_s']:.4f} | {s['measured_s']:.4f} | "
+            f"{100 * s['error']:+.1f}% |",
+            f"| per-pair links (no sharing) | {s['predicted_links_s']:.4f} | {s['measured_s']:.4f} | "
+            f"{100 * s['links_error']:+.1f}% |", "",
+            f"- verdict: |error| {100 * abs(s['error']):.1f}% {'≤' if s['within_target'] else '>'} "
+            f"{100 * s['target']:.0f}% target: {'PASS' if s['within_target'] else 'FAIL'}",
+            f"- comm share of the predicted step: {s['breakdown']}",
+            f"- load average (1/5/15 min) before {'/'.join(f'{x:.2f}' for x in s['load_avg_before'])}, after "
+            f"{'/'.join(f'{x:.2f}' for x in s['load_avg_after'])}; wall {s['wall_s']:.0f} s "
+            f"(profile {s['profile_s']:.0f} s, train {s['train_s']:.0f} s)"]
+
+
+def write_results(out: Path, summary: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    (out / "results.md").write_text("\n".join(report_lines(summary)) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
