@@ -92,7 +92,7 @@ def measure(args: argparse.Namespace, cfg: ClusterConfig, work: Path) -> dict:
        args.model, "--global-batch", str(args.global_batch), "--microbatches", str(args.microbatches), "--seq-len",
        str(args.seq_len), "--out", str(plan))
     t = time.monotonic()
-    on_hosts(cfg, ["-m", "torchpp.train", "--plan", str(plan), "--model", args.model, "--data", "synthetic",
+    on_hosts(cfg, [PY, "-m", "torchpp.train", "--plan", str(plan), "--model", args.model, "--data", "synthetic",
                    "--steps", str(args.steps), "--threads", "1", "--seed", "0", "--log-dir", str(work / "train"),
                    "--trace-dir", str(work / "traces"), "--trace-steps", str(args.steps), "--timeout-s", "300"],
              work / "logs" / "train", plan=plan)

@@ -35,11 +35,24 @@ def test_uniform_star_keeps_its_name():
 def test_star_of_a_cluster_config():
     c = cfg([{"name": "a", "rate": "40mbit", "down_rate": "40mbit"},
              {"name": "b", "rate": "100mbit", "down_rate": "100mbit", "delay": "1ms", "down_delay": "1ms"}])
-    t = star_of(c)
+    t = star_of(c, wire=False)
     assert t.hosts == 2 and t.name == "t_star"
     assert [ln.gbps for ln in t.links] == pytest.approx([0.04, 0.1])
     assert Network(t).rate(1, 0) == pytest.approx(40e6 / 8)
     assert Network(t).route(0, 1).latency_s == pytest.approx(1e-3)
+    # by default the links offer TCP goodput: 1448 payload bytes per 1514-byte frame htb counts
+    assert [ln.gbps for ln in star_of(c).links] == pytest.approx([0.04 * 1448 / 1514, 0.1 * 1448 / 1514])
+    assert [ln.gbps for ln in star_of(c, mtu=9000).links] == pytest.approx([0.04 * 8948 / 9014, 0.1 * 8948 / 9014])
+
+
+def test_goodput_fraction():
+    from torchpp.topology.wire import ETHERNET_FRAMING, goodput_fraction, goodput_gbps
+
+    assert goodput_fraction() == pytest.approx(0.95641, abs=1e-5)  # measured on the cluster: 0.9565-0.9569
+    assert goodput_fraction(1500, ETHERNET_FRAMING) == pytest.approx(1448 / 1538)  # a physical 1 Gbit/s port
+    assert goodput_gbps(1.0) == pytest.approx(1448 / 1514)
+    with pytest.raises(ValueError, match="MTU above"):
+        goodput_fraction(40)
 
 
 @pytest.mark.parametrize("hosts,links,match", [
