@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from torchpp.cluster import cluster  # noqa: E402
+from torchpp.cluster import cgroups, cluster, netns  # noqa: E402
 from torchpp.cluster.config import ClusterConfig  # noqa: E402
 from torchpp.demo import measured_step_times, window_medians  # noqa: E402
 from torchpp.formats import Bandwidth  # noqa: E402
@@ -50,6 +51,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--global-batch", type=int, default=16)
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--steps", type=int, default=13, help="training steps; the first is warm-up")
+    p.add_argument("--cfs-period-ms", type=float, default=10.0,
+                   help="CPU quota period of every host: short, so a host is a slower CPU at every instant, as the "
+                        "profile measures it (at the kernel's 100 ms a mostly idle rank computes at full speed)")
+    p.add_argument("--tcp", default="reno",
+                   help="TCP congestion control of every host ('' keeps the machine's). The model shares a link max-min "
+                        "fairly at its goodput, as loss-based TCP does; this machine's default BBR paced the pipeline's "
+                        "short two-way messages ~15%% below it. CUBIC (Linux's default) is not allowed in a "
+                        "namespace here, so reno")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "topology_accuracy")
     p.add_argument("--work", type=Path, default=ROOT / "out" / "topology_accuracy",
                    help="profiles, plan, logs and traces")
@@ -97,7 +106,9 @@ def measure(args: argparse.Namespace, cfg: ClusterConfig, work: Path) -> dict:
                    "--trace-dir", str(work / "traces"), "--trace-steps", str(args.steps), "--timeout-s", "300"],
              work / "logs" / "train", plan=plan)
     steps = measured_step_times(work / "train")
-    return {"plan": plan, "steps_s": steps, "profile_s": profile_s, "train_s": time.monotonic() - t}
+    rows = [json.loads(x) for x in (work / "train" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    comp = [r["compute_s"] for r in rows if r.get("step", 0) > 1 and "compute_s" in r]
+    return {"plan": plan, "steps_s": steps, "compute_s": [statistics.median(c[i] for c in comp) for i in range(4)], "profile_s": profile_s, "train_s": time.monotonic() - t}
 
 
 @dataclasses.dataclass
@@ -105,6 +116,8 @@ class Prediction:
     topology_s: float
     links_s: float
     breakdown: str
+    compute_s: list[float]
+    """Per rank: forward and backward seconds of one step."""
 
 
 def link_rates(cfg: ClusterConfig, topo) -> Bandwidth:
@@ -137,7 +150,7 @@ def predict(plan_path: Path, layers: list[Path], cfg: ClusterConfig, work: Path)
     links = simulate(sched, cost, SimOptions(comm="links")).makespan
     busy = {r: res.timeline.busy(r) for r in res.timeline.spans}
     share = 1 - max(busy.values()) / res.makespan
-    return Prediction(res.makespan, links, f"busiest rank computes {max(busy.values()):.3f} s of "
+    return Prediction(res.makespan, links, compute_s=[busy[r] for r in sorted(busy)], breakdown=f"busiest rank computes {max(busy.values()):.3f} s of "
                                             f"{res.makespan:.3f} s: {100 * share:.0f}% of the step is waiting")
 
 
@@ -152,8 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     t0, load0 = time.monotonic(), os.getloadavg()
     if cluster.load_state(cfg.name) is not None or cluster.leftovers(cfg.name)["namespaces"]:
         cluster.down(cfg.name, log=lambda *_: None)  # a run killed earlier left it behind
+    for d in ("train", "traces", "logs"):
+        shutil.rmtree(work / d, ignore_errors=True)
     cluster.up(cfg, skip_netem=True, log=lambda *_: None)
     try:
+        for i, h in enumerate(cfg.hosts):
+            cgroups.existing(cfg.cgroup_name(i)).set_cpu(h.cpu, period_us=int(args.cfs_period_ms * 1000))
+            if args.tcp:
+                netns.sysctl(cfg.host_ns(i), "net.ipv4.tcp_congestion_control", args.tcp)
         m = measure(args, cfg, work)
     finally:
         cluster.down(cfg.name, log=lambda *_: None)
@@ -168,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                "predicted_topology_s": pred.topology_s, "predicted_links_s": pred.links_s,
                "error": err, "links_error": (pred.links_s - measured) / measured, "target": TARGET,
                "within_target": abs(err) <= TARGET, "breakdown": pred.breakdown,
+               "compute_s": {"predicted": pred.compute_s, "measured": m["compute_s"]},
+               "cfs_period_ms": args.cfs_period_ms, "tcp_congestion_control": args.tcp or "machine default",
                "load_avg_before": load0, "load_avg_after": load1, "wall_s": time.monotonic() - t0,
                "profile_s": m["profile_s"], "train_s": m["train_s"]}
     write_results(args.out, summary)
@@ -180,7 +201,7 @@ def report_lines(s: dict) -> list[str]:
     w = ", ".join(f"{x:.3f}" for x in s["windows_s"])
     return [f"# Topology-aware prediction vs a measured 4-host run (star, every link {c['rate']})", "",
             f"{s['model']}, seq {s['seq_len']}, global batch {s['global_batch']} in {s['microbatches']} micro-batches, "
-            f"4-stage 1F1B on 4 hosts of {c['cpu']} core each; {len(s['steps_s'])} measured steps, window medians "
+            f"4-stage 1F1B on 4 hosts of {c['cpu']} core each (CPU quota period {s['cfs_period_ms']:g} ms, TCP {s['tcp_congestion_control']}); {len(s['steps_s'])} measured steps, window medians "
             f"{w} s.", "",
             "| model | predicted step (s) | measured step (s) | error |", "|---|---|---|---|",
             f"| topology (star template, shared links) | {s['predicted_topology_s']:.4f} | {s['measured_s']:.4f} | "
@@ -190,6 +211,9 @@ def report_lines(s: dict) -> list[str]:
             f"- verdict: |error| {100 * abs(s['error']):.1f}% {'≤' if s['within_target'] else '>'} "
             f"{100 * s['target']:.0f}% target: {'PASS' if s['within_target'] else 'FAIL'}",
             f"- comm share of the predicted step: {s['breakdown']}",
+            "- compute per rank and step, predicted forward + backward / measured compute_s (which also counts the "
+            "optimizer step, where ranks 1 and 2 wait for the global gradient norm) (s): " + ", ".join(
+                f"r{i} {p:.3f}/{q:.3f}" for i, (p, q) in enumerate(zip(*s["compute_s"].values()))),
             f"- load average (1/5/15 min) before {'/'.join(f'{x:.2f}' for x in s['load_avg_before'])}, after "
             f"{'/'.join(f'{x:.2f}' for x in s['load_avg_after'])}; wall {s['wall_s']:.0f} s "
             f"(profile {s['profile_s']:.0f} s, train {s['train_s']:.0f} s)"]
