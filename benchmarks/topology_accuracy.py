@@ -65,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--global-batch", type=int, default=16)
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--steps", type=int, default=13, help="training steps; the first is warm-up")
+    p.add_argument("--profile-iters", type=int, default=6,
+                   help="profiled steps per batch size (their mean, as torchpp profile takes)")
     p.add_argument("--cfs-period-ms", type=float, default=10.0,
                    help="CPU quota period of every host: short, so a host is a slower CPU at every instant, as the "
                         "profile measures it (at the kernel's 100 ms a mostly idle rank computes at full speed)")
@@ -107,8 +109,8 @@ def measure(args: argparse.Namespace, cfg: ClusterConfig, work: Path) -> dict:
     sizes = ",".join(str(b) for b in sorted({1, mb, 2 * mb}))
     t = time.monotonic()
     on_hosts(cfg, [PY, "-m", "torchpp", "profile", "--model", args.model, "--seq-len", str(args.seq_len), "--batch",
-                   sizes, "--iters", "4", "--warmup", "1", "--threads", "1", "--quiet", "--host", "{host}", "--out",
-                   str(work / "layers_{host}.json")], work / "logs" / "profile")
+                   sizes, "--iters", str(args.profile_iters), "--warmup", "2", "--threads", "1", "--quiet", "--host",
+                   "{host}", "--out", str(work / "layers_{host}.json")], work / "logs" / "profile")
     profile_s = time.monotonic() - t
     plan = work / "plan.json"
     tp("plan", "--strategy", "pp", "--stages", "4", "--hosts", ",".join(h.name for h in cfg.hosts), "--model",
@@ -197,6 +199,10 @@ def on_cluster(args: argparse.Namespace, cfg: ClusterConfig, work: Path) -> dict
         cluster.down(cfg.name, log=lambda *_: None)
 
 
+def machine_tcp() -> str:
+    return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+
+
 def summarise(args: argparse.Namespace, m: dict, pred: Prediction) -> dict:
     windows = window_medians(m["steps_s"])
     measured = statistics.median(windows)
@@ -209,7 +215,8 @@ def summarise(args: argparse.Namespace, m: dict, pred: Prediction) -> dict:
             "predicted_raw_rate_s": pred.raw_rate_s, "raw_rate_error": err(pred.raw_rate_s),
             "predicted_links_s": pred.links_s, "links_error": err(pred.links_s), "breakdown": pred.breakdown,
             "compute_s": {"predicted": pred.compute_s, "measured": m["compute_s"]},
-            "cfs_period_ms": args.cfs_period_ms, "tcp_congestion_control": args.tcp or "machine default",
+            "cfs_period_ms": args.cfs_period_ms,
+            "tcp_congestion_control": args.tcp or f"{machine_tcp()} (the machine's)",
             "profile_s": m["profile_s"], "train_s": m["train_s"]}
 
 
