@@ -70,3 +70,16 @@ def add_address(ns: str, dev: str, cidr: str) -> None:
 def exec_argv(ns: str, argv: list[str]) -> list[str]:
     from .system import tool
     return [tool("ip"), "netns", "exec", ns, *argv]
+
+
+def sysctl(ns: str, key: str, value: str | None = None) -> str:
+    """A per-namespace sysctl (``net.ipv4.tcp_congestion_control``): set it when ``value`` is
+    given, and return what the namespace now has. A host namespace starts with the machine's
+    TCP settings, which need not be those of the devices it stands for (a machine on BBR
+    emulating Raspberry Pis on CUBIC); a namespace may only pick congestion controls listed in
+    ``/proc/sys/net/ipv4/tcp_allowed_congestion_control``."""
+    if value is not None:
+        proc = run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"{key}={value}"], check=False)
+        if proc.returncode != 0:
+            raise ValueError(f"sysctl {key}={value} in namespace {ns}: {proc.stderr.strip() or proc.stdout.strip()}")
+    return run(["ip", "netns", "exec", ns, "sysctl", "-n", key]).stdout.strip()

@@ -5,6 +5,7 @@
 - :mod:`.routes`: :class:`Network`: directed link resources and routes between hosts.
 - :mod:`.fairshare`: max-min fair rates of transfers that share resources.
 - :mod:`.collectives`: ring and tree all-reduce, all-gather, reduce-scatter as flow bundles.
+- :mod:`.wire`: the TCP goodput a link's wire (or shaper) rate leaves for transfers.
 
 Below the simulator and the planner: it imports only :mod:`torchpp.formats`.
 """

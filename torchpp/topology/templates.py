@@ -1,6 +1,6 @@
 """Topology templates: the shapes a user asks about, built as :class:`Topology` data.
 
-- :func:`star`: every host on one switch (64 Pis on one 1 Gbit/s switch).
+- :func:`star`: every host on one switch (64 Pis on one 1 Gbit/s switch; or per-host link rates).
 - :func:`tree`: hosts on leaf switches, leaves on one spine through uplinks ``oversubscription``
   times thinner than the hosts below them.
 - :func:`wifi`: every host on one access point, all sharing one channel (a transfer goes up to
@@ -13,15 +13,27 @@
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from .graph import Link, Topology
 
 
-def star(hosts: int, gbps: float = 1.0, latency_s: float = 0.0) -> Topology:
+def star(hosts: int, gbps: float | Sequence[float] = 1.0, latency_s: float | Sequence[float] = 0.0) -> Topology:
+    """``gbps`` and ``latency_s``: one for every link, or one per host (an uneven home network)."""
+    rates, lats = _per_host(gbps, hosts, "gbps"), _per_host(latency_s, hosts, "latency_s")
     sw = hosts
-    return Topology(name=f"star_{hosts}h_{gbps:g}Gbps", hosts=hosts, switches=[sw],
-                    links=[Link(h, sw, gbps, latency_s) for h in range(hosts)])
+    speed = f"{rates[0]:g}Gbps" if len(set(rates)) == 1 else "mixed"
+    return Topology(name=f"star_{hosts}h_{speed}", hosts=hosts, switches=[sw],
+                    links=[Link(h, sw, rates[h], lats[h]) for h in range(hosts)])
+
+
+def _per_host(value: float | Sequence[float], hosts: int, what: str) -> list[float]:
+    if isinstance(value, (int, float)):
+        return [float(value)] * hosts
+    out = [float(v) for v in value]
+    if len(out) != hosts:
+        raise ValueError(f"star: expected one {what} per host ({hosts}), got {len(out)}")
+    return out
 
 
 def tree(hosts: int, hosts_per_leaf: int = 8, gbps: float = 1.0, oversubscription: float = 1.0,

@@ -1,0 +1,84 @@
+"""The emulated cluster against its star: measured goodput, and per-namespace TCP settings.
+
+Needs root (network namespaces, tc, cgroups); skipped with the reason otherwise. The cluster
+is taken down in a `finally`, and the test then checks that nothing it made is left.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchpp.cluster import cgroups, cluster, netns
+from torchpp.cluster.config import ClusterConfig
+from torchpp.cluster.system import CAP_NET_ADMIN, CAP_SYS_ADMIN, STATE_DIR, has_cap, tool
+from torchpp.cluster.topology import star_of
+from torchpp.formats import Bandwidth
+from torchpp.topology import Network
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "tpt4star"
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0 or not (has_cap(CAP_SYS_ADMIN) and has_cap(CAP_NET_ADMIN)):
+        return "needs root with CAP_SYS_ADMIN and CAP_NET_ADMIN (network namespaces, tc, cgroups)"
+    try:
+        tool("ip"), tool("tc"), tool("sysctl")
+    except Exception as e:  # noqa: BLE001
+        return str(e)
+    return None
+
+
+pytestmark = [pytest.mark.root, pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))]
+
+
+def leftovers() -> dict:
+    state = STATE_DIR / f"cluster-{NAME}.json"
+    return {**cluster.leftovers(NAME), "state": [str(state)] if state.exists() else []}
+
+
+@pytest.fixture
+def star_cluster(tmp_path, monkeypatch):
+    if any(leftovers().values()):
+        pytest.skip(f"cluster {NAME} already exists ({leftovers()}); `torchpp cluster down -n {NAME}` removes it")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({"name": NAME, "subnet": "10.77.43.0/24", "master_port": 29543, "hosts": [
+        {"name": n, "cpu": 0.5, "memory": "2G", "rate": "40mbit", "down_rate": "40mbit"} for n in ("a", "b")]}))
+    cfg = ClusterConfig.load(p)
+    try:
+        cluster.up(cfg, log=lambda *_: None)
+        yield cfg
+    finally:
+        cluster.down(cfg.name, log=lambda *_: None)
+        assert not any(leftovers().values()), f"left behind: {leftovers()}"
+
+
+def test_host_namespaces_take_their_own_tcp_congestion_control(star_cluster):
+    machine = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    allowed = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control").read_text().split()
+    if "reno" not in allowed:
+        pytest.skip(f"reno is not in tcp_allowed_congestion_control ({allowed})")
+    ns = star_cluster.host_ns(0)
+    assert netns.sysctl(ns, "net.ipv4.tcp_congestion_control", "reno") == "reno"
+    assert netns.sysctl(ns, "net.ipv4.tcp_congestion_control") == "reno"
+    assert Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip() == machine  # ours only
+    with pytest.raises(ValueError, match="nosuchcc"):
+        netns.sysctl(ns, "net.ipv4.tcp_congestion_control", "nosuchcc")
+
+
+def test_gloo_goodput_is_the_stars_link_rate(star_cluster, tmp_path):
+    """The star's links offer TCP goodput (1448/1514 of the tc rate): gloo p2p within 3% of it."""
+    out = tmp_path / "probe"
+    rc, res = cluster.run(NAME, [sys.executable, "-m", "torchpp", "bandwidth", "probe", "--out-dir", str(out),
+                                 "--sizes", "512K,2M", "--repeats", "3", "--timeout", "120"],
+                          tmp_path / "logs", timeout=240, log=lambda *_: None)
+    assert rc == 0, cluster.tail(res[0].log) + cluster.tail(res[1].log)
+    want = Network(star_of(star_cluster)).rate(0, 1)
+    raw = Network(star_of(star_cluster, wire=False)).rate(0, 1)
+    for key, got in Bandwidth.load(out / "bandwidth.json").bytes_per_sec.items():
+        assert abs(got / want - 1) <= 0.03, f"{key}: {got:.0f} B/s, star link {want:.0f} B/s (tc rate {raw:.0f})"
