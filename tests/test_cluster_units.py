@@ -63,6 +63,7 @@ def test_hetero4_asymmetric_and_pair_override():
     ({"master_port": 80}, "master_port", ">= 1024"),
     ({"links": [{"src": "a", "dst": "b"}, {"src": "a", "dst": "b"}]}, "links[1].dst", "twice"),
     ({"hosts": [{"name": "a", "delay": "soon"}]}, "hosts[0].delay", "duration"),
+    ({"tcp": "BBR!"}, "tcp", "congestion control"),
 ])
 def test_config_errors_name_file_and_field(tmp_path, patch, field, expected):
     data = {"name": "x", "hosts": [{"name": "a"}, {"name": "b"}], **patch}
@@ -255,3 +256,21 @@ def test_oom_message_names_rank_host_and_limit():
     assert oom_message("laptop", 0, 2**30) == ("rank 0 on host laptop was killed by the kernel for exceeding its "
                                                "memory limit (1.00 GiB)")
     assert oom_message("pi3", None, None) == "the process on host pi3 was killed by the kernel for exceeding its memory limit"
+
+
+def test_host_tcp_is_loss_based_by_default(monkeypatch, tmp_path):
+    """``auto`` gives CUBIC where a namespace may pick it, else Reno; a name not allowed is refused."""
+    from torchpp.cluster import cluster
+    from torchpp.cluster.cluster import ClusterError, host_tcp
+
+    real = Path.read_text
+    allowed = {"text": "reno bbr"}
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: allowed["text"] + "\n"
+                        if self.name == "tcp_allowed_congestion_control" else real(self, *a, **k))
+    assert host_tcp("auto") == "reno"
+    assert host_tcp("machine") == "machine" and host_tcp("bbr") == "bbr"
+    with pytest.raises(ClusterError, match="may only use reno bbr"):
+        host_tcp("cubic")
+    allowed["text"] = "reno cubic"
+    assert host_tcp("auto") == "cubic"
+    assert ClusterConfig.parse({"name": "x", "hosts": [{"name": "a"}]}, "c.json").tcp == "auto"

@@ -59,6 +59,26 @@ def _require(action: str) -> None:
     require_caps(action, CAP_SYS_ADMIN, CAP_NET_ADMIN)
 
 
+TCP_KEY = "net.ipv4.tcp_congestion_control"
+
+
+def machine_tcp() -> str:
+    return Path(f"/proc/sys/{TCP_KEY.replace('.', '/')}").read_text().strip()
+
+
+def host_tcp(wanted: str) -> str:
+    """The congestion control the hosts get: ``auto`` is CUBIC where a namespace may pick it
+    (``tcp_allowed_congestion_control``), else Reno, which every kernel has; a named one must
+    be allowed, or the error says which are."""
+    allowed = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control").read_text().split()
+    if wanted == "auto":
+        return "cubic" if "cubic" in allowed else "reno"
+    if wanted != "machine" and wanted not in allowed + ["reno"]:
+        raise ClusterError(f"tcp '{wanted}': a network namespace here may only use {' '.join(allowed)} "
+                           f"(/proc/sys/net/ipv4/tcp_allowed_congestion_control), or 'machine'")
+    return wanted
+
+
 def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any]:
     """Create the cluster. On any failure (or Ctrl-C) everything made so far is removed."""
     _require(f"`torchpp cluster up` ({cfg.name})")
@@ -72,12 +92,14 @@ def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any
                                  "; pass --skip-netem to run with rates only")
         cfg, dropped = cfg.without_netem(), True
         log(f"cluster {cfg.name}: this kernel has no netem; delays and losses are left out")
+    tcp = host_tcp(cfg.tcp)
     hosts = [{"name": h.name, "netns": cfg.host_ns(i), "address": cfg.address(i), "cgroup": cfg.cgroup_name(i),
               "cpu": h.cpu, "memory": h.memory, "uplink": h.up.describe(), "downlink": h.down.describe()}
              for i, h in enumerate(cfg.hosts)]
     state = {"format": "torchpp.cluster-state/1", "name": cfg.name, "config": cfg.source,
              "phase": "creating", "switch_ns": cfg.switch_ns, "subnet": cfg.subnet,
              "master_addr": cfg.address(0), "master_port": cfg.master_port, "netem_dropped": dropped,
+             "tcp": tcp if tcp != "machine" else f"{machine_tcp()} (the machine's)",
              "hosts": hosts, "created_at": time.time()}
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     _save_state(state)
@@ -92,6 +114,8 @@ def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any
             netns.up(cfg.switch_ns, port)
             netns.add_address(ns, HOST_DEV, cfg.cidr(i))
             netns.up(ns, HOST_DEV)
+            if tcp != "machine":
+                netns.sysctl(ns, TCP_KEY, tcp)
             for eg in (cfg.uplink(i), cfg.downlink(i)):
                 if not (eg.default.is_noop and not eg.per_dst):
                     tc.apply(eg)
@@ -107,6 +131,7 @@ def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any
             log(f"  {h.name:<10} {cfg.address(i):<12} cpu {h.cpu if h.cpu else 'all':<5} "
                 f"memory {_gib(h.memory):<8} up: {hosts[i]['uplink']}; down: {hosts[i]['downlink']}")
         cgroups.weigh_inner_groups()
+        log(f"  TCP congestion control on every host: {state['tcp']}")
         for l in cfg.links:
             log(f"  link {l.src} -> {l.dst}: {l.shape.describe()}")
         total = sum(h.cpu or os.cpu_count() or 1 for h in cfg.hosts)

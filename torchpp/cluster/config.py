@@ -1,7 +1,7 @@
 """Cluster description (configs/cluster/<name>.json), validated with file + field errors.
 
 ```
-{"format": "torchpp.cluster/1", "name": "pi3", "subnet": "10.77.0.0/24", "master_port": 29500,
+{"format": "torchpp.cluster/1", "name": "pi3", "subnet": "10.77.0.0/24", "master_port": 29500, "tcp": "auto",
  "hosts": [{"name": "pi0", "cpu": 0.5, "memory": "2G", "rate": "50mbit", "delay": "2ms",
             "down_rate": "100mbit", "down_delay": "0ms", "loss": "0%"}, ...],
  "links": [{"src": "pi0", "dst": "pi1", "rate": "10mbit", "delay": "5ms"}]}
@@ -9,7 +9,11 @@
 
 ``rate``/``delay``/``loss`` shape what a host sends (its uplink); ``down_*`` what it receives
 (the switch port towards it), so links may be asymmetric. ``links`` override the uplink for one
-ordered pair. Every field but ``name`` and ``hosts[].name`` is optional.
+ordered pair. ``tcp`` is the hosts' TCP congestion control: ``auto`` (the default) picks a
+loss-based one, ``cubic`` where a namespace may use it, else ``reno``, as the small devices
+emulated here run CUBIC; ``machine`` keeps the machine's (often BBR, under which a pipeline's
+short messages in both directions ran 12% slower than the link allows); any other name is
+used as given. Every field but ``name`` and ``hosts[].name`` is optional.
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ def memory_limit(text: str | int) -> int:
 CLUSTER_KIND, CLUSTER_VERSION = "cluster", 1
 _NAME = re.compile(r"[a-z0-9]{1,12}")
 _HOST = re.compile(r"[a-z0-9][a-z0-9-]{0,15}")
+_TCP = re.compile(r"[a-z][a-z0-9_]{0,15}")
 HOST_DEV = "eth0"
 
 
@@ -72,6 +77,8 @@ class ClusterConfig:
     subnet: str = "10.77.0.0/24"
     """Private subnet used only inside the cluster's own namespaces."""
     master_port: int = 29500
+    tcp: str = "auto"
+    """The hosts' TCP congestion control (module docstring); resolved by ``cluster.host_tcp``."""
     source: str = "<config>"
 
     # ------------------------------------------------------------------ naming
@@ -163,7 +170,11 @@ class ClusterConfig:
         port = r.int("master_port", 29500, min_value=1024)
         if port > 65535:
             raise r.fail("master_port", "a port number 1024..65535", port)
-        return ClusterConfig(name=name, hosts=hosts, links=links, subnet=subnet, master_port=port, source=source)
+        tcp = r.str("tcp", "auto")
+        if not _TCP.fullmatch(tcp):
+            raise r.fail("tcp", "'auto', 'machine' or a congestion control name like 'cubic' or 'reno'", tcp)
+        return ClusterConfig(name=name, hosts=hosts, links=links, subnet=subnet, master_port=port, tcp=tcp,
+                             source=source)
 
     @staticmethod
     def load(path: str | os.PathLike) -> "ClusterConfig":
