@@ -519,9 +519,11 @@ def _finish(ss: _Session, summary: TrainSummary) -> None:
     """The last background checkpoint, the HF model directory, the logs."""
     cfg, g, log = ss.cfg, ss.g, ss.log
     if ss.saver is not None:
-        for d in g("writing the last checkpoint", ss.saver.wait):
+        for d in g("writing the last checkpoint", ss.saver.close):
             if d is not None:
                 log.print(f"checkpoint {d}")
+    if cfg.checkpoint_dir is not None and ss.roles.writes_manifest:
+        ckpt.release_recycled(cfg.checkpoint_dir)  # every rank's last checkpoint is complete
     if cfg.export_to is not None and summary.steps_done == cfg.steps:
         from .export import export_hf
 
