@@ -109,17 +109,25 @@ def test_the_update_waits_until_the_background_writer_has_read_the_tensors(tmp_p
     stage, opt = _stage_and_optimizer()
     _update(stage, opt)
     before = _live(stage, opt)
-    slow = tensor_files.write
+    slow, nice = tensor_files.write, []
 
     def slow_write(*a, **kw):
+        nice.append(os.getpriority(os.PRIO_PROCESS, 0))  # this thread's (Linux)
         time.sleep(0.5)
+        nice.append(os.getpriority(os.PRIO_PROCESS, 0))
         return slow(*a, **kw)
 
     monkeypatch.setattr(tensor_files, "write", slow_write)
     saver = ckpt.BackgroundSaver(tmp_path, rank=0, roles=ROLES, stage=stage, keep=0, timeout_s=10)
     saver.start(1, opt, info={})
+    time.sleep(0.2)  # the writer is in its first file
     _update(stage, opt)  # the tensors change only after the files hold step 1's values
-    assert saver.waited_s > 0.3
+    assert saver.waited_s > 0.2
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    if ckpt._can_renice():  # written at the lowest priority until the update waits for it
+        assert nice[0] == 19 and nice[1] == base
+    else:
+        assert set(nice) == {base}
     assert [p.name for p in saver.close() if p] == ["step_00000001"]
     saved = _saved(tmp_path, 1)
     assert all(torch.equal(saved[k], v) for k, v in before.items())

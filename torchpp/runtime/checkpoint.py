@@ -216,6 +216,11 @@ class BackgroundSaver:
         self.group = dist.new_group(backend="gloo", timeout=_dt.timedelta(seconds=timeout_s)) if world > 1 else None
         self._thread: Any = None
         self._tid: int | None = None
+        self._urgent = False
+        self._prio = threading.Lock()
+        self._idle_nice = 19 if _can_renice() else None
+        """Only a thread whose priority can be raised back is lowered (else an update could wait
+        on a starved writer)."""
         self._written = threading.Event()
         self._written.set()
         self._hooked: Any = None
@@ -233,6 +238,7 @@ class BackgroundSaver:
             self._hooked = optimizer.register_step_pre_hook(self._before_update)
         snap = snapshot(step, roles=self.roles, stage=self.stage, optimizer=optimizer, copy=False)
         self._written.clear()
+        self._tid, self._urgent = None, False
         self._thread = threading.Thread(target=self._write, args=(snap, info), name=f"checkpoint-{step}", daemon=True)
         self._thread.start()
 
@@ -243,15 +249,17 @@ class BackgroundSaver:
         import time
 
         t0 = time.perf_counter()
-        _set_nice(self._tid, _nice(None))
+        self._hurry()
         self._written.wait()
         self.waited_s += time.perf_counter() - t0
 
     def _write(self, snap: Snapshot, info: dict[str, Any]) -> None:
         import threading
 
-        self._tid = threading.get_native_id()
-        _set_nice(self._tid, 19)
+        with self._prio:
+            self._tid = threading.get_native_id()
+            if not self._urgent and self._idle_nice is not None:
+                _set_nice(self._tid, self._idle_nice)
         try:
             try:
                 mine = write_files(self.root, snap, self.rank)
@@ -266,7 +274,7 @@ class BackgroundSaver:
         """Block until the checkpoint in flight is complete; the directories finished since the last call."""
         if self._thread is not None:
             if self._thread.is_alive():
-                _set_nice(self._tid, _nice(None))
+                self._hurry()
             self._thread.join()
             self._thread = None
         if self._error is not None:
@@ -274,6 +282,13 @@ class BackgroundSaver:
             raise err
         out, self.done = self.done, []
         return out
+
+    def _hurry(self) -> None:
+        """The training thread waits for the writer: give it the training thread's priority."""
+        with self._prio:
+            self._urgent = True
+            if self._tid is not None and self._idle_nice is not None:
+                _set_nice(self._tid, _nice(None))
 
     def close(self) -> list[Path | None]:
         """``wait``, then stop watching the optimizer's updates."""
@@ -283,6 +298,28 @@ class BackgroundSaver:
             if self._hooked is not None:
                 self._hooked.remove()
                 self._hooked = None
+
+
+def _can_renice() -> bool:
+    """Whether a thread of this process may lower its priority and raise it back (Linux, and
+    root or a large enough RLIMIT_NICE); tried on a throwaway thread."""
+    import threading
+
+    ok: list[bool] = []
+
+    def probe() -> None:
+        tid, base = threading.get_native_id(), _nice(None)
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(base + 1, 19))
+            os.setpriority(os.PRIO_PROCESS, tid, base)
+            ok.append(_nice(None) == base)
+        except (OSError, AttributeError):
+            ok.append(False)
+
+    t = threading.Thread(target=probe, name="renice-probe")
+    t.start()
+    t.join()
+    return bool(ok and ok[0])
 
 
 def _nice(tid: int | None) -> int:
