@@ -12,14 +12,17 @@ Layout of ``<dir>/step_<N>/`` (N = optimizer steps done):
   without it is incomplete and ignored.
 
 Every file is written to a temporary name and renamed; tensors go from their own memory to
-the file (``tensor_files``), into the pages of a file retired by pruning when there is one. A stage's files are written by the
+the file (``tensor_files``), into the pages of a file retired by pruning when there is one
+(a checkpoint every step then costs one copy of the bytes). A stage's files are written by the
 lowest rank of its group on each host, and each host's lowest rank writes the index and the
 manifest, so a run on hosts without a shared file system can still resume.
 
 Before the first step the directory is checked (a directory, writable, room for one
 checkpoint) so a bad path fails at once rather than at the first write, and what a killed
-write left (``.*.tmp`` files, step directories without a manifest) is removed. Once a new
-checkpoint is complete on every rank, all but the newest ``keep`` complete ones are deleted.
+write left (``.*.tmp`` files, step directories without a manifest, ``.recycle``) is removed.
+Once a new checkpoint is complete on every rank, all but the newest ``keep`` complete ones are
+retired: renamed into ``.recycle`` (no longer a checkpoint at once), whose files the next
+checkpoints overwrite; the end of a run deletes it.
 """
 from __future__ import annotations
 
