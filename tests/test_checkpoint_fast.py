@@ -12,7 +12,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
