@@ -11,14 +11,18 @@ Layout of ``<dir>/step_<N>/`` (N = optimizer steps done):
 - ``manifest.json``: written last, after every rank's files are in place. A step directory
   without it is incomplete and ignored.
 
-Every file is written to a temporary name and renamed. A stage's files are written by the
+Every file is written to a temporary name and renamed; tensors go from their own memory to
+the file (``tensor_files``), into the pages of a file retired by pruning when there is one
+(a checkpoint every step then costs one copy of the bytes). A stage's files are written by the
 lowest rank of its group on each host, and each host's lowest rank writes the index and the
 manifest, so a run on hosts without a shared file system can still resume.
 
 Before the first step the directory is checked (a directory, writable, room for one
 checkpoint) so a bad path fails at once rather than at the first write, and what a killed
-write left (``.*.tmp`` files, step directories without a manifest) is removed. Once a new
-checkpoint is complete on every rank, all but the newest ``keep`` complete ones are deleted.
+write left (``.*.tmp`` files, step directories without a manifest, ``.recycle``) is removed.
+Once a new checkpoint is complete on every rank, all but the newest ``keep`` complete ones are
+retired: renamed into ``.recycle`` (no longer a checkpoint at once), whose files the next
+checkpoints overwrite; the end of a run deletes it.
 """
 from __future__ import annotations
 
@@ -36,8 +40,12 @@ import torch.distributed as dist
 
 from ..formats import file_hash, read_json, write_json
 from ..models.stages import Stage, StageSet, read_tensors
+from . import tensor_files
 
 MANIFEST = "manifest.json"
+RECYCLE = ".recycle"
+"""Where pruned checkpoints wait to have their files' pages overwritten by the next ones."""
+RECYCLE_KEEP = 2
 CKPT_FORMAT = "torchpp.checkpoint/1"
 _STEP_RE = re.compile(r"^step_(\d+)$")
 OPTIMIZER_STATES = {"adamw": 2, "sgd": 0}
@@ -70,6 +78,12 @@ def _save_safetensors(path: Path, tensors: dict[str, torch.Tensor], meta: dict[s
 
     clean = {k: v.detach().contiguous() for k, v in tensors.items()}
     _atomic(path, lambda tmp: save_file(clean, tmp, metadata=meta or {"format": "pt"}))
+
+
+def _write_tensors(root: str | Path, path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """``tensor_files.write`` under a temporary name, renamed when complete."""
+    reuse = _recycled(root, path.name)
+    _atomic(path, lambda tmp: tensor_files.write(tmp, tensors, reuse=reuse))
 
 
 @dataclass(frozen=True)
@@ -115,8 +129,8 @@ def optimizer_tensors(stage: Stage | StageSet, optimizer: torch.optim.Optimizer,
 
 @dataclass
 class Snapshot:
-    """Copies of what a checkpoint holds, taken between two steps, so that the files can be
-    written while the next step updates the live tensors."""
+    """What a checkpoint holds, taken between two steps: the tensors themselves (written before
+    the next update, see :class:`BackgroundSaver`) or copies of them."""
 
     step: int
     stage: int
@@ -141,13 +155,14 @@ def snapshot(step: int, *, roles: Roles, stage: Stage | StageSet, optimizer: tor
 
 
 def write_files(root: str | Path, snap: Snapshot, rank: int) -> dict[str, Any]:
-    """Write this rank's files of ``snap`` (each atomically); returns its part of the index."""
+    """Write this rank's files of ``snap`` (each atomically, into the pages of a retired
+    checkpoint's file when there is one); returns its part of the index."""
     d = step_dir(root, snap.step)
     d.mkdir(parents=True, exist_ok=True)
     mine: dict[str, Any] = {"chunks": []}
     for c, params in snap.params.items():
-        _save_safetensors(d / f"model-stage{c}.safetensors", params)
-        _save_safetensors(d / f"optim-stage{c}.safetensors", snap.optim[c])
+        _write_tensors(root, d / f"model-stage{c}.safetensors", params)
+        _write_tensors(root, d / f"optim-stage{c}.safetensors", snap.optim[c])
         mine["chunks"].append({"stage": c, "params": sorted(params), "optim": sorted(snap.optim[c])})
     _atomic(d / f"rng-rank{rank}.pt", lambda tmp: torch.save(snap.rng, tmp))
     return mine
@@ -184,33 +199,75 @@ def save(root: str | Path, step: int, *, rank: int, roles: Roles, stage: Stage, 
 
 
 class BackgroundSaver:
-    """Checkpoints written during the next step: the tensors are copied between steps, a thread
-    writes the files, gathers every rank's part on a process group of its own (so its collectives
-    never interleave with the step's) and writes the manifest last. A checkpoint killed half-way
-    has no manifest, so ``--resume`` never loads it. ``wait`` re-raises what the thread raised."""
+    """Checkpoints written during the next step, without copying a tensor (CheckFreq's
+    snapshot/persist pipeline, with the snapshot free): parameters and optimizer state change
+    only in the optimizer's update, so a thread writes them straight from the live tensors and
+    the next update waits (an optimizer step pre-hook) until their bytes are in the files. The
+    thread runs at the lowest priority, so it fills the time the pipeline leaves the CPU idle
+    instead of competing with compute; an update that must wait for it lifts it back to the
+    training thread's priority. It then gathers every rank's part on a process group of its own
+    (so its collectives never interleave with the step's) and writes the manifest last: a
+    checkpoint killed half-way has no manifest, so ``--resume`` never loads it. ``wait``
+    re-raises what the thread raised."""
 
     def __init__(self, root: str | Path, *, rank: int, roles: Roles, stage: Stage, keep: int, timeout_s: float):
         import datetime as _dt
+        import threading
 
         self.root, self.rank, self.roles, self.stage, self.keep = Path(root), rank, roles, stage, keep
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.group = dist.new_group(backend="gloo", timeout=_dt.timedelta(seconds=timeout_s)) if world > 1 else None
         self._thread: Any = None
+        self._tid: int | None = None
+        self._urgent = False
+        self._prio = threading.Lock()
+        self._idle_nice = 19 if _can_renice() else None
+        """Only a thread whose priority can be raised back is lowered (else an update could wait
+        on a starved writer)."""
+        self._written = threading.Event()
+        self._written.set()
+        self._hooked: Any = None
         self._error: BaseException | None = None
         self.done: list[Path | None] = []
+        self.waited_s = 0.0
+        """Seconds updates spent waiting for the writer (the part of the checkpoint in the step)."""
 
     def start(self, step: int, optimizer: torch.optim.Optimizer, info: dict[str, Any]) -> None:
-        """Wait for the previous checkpoint, snapshot this one and write it in the background."""
+        """Wait for the previous checkpoint, then write this one in the background."""
         import threading
 
         self.wait()
-        snap = snapshot(step, roles=self.roles, stage=self.stage, optimizer=optimizer, copy=True)
+        if self._hooked is None:
+            self._hooked = optimizer.register_step_pre_hook(self._before_update)
+        snap = snapshot(step, roles=self.roles, stage=self.stage, optimizer=optimizer, copy=False)
+        self._written.clear()
+        self._tid, self._urgent = None, False
         self._thread = threading.Thread(target=self._write, args=(snap, info), name=f"checkpoint-{step}", daemon=True)
         self._thread.start()
 
+    def _before_update(self, *_: Any) -> None:
+        """The update may change the tensors only once the writer has read them."""
+        if self._written.is_set():
+            return
+        import time
+
+        t0 = time.perf_counter()
+        self._hurry()
+        self._written.wait()
+        self.waited_s += time.perf_counter() - t0
+
     def _write(self, snap: Snapshot, info: dict[str, Any]) -> None:
+        import threading
+
+        with self._prio:
+            self._tid = threading.get_native_id()
+            if not self._urgent and self._idle_nice is not None:
+                _set_nice(self._tid, self._idle_nice)
         try:
-            mine = write_files(self.root, snap, self.rank)
+            try:
+                mine = write_files(self.root, snap, self.rank)
+            finally:
+                self._written.set()
             self.done.append(finalize(self.root, snap.step, mine, roles=self.roles, stage=self.stage, info=info,
                                       keep=self.keep, group=self.group))
         except BaseException as e:  # noqa: BLE001 (re-raised by wait() on the training thread)
@@ -219,6 +276,8 @@ class BackgroundSaver:
     def wait(self) -> list[Path | None]:
         """Block until the checkpoint in flight is complete; the directories finished since the last call."""
         if self._thread is not None:
+            if self._thread.is_alive():
+                self._hurry()
             self._thread.join()
             self._thread = None
         if self._error is not None:
@@ -226,6 +285,62 @@ class BackgroundSaver:
             raise err
         out, self.done = self.done, []
         return out
+
+    def _hurry(self) -> None:
+        """The training thread waits for the writer: give it the training thread's priority."""
+        with self._prio:
+            self._urgent = True
+            if self._tid is not None and self._idle_nice is not None:
+                _set_nice(self._tid, _nice(None))
+
+    def close(self) -> list[Path | None]:
+        """``wait``, then stop watching the optimizer's updates."""
+        try:
+            return self.wait()
+        finally:
+            if self._hooked is not None:
+                self._hooked.remove()
+                self._hooked = None
+
+
+def _can_renice() -> bool:
+    """Whether a thread of this process may lower its priority and raise it back (Linux, and
+    root or a large enough RLIMIT_NICE); tried on a throwaway thread."""
+    import threading
+
+    ok: list[bool] = []
+
+    def probe() -> None:
+        tid, base = threading.get_native_id(), _nice(None)
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(base + 1, 19))
+            os.setpriority(os.PRIO_PROCESS, tid, base)
+            ok.append(_nice(None) == base)
+        except (OSError, AttributeError):
+            ok.append(False)
+
+    t = threading.Thread(target=probe, name="renice-probe")
+    t.start()
+    t.join()
+    return bool(ok and ok[0])
+
+
+def _nice(tid: int | None) -> int:
+    """A thread's nice value (the calling thread's with None; 0 where unknown)."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, tid or 0)
+    except (OSError, AttributeError):
+        return 0
+
+
+def _set_nice(tid: int | None, value: int) -> None:
+    """Best effort: Linux sets one thread's priority by its id; raising it back may be refused."""
+    if tid is None:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, value)
+    except (OSError, AttributeError):
+        pass
 
 
 def _write_index_and_manifest(d: Path, step: int, parts: list[dict[str, Any]], stage: Stage, world: int,
@@ -266,11 +381,41 @@ def complete_steps(root: str | Path) -> list[int]:
 
 
 def prune(root: str | Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` complete checkpoints; returns what was deleted."""
+    """Retire all but the newest ``keep`` complete checkpoints; returns what was retired.
+
+    A retired directory is renamed (at once it is no checkpoint) into ``<root>/.recycle``, whose
+    files the next checkpoints overwrite in place (:func:`_recycled`); only the newest
+    ``RECYCLE_KEEP`` wait there, and :func:`release_recycled` drops them at the end of a run."""
     gone = [step_dir(root, s) for s in complete_steps(root)[:-keep]] if keep > 0 else []
+    bin_ = Path(root) / RECYCLE
     for d in gone:
-        shutil.rmtree(d, ignore_errors=True)  # a host sharing the file system may delete it too
+        try:
+            bin_.mkdir(exist_ok=True)
+            target = bin_ / d.name
+            if target.exists():
+                shutil.rmtree(target, ignore_errors=True)
+            os.replace(d, target)
+        except OSError:  # a host sharing the file system retired it first
+            shutil.rmtree(d, ignore_errors=True)
+    if bin_.is_dir():
+        for old in sorted(bin_.iterdir())[:-RECYCLE_KEEP]:
+            shutil.rmtree(old, ignore_errors=True)
     return gone
+
+
+def _recycled(root: str | Path, name: str) -> Path | None:
+    """A retired checkpoint's file called ``name`` (newest first), to be overwritten; None if none."""
+    bin_ = Path(root) / RECYCLE
+    try:
+        olds = sorted(bin_.iterdir(), reverse=True)
+    except OSError:
+        return None
+    return next((o / name for o in olds if (o / name).is_file()), None)
+
+
+def release_recycled(root: str | Path) -> None:
+    """Delete the retired checkpoints kept for recycling (the run writes no more checkpoints)."""
+    shutil.rmtree(Path(root) / RECYCLE, ignore_errors=True)
 
 
 def clean_leftovers(root: str | Path) -> list[Path]:
@@ -281,6 +426,10 @@ def clean_leftovers(root: str | Path) -> list[Path]:
         return []
     removed: list[Path] = []
     for p in sorted(r.iterdir()):
+        if p.name == RECYCLE and p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+            continue
         if _STEP_RE.match(p.name) and p.is_dir():
             if not is_complete(p):
                 shutil.rmtree(p, ignore_errors=True)

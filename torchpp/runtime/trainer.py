@@ -158,6 +158,10 @@ class TrainSummary:
     grad_norms: list[float] = field(default_factory=list)
     """Global gradient norm of each step before clipping."""
     eval_losses: list[tuple[int, float]] = field(default_factory=list)
+    steps_wall_s: float = 0.0
+    """Seconds from the first step's start to the last checkpoint's end (set-up and export excluded)."""
+    steps_cpu_s: float = 0.0
+    """CPU seconds this process (every thread) spent in that time."""
 
 
 def prepare(cfg: TrainConfig, world_size: int) -> Prepared:
@@ -413,8 +417,11 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
                   "rank0_params": sum(p.numel() for p in ss.stage.parameters())})
     summary = TrainSummary(rank=rank, start_step=ss.start, steps_done=ss.start)
     elastic_hooks.heartbeat(cfg.heartbeat_dir, rank, ss.start)
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for step in range(ss.start + 1, cfg.steps + 1):
         _train_step(ss, step, summary)
+    _last_checkpoint(ss)
+    summary.steps_wall_s, summary.steps_cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
     _finish(ss, summary)
     return summary
 
@@ -515,13 +522,19 @@ def _finish_trace(ss: _Session, step: int, rec: Any) -> list:
                 trace)
 
 
-def _finish(ss: _Session, summary: TrainSummary) -> None:
-    """The last background checkpoint, the HF model directory, the logs."""
-    cfg, g, log = ss.cfg, ss.g, ss.log
+def _last_checkpoint(ss: _Session) -> None:
+    """Wait for the last background checkpoint; drop the retired ones kept for recycling."""
     if ss.saver is not None:
-        for d in g("writing the last checkpoint", ss.saver.wait):
+        for d in ss.g("writing the last checkpoint", ss.saver.close):
             if d is not None:
-                log.print(f"checkpoint {d}")
+                ss.log.print(f"checkpoint {d}")
+    if ss.cfg.checkpoint_dir is not None and ss.roles.writes_manifest:
+        ckpt.release_recycled(ss.cfg.checkpoint_dir)  # every rank's last checkpoint is complete
+
+
+def _finish(ss: _Session, summary: TrainSummary) -> None:
+    """The HF model directory, the logs."""
+    cfg, g, log = ss.cfg, ss.g, ss.log
     if cfg.export_to is not None and summary.steps_done == cfg.steps:
         from .export import export_hf
 
