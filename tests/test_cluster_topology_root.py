@@ -47,7 +47,8 @@ def star_cluster(tmp_path, monkeypatch):
         pytest.skip(f"cluster {NAME} already exists ({leftovers()}); `torchpp cluster down -n {NAME}` removes it")
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     p = tmp_path / "c.json"
-    p.write_text(json.dumps({"name": NAME, "subnet": "10.77.43.0/24", "master_port": 29543, "hosts": [
+    p.write_text(json.dumps({"name": NAME, "subnet": "10.77.43.0/24", "master_port": 29543, "cpu_period_ms": 10,
+                             "hosts": [
         {"name": n, "cpu": 0.5, "memory": "2G", "rate": "40mbit", "down_rate": "40mbit"} for n in ("a", "b")]}))
     cfg = ClusterConfig.load(p)
     try:
@@ -69,6 +70,17 @@ def test_host_namespaces_take_their_own_tcp_congestion_control(star_cluster):
     assert Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip() == machine  # ours only
     with pytest.raises(ValueError, match="nosuchcc"):
         netns.sysctl(ns, "net.ipv4.tcp_congestion_control", "nosuchcc")
+
+
+def test_config_sets_hosts_tcp_and_cpu_period(star_cluster):
+    """``tcp: auto`` gives every host a loss-based TCP; ``cpu_period_ms`` reaches each host's group."""
+    allowed = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control").read_text().split()
+    want = "cubic" if "cubic" in allowed else "reno"
+    for i in range(len(star_cluster.hosts)):
+        assert netns.sysctl(star_cluster.host_ns(i), "net.ipv4.tcp_congestion_control") == want
+        lim = cgroups.existing(star_cluster.cgroup_name(i)).limits()
+        period = lim.get("cpu.cfs_period_us") or lim.get("cpu.max", "").split()[-1]
+        assert int(period) == 10_000, lim
 
 
 def test_gloo_goodput_is_the_stars_link_rate(star_cluster, tmp_path):

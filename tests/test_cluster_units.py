@@ -64,6 +64,7 @@ def test_hetero4_asymmetric_and_pair_override():
     ({"links": [{"src": "a", "dst": "b"}, {"src": "a", "dst": "b"}]}, "links[1].dst", "twice"),
     ({"hosts": [{"name": "a", "delay": "soon"}]}, "hosts[0].delay", "duration"),
     ({"tcp": "BBR!"}, "tcp", "congestion control"),
+    ({"cpu_period_ms": 0.5}, "cpu_period_ms", "1 to 1000 ms"),
 ])
 def test_config_errors_name_file_and_field(tmp_path, patch, field, expected):
     data = {"name": "x", "hosts": [{"name": "a"}, {"name": "b"}], **patch}
@@ -273,4 +274,5 @@ def test_host_tcp_is_loss_based_by_default(monkeypatch, tmp_path):
         host_tcp("cubic")
     allowed["text"] = "reno cubic"
     assert host_tcp("auto") == "cubic"
-    assert ClusterConfig.parse({"name": "x", "hosts": [{"name": "a"}]}, "c.json").tcp == "auto"
+    cfg = ClusterConfig.parse({"name": "x", "hosts": [{"name": "a"}]}, "c.json")
+    assert cfg.tcp == "auto" and cfg.cpu_period_ms == 100.0
