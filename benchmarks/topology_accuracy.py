@@ -47,7 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from torchpp.cluster import cgroups, cluster, netns  # noqa: E402
+from torchpp.cluster import cluster  # noqa: E402
 from torchpp.cluster.config import ClusterConfig  # noqa: E402
 from torchpp.demo import measured_step_times, window_medians  # noqa: E402
 from torchpp.formats import Bandwidth  # noqa: E402
@@ -86,7 +86,7 @@ def cluster_config(args: argparse.Namespace) -> dict:
     hosts = [{"name": f"h{i}", "cpu": args.cpu, "memory": "2G", "rate": args.rate,
               "down_rate": args.rate} for i in range(4)]
     return {"format": "torchpp.cluster/1", "name": "topo4", "subnet": "10.77.41.0/24", "master_port": 29541,
-            "hosts": hosts}
+            "cpu_period_ms": args.cfs_period_ms, "tcp": args.tcp or "machine", "hosts": hosts}
 
 
 def tp(*argv: str, timeout: float = 600) -> str:
@@ -183,17 +183,13 @@ def predict(plan_path: Path, layers: list[Path], cfg: ClusterConfig, work: Path)
 
 
 def on_cluster(args: argparse.Namespace, cfg: ClusterConfig, work: Path) -> dict:
-    """Bring the cluster up, set its hosts' CPU period and TCP, measure, always take it down."""
+    """Bring the cluster up (its config sets the hosts' CPU period and TCP), measure, always take it down."""
     if cluster.load_state(cfg.name) is not None or cluster.leftovers(cfg.name)["namespaces"]:
         cluster.down(cfg.name, log=lambda *_: None)  # a run killed earlier left it behind
     for d in ("train", "traces", "logs"):
         shutil.rmtree(work / d, ignore_errors=True)
     cluster.up(cfg, skip_netem=True, log=lambda *_: None)
     try:
-        for i, h in enumerate(cfg.hosts):
-            cgroups.existing(cfg.cgroup_name(i)).set_cpu(h.cpu, period_us=int(args.cfs_period_ms * 1000))
-            if args.tcp:
-                netns.sysctl(cfg.host_ns(i), "net.ipv4.tcp_congestion_control", args.tcp)
         return measure(args, cfg, work)
     finally:
         cluster.down(cfg.name, log=lambda *_: None)
