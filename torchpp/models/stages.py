@@ -277,10 +277,17 @@ class Stage:
 
 @contextlib.contextmanager
 def _seeded(*key: int):
+    """Run the block on the CPU generator seeded from ``key``, then restore its state. Only the
+    CPU generator is touched: ``torch.manual_seed`` would also queue a lazy seed for every
+    accelerator, formatting the Python stack each time (~0.3 ms, run per block per micro-batch)."""
     seed = int.from_bytes(hashlib.sha256(":".join(map(str, key)).encode()).digest()[:8], "little") & ((1 << 63) - 1)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    gen = torch.default_generator
+    state = gen.get_state()
+    gen.manual_seed(seed)
+    try:
         yield
+    finally:
+        gen.set_state(state)
 
 
 def count_targets(labels: torch.Tensor) -> int:
