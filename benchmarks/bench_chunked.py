@@ -26,7 +26,7 @@ import resource
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -240,8 +240,11 @@ def compare(s: Setup, schedule: str, p: int, out: Path) -> dict[str, Any]:
     tp, pe = alt["times"]["torchpp"][w:], alt["times"]["peer"][w:]
     mem = {m: [r["peak_rss"] for r in launch(m, schedule, p, s, plan, out)] for m in ("torchpp", "peer")}
     dloss = max(abs(a - b) for a, b in zip(alt["losses"]["torchpp"], alt["losses"]["peer"]))
+    ratios = [a / b for a, b in zip(tp, pe)]
+    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
     return {"schedule": schedule, "peer": PAIRS[schedule], "ranks": p, "torchpp_step_s": statistics.median(tp),
-            "peer_step_s": statistics.median(pe), "step_ratio": statistics.median(a / b for a, b in zip(tp, pe)),
+            "peer_step_s": statistics.median(pe), "step_ratio": statistics.median(ratios),
+            "step_ratio_quartiles": [q1, q3], "step_ratios": ratios,
             "rss_torchpp_mib": [x / 2**20 for x in mem["torchpp"]], "rss_peer_mib": [x / 2**20 for x in mem["peer"]],
             "rss_ratio": [a / b for a, b in zip(mem["torchpp"], mem["peer"])], "max_loss_diff": dloss}
 
@@ -251,9 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="batch 8 x 32, 3 measured steps")
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--schedules", nargs="+", default=list(PAIRS), choices=list(PAIRS))
+    ap.add_argument("--steps", type=int, default=None, help="measured steps per system (default 6; --quick 3)")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench_chunked")
     a = ap.parse_args(argv)
     s = Setup(batch=8, seq_len=32, steps=3) if a.quick else Setup()
+    if a.steps is not None:
+        s = replace(s, steps=a.steps)
     a.out.mkdir(parents=True, exist_ok=True)
     print(f"bench_chunked: {s.model}, batch {s.batch} x {s.seq_len}, {s.microbatches} micro-batches, ranks {a.ranks}; "
           f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
@@ -263,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             r = compare(s, sched, p, a.out)
             rows.append(r)
             print(f"{sched:<15} vs {r['peer']:<30} p={p}: step torchpp/peer {r['step_ratio']:.3f} "
+                  f"[quartiles {r['step_ratio_quartiles'][0]:.3f}-{r['step_ratio_quartiles'][1]:.3f}] "
                   f"({r['torchpp_step_s']:.3f} s / {r['peer_step_s']:.3f} s); peak RSS torchpp/peer per rank "
                   f"{' '.join(f'{x:.3f}' for x in r['rss_ratio'])} "
                   f"({' '.join(f'{x:.0f}' for x in r['rss_torchpp_mib'])} / "
