@@ -226,6 +226,19 @@ def test_plan_placements_subset_shared_host_and_master():
     assert [p.label for p in places] == ["c.rank0", "a.rank1", "a.rank2"]
 
 
+def test_plan_placements_one_process_per_rank_of_a_chunked_plan():
+    """A V plan puts two chunks on each rank: still one process per rank, on that rank's host."""
+    from torchpp.cluster.cluster import plan_placements
+    from torchpp.models.presets import load_config, model_info
+    from torchpp.plans import make_chunked_plan
+    plan = make_chunked_plan(model_info(load_config("qwen3-tiny"), "qwen3-tiny"), seq_len=8, global_batch=8,
+                             num_microbatches=4, layer_ranges=[(0, 1), (1, 2), (2, 3), (3, 4)], schedule="zbv",
+                             hosts=["c", "a"])
+    assert plan.num_stages == 4 and plan.world_size == 2
+    places = plan_placements(STATE3, plan, "p.json")
+    assert [(p.rank, p.host, p.local_rank, p.local_world_size) for p in places] == [(0, "c", 0, 1), (1, "a", 0, 1)]
+
+
 def test_plan_host_outside_the_cluster_names_file_field_and_host():
     from torchpp.cluster.cluster import plan_placements
     with pytest.raises(FormatError) as e:

@@ -316,6 +316,8 @@ def plan_placements(state: dict[str, Any], plan: Plan, source: str) -> list[Plac
         if host not in names:
             raise FormatError(source, f"stages[{si}].devices[{di}].host",
                               f"a host of cluster '{state['name']}' ({', '.join(names)})", host)
+    # a rank holding several chunks (interleaved, V) appears in several stages: one process each rank
+    devices = [next(d for d in devices if d[0] == r) for r in sorted({d[0] for d in devices})]
     order: list[str] = []
     for _, host, _, _ in devices:
         if host not in order:
