@@ -303,7 +303,10 @@ def refit_memory(plan: Plan, profiles: Profiles, peaks: Mapping[int, int], prior
                      r2=1.0 - float((res ** 2).sum()) / ss if ss > 0 else float("nan"),
                      residuals=[float(x) for x in res], samples=samples, model=plan.model.name,
                      microbatch=plan.micro_batch_size, host="measured ranks",
-                     Kt=None if prior.kt is None or prior.kp <= 0 else float(kp) * prior.kt / prior.kp)
+                     Kt=None if prior.kt is None or prior.kp <= 0 else float(kp) * prior.kt / prior.kp,
+                     # the terms the fit takes as given stay: the end blocks' (subtracted from y with
+                     # the prior's Ke) and the runtime's own RSS, reserved from every budget
+                     Ke=prior.ke or None, process_bytes=prior.process)
     return mm, how
 
 
