@@ -74,6 +74,16 @@ def test_windows_and_the_closing_lines():
     assert "a layers [0,2) + embedding; b layers [2,4) + lm_head" in line and "4 micro-batches of 2" in line
 
 
+def test_step_times_are_the_last_runs_only(tmp_path):
+    """The trainer appends to metrics.jsonl: an earlier run's steps in the same file are left out."""
+    from torchpp.demo import measured_step_times
+
+    rows = [{"event": "start"}, *({"step": i, "step_time_s": 0.05} for i in (1, 2, 3)),
+            {"event": "start"}, *({"step": i, "step_time_s": 2.0 + i / 100} for i in (1, 2, 3))]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert measured_step_times(tmp_path) == [2.02, 2.03]
+
+
 def test_run_verdict_reads_the_oom_line(tmp_path):
     from torchpp.demo import run_verdict
 

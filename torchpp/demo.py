@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -315,8 +316,10 @@ def memory_rows(report_json: Path) -> list[dict]:
 
 
 def measured_step_times(log_dir: Path) -> list[float]:
-    """Rank 0's step times (metrics.jsonl), the first step left out as warm-up."""
+    """Rank 0's step times (metrics.jsonl) of its last run, the first step left out as warm-up."""
     rows = [json.loads(x) for x in (log_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    starts = [i for i, r in enumerate(rows) if r.get("event") == "start"]
+    rows = rows[starts[-1]:] if starts else rows  # the trainer appends: a resumed or repeated run adds to the file
     steps = sorted((r["step"], r["step_time_s"]) for r in rows if "step" in r and "step_time_s" in r)
     return [t for s, t in steps if s > 1] or [t for _, t in steps]
 
@@ -479,6 +482,7 @@ class Demo:
     # --- run and look
     def train(self, name: str, plan: Path, m: Measured) -> RunResult:
         c, d = self.cfg, self.path("runs", name)
+        shutil.rmtree(d, ignore_errors=True)  # an earlier demo's logs and traces must not mix into this run's
         d.mkdir(parents=True, exist_ok=True)
         pred = d / "predicted.json"
         text = self.p.run(f"{name}: predict (simulate the plan's action lists)",
