@@ -37,6 +37,28 @@ def run_cases(cases: list[dict[str, Any]], nprocs: int, workdir: Path, timeout_s
                      pg_timeout_s=case.get("timeout_s", 60))
 
 
+def _train_config(rank: int, world: int, config: dict[str, Any]) -> None:
+    from torchpp.runtime.trainer import TrainConfig, train
+
+    train(TrainConfig(**config))
+
+
+def traced_tiny_run(root: Path, **train_kw: Any) -> Path:
+    """A 2-stage 1F1B run of ``qwen3-tiny`` (2 steps), step 2 traced by torchpp and
+    torch.profiler; the trace directory."""
+    from torchpp.models.presets import load_config, model_info
+    from torchpp.planner.simple import make_plan
+
+    info = model_info(load_config("qwen3-tiny"), "qwen3-tiny")
+    make_plan(info, seq_len=16, global_batch=4, num_microbatches=2, layer_ranges=[(0, 2), (2, 4)],
+              group_sizes=[1, 1], schedule="1f1b").save(root / "plan.json")
+    with RankPool(2, threads=1) as pool:
+        pool.run(_train_config, dict(plan=root / "plan.json", steps=2, threads=1, timeout_s=60.0,
+                                     trace_dir=root / "tr", trace_steps=(2,), torch_profiler=True, **train_kw),
+                 world=2, timeout_s=300, pg_timeout_s=60)
+    return root / "tr"
+
+
 class _Body:
     """A decorated test's own function, found by name in the rank (the module attribute is the
     wrapper that launches it, so the function cannot be pickled by reference itself)."""

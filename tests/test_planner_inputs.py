@@ -183,3 +183,24 @@ def test_memory_probe_counts_optimizer_moments_beside_activations():
     weights = 3 * 3_148_288  # three qwen3-small decoder layers, fp32
     assert three["steps"] == 3 and one["steps"] == 1
     assert three["peak_bytes"] - one["peak_bytes"] >= 1.0 * weights, (one, three)
+
+
+def test_peak_rss_counts_from_the_base_not_from_start_up():
+    """A transient peak before the base (imports, config loading) must not be read as the
+    stage's: ``mark_base_rss`` resets the kernel's high-water mark (in a fresh process)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from torchpp.runtime import tracing\n"
+        "x = bytearray(400 * 2**20); x[::4096] = b'1' * len(x[::4096]); del x\n"
+        "before = tracing.peak_rss_bytes()\n"
+        "tracing.mark_base_rss()\n"
+        "import psutil; rss = psutil.Process().memory_info().rss\n"
+        "print(before, tracing.peak_rss_bytes(), rss)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    before, after, rss = map(int, out.stdout.split())
+    if not os.path.exists("/proc/self/clear_refs"):
+        pytest.skip("no /proc/self/clear_refs: the high-water mark cannot be reset here")
+    assert before > rss + 300 * 2**20 and after < rss + 50 * 2**20, (before, after, rss)

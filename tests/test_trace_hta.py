@@ -13,33 +13,19 @@ import pytest
 hta_analysis = pytest.importorskip(
     "hta.trace_analysis", reason="Holistic Trace Analysis is not installed (launch/setup.sh installs it)")
 
-from dist_harness import RankPool  # noqa: E402
-from torchpp.models.presets import load_config, model_info  # noqa: E402
-from torchpp.planner.simple import make_plan  # noqa: E402
+from dist_harness import traced_tiny_run  # noqa: E402
 from torchpp.trace.analyze import analyze, events_from_trace  # noqa: E402
 from torchpp.trace.chrome import load_trace  # noqa: E402
 from torchpp.trace.hta import COMPUTE_STREAM, HIDDEN_STREAM, expected_hta, export_step  # noqa: E402
-
-
-def _train(rank: int, world: int, case: dict) -> None:
-    from torchpp.runtime.trainer import TrainConfig, train
-
-    train(TrainConfig(**case))
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> tuple[Path, Path]:
     """A 2-stage 1F1B run of a tiny model, step 2 traced by torchpp and torch.profiler, exported."""
     root = tmp_path_factory.mktemp("hta")
-    info = model_info(load_config("qwen3-tiny"), "qwen3-tiny")
-    make_plan(info, seq_len=16, global_batch=4, num_microbatches=2, layer_ranges=[(0, 2), (2, 4)],
-              group_sizes=[1, 1], schedule="1f1b").save(root / "plan.json")
-    with RankPool(2, threads=1) as pool:
-        pool.run(_train, dict(plan=root / "plan.json", steps=2, threads=1, timeout_s=60.0, trace_dir=root / "tr",
-                              trace_steps=(2,), torch_profiler=True),
-                 world=2, timeout_s=300, pg_timeout_s=60)
-    export_step(root / "tr", 2, root / "hta")
-    return root / "tr", root / "hta"
+    traces = traced_tiny_run(root)
+    export_step(traces, 2, root / "hta")
+    return traces, root / "hta"
 
 
 def _kernels(path: Path, stream: int) -> list[dict]:

@@ -11,30 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from dist_harness import RankPool
-from torchpp.models.presets import load_config, model_info
-from torchpp.planner.simple import make_plan
+from dist_harness import traced_tiny_run
 from torchpp.trace.analyze import analyze, events_from_trace
 from torchpp.trace.kineto import merge_kineto
 
 
-def _train(rank: int, world: int, case: dict) -> None:
-    from torchpp.runtime.trainer import TrainConfig, train
-
-    train(TrainConfig(**case))
-
-
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("kineto")
-    info = model_info(load_config("qwen3-tiny"), "qwen3-tiny")
-    make_plan(info, seq_len=16, global_batch=4, num_microbatches=2, layer_ranges=[(0, 2), (2, 4)],
-              group_sizes=[1, 1], schedule="1f1b").save(root / "plan.json")
-    with RankPool(2, threads=1) as pool:
-        pool.run(_train, dict(plan=root / "plan.json", steps=2, threads=1, timeout_s=60.0, trace_dir=root / "tr",
-                              trace_steps=(2,), profile_blocks=True, torch_profiler=True),
-                 world=2, timeout_s=300, pg_timeout_s=60)
-    return root / "tr"
+    return traced_tiny_run(tmp_path_factory.mktemp("kineto"), profile_blocks=True)
 
 
 def _load(p: Path) -> dict:

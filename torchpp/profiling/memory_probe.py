@@ -22,6 +22,9 @@ class PeakRSS:
     def __init__(self, interval: float = 0.0005):
         import psutil
 
+        from ..runtime.tracing import reset_peak_rss
+
+        reset_peak_rss()  # the kernel's high-water mark then counts from here, not from the imports
         self.proc, self.interval = psutil.Process(), interval
         self.base = self.proc.memory_info().rss
         self.peak = self.base

@@ -221,18 +221,40 @@ _BASE_RSS: int | None = None
 
 def mark_base_rss() -> None:
     """Remember this process's RSS before its stage is built (the torch runtime, data, process
-    group): traces then carry it, so the stage's own peak is ``peak_rss_bytes - base_rss_bytes``."""
+    group): traces then carry it, so the stage's own peak is ``peak_rss_bytes - base_rss_bytes``.
+    The kernel's high-water mark is reset here, so a transient peak of the start-up (imports,
+    config loading) cannot stand in for the stage's own."""
     import psutil
 
     global _BASE_RSS
+    reset_peak_rss()
     _BASE_RSS = int(psutil.Process().memory_info().rss)
 
 
+def reset_peak_rss() -> bool:
+    """Reset the kernel's RSS high-water mark to the current RSS (Linux ``clear_refs`` 5); False
+    where that is not possible (then the peak counts from the process's start)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def peak_rss_bytes() -> int:
-    """This process's peak resident set size so far (what the planner's memory model predicts)."""
+    """This process's peak resident set size since :func:`reset_peak_rss` (or its start): what
+    the planner's memory model predicts."""
     import resource
     import sys
 
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(kib) if sys.platform == "darwin" else int(kib) * 1024
 
