@@ -26,7 +26,7 @@ import resource
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,23 +35,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bench_pipelining import RssSampler  # noqa: E402
+from bench_pipelining import RssSampler, Setup  # noqa: E402
 
 PAIRS = {"interleaved": "ScheduleInterleaved1F1B", "interleaved-zb": "ScheduleInterleavedZeroBubble",
          "zbv": "ScheduleZBVZeroBubble"}
 
 
-@dataclass(kw_only=True)
-class Setup:
-    model: str = "qwen3-small"
-    batch: int = 16
-    seq_len: int = 64
-    microbatches: int = 8
-    steps: int = 6
-    warmup: int = 1
-    seed: int = 0
-    lr: float = 1e-3
-    timeout_s: float = 120.0
+DEFAULTS = dict(seq_len=64, warmup=1)
+"""Where this benchmark's runs differ from ``bench_pipelining``'s :class:`Setup` (the same record)."""
 
 
 def chunk_ranges(s: Setup, p: int) -> list[tuple[int, int]]:
@@ -257,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="measured steps per system (default 6; --quick 3)")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench_chunked")
     a = ap.parse_args(argv)
-    s = Setup(batch=8, seq_len=32, steps=3) if a.quick else Setup()
+    s = Setup(**{**DEFAULTS, **(dict(batch=8, seq_len=32, steps=3) if a.quick else {})})
     if a.steps is not None:
         s = replace(s, steps=a.steps)
     a.out.mkdir(parents=True, exist_ok=True)
