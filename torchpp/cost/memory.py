@@ -2,7 +2,8 @@
 
 Both have the form of seed 000's model, extended for 1F1B and recomputation::
 
-    peak = base + alpha·W + Ke·W_end + s·n·(Kp·A_kept + A_recomputed) + Kp·A_max_recomputed·s
+    peak = base + alpha·W + Ke·W_end + s·n·(Kp·A_kept + A_recomputed) + s·n_w·Kw·A_kept
+           + Kp·A_max_recomputed·s
 
 with W the stage's parameter bytes, s the samples of a micro-batch this device computes,
 n the micro-batches the stage holds at its peak (``schedules.in_flight``, read off its order), A_kept the activation bytes per sample of layers whose activations are kept, and
@@ -13,17 +14,32 @@ W_end is the parameter bytes of the stage's larger end block (the embedding or t
 large tensor each), whose fresh gradient is computed beside the accumulated one from the second
 micro-batch on; Ke prices it (0 where the calibration file has none).
 
+n_w is the micro-batches held between their input gradient ``I`` and their weight gradient ``W``
+in a zero-bubble order (zb-h1, interleaved-zb, zbv; 0 for every other kind), at the step of the
+order holding the most micro-batches (``split_in_flight``, ``held_profiles``: read off the order,
+like n). Such a micro-batch keeps its whole graph (its saved tensors, already counted in n) and,
+in addition, the gradients that reached the nodes where the weights' gradients branch off (each
+linear layer's output gradient: roughly a dozen tensors of a decoder layer's output size, one
+logits-sized one for the tail); Kw prices those per byte of kept activations (weighted as Kp's,
+the tail's by Kt / Kp), fitted by calibrate-memory's zero-bubble probes (0 where the file has
+none). A chunk holding the embedding has no input gradient: its whole backward waits for W and
+holds nothing more, so its n_w counts 0.
+
 The analytic model (no calibration file): base 0, alpha 4 (fp32 weights, gradients and the two
 AdamW moments), Kp ``activation_factor`` (default 16: a transformer layer keeps roughly that
 many tensors the size of its output for backward; calibrate-memory measures it instead).
 """
 from __future__ import annotations
 
+import functools
+from collections import defaultdict
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
-from ..formats import MemoryModel
+from ..formats import MemoryModel, Placement, Plan, placement_of
+from ..schedules import RELEASES, Kind, Step, position_order
 
 ANALYTIC_ALPHA = 4.0
 ANALYTIC_KP = 16.0
@@ -42,6 +58,9 @@ class MemoryEstimator:
     """Factor of the tail's output (the logits); None: the same as ``kp``."""
     ke: float = 0.0
     """Factor of the stage's larger end block's weights (``W_end``); 0: no such term."""
+    kw: float = 0.0
+    """Factor of the kept activations of each micro-batch held between its ``I`` and its ``W``
+    (zero-bubble schedules); 0: no such term."""
 
     def activations(self, act_bytes: np.ndarray) -> np.ndarray:
         """Per-block activation bytes per sample (embed, layers..., tail) weighted so that ``kp``
@@ -66,23 +85,26 @@ class MemoryEstimator:
         rt = f"; {mm.process_bytes / 2**20:.0f} MiB runtime reserved per device" if mm.process_bytes else ""
         kt = f", Kt {mm.Kt:.2f} (tail)" if mm.Kt is not None else ""
         ke = f", Ke {mm.Ke:.2f} (end weights)" if mm.Ke is not None else ""
+        kw = f", Kw {mm.Kw:.2f} (between I and W)" if mm.Kw is not None else ""
         return MemoryEstimator(mm.base, mm.alpha, mm.Kp, f"fitted {source} (base {mm.base / 2**20:.0f} MiB, "
-                               f"alpha {mm.alpha:.2f}, Kp {mm.Kp:.2f}{kt}{ke}{r2}{rt})", mm.process_bytes, mm.Kt,
-                               mm.Ke or 0.0)
+                               f"alpha {mm.alpha:.2f}, Kp {mm.Kp:.2f}{kt}{ke}{kw}{r2}{rt})", mm.process_bytes,
+                               mm.Kt, mm.Ke or 0.0, mm.Kw or 0.0)
 
     def static(self, weights: float, end_weights: float = 0.0) -> float:
         """Bytes independent of the samples: the base, the weights (with gradients and optimizer
         state) and the accumulation buffer of the larger end block's weights ``end_weights``."""
         return self.base + self.alpha * weights + self.ke * end_weights
 
-    def per_sample(self, act_kept: float, act_recomputed: float, n: int, act_max_recomputed: float = 0.0) -> float:
-        """Bytes per sample of one device's micro-batch share."""
-        return n * (self.kp * act_kept + act_recomputed) + self.kp * act_max_recomputed
+    def per_sample(self, act_kept: float, act_recomputed: float, n: int, act_max_recomputed: float = 0.0,
+                   split: int = 0) -> float:
+        """Bytes per sample of one device's micro-batch share, ``n`` micro-batches held of which
+        ``split`` between their I and their W."""
+        return n * (self.kp * act_kept + act_recomputed) + self.kp * act_max_recomputed + split * self.kw * act_kept
 
     def peak(self, weights: float, act_kept: float, act_recomputed: float, samples: float, n: int,
-             act_max_recomputed: float = 0.0, end_weights: float = 0.0) -> float:
+             act_max_recomputed: float = 0.0, end_weights: float = 0.0, split: int = 0) -> float:
         return (self.static(weights, end_weights)
-                + samples * self.per_sample(act_kept, act_recomputed, n, act_max_recomputed))
+                + samples * self.per_sample(act_kept, act_recomputed, n, act_max_recomputed, split))
 
     def recompute_terms(self, act_layers: np.ndarray, act_fixed: float, n: int) -> tuple[float, np.ndarray, float]:
         """``per_sample`` as a linear form in the recompute flags r_l and y = max_l r_l (the
@@ -91,3 +113,53 @@ class MemoryEstimator:
         const = n * self.kp * (float(act_layers.sum()) + act_fixed)
         amax = float(act_layers.max()) if len(act_layers) else 0.0
         return const, n * (1.0 - self.kp) * act_layers, self.kp * amax
+
+
+# ----------------------------------------------------------------------------- held between I and W
+Profile = tuple[tuple[int, int, int], ...]
+"""(chunk, micro-batches held, of them between their I and their W) of each chunk at one step."""
+
+
+def held_split(order: Iterable[Step]) -> list[dict[int, tuple[int, int]]]:
+    """Per chunk, micro-batches held (forwarded, not yet released by ``B`` or ``W``) and those of
+    them whose ``I`` ran but not their ``W``, after each step of an order."""
+    held: dict[int, int] = defaultdict(int)
+    split: dict[int, int] = defaultdict(int)
+    out = []
+    for kind, chunk, _ in order:
+        if kind == Kind.FORWARD:
+            held[chunk] += 1
+        elif kind == Kind.BACKWARD_INPUT:
+            split[chunk] += 1
+        if kind in RELEASES:
+            held[chunk] -= 1
+        if kind == Kind.BACKWARD_WEIGHT:
+            split[chunk] -= 1
+        out.append({c: (held[c], split[c]) for c in held})
+    return out
+
+
+@functools.lru_cache(maxsize=65536)
+def split_in_flight(schedule: str, num_stages: int, stage: int, num_microbatches: int) -> int:
+    """Micro-batches between their I and W at the step of a one-chunk stage's order holding the
+    most micro-batches (``schedules.in_flight``), the most such of those steps: the n_w its peak
+    is priced with. 0 for schedules without a split backward."""
+    pl = placement_of(schedule, num_stages, 1)
+    steps = [tuple(map(sum, zip((0, 0), *h.values()))) for h in
+             held_split(position_order(schedule, pl, pl.position[stage], num_microbatches))]
+    return max(steps, default=(0, 0))[1]
+
+
+@functools.lru_cache(maxsize=65536)
+def held_profiles(schedule: str, placement: Placement, position: int, num_microbatches: int
+                  ) -> tuple[Profile, ...]:
+    """Every distinct (chunk, held, between I and W) profile a device at ``position`` passes
+    through, read off its order (``schedules.in_flight_chunks`` with the split count)."""
+    counts = held_split(position_order(schedule, placement, position, num_microbatches))
+    return tuple(sorted({tuple(sorted((c, n, w) for c, (n, w) in h.items())) for h in counts}))
+
+
+def rank_profiles(plan: Plan, rank: int) -> tuple[Profile, ...]:
+    """``held_profiles`` of ``rank``'s position in ``plan``."""
+    pl = plan.placement()
+    return held_profiles(plan.schedule, pl, pl.position[plan.stages_of_rank(rank)[0].index], plan.num_microbatches)
