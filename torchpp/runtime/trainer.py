@@ -645,7 +645,8 @@ def _report_step(log: _Log, step: int, steps: int, stats: torch.Tensor, S: int, 
               f"|g| {extra['train/grad_norm']:.3g}  {dt:.3f} s  {tokens_per_step / dt:,.0f} tok/s  "
               f"compute/stage {' '.join(f'{c:.3f}' for c in comp)} s")
     log.event({"step": step, "loss": loss, "step_time_s": dt, "tokens_per_s": tokens_per_step / dt,
-               "compute_s": comp, "comm_wait_s": wait, **{_JSONL_NAMES[k]: v for k, v in extra.items()}})
+               "compute_s": comp, "comm_wait_s": wait, **{_JSONL_NAMES[k]: v for k, v in extra.items()},
+               "time": time.time()})  # wall clock: the period between steps includes what follows a step
     log.scalars(step, {"train/loss": loss, "perf/step_time_s": dt, "perf/tokens_per_s": tokens_per_step / dt, **extra,
                        **{f"stage{s}/compute_s": comp[s] for s in range(S)},
                        **{f"stage{s}/comm_wait_s": wait[s] for s in range(S)}})
