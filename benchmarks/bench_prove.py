@@ -17,7 +17,8 @@ measures in the same run, each strategy at its own best micro-batching:
   its host's memory says so);
 * ``plan``: the torchpp plan; ``unbalanced``: the plan's stages with its fastest and slowest hosts
   swapped; ``replan``: re-planned from the unbalanced run's timelines;
-* the lower bound: total work / total capacity (the planner's).
+* the lower bound: all work (forward, backward, optimizer) over all capacity, weights within
+  memory (the planner's LP, torchpp/planner/bound.py).
 
 Every trained plan runs 1 + 3 x ``--window`` steps: the first is warm-up, the rest three windows
 whose medians give the spread. Predicted vs measured step time (MAPE over the torchpp-run plans),
@@ -327,7 +328,7 @@ def run(demo: Demo, args: argparse.Namespace) -> dict:
     from torchpp.formats import Plan
 
     plan = Plan.load(meas.plan)
-    bound = Row(name="bound", detail="total work / total capacity", predicted_s=plan.predicted["lower_bound_s"])
+    bound = Row(name="bound", detail="all work incl. the optimizer / all capacity", predicted_s=plan.predicted["lower_bound_s"])
     for r in rows:
         r.detail = r.detail + describe(demo, r.name)
     return {"mode": demo.hosts.mode, "hosts": demo.hosts.names, "config": asdict(demo.cfg), "rows": [

@@ -591,7 +591,7 @@ def summary_lines(cfg: DemoConfig, mode: str, hosts: Sequence[str], results: Seq
                      f"{100 * r.spread:.0f}% | {pred} | {err} | {r.measured_step_s / ref:.2f}x | {mem} |")
     bound = (plan.predicted or {}).get("lower_bound_s")
     if bound:
-        lines.append(f"| lower bound (total work / total capacity) | – | – | – | {bound:.3f} | – | "
+        lines.append(f"| lower bound (all work incl. the optimizer over all capacity) | – | – | – | {bound:.3f} | – | "
                      f"{bound / ref:.2f}x | – |")
     return lines + ["", "why: " + why_line(plan, baselines)]
 

@@ -5,13 +5,15 @@ can only run blocks whose weights it holds. Variables ``x[d,k]`` (share of block
 run on device d) and ``y[d,k]`` (device d holds block k's weights), both relaxed to [0, 1]:
 
     minimise T  subject to   Σ_d x[d,k] = 1,   x[d,k] ≤ y[d,k],
-                             G · Σ_k x[d,k] · τ[d,k] ≤ T                (device d's busy time)
+                             G · Σ_k x[d,k] · τ[d,k] + Σ_k y[d,k] · o_d · P_k ≤ T   (device d's busy time)
                              Σ_k y[d,k] · alpha · W_k ≤ budget_d − base (weights with gradients, optimizer state)
 
-``τ[d,k]`` is block k's forward + backward seconds per sample on device d. Activations,
-transfers, all-reduces, per-call costs, recomputation and the pipeline's fill are left out,
-each of which can only add time, so every plan's replayed step is at least T. Without the
-memory rows and with uniform speeds this is the total work over the total capacity.
+``τ[d,k]`` is block k's forward + backward seconds per sample on device d, ``o_d · P_k`` the
+optimizer step over block k's parameter bytes on device d (every device holding a block's
+weights updates them, and some device must: Σ_d y[d,k] ≥ 1). Activations, transfers,
+all-reduces, per-call costs, recomputation and the pipeline's fill are left out, each of which
+can only add time, so every plan's replayed step is at least T. Without the memory rows, the
+optimizer and with uniform speeds this is the total work over the total capacity.
 """
 from __future__ import annotations
 
@@ -25,11 +27,16 @@ from ..cost import MemoryEstimator, Profiles
 
 
 def lower_bound(profiles: Profiles, hosts: Sequence[str], budget: Mapping[str, float], memory: MemoryEstimator,
-                global_batch: int) -> float:
+                global_batch: int, optimizer_s_per_byte: Mapping[str, float] | float | None = None) -> float:
     """Seconds per step no plan of ``global_batch`` samples on ``hosts`` can beat (LP above)."""
     profiles.ensure(hosts)
     D, K = len(hosts), profiles.num_blocks
     tau = np.stack([profiles.table(h)[0] + profiles.table(h)[1] for h in hosts])  # (D, K) s per sample
+    if isinstance(optimizer_s_per_byte, Mapping):
+        rate = np.array([float(optimizer_s_per_byte.get(h, 0.0)) for h in hosts])
+    else:
+        rate = np.full(D, float(optimizer_s_per_byte or 0.0))
+    opt = rate[:, None] * np.asarray(profiles.param_bytes, dtype=float)[None, :]   # (D, K) s per update
     w = memory.alpha * np.asarray(profiles.param_bytes, dtype=float)               # (K,) bytes held per block
     nx = D * K                                                                     # x, then y, then T
     n = 2 * nx + 1
@@ -45,10 +52,12 @@ def lower_bound(profiles: Profiles, hosts: Sequence[str], budget: Mapping[str, f
     for d in range(D):
         for k in range(K):
             row([d * K + k, nx + d * K + k], [1.0, -1.0], -np.inf, 0.0)
-        scale = max(float(tau[d].sum()) * global_batch, 1e-30)
-        row([d * K + k for k in range(K)] + [2 * nx], list(global_batch * tau[d] / scale) + [-1.0 / scale],
-            -np.inf, 0.0)
+        scale = max(float(tau[d].sum()) * global_batch + float(opt[d].sum()), 1e-30)
+        row([d * K + k for k in range(K)] + [nx + d * K + k for k in range(K)] + [2 * nx],
+            list(global_batch * tau[d] / scale) + list(opt[d] / scale) + [-1.0 / scale], -np.inf, 0.0)
         room = max(0.0, budget[hosts[d]] - memory.base)
+        if not np.isfinite(room):
+            continue  # no memory limit given for this device
         big = max(float(w.sum()), 1.0)
         row([nx + d * K + k for k in range(K)], list(w / big), -np.inf, room / big)
     A = coo_matrix((vals, (rows, cols)), shape=(len(lo), n)).tocsr()
