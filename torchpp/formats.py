@@ -872,6 +872,10 @@ class Capacities:
     ref_host: str
     capacity: dict[str, float]
     tables: dict[str, HostTable] = field(default_factory=dict)
+    call_overhead_s: dict[str, float] = field(default_factory=dict)
+    """Per host: the runtime's seconds per compute call its layers file measured
+    (``LayersFile.call_overhead_s``); optional (files written before it load without it), and a host
+    not in it is priced with the reference host's scaled by capacity."""
     format: str = f"torchpp.{CAPACITIES_KIND}/{CAPACITIES_VERSION}"
 
     def to_json(self) -> dict[str, Any]:
@@ -909,7 +913,9 @@ class Capacities:
                     raise t.fail(key, f"{len(fw)} numbers >= 0 (one per block) or absent", vals)
             tables[h] = HostTable(batch=t.int("batch", min_value=1), forward_time_s=fw, backward_time_s=bw,
                                   forward_fixed_s=f0, backward_fixed_s=b0)
-        return Capacities(ref_host=ref, capacity=capacity, tables=tables)
+        co = r.obj("call_overhead_s", {})
+        call = {_device_host(source, h): co.float(h, min_value=0.0, max_value=1e3) for h in co.data}
+        return Capacities(ref_host=ref, capacity=capacity, tables=tables, call_overhead_s=call)
 
     @staticmethod
     def load(path: str | os.PathLike) -> "Capacities":
