@@ -371,8 +371,9 @@ class LayersFile:
     """Wall time of each counted step."""
     call_overhead_s: float = 0.0
     """Seconds the pipeline runtime spends between two compute calls of a stage on this host
-    (dispatching, posting messages) beyond waiting for data; measured from timelines by
-    ``torchpp replan``, 0 in a profile. The cost model adds it to every forward and backward."""
+    (dispatching, posting messages) beyond waiting for data; measured by ``torchpp profile``'s call
+    probe (0 with ``--no-call-probe`` or when the probe failed) and from a run's timelines by
+    ``torchpp replan``. The cost model adds it to every forward and backward."""
     format: str = f"torchpp.{LAYERS_KIND}/{LAYERS_VERSION}"
 
     def to_json(self) -> dict[str, Any]:
