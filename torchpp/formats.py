@@ -371,8 +371,9 @@ class LayersFile:
     """Wall time of each counted step."""
     call_overhead_s: float = 0.0
     """Seconds the pipeline runtime spends between two compute calls of a stage on this host
-    (dispatching, posting messages) beyond waiting for data; measured from timelines by
-    ``torchpp replan``, 0 in a profile. The cost model adds it to every forward and backward."""
+    (dispatching, posting messages) beyond waiting for data; measured by ``torchpp profile``'s call
+    probe (0 with ``--no-call-probe`` or when the probe failed) and from a run's timelines by
+    ``torchpp replan``. The cost model adds it to every forward and backward."""
     format: str = f"torchpp.{LAYERS_KIND}/{LAYERS_VERSION}"
 
     def to_json(self) -> dict[str, Any]:
@@ -872,6 +873,10 @@ class Capacities:
     ref_host: str
     capacity: dict[str, float]
     tables: dict[str, HostTable] = field(default_factory=dict)
+    call_overhead_s: dict[str, float] = field(default_factory=dict)
+    """Per host: the runtime's seconds per compute call its layers file measured
+    (``LayersFile.call_overhead_s``); optional (files written before it load without it), and a host
+    not in it is priced with the reference host's scaled by capacity."""
     format: str = f"torchpp.{CAPACITIES_KIND}/{CAPACITIES_VERSION}"
 
     def to_json(self) -> dict[str, Any]:
@@ -909,7 +914,9 @@ class Capacities:
                     raise t.fail(key, f"{len(fw)} numbers >= 0 (one per block) or absent", vals)
             tables[h] = HostTable(batch=t.int("batch", min_value=1), forward_time_s=fw, backward_time_s=bw,
                                   forward_fixed_s=f0, backward_fixed_s=b0)
-        return Capacities(ref_host=ref, capacity=capacity, tables=tables)
+        co = r.obj("call_overhead_s", {})
+        call = {_device_host(source, h): co.float(h, min_value=0.0, max_value=1e3) for h in co.data}
+        return Capacities(ref_host=ref, capacity=capacity, tables=tables, call_overhead_s=call)
 
     @staticmethod
     def load(path: str | os.PathLike) -> "Capacities":

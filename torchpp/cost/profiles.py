@@ -35,7 +35,8 @@ class Profiles:
     fwd0: dict[str, np.ndarray] = field(default_factory=dict)
     bwd0: dict[str, np.ndarray] = field(default_factory=dict)
     call: dict[str, float] = field(default_factory=dict)
-    """Per host: runtime seconds per forward or backward call of a stage (LayersFile.call_overhead_s)."""
+    """Per host: runtime seconds per forward or backward call of a stage (LayersFile.call_overhead_s;
+    for a host priced from capacities.json, its ``call_overhead_s`` entry: see capacity_call)."""
     origin: dict[str, str] = field(default_factory=dict)
     """How each host's table was obtained (its layers file, capacities table, or scaled)."""
     capacities: Capacities | None = None
@@ -109,6 +110,7 @@ class Profiles:
                                           len(t.forward_time_s))
                     p.set_table(h, t.forward_time_s, t.backward_time_s, t.batch, f"{capacities_source} tables.{h}",
                                 t.forward_fixed_s or None, t.backward_fixed_s or None)
+                    p.call[h] = p.capacity_call(h)
         return p
 
     def set_table(self, host: str, fwd: Sequence[float], bwd: Sequence[float], batch: int, origin: str,
@@ -143,8 +145,21 @@ class Profiles:
             self.bwd[h] = self.bwd[cap.ref_host] / c
             self.fwd0[h] = self.fwd0[cap.ref_host] / c
             self.bwd0[h] = self.bwd0[cap.ref_host] / c
-            self.call[h] = self.call.get(cap.ref_host, 0.0) / c
+            self.call[h] = self.capacity_call(h)
             self.origin[h] = f"{cap.ref_host} table / capacity {c:.3g}"
+
+    def capacity_call(self, host: str) -> float:
+        """Runtime seconds per call of a host without a layers file: its own, measured on it by
+        ``torchpp profile``'s call probe and carried in capacities.json, else the reference
+        host's scaled by capacity (a capacities file from before the field, or a host not probed)."""
+        cap = self.capacities
+        if cap is None:
+            return 0.0
+        if host in cap.call_overhead_s:
+            return cap.call_overhead_s[host]
+        ref = self.call.get(cap.ref_host, cap.call_overhead_s.get(cap.ref_host, 0.0))
+        c = cap.capacity.get(host, 0.0) / cap.capacity[cap.ref_host]
+        return ref / c if c > 0 else 0.0
 
     def table(self, host: str) -> tuple[np.ndarray, np.ndarray]:
         if host not in self.fwd:

@@ -3,6 +3,8 @@
 ``capacity[h]`` = median over decoder layers of (reference forward time / h's forward time), both
 per sample. Every measured host's own block table is kept too: the planner prices a host from
 its own table where it has one and from the scaled reference table only where it does not.
+Each file's ``call_overhead_s`` (the runtime's seconds per compute call, measured by the profile's
+call probe on that host) is carried too: a host priced from capacities keeps its own.
 """
 from __future__ import annotations
 
@@ -36,7 +38,9 @@ def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequ
                                     backward_time_s=[b.backward_time_s for b in bl],
                                     forward_fixed_s=[b.forward_fixed_s for b in bl],
                                     backward_fixed_s=[b.backward_fixed_s for b in bl])
-    return Capacities(ref_host=ref_host, capacity=capacity, tables=tables)
+    # each host's own, measured where it runs (0: not probed, so left out and scaled from the reference)
+    call = {lf.host: lf.call_overhead_s for lf in files if lf.call_overhead_s > 0}
+    return Capacities(ref_host=ref_host, capacity=capacity, tables=tables, call_overhead_s=call)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -52,5 +56,5 @@ def run(args: argparse.Namespace) -> int:
     cap.save(args.out)
     print(f"wrote {args.out} (reference {cap.ref_host})")
     for h, c in sorted(cap.capacity.items(), key=lambda kv: -kv[1]):
-        print(f"  {h:<16} capacity {c:.3f}")
+        print(f"  {h:<16} capacity {c:.3f}  runtime {1e3 * cap.call_overhead_s.get(h, 0.0):.3f} ms/call")
     return 0
