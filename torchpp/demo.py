@@ -364,7 +364,7 @@ class Demo:
             # whole model while the others repeat theirs, so it sees the contention a training step will
             ref = shlex.quote(self.hosts.names[0])
             speed = f"{cmd} --layers {c.capacity_layers} --out {q}/speed_\"$HOST\".json"
-            again = f"{cmd} --layers {c.capacity_layers} --out {q}/busy_\"$HOST\".json"
+            again = f"{cmd} --layers {c.capacity_layers} --no-call-probe --out {q}/busy_\"$HOST\".json"
             shell = (f"{speed} || exit 1; if [ \"$HOST\" = {ref} ]; then exec {cmd} --out {q}/layers_\"$HOST\".json; "
                      f"else exec {again}; fi")
         argv = self.hosts.each_host(shell, self.path("logs", "profile"))

@@ -64,12 +64,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     out = Path(args.out or f"layers_{host}.json")
     tw = TraceWriter(world_size=1, rank=0) if args.trace else None
+    # the probe first: its two ranks start while this process holds no model yet (a small host's memory)
+    call_s = None if args.no_call_probe else call_overhead(args.threads, args.quiet)
     try:
         lf = measure_layers(pc, progress=None if args.quiet else stderr_progress(pc.model), trace=tw)
     except ModelSpecError as e:
         raise UsageError(str(e)) from None
-    if not args.no_call_probe:
-        lf.call_overhead_s = call_overhead(args.threads, args.quiet)
+    if call_s is not None:
+        lf.call_overhead_s = call_s
     lf.save(out)
     if tw is not None:
         tw.save(args.trace)
