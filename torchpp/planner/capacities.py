@@ -3,6 +3,7 @@
 ``capacity[h]`` = median over decoder layers of (reference forward time / h's forward time), both
 per sample. Every measured host's own block table is kept too: the planner prices a host from
 its own table where it has one and from the scaled reference table only where it does not.
+Each host's measured optimizer rate (``optimizer_s_per_byte``) travels with it the same way.
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequ
                                     backward_time_s=[b.backward_time_s for b in bl],
                                     forward_fixed_s=[b.forward_fixed_s for b in bl],
                                     backward_fixed_s=[b.backward_fixed_s for b in bl])
-    return Capacities(ref_host=ref_host, capacity=capacity, tables=tables)
+    opt = {lf.host: lf.optimizer_s_per_byte for lf in files if lf.optimizer_s_per_byte is not None}
+    return Capacities(ref_host=ref_host, capacity=capacity, tables=tables, optimizer_s_per_byte=opt)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
