@@ -131,7 +131,7 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
                         progress(phase + tag, k + 1, n, st.wall_s)
     finally:
         rss_hook.remove()
-    opt_s, opt_bytes = measure_optimizer(model, pc, timer, progress)
+    opt_s, opt_bytes = measure_optimizer(model, pc, timer)
     steps = by_batch[pc.batch]
     if trace is not None:
         write_trace(trace, steps, pc)
@@ -171,8 +171,7 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
 _OPTIMIZER_SPAN = 1
 
 
-def measure_optimizer(model: torch.nn.Module, pc: ProfileConfig, timer,
-                      progress: Callable[[str, int, int, float], None] | None = None) -> tuple[list[float], int]:
+def measure_optimizer(model: torch.nn.Module, pc: ProfileConfig, timer) -> tuple[list[float], int]:
     """Seconds of each counted optimizer step over ``model``'s parameters, and their bytes.
 
     The step is the runtime's: ``make_optimizer`` and ``SteppedOptimizer`` with ``torchpp.train``'s
@@ -198,12 +197,8 @@ def measure_optimizer(model: torch.nn.Module, pc: ProfileConfig, timer,
         stepper.step()
         timer.end(slot)
         _, t0, t1 = (int(x) for x in timer.read()[0])
-        counted = i >= warmup
-        if counted:
+        if i >= warmup:
             times.append((t1 - t0) * 1e-9)
-        if progress:
-            phase, k, n = ("optimizer", i - warmup, pc.iters) if counted else ("optimizer warmup", i, warmup)
-            progress(phase, k + 1, n, (t1 - t0) * 1e-9)
     stepper.zero_grad(set_to_none=True)
     return times, sum(p.numel() * p.element_size() for p in params)
 
