@@ -54,5 +54,6 @@ def run(args: argparse.Namespace) -> int:
     cap.save(args.out)
     print(f"wrote {args.out} (reference {cap.ref_host})")
     for h, c in sorted(cap.capacity.items(), key=lambda kv: -kv[1]):
-        print(f"  {h:<16} capacity {c:.3f}")
+        opt = cap.optimizer_s_per_byte.get(h)
+        print(f"  {h:<16} capacity {c:.3f}" + (f", optimizer step {opt * 1e9:.3g} s/GB" if opt else ""))
     return 0
