@@ -293,7 +293,7 @@ def optimizer_origin(costs: Costs) -> str:
         return costs.optimizer_source
     opt = costs.optimizer_s_per_byte
     if isinstance(opt, dict) and opt:
-        return "given per host: " + ", ".join(f"{h} {v * 1e9:.3g} s/GB" for h, v in opt.items())
+        return "per host: " + ", ".join(f"{h} {v * 1e9:.3g} s/GB" for h, v in opt.items())
     if opt:
         return f"given: {opt * 1e9:g} s/GB on every host"
     return "none (priced at 0)"
