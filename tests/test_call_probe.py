@@ -150,3 +150,21 @@ def test_call_overhead_lengthens_a_single_stage_step_by_calls_times_overhead(hos
     step_without, _ = price(plan, without, links)
     c = {"a": 0.002, "b": 0.007}[host]
     assert step_with - step_without == pytest.approx(2 * m * c, rel=1e-9)
+
+
+def test_probe_refuses_before_starting_ranks_where_memory_is_short(monkeypatch):
+    """On a small host two more processes would have the kernel kill the profile itself: the probe
+    says so (and starts nothing) instead."""
+    monkeypatch.setattr(call_probe, "memory_room", lambda: 100 * 2**20)
+    monkeypatch.setattr(call_probe, "probe_memory_needed", lambda: 600 * 2**20)
+    started = []
+    monkeypatch.setattr("torchpp.runtime.launch.RankPool.__init__", lambda *a, **k: started.append(1))
+    with pytest.raises(CallProbeError, match="600 MiB.*100 MiB"):
+        probe_call_overhead(CallProbeConfig())
+    assert not started
+
+
+def test_memory_room_is_positive_and_at_most_the_machine_s():
+    import psutil
+
+    assert 0 < call_probe.memory_room() <= psutil.virtual_memory().total

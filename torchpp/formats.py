@@ -374,6 +374,10 @@ class LayersFile:
     (dispatching, posting messages) beyond waiting for data; measured by ``torchpp profile``'s call
     probe (0 with ``--no-call-probe`` or when the probe failed) and from a run's timelines by
     ``torchpp replan``. The cost model adds it to every forward and backward."""
+    optimizer_s_per_byte: float | None = None
+    """Seconds per parameter byte of one optimizer step as the runtime takes it (its optimizer,
+    fused where torch has it, the global gradient norm), timed by ``torchpp profile`` over the
+    profiled model's parameters. Optional: None (absent) = not measured (files before it)."""
     format: str = f"torchpp.{LAYERS_KIND}/{LAYERS_VERSION}"
 
     def to_json(self) -> dict[str, Any]:
@@ -381,6 +385,8 @@ class LayersFile:
         for b in (d["embed"], d["tail"], *d["layers"]):
             if b.get("backward_input_time_s") is None:
                 b.pop("backward_input_time_s", None)
+        if d.get("optimizer_s_per_byte") is None:
+            d.pop("optimizer_s_per_byte", None)
         return {"format": d.pop("format"), **d}
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -400,6 +406,7 @@ class LayersFile:
             step_time_s=r.float("step_time_s", positive=True), peak_rss_bytes=r.int("peak_rss_bytes", min_value=0),
             step_samples_s=r.floats("step_samples_s", []),
             call_overhead_s=r.float("call_overhead_s", 0.0, min_value=0.0),
+            optimizer_s_per_byte=r.float("optimizer_s_per_byte", None, positive=True),
         )
         if len(lf.layers) != lf.model.num_layers:
             raise FormatError(source, "layers", f"{lf.model.num_layers} entries (model.num_layers)", len(lf.layers))
@@ -877,10 +884,14 @@ class Capacities:
     """Per host: the runtime's seconds per compute call its layers file measured
     (``LayersFile.call_overhead_s``); optional (files written before it load without it), and a host
     not in it is priced with the reference host's scaled by capacity."""
+    optimizer_s_per_byte: dict[str, float] = field(default_factory=dict)
+    """Per measured host: its layers file's ``optimizer_s_per_byte`` (hosts not measured absent)."""
     format: str = f"torchpp.{CAPACITIES_KIND}/{CAPACITIES_VERSION}"
 
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)
+        if not d["optimizer_s_per_byte"]:
+            d.pop("optimizer_s_per_byte")
         return {"format": d.pop("format"), **d}
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -916,11 +927,21 @@ class Capacities:
                                   forward_fixed_s=f0, backward_fixed_s=b0)
         co = r.obj("call_overhead_s", {})
         call = {_device_host(source, h): co.float(h, min_value=0.0, max_value=1e3) for h in co.data}
-        return Capacities(ref_host=ref, capacity=capacity, tables=tables, call_overhead_s=call)
+        return Capacities(ref_host=ref, capacity=capacity, tables=tables, call_overhead_s=call,
+                          optimizer_s_per_byte=_host_rates(r, "optimizer_s_per_byte", capacity))
 
     @staticmethod
     def load(path: str | os.PathLike) -> "Capacities":
         return _load(path, Capacities.parse)
+
+
+def _host_rates(r: Reader, key: str, capacity: Mapping[str, float]) -> dict[str, float]:
+    """An optional ``{host: number > 0}`` map over hosts of ``capacity`` (absent: empty)."""
+    m = r.obj(key, {})
+    for h in m.data:
+        if h not in capacity:
+            raise m.fail(h, f"a host in 'capacity' ({', '.join(sorted(capacity))})", h)
+    return {h: m.float(h, positive=True) for h in m.data}
 
 
 MEMORY_KIND, MEMORY_VERSION = "memory_model", 1

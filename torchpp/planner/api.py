@@ -57,8 +57,9 @@ class PlanInputs:
     """Override the model's tied embeddings."""
     seq_len: int | None = None
     """Estimate: tokens per sample (default 128); measured: must equal the layers files'."""
-    optimizer_s_per_gb: float = 0.0
-    """Optimizer step seconds per GB of parameters (not measured by profile)."""
+    optimizer_s_per_gb: float | None = None
+    """Optimizer step seconds per GB of parameters on every host; None: each host's rate measured
+    by ``torchpp profile`` (its layers file, capacities.json, or the reference's over capacity)."""
     dtype: str | None = None
     """Measured: the precision to plan for; it must be the layers files' (they price it). None: theirs."""
 
@@ -85,6 +86,8 @@ class Costs:
     devices: Devices | None = None
     """devices.json: its ranks are kept when every planned host has one."""
     optimizer_s_per_byte: float | dict[str, float] | None = None
+    optimizer_source: str = ""
+    """Where the optimizer rate came from, for the plan's output ("" : given by the caller)."""
     sources: dict[str, Path | list[Path]] = field(default_factory=dict)
     """Input files, hashed into plan.json's ``inputs``."""
 
@@ -176,8 +179,11 @@ def load(inputs: PlanInputs) -> Costs:
         memory = MemoryEstimator.analytic(inputs.activation_factor or ANALYTIC_KP)
     costs.memory = memory
     costs.budget = memory.budgets(costs.budget)
-    if inputs.optimizer_s_per_gb:
+    if inputs.optimizer_s_per_gb is not None:
         costs.optimizer_s_per_byte = inputs.optimizer_s_per_gb / 1e9
+        costs.optimizer_source = f"given: {inputs.optimizer_s_per_gb:g} s/GB on every host (--optimizer-s-per-gb)"
+    elif not costs.optimizer_source:
+        costs.optimizer_source = "none: not measured (profile the hosts again, or pass --optimizer-s-per-gb)"
     return costs
 
 
@@ -219,10 +225,35 @@ def _load_measured(inputs: PlanInputs) -> Costs:
             raise FormatError(str(inputs.devices), h, "a host with a layers file or an entry in capacities.json "
                               f"(measured: {', '.join(sorted(prof.fwd))})")
     bw = Bandwidth.load(inputs.bandwidth)
+    opt, opt_source = measured_optimizer(files, [str(x) for x in paths], cap, str(inputs.capacities), dv.hosts)
     return Costs(profiles=prof, links=Links(bw, str(inputs.bandwidth)), hosts=dv.hosts,
                  budget={h: dv.memory_bytes(h) for h in dv.hosts}, memory=None, devices=dv,
+                 optimizer_s_per_byte=opt, optimizer_source=opt_source,
                  sources=dict(layers=paths, capacities=inputs.capacities, bandwidth=inputs.bandwidth,
                               devices=Path(inputs.devices)))
+
+
+def measured_optimizer(files: Sequence[LayersFile], sources: Sequence[str], cap: Capacities | None, cap_source: str,
+                       hosts: Sequence[str]) -> tuple[dict[str, float] | None, str]:
+    """Each host's optimizer seconds per parameter byte as ``torchpp profile`` measured it, and a
+    line saying where each came from: its layers file, capacities.json's map, or the reference
+    host's rate over the host's capacity. Hosts with none are priced at 0; (None, "") when none has one."""
+    found: dict[str, tuple[float, str]] = {
+        lf.host: (lf.optimizer_s_per_byte, src) for lf, src in zip(files, sources) if lf.optimizer_s_per_byte}
+    if cap is not None:
+        for h, v in cap.optimizer_s_per_byte.items():
+            found.setdefault(h, (v, f"{cap_source} optimizer_s_per_byte"))
+        ref = found.get(cap.ref_host)
+        for h in hosts:
+            if h not in found and ref is not None and h in cap.capacity:
+                c = cap.capacity[h] / cap.capacity[cap.ref_host]
+                found[h] = (ref[0] / c, f"{cap.ref_host}'s / capacity {c:.3g}")
+    rates = {h: found[h] for h in hosts if h in found}
+    if not rates:
+        return None, ""
+    parts = [f"{h} {v * 1e9:.3g} s/GB ({src})" for h, (v, src) in rates.items()]
+    parts += [f"{h} 0 (not measured)" for h in hosts if h not in rates]
+    return {h: v for h, (v, _) in rates.items()}, "measured per host by profile: " + ", ".join(parts)
 
 
 # ----------------------------------------------------------------------------- planning
@@ -241,16 +272,31 @@ def plan(inputs: PlanInputs | Costs, options: PlanOptions, *, progress: Progress
     say = progress or (lambda _: None)
     say(f"planning {prof.model.name} ({prof.model.num_layers} layers) on {len(hosts)} device(s), "
         f"global batch {options.global_batch}; memory: {costs.memory.source}")
+    opt_source = optimizer_origin(costs)
+    say(f"optimizer step: {opt_source}")
     res = search(pb, progress=progress)
     chosen = res.plan
     if costs.devices is not None:
         apply_fixed_ranks(chosen, costs.devices)
     pred, tl = predict(chosen, prof, costs.links, costs.memory, costs.budget, opt)
+    pred["optimizer"] = opt_source
     chosen.predicted = pred
     chosen.inputs = input_hashes(costs.sources)
     compare = compare_plans(options.compare, chosen, pb, costs.budget, say) if options.compare else []
     meta = _meta(res, chosen, pb, options, compare, extra_meta)
     return PlanResult(plan=chosen, problem=pb, timeline=tl, meta=meta, compare=compare)
+
+
+def optimizer_origin(costs: Costs) -> str:
+    """Where ``costs``' optimizer rate came from (``Costs.optimizer_source``, else the rates given)."""
+    if costs.optimizer_source:
+        return costs.optimizer_source
+    opt = costs.optimizer_s_per_byte
+    if isinstance(opt, dict) and opt:
+        return "per host: " + ", ".join(f"{h} {v * 1e9:.3g} s/GB" for h, v in opt.items())
+    if opt:
+        return f"given: {opt * 1e9:g} s/GB on every host"
+    return "none (priced at 0)"
 
 
 def _meta(res: Any, chosen: Plan, pb: Any, options: PlanOptions, compare: list[dict],
@@ -271,7 +317,7 @@ def _meta(res: Any, chosen: Plan, pb: Any, options: PlanOptions, compare: list[d
                    "num_microbatches": chosen.num_microbatches, "devices": chosen.world_size,
                    "idle": [h for h in hosts if h not in {d.host for s in chosen.stages for d in s.devices}]},
         "predicted": {k: chosen.predicted[k] for k in ("step_time_s", "throughput_samples_per_s", "lower_bound_s",
-                                                       "ratio_to_lower_bound", "bubble")},
+                                                       "ratio_to_lower_bound", "bubble", "optimizer")},
         "compare": compare, "inputs": chosen.inputs, **(extra or {}),
     }
 

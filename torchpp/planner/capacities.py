@@ -5,6 +5,7 @@ per sample. Every measured host's own block table is kept too: the planner price
 its own table where it has one and from the scaled reference table only where it does not.
 Each file's ``call_overhead_s`` (the runtime's seconds per compute call, measured by the profile's
 call probe on that host) is carried too: a host priced from capacities keeps its own.
+Each host's measured optimizer rate (``optimizer_s_per_byte``) travels with it the same way.
 """
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequ
                                     backward_fixed_s=[b.backward_fixed_s for b in bl])
     # each host's own, measured where it runs (0: not probed, so left out and scaled from the reference)
     call = {lf.host: lf.call_overhead_s for lf in files if lf.call_overhead_s > 0}
-    return Capacities(ref_host=ref_host, capacity=capacity, tables=tables, call_overhead_s=call)
+    opt = {lf.host: lf.optimizer_s_per_byte for lf in files if lf.optimizer_s_per_byte is not None}
+    return Capacities(ref_host=ref_host, capacity=capacity, tables=tables, call_overhead_s=call,
+                      optimizer_s_per_byte=opt)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -56,5 +59,7 @@ def run(args: argparse.Namespace) -> int:
     cap.save(args.out)
     print(f"wrote {args.out} (reference {cap.ref_host})")
     for h, c in sorted(cap.capacity.items(), key=lambda kv: -kv[1]):
-        print(f"  {h:<16} capacity {c:.3f}  runtime {1e3 * cap.call_overhead_s.get(h, 0.0):.3f} ms/call")
+        opt = cap.optimizer_s_per_byte.get(h)
+        print(f"  {h:<16} capacity {c:.3f}  runtime {1e3 * cap.call_overhead_s.get(h, 0.0):.3f} ms/call"
+              + (f", optimizer step {opt * 1e9:.3g} s/GB" if opt else ""))
     return 0

@@ -134,6 +134,7 @@ def summary_text(plan: Plan, meta: dict[str, Any], compare: Sequence[dict] = ())
         f"lower bound (all work over all capacity, weights within memory) {p.get('lower_bound_s', float('nan')):.4g} s, "
         f"ratio {p.get('ratio_to_lower_bound', float('nan')):.3f}",
         f"memory: {p.get('memory_model', '')}",
+        *([f"optimizer step: {p['optimizer']}"] if p.get("optimizer") else []),
         "",
         "stage  layers      hosts (samples)                  fwd/mb    bwd/mb   recomp   comm/step  allreduce  memory / budget",
     ]

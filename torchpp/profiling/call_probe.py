@@ -118,6 +118,32 @@ def read_call_gaps(trace_dir: Path) -> tuple[list[float], list[int]]:
     return gaps, steps
 
 
+def memory_room() -> float:
+    """Bytes this process may still add: the machine's available memory, or less where its cgroup
+    (v2) has a limit (an emulated host, a container)."""
+    import psutil
+
+    room = float(psutil.virtual_memory().available)
+    try:
+        rel = next(line.split(":", 2)[2].strip() for line in Path("/proc/self/cgroup").read_text().splitlines()
+                   if line.startswith("0::"))
+        d = Path("/sys/fs/cgroup") / rel.lstrip("/")
+        limit = (d / "memory.max").read_text().strip()
+        if limit != "max":
+            room = min(room, float(limit) - float((d / "memory.current").read_text()))
+    except (OSError, StopIteration, ValueError):
+        pass  # no cgroup v2 here: the machine's figure stands
+    return room
+
+
+def probe_memory_needed() -> float:
+    """What the probe's two ranks take: each a process like this one (torch and the runtime
+    imported) plus a tiny model, so twice this process's resident size."""
+    import psutil
+
+    return 2.0 * psutil.Process().memory_info().rss
+
+
 def probe_call_overhead(cfg: CallProbeConfig = CallProbeConfig(), workdir: Path | None = None) -> CallProbeResult:
     """Train ``cfg``'s pipeline on two local ranks and return the mean runtime time per call.
 
@@ -126,6 +152,11 @@ def probe_call_overhead(cfg: CallProbeConfig = CallProbeConfig(), workdir: Path 
     """
     from ..runtime.launch import RankError, RankPool, RanksTimedOut
 
+    need, room = probe_memory_needed(), memory_room()
+    if need > room:  # two more processes would have the kernel kill this one (a small host's memory limit)
+        raise CallProbeError(f"two more processes need ~{need / 2**20:.0f} MiB, this host has {room / 2**20:.0f} MiB "
+                             "free; hosts priced from capacities.json then take the reference host's value "
+                             "scaled by their capacity")
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="torchpp-call-probe-") as tmp:
         root = Path(workdir) if workdir is not None else Path(tmp)

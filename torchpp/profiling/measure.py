@@ -131,6 +131,7 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
                         progress(phase + tag, k + 1, n, st.wall_s)
     finally:
         rss_hook.remove()
+    opt_s, opt_bytes = measure_optimizer(model, pc, timer)
     steps = by_batch[pc.batch]
     if trace is not None:
         write_trace(trace, steps, pc)
@@ -163,7 +164,43 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
         embed=block(EMBED, None), tail=block(TAIL, None),
         layers=[block(n, i) for i, n in enumerate(names[1:-1])],
         step_time_s=statistics.fmean(walls), peak_rss_bytes=peak, step_samples_s=walls,
+        optimizer_s_per_byte=statistics.fmean(opt_s) / opt_bytes,
     )
+
+
+_OPTIMIZER_SPAN = 1
+
+
+def measure_optimizer(model: torch.nn.Module, pc: ProfileConfig, timer) -> tuple[list[float], int]:
+    """Seconds of each counted optimizer step over ``model``'s parameters, and their bytes.
+
+    The step is the runtime's: ``make_optimizer`` and ``SteppedOptimizer`` with ``torchpp.train``'s
+    default optimizer and settings (AdamW, fused where torch has it, the global gradient norm),
+    on gradients of the parameters' own dtype. The first step allocates AdamW's moments, so at
+    least one warm-up step runs uncounted. Timed with the blocks' span timer."""
+    from ..runtime.optim import SteppedOptimizer
+    from ..runtime.trainer import TrainConfig, make_optimizer
+
+    train = TrainConfig(plan=Path("plan.json"))  # torchpp.train's defaults (the plan is not read)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise RuntimeError(f"{pc.model}: no trainable parameters to time the optimizer step on")
+    for p in params:
+        p.grad = torch.full_like(p, 1e-3)
+    optimizer = make_optimizer(train.optimizer, params, train.lr, train.weight_decay, train.adam_eps,
+                               tuple(train.adam_betas))
+    stepper = SteppedOptimizer(optimizer, params, train.optim_settings(), counts_stage=True, skip=None)
+    warmup, times = max(1, pc.warmup), []
+    for i in range(warmup + pc.iters):
+        timer.reset()
+        slot = timer.begin(_OPTIMIZER_SPAN)
+        stepper.step()
+        timer.end(slot)
+        _, t0, t1 = (int(x) for x in timer.read()[0])
+        if i >= warmup:
+            times.append((t1 - t0) * 1e-9)
+    stepper.zero_grad(set_to_none=True)
+    return times, sum(p.numel() * p.element_size() for p in params)
 
 
 def fit_fixed(rows: list[list[float]]) -> tuple[float, float]:
@@ -224,6 +261,10 @@ def format_summary(lf: LayersFile) -> str:
                      f"backward {b0 * 1e3:.3f} ms of the totals above do not grow with the samples")
     lines.append(f"step {lf.step_time_s * 1e3:.3f} ms (blocks cover {100 * (tot_f + tot_b) / lf.step_time_s:.1f}%), "
                  f"peak RSS {lf.peak_rss_bytes / 2**20:.1f} MiB")
+    if lf.optimizer_s_per_byte is not None:
+        params = sum(b.param_bytes for b in blocks) - (lf.embed_param_bytes if lf.model.tied_embeddings else 0)
+        lines.append(f"optimizer step {lf.optimizer_s_per_byte * params * 1e3:.3f} ms over {params / 2**20:.2f} MiB "
+                     f"of parameters: {lf.optimizer_s_per_byte * 1e9:.3g} s/GB")
     return "\n".join(lines)
 
 
