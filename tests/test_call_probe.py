@@ -168,3 +168,15 @@ def test_memory_room_is_positive_and_at_most_the_machine_s():
     import psutil
 
     assert 0 < call_probe.memory_room() <= psutil.virtual_memory().total
+
+
+def test_an_emulated_hosts_memory_limit_bounds_the_room(monkeypatch):
+    """In a cluster namespace the cgroup files are hidden (a fresh /sys): `cluster run` passes the
+    host's limit as TORCHPP_HOST_MEMORY, and the probe's check reads it."""
+    from torchpp.cluster.cluster import host_env
+
+    state = {"name": "c", "master_addr": "10.0.0.1", "master_port": 29500,
+             "hosts": [{"name": "pi", "cpu": 0.25, "memory": 750 * 2**20}]}
+    assert host_env(state, 0, base={})["TORCHPP_HOST_MEMORY"] == str(750 * 2**20)
+    monkeypatch.setenv("TORCHPP_HOST_MEMORY", str(300 * 2**20))
+    assert call_probe.memory_room() < 300 * 2**20
