@@ -171,8 +171,15 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
 _OPTIMIZER_SPAN = 1
 
 
+OPTIMIZER_SAMPLE_BYTES = 16 * 2**20
+"""Parameter bytes the optimizer step is timed on at most: its time is linear in them, and a host
+profiling a model it cannot train (gradients and two moments for every weight) must not run out
+of memory doing so."""
+
+
 def measure_optimizer(model: torch.nn.Module, pc: ProfileConfig, timer) -> tuple[list[float], int]:
-    """Seconds of each counted optimizer step over ``model``'s parameters, and their bytes.
+    """Seconds of each counted optimizer step over up to ``OPTIMIZER_SAMPLE_BYTES`` of ``model``'s
+    parameters (in model order, each tensor whole), and their bytes.
 
     The step is the runtime's: ``make_optimizer`` and ``SteppedOptimizer`` with ``torchpp.train``'s
     default optimizer and settings (AdamW, fused where torch has it, the global gradient norm),
@@ -182,7 +189,12 @@ def measure_optimizer(model: torch.nn.Module, pc: ProfileConfig, timer) -> tuple
     from ..runtime.trainer import TrainConfig, make_optimizer
 
     train = TrainConfig(plan=Path("plan.json"))  # torchpp.train's defaults (the plan is not read)
-    params = [p for p in model.parameters() if p.requires_grad]
+    params, size = [], 0
+    for p in (p for p in model.parameters() if p.requires_grad):
+        if params and size + p.numel() * p.element_size() > OPTIMIZER_SAMPLE_BYTES:
+            continue
+        params.append(p)
+        size += p.numel() * p.element_size()
     if not params:
         raise RuntimeError(f"{pc.model}: no trainable parameters to time the optimizer step on")
     for p in params:
