@@ -518,7 +518,8 @@ def load(root: str | Path, step: int, *, rank: int, stage: Stage, optimizer: tor
                 f = optim_index[k]
                 if f not in handles:
                     handles[f] = safe_open(str(d / f), framework="pt").__enter__()
-                st[k.split("::", 1)[1]] = handles[f].get_tensor(k)
+                # a copy: the tensor would map the file, which a later checkpoint recycles in place
+                st[k.split("::", 1)[1]] = handles[f].get_tensor(k).clone()
             state[i] = st
     finally:
         for h in handles.values():
