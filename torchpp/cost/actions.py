@@ -16,6 +16,14 @@ from .profiles import Profiles
 from .stage import StageTime, stage_time
 
 
+def optimizer_rate(optimizer_s_per_byte: Mapping[str, float] | float | None, host: str) -> float:
+    """Seconds per parameter byte of ``host``'s optimizer step: its entry in a per-host map, or the one
+    rate given for every host (0 where none is known)."""
+    if isinstance(optimizer_s_per_byte, Mapping):
+        return float(optimizer_s_per_byte.get(host, 0.0))
+    return float(optimizer_s_per_byte or 0.0)
+
+
 @dataclass
 class _RankCost:
     host: str
@@ -51,10 +59,7 @@ class MeasuredCost:
         for r in plan.ranks:
             chunks = plan.stages_of_rank(r)
             host = chunks[0].device(r).host
-            if isinstance(optimizer_s_per_byte, Mapping):
-                o = optimizer_s_per_byte.get(host, 0.0)
-            else:
-                o = float(optimizer_s_per_byte or 0.0)
+            o = optimizer_rate(optimizer_s_per_byte, host)
             w = sum(profiles.stage_param_bytes(s) for s in chunks)
             if chunks[0].has_embed and chunks[-1].has_tail and len(chunks) > 1:
                 w -= profiles.tied_bytes  # one copy of the tied weight, stepped once

@@ -24,6 +24,7 @@ from scipy.optimize import linprog
 from scipy.sparse import coo_matrix
 
 from ..cost import MemoryEstimator, Profiles
+from ..cost.actions import optimizer_rate
 
 
 def lower_bound(profiles: Profiles, hosts: Sequence[str], budget: Mapping[str, float], memory: MemoryEstimator,
@@ -32,10 +33,7 @@ def lower_bound(profiles: Profiles, hosts: Sequence[str], budget: Mapping[str, f
     profiles.ensure(hosts)
     D, K = len(hosts), profiles.num_blocks
     tau = np.stack([profiles.table(h)[0] + profiles.table(h)[1] for h in hosts])  # (D, K) s per sample
-    if isinstance(optimizer_s_per_byte, Mapping):
-        rate = np.array([float(optimizer_s_per_byte.get(h, 0.0)) for h in hosts])
-    else:
-        rate = np.full(D, float(optimizer_s_per_byte or 0.0))
+    rate = np.array([optimizer_rate(optimizer_s_per_byte, h) for h in hosts])
     opt = rate[:, None] * np.asarray(profiles.param_bytes, dtype=float)[None, :]   # (D, K) s per update
     w = memory.alpha * np.asarray(profiles.param_bytes, dtype=float)               # (K,) bytes held per block
     nx = D * K                                                                     # x, then y, then T
