@@ -106,6 +106,11 @@ def kill_and_compare(tmp_path: Path, launcher, background: bool = True) -> None:
     # the decisions are in the run's metrics and TensorBoard
     events = [json.loads(x) for x in (logs / "metrics.jsonl").read_text().splitlines()]
     assert [e["kind"] for e in events if e.get("event", "").startswith("elastic_")] == ["failure", "plan", "resume"]
+    steps_seen = [e for e in events if "step" in e and "loss" in e]
+    # what the background writer cost each stage inside the step is recorded (only then)
+    assert all(("checkpoint_wait_s" in e) == background for e in steps_seen)
+    assert all(len(e["checkpoint_wait_s"]) == len(e["compute_s"]) and min(e["checkpoint_wait_s"]) >= 0
+               for e in steps_seen if background)
     assert any(p.name.startswith("events.out.tfevents") for p in logs.iterdir())
     elastic_losses = _losses(logs)
 

@@ -26,9 +26,9 @@ def _threads():
     torch.set_num_threads(old)
 
 
-def _layers(host: str, rate: float | None, speed: float = 1.0) -> LayersFile:
+def _layers(host: str, rate: float | None, speed: float = 1.0, tied: bool = False) -> LayersFile:
     lf = layers_file(host, num_layers=L, speed=speed, batch=4, layer_param_bytes=LAYER_BYTES,
-                     embed_param_bytes=EMBED_BYTES, tail_param_bytes=TAIL_BYTES, tied=False)
+                     embed_param_bytes=EMBED_BYTES, tail_param_bytes=TAIL_BYTES, tied=tied)
     lf.optimizer_s_per_byte = rate
     return lf
 
@@ -41,9 +41,9 @@ def _inputs(d, files: list[LayersFile], hosts: list[str], cap: Capacities | None
                           capacities=cap.save(d / "capacities.json") if cap else None, **kw)
 
 
-def _one_stage_step(d, rate: float | None, **kw) -> float:
+def _one_stage_step(d, rate: float | None, tied: bool = False, **kw) -> float:
     """Step time of the one-device plan (one stage, micro-batches of 4) of host ``a``."""
-    res = api.plan(_inputs(d, [_layers("a", rate)], ["a"], **kw), api.PlanOptions(global_batch=8,
+    res = api.plan(_inputs(d, [_layers("a", rate, tied=tied)], ["a"], **kw), api.PlanOptions(global_batch=8,
                                                                                  micro_batch_sizes=[4]))
     assert res.plan.num_stages == 1 and res.plan.world_size == 1
     return res.plan.predicted["step_time_s"]
@@ -87,11 +87,13 @@ def test_capacities_carry_each_measured_hosts_rate(tmp_path):
 
 
 # ----------------------------------------------------------------------------- planner
-def test_measured_rate_lengthens_a_one_stage_plan_by_param_bytes_times_rate(tmp_path):
+@pytest.mark.parametrize("tied", [False, True])
+def test_measured_rate_lengthens_a_one_stage_plan_by_param_bytes_times_rate(tmp_path, tied):
     (tmp_path / "without").mkdir(), (tmp_path / "with").mkdir()
-    base = _one_stage_step(tmp_path / "without", None)
-    priced = _one_stage_step(tmp_path / "with", RATE)
-    params = EMBED_BYTES + L * LAYER_BYTES + TAIL_BYTES
+    base = _one_stage_step(tmp_path / "without", None, tied)
+    priced = _one_stage_step(tmp_path / "with", RATE, tied)
+    # tied: the tail's bytes include the embedding's weight (its lm_head), updated once on one device
+    params = EMBED_BYTES + L * LAYER_BYTES + TAIL_BYTES - (EMBED_BYTES if tied else 0)
     assert priced - base == pytest.approx(params * RATE, rel=1e-9)
     assert params * RATE > 0.05  # the difference is not lost in rounding
 

@@ -60,9 +60,7 @@ class MeasuredCost:
             chunks = plan.stages_of_rank(r)
             host = chunks[0].device(r).host
             o = optimizer_rate(optimizer_s_per_byte, host)
-            w = sum(profiles.stage_param_bytes(s) for s in chunks)
-            if chunks[0].has_embed and chunks[-1].has_tail and len(chunks) > 1:
-                w -= profiles.tied_bytes  # one copy of the tied weight, stepped once
+            w = profiles.rank_param_bytes(chunks)
             times = {s.index: stage_time(profiles, host, s) for s in chunks}
             self.rank[r] = _RankCost(host, chunks[0], times[chunks[0].index], o * w, times)
 

@@ -182,6 +182,12 @@ class Profiles:
     def stage_param_bytes(self, stage: PlanStage) -> float:
         return float(stage_weights(self, stage))
 
+    def rank_param_bytes(self, chunks: "list[PlanStage]") -> float:
+        """Parameter bytes of the chunks one rank holds, the tied weight once where they hold both
+        ends (one chunk holding the whole model included): what its one optimizer step updates."""
+        w = sum(self.stage_param_bytes(s) for s in chunks)
+        return w - (self.tied_bytes if chunks and chunks[0].has_embed and chunks[-1].has_tail else 0)
+
     def boundary_bytes(self, stage: PlanStage) -> float:
         """Bytes per sample of the stage's output (what its next stage receives)."""
         return float(boundary_bytes(self, stage))

@@ -10,7 +10,8 @@ run on device d) and ``y[d,k]`` (device d holds block k's weights), both relaxed
 
 ``τ[d,k]`` is block k's forward + backward seconds per sample on device d, ``o_d · P_k`` the
 optimizer step over block k's parameter bytes on device d (every device holding a block's
-weights updates them, and some device must: Σ_d y[d,k] ≥ 1). Activations, transfers,
+weights updates them, and some device must: Σ_d y[d,k] ≥ 1). A tied weight is counted in the
+embedding's block only: a device holding both ends holds and updates it once. Activations, transfers,
 all-reduces, per-call costs, recomputation and the pipeline's fill are left out, each of which
 can only add time, so every plan's replayed step is at least T. Without the memory rows, the
 optimizer and with uniform speeds this is the total work over the total capacity.
@@ -34,8 +35,10 @@ def lower_bound(profiles: Profiles, hosts: Sequence[str], budget: Mapping[str, f
     D, K = len(hosts), profiles.num_blocks
     tau = np.stack([profiles.table(h)[0] + profiles.table(h)[1] for h in hosts])  # (D, K) s per sample
     rate = np.array([optimizer_rate(optimizer_s_per_byte, h) for h in hosts])
-    opt = rate[:, None] * np.asarray(profiles.param_bytes, dtype=float)[None, :]   # (D, K) s per update
-    w = memory.alpha * np.asarray(profiles.param_bytes, dtype=float)               # (K,) bytes held per block
+    held = np.asarray(profiles.param_bytes, dtype=float).copy()
+    held[-1] = max(0.0, held[-1] - profiles.tied_bytes)  # a device holding both ends holds the tied weight once
+    opt = rate[:, None] * held[None, :]                                            # (D, K) s per update
+    w = memory.alpha * held                                                        # (K,) bytes held per block
     nx = D * K                                                                     # x, then y, then T
     n = 2 * nx + 1
     rows, cols, vals, lo, hi = [], [], [], [], []

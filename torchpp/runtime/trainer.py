@@ -475,11 +475,13 @@ def _train_step(ss: _Session, step: int, summary: TrainSummary) -> None:
     ids = ss.source.batch(step - 1) if ss.source is not None else None
     n_tokens = count_targets(ids) if ids is not None and chunks[-1].has_tail else None
     rec = _start_trace(ss, step) if cfg.trace_dir is not None and step in cfg.trace_steps else None
+    waited0 = ss.saver.waited_s if ss.saver is not None else 0.0
     t0 = time.perf_counter()
     with _torch_profiler(cfg, rec, step, rank):
         res = ss.executor.step(ids, n_tokens)
+    waited = (ss.saver.waited_s - waited0) if ss.saver is not None else 0.0
     stats = g(f"step {step}: statistics all-reduce with all ranks", _reduce_stats, res, chunks[0].index,
-              len(chunks[0].devices), S)
+              len(chunks[0].devices), S, waited)
     dt = time.perf_counter() - t0
     if rec is not None:
         summary.traces += _finish_trace(ss, step, rec)
@@ -487,7 +489,8 @@ def _train_step(ss: _Session, step: int, summary: TrainSummary) -> None:
     summary.step_times_s.append(dt)
     summary.steps_done = step
     extra = _step_extras(cfg, step, ss.stepper, ss.evaluator, ss.eval_source, g, summary)
-    _report_step(ss.log, step, cfg.steps, stats, S, dt, plan.global_batch * plan.seq_len, extra)
+    _report_step(ss.log, step, cfg.steps, stats, S, dt, plan.global_batch * plan.seq_len, extra,
+                 background=ss.saver is not None)
     if cfg.checkpoint_dir is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
                                            or step == cfg.steps):
         _checkpoint(cfg, ss.prep, step, g, ss.log, ss.saver, rank=rank, roles=ss.roles, stage=ss.stage,
@@ -634,30 +637,37 @@ _JSONL_NAMES = {"train/learning_rate": "lr", "train/grad_norm": "grad_norm", "ev
 
 
 def _report_step(log: _Log, step: int, steps: int, stats: torch.Tensor, S: int, dt: float,
-                 tokens_per_step: int, extra: dict[str, float]) -> None:
+                 tokens_per_step: int, extra: dict[str, float], background: bool = False) -> None:
     """Rank 0's progress line, metrics.jsonl record and TensorBoard scalars of one step
-    (``extra``: learning rate, gradient norm and evaluation loss, named as their scalars)."""
+    (``extra``: learning rate, gradient norm and evaluation loss, named as their scalars).
+    With background checkpoints, each stage's wait for the writer inside the step (part of its
+    compute) is recorded too: what a checkpoint every step costs, and where."""
     loss = float(stats[0])
     comp = [float(x) for x in stats[1:1 + S]]
     wait = [float(x) for x in stats[1 + S:1 + 2 * S]]
+    ck = {"checkpoint_wait_s": [float(x) for x in stats[1 + 2 * S:1 + 3 * S]]} if background else {}
     ev = f"  eval {extra['eval/loss']:.4f}" if "eval/loss" in extra else ""
     log.print(f"step {step:>5}/{steps}  loss {loss:.4f}{ev}  lr {extra['train/learning_rate']:.3g}  "
               f"|g| {extra['train/grad_norm']:.3g}  {dt:.3f} s  {tokens_per_step / dt:,.0f} tok/s  "
               f"compute/stage {' '.join(f'{c:.3f}' for c in comp)} s")
     log.event({"step": step, "loss": loss, "step_time_s": dt, "tokens_per_s": tokens_per_step / dt,
-               "compute_s": comp, "comm_wait_s": wait, **{_JSONL_NAMES[k]: v for k, v in extra.items()},
+               "compute_s": comp, "comm_wait_s": wait, **ck, **{_JSONL_NAMES[k]: v for k, v in extra.items()},
                "time": time.time()})  # wall clock: the period between steps includes what follows a step
     log.scalars(step, {"train/loss": loss, "perf/step_time_s": dt, "perf/tokens_per_s": tokens_per_step / dt, **extra,
                        **{f"stage{s}/compute_s": comp[s] for s in range(S)},
-                       **{f"stage{s}/comm_wait_s": wait[s] for s in range(S)}})
+                       **{f"stage{s}/comm_wait_s": wait[s] for s in range(S)},
+                       **{f"stage{s}/checkpoint_wait_s": w for s, w in enumerate(ck.get("checkpoint_wait_s", []))}})
 
 
-def _reduce_stats(res: StepResult, stage: int, group: int, num_stages: int) -> torch.Tensor:
-    """[global loss, mean compute s per stage..., mean comm-wait s per stage...] on every rank."""
-    v = torch.zeros(1 + 2 * num_stages, dtype=torch.float64)
+def _reduce_stats(res: StepResult, stage: int, group: int, num_stages: int,
+                  checkpoint_wait_s: float = 0.0) -> torch.Tensor:
+    """[global loss, mean compute s per stage..., mean comm-wait s per stage..., mean wait for the
+    background checkpoint writer per stage...] on every rank."""
+    v = torch.zeros(1 + 3 * num_stages, dtype=torch.float64)
     v[0] = res.loss
     v[1 + stage] = res.compute_s / group
     v[1 + num_stages + stage] = res.comm_wait_s / group
+    v[1 + 2 * num_stages + stage] = checkpoint_wait_s / group
     if dist.get_world_size() > 1:
         dist.all_reduce(v)
     return v

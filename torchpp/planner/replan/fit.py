@@ -218,9 +218,7 @@ def fit_links(plan: Plan, meas: Measurements, old: Bandwidth) -> list[LinkFit]:
 def rank_param_bytes(plan: Plan, profiles: Profiles, rank: int) -> float:
     """Parameter bytes of every chunk ``rank`` holds, the tied weight once where it holds both ends
     (what its one optimizer step updates, as :class:`~torchpp.cost.MeasuredCost` prices it)."""
-    chunks = plan.stages_of_rank(rank)
-    w = sum(profiles.stage_param_bytes(s) for s in chunks)
-    return w - (profiles.tied_bytes if len(chunks) > 1 and chunks[0].has_embed and chunks[-1].has_tail else 0)
+    return profiles.rank_param_bytes(plan.stages_of_rank(rank))
 
 
 def fit_optimizer(plan: Plan, profiles: Profiles, meas: Measurements) -> dict[str, float]:
