@@ -222,3 +222,34 @@ def test_a_resumed_run_writing_over_the_loaded_checkpoints_files_trains_on_uncha
     assert all(torch.equal(got[k], v) for k, v in want.items())
     saved = _saved(tmp_path, steps)
     assert all(torch.equal(saved[k], v) for k, v in want.items())
+
+
+def test_every_file_is_on_the_disk_before_the_manifest_names_it(tmp_path, monkeypatch):
+    """A power cut after the manifest must not find its files' data or names still in memory."""
+    events: list[tuple[str, str]] = []
+    real_fdatasync, real_fsync, real_write_json = os.fdatasync, os.fsync, ckpt.write_json
+
+    def fdatasync(fd):
+        events.append(("data", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fdatasync(fd)
+
+    def fsync(fd):
+        events.append(("sync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def write_json(path, data):
+        events.append(("json", str(path)))
+        return real_write_json(path, data)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(ckpt, "write_json", write_json)
+    stage, opt = _stage_and_optimizer()
+    _update(stage, opt)
+    d = ckpt.save(tmp_path, 1, rank=0, roles=ROLES, stage=stage, optimizer=opt, info={}, timeout_s=10, keep=1)
+    manifest = next(i for i, (k, p) in enumerate(events) if k == "json" and p.endswith(ckpt.MANIFEST))
+    before = events[:manifest]
+    synced = {Path(p).name.split(".")[1] for k, p in before if k == "data"}  # ".<name>.<random>.tmp"
+    assert {"model-stage0", "optim-stage0"} <= synced
+    assert ("sync", str(d)) in before  # the renames
+    assert events[manifest + 1:] == [("sync", str(d / ckpt.MANIFEST)), ("sync", str(d))]

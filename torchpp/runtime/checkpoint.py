@@ -12,8 +12,10 @@ Layout of ``<dir>/step_<N>/`` (N = optimizer steps done):
   without it is incomplete and ignored.
 
 Every file is written to a temporary name and renamed; tensors go from their own memory to
-the file (``tensor_files``), into the pages of a file retired by pruning when there is one
-(a checkpoint every step then costs one copy of the bytes). A stage's files are written by the
+the file (``tensor_files``), into the blocks of a file retired by pruning when there is one.
+Files and renames reach the disk (``fdatasync``/``fsync``) before the manifest names them, so a
+power cut never leaves a manifest over lost data, and the written pages leave the page cache:
+on a small host cached checkpoints would fill its memory limit. A stage's files are written by the
 lowest rank of its group on each host, and each host's lowest rank writes the index and the
 manifest, so a run on hosts without a shared file system can still resume.
 
@@ -60,17 +62,28 @@ def step_dir(root: str | Path, step: int) -> Path:
     return Path(root) / f"step_{step:08d}"
 
 
-def _atomic(path: Path, write) -> None:
+def _atomic(path: Path, write, durable: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         write(tmp)
+        if durable:
+            _fsync(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file, or a directory's entries (its renames), to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _save_safetensors(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str] | None = None) -> None:
@@ -83,7 +96,7 @@ def _save_safetensors(path: Path, tensors: dict[str, torch.Tensor], meta: dict[s
 def _write_tensors(root: str | Path, path: Path, tensors: dict[str, torch.Tensor]) -> None:
     """``tensor_files.write`` under a temporary name, renamed when complete."""
     reuse = _recycled(root, path.name)
-    _atomic(path, lambda tmp: tensor_files.write(tmp, tensors, reuse=reuse))
+    _atomic(path, lambda tmp: tensor_files.write(tmp, tensors, reuse=reuse, durable=True))
 
 
 @dataclass(frozen=True)
@@ -164,7 +177,8 @@ def write_files(root: str | Path, snap: Snapshot, rank: int) -> dict[str, Any]:
         _write_tensors(root, d / f"model-stage{c}.safetensors", params)
         _write_tensors(root, d / f"optim-stage{c}.safetensors", snap.optim[c])
         mine["chunks"].append({"stage": c, "params": sorted(params), "optim": sorted(snap.optim[c])})
-    _atomic(d / f"rng-rank{rank}.pt", lambda tmp: torch.save(snap.rng, tmp))
+    _atomic(d / f"rng-rank{rank}.pt", lambda tmp: torch.save(snap.rng, tmp), durable=True)
+    _fsync(d)  # the renames too: the manifest that follows may name only files on the disk
     return mine
 
 
@@ -356,9 +370,12 @@ def _write_index_and_manifest(d: Path, step: int, parts: list[dict[str, Any]], s
     write_json(d / "model.safetensors.index.json", {"metadata": {"step": step}, "weight_map": weight_map})
     write_json(d / "optim.safetensors.index.json", {"metadata": {"step": step}, "weight_map": optim_map})
     files = sorted(set(weight_map.values()) | set(optim_map.values()))
+    _fsync(d)
     write_json(d / MANIFEST, {"format": CKPT_FORMAT, "step": step, "files": files, "world_size": world,
                               "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                               **info})
+    _fsync(d / MANIFEST)
+    _fsync(d)
 
 
 def is_complete(d: Path) -> bool:
