@@ -135,9 +135,11 @@ def print_cost(cost: dict, what: str) -> None:
         runs = f"; runs {', '.join(f'{x:.3f}' for x in c['periods_s'])} s/step" if "periods_s" in c else ""
         print(f"  {name:<10} +{c['added_per_step_s'] * 1e3:7.1f} ms/step  ratio {c['ratio'] * 100:5.1f}% of a step "
               f"({ok} the <= {TARGET * 100:.0f}% target){cpu}{runs}")
+    cpus = cost["background"].get("writer_cpu_s", [])
     for i, w in enumerate(cost["background"].get("writer_wait_s", [])):
+        cpu = f"; the writer's CPU {' '.join(f'{x * 1e3:.0f}' for x in cpus[i])} ms" if i < len(cpus) else ""
         print(f"  background run {i + 1}: updates waited for the writer {' '.join(f'{x * 1e3:.0f}' for x in w)} "
-              "ms/step per stage")
+              f"ms/step per stage{cpu}")
     if "periods_s" in cost["none"]:
         print(f"  none       runs {', '.join(f'{x:.3f}' for x in cost['none']['periods_s'])} s/step")
 
@@ -152,11 +154,11 @@ def step_period(log_dir: Path) -> float:
     return (t[-1][1] - t[1][1]) / (t[-1][0] - t[1][0])
 
 
-def writer_waits(log_dir: Path) -> list[float]:
-    """Per stage, the mean seconds a steady step's update waited for the background writer."""
+def writer_waits(log_dir: Path, key: str = "checkpoint_wait_s") -> list[float]:
+    """Per stage, the mean over steady steps of ``key``: seconds an update waited for the
+    background writer, or (``checkpoint_cpu_s``) CPU seconds of the writer."""
     rows = [json.loads(x) for x in (log_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    waits = [r["checkpoint_wait_s"] for r in sorted((r for r in rows if "checkpoint_wait_s" in r),
-                                                    key=lambda r: r["step"])][2:]
+    waits = [r[key] for r in sorted((r for r in rows if key in r), key=lambda r: r["step"])][2:]
     return [sum(w[s] for w in waits) / len(waits) for s in range(len(waits[0]))] if waits else []
 
 
@@ -168,6 +170,7 @@ def cluster_checkpoint_cost(demo, plan: Path, steps: int, rounds: int) -> dict:
 
     periods: dict[str, list[float]] = {k: [] for k in KINDS}
     waits: list[list[float]] = []
+    cpus: list[list[float]] = []
     for i in range(rounds):
         for name, extra in KINDS.items():
             d = demo.path("checkpoint_cost", f"{name}{i}")
@@ -182,6 +185,7 @@ def cluster_checkpoint_cost(demo, plan: Path, steps: int, rounds: int) -> dict:
             periods[name].append(step_period(d / "logs"))
             if extra.get("checkpoint_background"):
                 waits.append(writer_waits(d / "logs"))
+                cpus.append(writer_waits(d / "logs", "checkpoint_cpu_s"))
             shutil.rmtree(d / "ck", ignore_errors=True)
     base = min(periods["none"])
     out: dict = {"none": {"per_step_s": base, "periods_s": periods["none"]}}
@@ -190,6 +194,7 @@ def cluster_checkpoint_cost(demo, plan: Path, steps: int, rounds: int) -> dict:
         out[name] = {"per_step_s": min(periods[name]), "added_per_step_s": added, "ratio": added / base,
                      "periods_s": periods[name]}
     out["background"]["writer_wait_s"] = waits
+    out["background"]["writer_cpu_s"] = cpus
     out["load_avg"] = os.getloadavg()
     return out
 

@@ -245,6 +245,9 @@ class BackgroundSaver:
         self.done: list[Path | None] = []
         self.waited_s = 0.0
         """Seconds updates spent waiting for the writer (the part of the checkpoint in the step)."""
+        self.cpu_s = 0.0
+        """CPU seconds the writer threads have used (files, gathering, manifest): what a checkpoint
+        takes from the host even when no update waits for it."""
 
     def start(self, step: int, optimizer: torch.optim.Optimizer, info: dict[str, Any]) -> None:
         """Wait for the previous checkpoint, then write this one in the background."""
@@ -271,6 +274,16 @@ class BackgroundSaver:
         self.waited_s += time.perf_counter() - t0
 
     def _write(self, snap: Snapshot, info: dict[str, Any]) -> None:
+        import threading
+        import time
+
+        cpu0 = time.thread_time()
+        try:
+            self._write_files(snap, info)
+        finally:
+            self.cpu_s += time.thread_time() - cpu0
+
+    def _write_files(self, snap: Snapshot, info: dict[str, Any]) -> None:
         import threading
 
         with self._prio:

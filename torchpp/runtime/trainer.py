@@ -475,13 +475,13 @@ def _train_step(ss: _Session, step: int, summary: TrainSummary) -> None:
     ids = ss.source.batch(step - 1) if ss.source is not None else None
     n_tokens = count_targets(ids) if ids is not None and chunks[-1].has_tail else None
     rec = _start_trace(ss, step) if cfg.trace_dir is not None and step in cfg.trace_steps else None
-    waited0 = ss.saver.waited_s if ss.saver is not None else 0.0
+    waited0, cpu0 = (ss.saver.waited_s, ss.saver.cpu_s) if ss.saver is not None else (0.0, 0.0)
     t0 = time.perf_counter()
     with _torch_profiler(cfg, rec, step, rank):
         res = ss.executor.step(ids, n_tokens)
-    waited = (ss.saver.waited_s - waited0) if ss.saver is not None else 0.0
+    waited, cpu = (ss.saver.waited_s - waited0, ss.saver.cpu_s - cpu0) if ss.saver is not None else (0.0, 0.0)
     stats = g(f"step {step}: statistics all-reduce with all ranks", _reduce_stats, res, chunks[0].index,
-              len(chunks[0].devices), S, waited)
+              len(chunks[0].devices), S, waited, cpu)
     dt = time.perf_counter() - t0
     if rec is not None:
         summary.traces += _finish_trace(ss, step, rec)
@@ -641,11 +641,13 @@ def _report_step(log: _Log, step: int, steps: int, stats: torch.Tensor, S: int, 
     """Rank 0's progress line, metrics.jsonl record and TensorBoard scalars of one step
     (``extra``: learning rate, gradient norm and evaluation loss, named as their scalars).
     With background checkpoints, each stage's wait for the writer inside the step (part of its
-    compute) is recorded too: what a checkpoint every step costs, and where."""
+    compute) and the CPU seconds of the writer that finished during the step are recorded too:
+    what a checkpoint every step costs, and where."""
     loss = float(stats[0])
     comp = [float(x) for x in stats[1:1 + S]]
     wait = [float(x) for x in stats[1 + S:1 + 2 * S]]
-    ck = {"checkpoint_wait_s": [float(x) for x in stats[1 + 2 * S:1 + 3 * S]]} if background else {}
+    ck = {"checkpoint_wait_s": [float(x) for x in stats[1 + 2 * S:1 + 3 * S]],
+          "checkpoint_cpu_s": [float(x) for x in stats[1 + 3 * S:1 + 4 * S]]} if background else {}
     ev = f"  eval {extra['eval/loss']:.4f}" if "eval/loss" in extra else ""
     log.print(f"step {step:>5}/{steps}  loss {loss:.4f}{ev}  lr {extra['train/learning_rate']:.3g}  "
               f"|g| {extra['train/grad_norm']:.3g}  {dt:.3f} s  {tokens_per_step / dt:,.0f} tok/s  "
@@ -656,18 +658,19 @@ def _report_step(log: _Log, step: int, steps: int, stats: torch.Tensor, S: int, 
     log.scalars(step, {"train/loss": loss, "perf/step_time_s": dt, "perf/tokens_per_s": tokens_per_step / dt, **extra,
                        **{f"stage{s}/compute_s": comp[s] for s in range(S)},
                        **{f"stage{s}/comm_wait_s": wait[s] for s in range(S)},
-                       **{f"stage{s}/checkpoint_wait_s": w for s, w in enumerate(ck.get("checkpoint_wait_s", []))}})
+                       **{f"stage{s}/{k}": w for k, ws in ck.items() for s, w in enumerate(ws)}})
 
 
 def _reduce_stats(res: StepResult, stage: int, group: int, num_stages: int,
-                  checkpoint_wait_s: float = 0.0) -> torch.Tensor:
+                  checkpoint_wait_s: float = 0.0, checkpoint_cpu_s: float = 0.0) -> torch.Tensor:
     """[global loss, mean compute s per stage..., mean comm-wait s per stage..., mean wait for the
-    background checkpoint writer per stage...] on every rank."""
-    v = torch.zeros(1 + 3 * num_stages, dtype=torch.float64)
+    background checkpoint writer per stage..., mean writer CPU s per stage...] on every rank."""
+    v = torch.zeros(1 + 4 * num_stages, dtype=torch.float64)
     v[0] = res.loss
     v[1 + stage] = res.compute_s / group
     v[1 + num_stages + stage] = res.comm_wait_s / group
     v[1 + 2 * num_stages + stage] = checkpoint_wait_s / group
+    v[1 + 3 * num_stages + stage] = checkpoint_cpu_s / group
     if dist.get_world_size() > 1:
         dist.all_reduce(v)
     return v
