@@ -14,8 +14,8 @@ Layout of ``<dir>/step_<N>/`` (N = optimizer steps done):
 Every file is written to a temporary name and renamed; tensors go from their own memory to
 the file (``tensor_files``), into the blocks of a file retired by pruning when there is one.
 Files and renames reach the disk (``fdatasync``/``fsync``) before the manifest names them, so a
-power cut never leaves a manifest over lost data, and the written pages leave the page cache:
-on a small host cached checkpoints would fill its memory limit. A stage's files are written by the
+power cut never leaves a manifest over lost data (and a small host's memory limit reclaims the
+clean cached pages without writing them). A stage's files are written by the
 lowest rank of its group on each host, and each host's lowest rank writes the index and the
 manifest, so a run on hosts without a shared file system can still resume.
 
