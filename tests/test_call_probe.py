@@ -19,9 +19,11 @@ from torchpp.trace.analyze import events_from_trace
 from torchpp.trace.chrome import load_trace
 
 
-def test_probe_measures_what_replan_reads_off_its_traces(tmp_path):
-    """The runtime's own pipeline run, traced; its mean equals call_gaps over the traced steps."""
-    res = probe_call_overhead(CallProbeConfig(steps=3, timeout_s=120), workdir=tmp_path)
+@pytest.mark.parametrize("fork", [True, False])
+def test_probe_measures_what_replan_reads_off_its_traces(tmp_path, fork):
+    """The runtime's own pipeline run, traced; its mean equals call_gaps over the traced steps
+    (ranks forked from this process, or fresh ones)."""
+    res = probe_call_overhead(CallProbeConfig(steps=3, timeout_s=120, fork=fork), workdir=tmp_path)
     assert res.call_overhead_s > 0 and res.steps == [2, 3]
     found = find_merged(tmp_path / "call_probe_traces")
     assert [n for n, _ in found] == [2, 3]  # step 1 (warm-up) is not measured
@@ -156,12 +158,17 @@ def test_probe_refuses_before_starting_ranks_where_memory_is_short(monkeypatch):
     """On a small host two more processes would have the kernel kill the profile itself: the probe
     says so (and starts nothing) instead."""
     monkeypatch.setattr(call_probe, "memory_room", lambda: 100 * 2**20)
-    monkeypatch.setattr(call_probe, "probe_memory_needed", lambda: 600 * 2**20)
+    monkeypatch.setattr(call_probe, "probe_memory_needed", lambda *_: 600 * 2**20)
     started = []
     monkeypatch.setattr("torchpp.runtime.launch.RankPool.__init__", lambda *a, **k: started.append(1))
     with pytest.raises(CallProbeError, match="600 MiB.*100 MiB"):
         probe_call_overhead(CallProbeConfig())
     assert not started
+
+
+def test_forked_ranks_need_less_memory_than_fresh_ones():
+    assert call_probe.probe_memory_needed(CallProbeConfig()) < call_probe.probe_memory_needed(
+        CallProbeConfig(fork=False)) == call_probe.PROBE_RANKS_BYTES
 
 
 def test_memory_room_is_positive_and_at_most_the_machine_s():

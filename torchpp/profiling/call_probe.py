@@ -10,7 +10,9 @@ per-call time off its timelines exactly as ``torchpp replan`` reads it off a rea
 (:func:`torchpp.trace.call_gaps.call_gaps`). It runs inside the host (inside its cgroup on an
 emulated cluster), so a slow host measures its own slowdown. Both ranks share the host: on a
 host of fewer than two cores they compete, so the reading is higher than a run of one rank per
-host would see (here, pinned to one core: 4.6 ms per call against 1.9 ms on two).
+host would see (here, pinned to one core: 4.6 ms per call against 1.9 ms on two). The ranks are
+forked from the profile, so they share its imports: they add about 50 MiB, which hosts of
+750 MiB can spare (spawned, they needed 560 MiB).
 """
 from __future__ import annotations
 
@@ -38,6 +40,11 @@ class CallProbeConfig:
     """Torch intra-op threads per rank (the profile's ``--threads``)."""
     timeout_s: float = 90.0
     """Deadline of the whole run (starting both processes included); past it both are killed."""
+    fork: bool = True
+    """Start the ranks as copies of this process (torch, transformers and the runtime, imported
+    here once, are shared with them: 48 MiB of new memory instead of 559) rather than as fresh
+    interpreters that import them again. `torchpp profile` probes before any torch work, as a
+    forked rank needs (OpenMP's threads do not survive a fork)."""
 
     def __post_init__(self) -> None:
         if self.steps < 2:
@@ -150,14 +157,25 @@ def memory_room() -> float:
 
 
 PROBE_RANKS_BYTES = 900 * 2**20
-"""Resident size of the probe's two ranks together at their peak (torch, transformers, gloo and
-the tiny model each; 793 MiB RSS, 559 MiB unshared, measured on the development machine) and a
-margin: with 883 MiB free under an 0.88 GiB limit the kernel killed a profile."""
+"""Resident size of two fresh (spawned) ranks together at their peak (torch, transformers, gloo
+and the tiny model each; 793 MiB RSS, 559 MiB unshared, measured on the development machine) and
+a margin: with 883 MiB free under an 0.88 GiB limit the kernel killed a profile."""
+PROBE_FORKED_BYTES = 160 * 2**20
+"""The same for two ranks forked from the profile (its imports shared, copy-on-write): 48 MiB
+unshared at their peak on the development machine (639 MiB RSS, nearly all of it the parent's
+pages), with a margin for the pages a longer run would touch."""
 
 
-def probe_memory_needed() -> float:
+def probe_memory_needed(cfg: CallProbeConfig | None = None) -> float:
     """What starting the probe's two ranks adds to this host's memory."""
-    return float(PROBE_RANKS_BYTES)
+    return float(PROBE_FORKED_BYTES if cfg is None or _forks(cfg) else PROBE_RANKS_BYTES)
+
+
+def _forks(cfg: CallProbeConfig) -> bool:
+    """Fork only a process that no process group is set up in (the ranks would inherit it)."""
+    import torch.distributed as dist
+
+    return cfg.fork and not (dist.is_available() and dist.is_initialized())
 
 
 def probe_call_overhead(cfg: CallProbeConfig = CallProbeConfig(), workdir: Path | None = None) -> CallProbeResult:
@@ -168,7 +186,7 @@ def probe_call_overhead(cfg: CallProbeConfig = CallProbeConfig(), workdir: Path 
     """
     from ..runtime.launch import RankError, RankPool, RanksTimedOut
 
-    need, room = probe_memory_needed(), memory_room()
+    need, room = probe_memory_needed(cfg), memory_room()
     if need > room:  # two more processes would have the kernel kill this one (a small host's memory limit)
         raise CallProbeError(f"two more processes need ~{need / 2**20:.0f} MiB, this host has {room / 2**20:.0f} MiB "
                              "free; hosts priced from capacities.json then take the reference host's value "
@@ -183,7 +201,11 @@ def probe_call_overhead(cfg: CallProbeConfig = CallProbeConfig(), workdir: Path 
                    trace_dir=trace_dir, trace_steps=tuple(range(2, cfg.steps + 1)))
         log = root / "call_probe_rank{rank}.log"
         try:
-            with RankPool(2, threads=cfg.threads, env=_loopback_env(), log=str(log)) as pool:
+            fork = _forks(cfg)
+            if fork:
+                from ..runtime import trainer  # noqa: F401  (imported once, here, for both ranks)
+            with RankPool(2, threads=cfg.threads, env=_loopback_env(), log=str(log),
+                          start_method="fork" if fork else "spawn") as pool:
                 pool.run(_probe_rank, run, timeout_s=max(1.0, cfg.timeout_s - (time.monotonic() - t0)),
                          pg_timeout_s=cfg.timeout_s)
         except (RankError, RanksTimedOut, OSError) as e:
