@@ -378,6 +378,11 @@ class LayersFile:
     """Seconds per parameter byte of one optimizer step as the runtime takes it (its optimizer,
     fused where torch has it, the global gradient norm), timed by ``torchpp profile`` over the
     profiled model's parameters. Optional: None (absent) = not measured (files before it)."""
+    backward_split_factor: float | None = None
+    """Seconds of a backward split as zero-bubble schedules run it (the input gradient ``I``, then
+    the weight gradients ``W``: two passes over the graph) per second of the same backward in one
+    pass, measured by ``torchpp profile`` on the profiled host. The cost model scales ``I`` and
+    ``W`` by it. Optional: None (absent) = not measured (priced as 1)."""
     format: str = f"torchpp.{LAYERS_KIND}/{LAYERS_VERSION}"
 
     def to_json(self) -> dict[str, Any]:
@@ -385,8 +390,9 @@ class LayersFile:
         for b in (d["embed"], d["tail"], *d["layers"]):
             if b.get("backward_input_time_s") is None:
                 b.pop("backward_input_time_s", None)
-        if d.get("optimizer_s_per_byte") is None:
-            d.pop("optimizer_s_per_byte", None)
+        for key in ("optimizer_s_per_byte", "backward_split_factor"):
+            if d.get(key) is None:
+                d.pop(key, None)
         return {"format": d.pop("format"), **d}
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -407,6 +413,7 @@ class LayersFile:
             step_samples_s=r.floats("step_samples_s", []),
             call_overhead_s=r.float("call_overhead_s", 0.0, min_value=0.0),
             optimizer_s_per_byte=r.float("optimizer_s_per_byte", None, positive=True),
+            backward_split_factor=r.float("backward_split_factor", None, positive=True),
         )
         if len(lf.layers) != lf.model.num_layers:
             raise FormatError(source, "layers", f"{lf.model.num_layers} entries (model.num_layers)", len(lf.layers))

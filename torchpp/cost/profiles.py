@@ -44,6 +44,13 @@ class Profiles:
     input_share: dict[str, np.ndarray] = field(default_factory=dict)
     """Per host with a measured split: the fraction of each block's backward that computes the
     input gradient (``I``; the rest is ``W``). Hosts without one split it in halves."""
+    split_factor: dict[str, float] = field(default_factory=dict)
+    """Per measured host: ``I + W`` over ``B`` as the runtime splits a backward
+    (LayersFile.backward_split_factor); other hosts take the reference host's, else 1."""
+
+    def backward_split_factor(self, host: str) -> float:
+        ref = self.capacities.ref_host if self.capacities is not None else None
+        return float(self.split_factor.get(host, self.split_factor.get(ref, 1.0) if ref else 1.0))
 
     @property
     def num_blocks(self) -> int:
@@ -65,9 +72,13 @@ class Profiles:
     def backward_split(self, hosts: Iterable[str]) -> str:
         """How the backward of ``hosts`` is split into I and W: measured, or the halves assumption."""
         ref = self.capacities.ref_host if self.capacities is not None else None
+        hosts = list(hosts)
+        factors = sorted({round(self.backward_split_factor(h), 3) for h in hosts})
+        cost = (f"; I + W = {'/'.join(f'{f:g}' for f in factors)} x B (measured split cost)"
+                if any(f != 1.0 for f in factors) else "")
         if all(h in self.input_share or (ref in self.input_share) for h in hosts):
-            return "measured (layers files' backward_input_time_s)"
-        return self.BACKWARD_SPLIT_ASSUMED
+            return "measured (layers files' backward_input_time_s)" + cost
+        return self.BACKWARD_SPLIT_ASSUMED + cost
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -101,6 +112,8 @@ class Profiles:
             p.set_table(lf.host, [b.forward_time_s for b in bl], [b.backward_time_s for b in bl], lf.run.batch, src,
                         [b.forward_fixed_s for b in bl], [b.backward_fixed_s for b in bl])
             p.call[lf.host] = lf.call_overhead_s
+            if lf.backward_split_factor is not None:
+                p.split_factor[lf.host] = lf.backward_split_factor
         if capacities is not None:
             for h, t in capacities.tables.items():
                 if h not in p.fwd:
