@@ -5,7 +5,7 @@ import pytest
 from torchpp.cli import main
 from torchpp.cost import Profiles
 from torchpp.cost.stage import Span, stage_time
-from torchpp.formats import FormatError, LayersFile
+from torchpp.formats import Capacities, FormatError, LayersFile
 from torchpp.planner.capacities import compute_capacities
 from torchpp.planner.synthetic import layers_file
 
@@ -47,8 +47,12 @@ def test_i_plus_w_is_the_factor_times_b_plus_two_calls(factor):
     assert ("x B (measured split cost)" in p.backward_split(["a"])) == (f != 1.0)
 
 
-def test_hosts_without_a_measurement_take_the_reference_hosts_factor():
-    a, b = _lf("a", 1.3), _lf("b", None, speed=0.5)
-    p = Profiles.from_layers([a, b], compute_capacities([a, b], "a"))
-    assert p.backward_split_factor("a") == 1.3 and p.backward_split_factor("b") == 1.3
-    assert Profiles.from_layers([_lf("c", None)]).backward_split_factor("c") == 1.0
+def test_hosts_without_a_layers_file_take_their_capacities_entry_or_the_reference_hosts(tmp_path):
+    a, b, c = _lf("a", 1.3), _lf("b", 1.1, speed=0.5), _lf("c", None, speed=0.7)
+    cap = Capacities.load(compute_capacities([a, b, c], "a").save(tmp_path / "capacities.json"))
+    assert cap.backward_split_factor == {"a": 1.3, "b": 1.1}
+    p = Profiles.from_layers([a], cap)  # b and c priced from capacities.json
+    assert [p.backward_split_factor(h) for h in "abc"] == [1.3, 1.1, 1.3]
+    assert Profiles.from_layers([_lf("d", None)]).backward_split_factor("d") == 1.0
+    with pytest.raises(FormatError, match="backward_split_factor"):
+        Capacities.parse({**cap.to_json(), "backward_split_factor": {"zz": 1.0}}, "c.json")

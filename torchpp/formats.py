@@ -893,12 +893,15 @@ class Capacities:
     not in it is priced with the reference host's scaled by capacity."""
     optimizer_s_per_byte: dict[str, float] = field(default_factory=dict)
     """Per measured host: its layers file's ``optimizer_s_per_byte`` (hosts not measured absent)."""
+    backward_split_factor: dict[str, float] = field(default_factory=dict)
+    """Per measured host: its layers file's ``backward_split_factor`` (hosts not measured absent)."""
     format: str = f"torchpp.{CAPACITIES_KIND}/{CAPACITIES_VERSION}"
 
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)
-        if not d["optimizer_s_per_byte"]:
-            d.pop("optimizer_s_per_byte")
+        for key in ("optimizer_s_per_byte", "backward_split_factor"):
+            if not d[key]:
+                d.pop(key)
         return {"format": d.pop("format"), **d}
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -935,7 +938,8 @@ class Capacities:
         co = r.obj("call_overhead_s", {})
         call = {_device_host(source, h): co.float(h, min_value=0.0, max_value=1e3) for h in co.data}
         return Capacities(ref_host=ref, capacity=capacity, tables=tables, call_overhead_s=call,
-                          optimizer_s_per_byte=_host_rates(r, "optimizer_s_per_byte", capacity))
+                          optimizer_s_per_byte=_host_rates(r, "optimizer_s_per_byte", capacity),
+                          backward_split_factor=_host_rates(r, "backward_split_factor", capacity))
 
     @staticmethod
     def load(path: str | os.PathLike) -> "Capacities":

@@ -46,11 +46,18 @@ class Profiles:
     input gradient (``I``; the rest is ``W``). Hosts without one split it in halves."""
     split_factor: dict[str, float] = field(default_factory=dict)
     """Per measured host: ``I + W`` over ``B`` as the runtime splits a backward
-    (LayersFile.backward_split_factor); other hosts take the reference host's, else 1."""
+    (LayersFile.backward_split_factor); hosts priced from capacities.json take their entry there,
+    other hosts the reference host's, else 1."""
 
     def backward_split_factor(self, host: str) -> float:
-        ref = self.capacities.ref_host if self.capacities is not None else None
-        return float(self.split_factor.get(host, self.split_factor.get(ref, 1.0) if ref else 1.0))
+        if host in self.split_factor:
+            return float(self.split_factor[host])
+        cap = self.capacities
+        if cap is None:
+            return 1.0
+        if host in cap.backward_split_factor:
+            return float(cap.backward_split_factor[host])
+        return float(self.split_factor.get(cap.ref_host, cap.backward_split_factor.get(cap.ref_host, 1.0)))
 
     @property
     def num_blocks(self) -> int:

@@ -42,8 +42,9 @@ def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequ
     # each host's own, measured where it runs (0: not probed, so left out and scaled from the reference)
     call = {lf.host: lf.call_overhead_s for lf in files if lf.call_overhead_s > 0}
     opt = {lf.host: lf.optimizer_s_per_byte for lf in files if lf.optimizer_s_per_byte is not None}
+    split = {lf.host: lf.backward_split_factor for lf in files if lf.backward_split_factor is not None}
     return Capacities(ref_host=ref_host, capacity=capacity, tables=tables, call_overhead_s=call,
-                      optimizer_s_per_byte=opt)
+                      optimizer_s_per_byte=opt, backward_split_factor=split)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -60,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {args.out} (reference {cap.ref_host})")
     for h, c in sorted(cap.capacity.items(), key=lambda kv: -kv[1]):
         opt = cap.optimizer_s_per_byte.get(h)
+        split = cap.backward_split_factor.get(h)
         print(f"  {h:<16} capacity {c:.3f}  runtime {1e3 * cap.call_overhead_s.get(h, 0.0):.3f} ms/call"
-              + (f", optimizer step {opt * 1e9:.3g} s/GB" if opt else ""))
+              + (f", optimizer step {opt * 1e9:.3g} s/GB" if opt else "")
+              + (f", split backward {split:.2f} x" if split else ""))
     return 0
