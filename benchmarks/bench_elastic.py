@@ -162,7 +162,7 @@ def writer_waits(log_dir: Path, key: str = "checkpoint_wait_s") -> list[float]:
     return [sum(w[s] for w in waits) / len(waits) for s in range(len(waits[0]))] if waits else []
 
 
-def cluster_checkpoint_cost(demo, plan: Path, steps: int, rounds: int) -> dict:
+def cluster_checkpoint_cost(demo, plan: Path, steps: int, rounds: int, keep: int = 2) -> dict:
     """The checkpoint cost on the emulated cluster: each kind trained ``rounds`` times,
     interleaved, for ``steps`` steps (`torchpp cluster run --plan`); per kind its fastest run's
     steady step period."""
@@ -178,7 +178,7 @@ def cluster_checkpoint_cost(demo, plan: Path, steps: int, rounds: int) -> dict:
             argv = ["-m", "torchpp.train", "--plan", str(plan), "--data", "synthetic", "--steps", str(steps),
                     "--threads", "1", "--seed", "0", "--log-dir", str(d / "logs"), "--timeout-s", "300"]
             if extra:
-                argv += ["--checkpoint-every", "1", "--keep-checkpoints", "2", "--checkpoint-dir", str(d / "ck")]
+                argv += ["--checkpoint-every", "1", "--keep-checkpoints", str(keep), "--checkpoint-dir", str(d / "ck")]
                 argv += ["--checkpoint-background"] if extra.get("checkpoint_background") else []
             demo.p.run(f"checkpoint cost: {name} (round {i + 1}/{rounds}, {steps} steps)",
                        demo.hosts.ranks(plan, argv, d / "hosts"), timeout=600)
@@ -316,7 +316,7 @@ def homelab(args: argparse.Namespace) -> dict:
             what = f"{cfg.model} on {demo.hosts.mode}, {plan.num_stages} stage(s), {plan.num_microbatches} micro-batches"
             results["plan"] = what
             if args.only in (None, "cost"):
-                cost = cluster_checkpoint_cost(demo, m.plan, args.steps, args.rounds)
+                cost = cluster_checkpoint_cost(demo, m.plan, args.steps, args.rounds, args.keep_checkpoints)
                 print_cost(cost, what)
                 results["checkpoint"] = cost
             if args.only in (None, "recovery"):
@@ -344,6 +344,8 @@ def main() -> int:
     ap.add_argument("--only", choices=("cost", "recovery"), default=None, help="run one part only")
     ap.add_argument("--cost-ranks", type=int, nargs="+", choices=(2, 4), default=[4],
                     help="hetero4: world sizes of the checkpoint-cost part (2: no more ranks than cores)")
+    ap.add_argument("--keep-checkpoints", type=int, default=2,
+                    help="homelab checkpoint cost: complete checkpoints kept (torchpp.train's --keep-checkpoints)")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved runs of each kind (the fastest is kept)")
     args = ap.parse_args()
     results = homelab(args) if args.scenario == "homelab" else hetero4(args)
