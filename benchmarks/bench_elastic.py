@@ -154,7 +154,7 @@ def step_period(log_dir: Path) -> float:
     return (t[-1][1] - t[1][1]) / (t[-1][0] - t[1][0])
 
 
-def writer_waits(log_dir: Path, key: str = "checkpoint_wait_s") -> list[float]:
+def writer_means(log_dir: Path, key: str = "checkpoint_wait_s") -> list[float]:
     """Per stage, the mean over steady steps of ``key``: seconds an update waited for the
     background writer, or (``checkpoint_cpu_s``) CPU seconds of the writer."""
     rows = [json.loads(x) for x in (log_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -184,8 +184,8 @@ def cluster_checkpoint_cost(demo, plan: Path, steps: int, rounds: int, keep: int
                        demo.hosts.ranks(plan, argv, d / "hosts"), timeout=600)
             periods[name].append(step_period(d / "logs"))
             if extra.get("checkpoint_background"):
-                waits.append(writer_waits(d / "logs"))
-                cpus.append(writer_waits(d / "logs", "checkpoint_cpu_s"))
+                waits.append(writer_means(d / "logs"))
+                cpus.append(writer_means(d / "logs", "checkpoint_cpu_s"))
             shutil.rmtree(d / "ck", ignore_errors=True)
     base = min(periods["none"])
     out: dict = {"none": {"per_step_s": base, "periods_s": periods["none"]}}
