@@ -345,6 +345,8 @@ def fit_hosts(plan: Plan, old: "OldCosts", meas: Measurements) -> CostFit:
                                                               (*prof.table(h), *prof.fixed(h)))
         gaps = [g for r in ranks_of.get(h, []) for g in meas.gaps.get(r, [])]
         new.call[h] = float(np.mean(gaps)) if gaps else prof.call.get(h, 0.0)
+        # the measured I and W were fitted against predictions that priced the split: it stays priced
+        new.split_factor[h] = prof.backward_split_factor(h)
         new.origin[h] = (f"{old.origin[h]} × measured factors (forward {fits[h].forward:.3g}, backward "
                          f"{fits[h].backward:.3g})" if h in fits else old.origin[h])
     new_cap = {h: capacity(new, ref, h, cap_batch) for h in new.fwd}
