@@ -9,7 +9,7 @@ own table; a host with only a capacity uses the reference host's table divided b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -50,14 +50,26 @@ class Profiles:
     other hosts the reference host's, else 1."""
 
     def backward_split_factor(self, host: str) -> float:
-        if host in self.split_factor:
-            return float(self.split_factor[host])
+        cap = self.capacities
+        return self._host_figure(host, self.split_factor, cap.backward_split_factor if cap else {}, 1.0)
+
+    def _host_figure(self, host: str, measured: dict[str, float], carried: Mapping[str, float], default: float,
+                     by_capacity: bool = False) -> float:
+        """A per-host figure ``torchpp profile`` measures: the host's own (its layers file), else its
+        entry carried in capacities.json, else the reference host's (over the host's relative
+        capacity with ``by_capacity``: a time that scales with speed), else ``default``."""
+        if host in measured:
+            return float(measured[host])
         cap = self.capacities
         if cap is None:
-            return 1.0
-        if host in cap.backward_split_factor:
-            return float(cap.backward_split_factor[host])
-        return float(self.split_factor.get(cap.ref_host, cap.backward_split_factor.get(cap.ref_host, 1.0)))
+            return default
+        if host in carried:
+            return float(carried[host])
+        ref = float(measured.get(cap.ref_host, carried.get(cap.ref_host, default)))
+        if not by_capacity:
+            return ref
+        c = cap.capacity.get(host, 0.0) / cap.capacity[cap.ref_host]
+        return ref / c if c > 0 else 0.0
 
     @property
     def num_blocks(self) -> int:
@@ -173,13 +185,7 @@ class Profiles:
         ``torchpp profile``'s call probe and carried in capacities.json, else the reference
         host's scaled by capacity (a capacities file from before the field, or a host not probed)."""
         cap = self.capacities
-        if cap is None:
-            return 0.0
-        if host in cap.call_overhead_s:
-            return cap.call_overhead_s[host]
-        ref = self.call.get(cap.ref_host, cap.call_overhead_s.get(cap.ref_host, 0.0))
-        c = cap.capacity.get(host, 0.0) / cap.capacity[cap.ref_host]
-        return ref / c if c > 0 else 0.0
+        return self._host_figure(host, self.call, cap.call_overhead_s if cap else {}, 0.0, by_capacity=True)
 
     def table(self, host: str) -> tuple[np.ndarray, np.ndarray]:
         if host not in self.fwd:
