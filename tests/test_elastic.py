@@ -118,7 +118,9 @@ def kill_and_compare(tmp_path: Path, launcher, background: bool = True) -> None:
 
     # reference: the new plan, uninterrupted, from the same checkpoint
     ref_ck, ref_logs = tmp_path / "ref_ckpt", tmp_path / "ref_tb"
-    shutil.copytree(ckpt.step_dir(ck, resumed), ckpt.step_dir(ref_ck, resumed))
+    for s in ckpt.complete_steps(ck):  # the checkpoint and, for a gradient log, the chain it loads from
+        if s <= resumed:
+            shutil.copytree(ckpt.step_dir(ck, s), ckpt.step_dir(ref_ck, s))
     plan = Plan.load(second.plan)
     procs = popen_ranks([sys.executable, "-m", "torchpp.train", "--plan", second.plan, *base,
                          "--checkpoint-dir", str(ref_ck), "--resume", "--log-dir", str(ref_logs), "--timeout-s", "60"],

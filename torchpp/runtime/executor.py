@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
 from ..formats import Plan
 from ..models.stages import Stage, StageSet, WeightTask, backward_input, backward_weight
 from ..schedules import GRAD_OUT, PASSES, Action, Kind, sample_ranges
+
+BACKWARDS = (Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)
 from .comm import Comm, Pending, PeerError, describe
 
 RECV_LOOKAHEAD = 2
@@ -135,6 +137,9 @@ class Executor:
         self.posting = receive_posting(actions)
         self.step_index = 0
         """Steps done so far (set to the resumed step); with the micro-batch it seeds dropout."""
+        self.before_backward: Callable[[], None] | None = None
+        """Called once a step, before its first backward (a checkpoint writer holding the last
+        step's gradients frees them there)."""
 
     @property
     def stage(self) -> Stage:
@@ -162,8 +167,12 @@ class Executor:
                Kind.BACKWARD_INPUT: self._backward, Kind.BACKWARD_WEIGHT: self._backward_weight,
                Kind.SEND_GRAD: self._send_grad, Kind.ALLREDUCE: self._allreduce_action,
                Kind.OPTIMIZER: self._optimizer_action}
+        waiting = self.before_backward
         for i, act in enumerate(self.actions):
             self._post_receives(i, s)
+            if waiting is not None and act.kind in BACKWARDS:
+                waiting()
+                waiting = None
             if act.is_recv:
                 self._receive(act, s)
             elif act.kind in run:

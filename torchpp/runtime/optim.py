@@ -97,15 +97,21 @@ class SteppedOptimizer:
     """What the executor calls at its OPTIMIZER action: global norm, clipping, the update,
     then the scheduler (so step k runs at the schedule's k-th rate, as in HF training).
 
-    ``last_grad_norm`` and ``last_lr`` are what the step used, for logs."""
+    ``last_grad_norm``, ``last_lr`` and ``last_lrs`` (per group) are what the step used. With ``keep_grads`` the
+    gradients the update used stay referenced (``take_grads``) after the optimizer drops them,
+    for a gradient-log checkpoint."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], settings: OptimSettings,
-                 *, counts_stage: bool, skip: torch.nn.Parameter | None, done_steps: int = 0):
+                 *, counts_stage: bool, skip: torch.nn.Parameter | None, done_steps: int = 0,
+                 keep_grads: bool = False):
         self.optimizer, self.params, self.settings = optimizer, params, settings
         self.counts_stage, self.skip = counts_stage, skip
         self.scheduler = make_scheduler(optimizer, settings, done_steps)
         self.last_grad_norm = float("nan")
         self.last_lr = float(optimizer.param_groups[0]["lr"])
+        self.last_lrs = tuple(float(g["lr"]) for g in optimizer.param_groups)
+        self.keep_grads = keep_grads
+        self._kept: dict[int, torch.Tensor] | None = None
 
     def step(self) -> None:
         grads = owned_gradients(self.params, counts_stage=self.counts_stage, skip=self.skip)
@@ -113,8 +119,19 @@ class SteppedOptimizer:
         if self.settings.max_grad_norm > 0:
             clip_(self.params, self.last_grad_norm, self.settings.max_grad_norm)
         self.last_lr = float(self.optimizer.param_groups[0]["lr"])
+        self.last_lrs = tuple(float(g["lr"]) for g in self.optimizer.param_groups)
+        if self.keep_grads:
+            self._kept = {id(p): p.grad for p in self.params if p.grad is not None}
         self.optimizer.step()
         self.scheduler.step()
+
+    def take_grads(self) -> dict[int, torch.Tensor]:
+        """The last update's gradients by parameter id (its learning rates: ``last_lrs``); the
+        optimizer no longer holds them, so after this only the caller does."""
+        if self._kept is None:
+            raise RuntimeError("no gradients kept: the optimizer was built without keep_grads or has not stepped")
+        kept, self._kept = self._kept, None
+        return kept
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)

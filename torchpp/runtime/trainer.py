@@ -35,6 +35,10 @@ from .rendezvous import env_store
 
 OPTIMIZERS = ("adamw", "sgd")
 
+FULL_CHECKPOINT_EVERY = 10
+"""Default steps between full checkpoints when checkpointing every step (gradient logs between):
+a log costs a third of a full AdamW checkpoint, and resuming replays at most 9 updates."""
+
 
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
@@ -87,6 +91,10 @@ class TrainConfig:
     profile_blocks: bool = False
     checkpoint_background: bool = False
     """Write each checkpoint during the next step (tensors copied first; manifest still written last)."""
+    full_checkpoint_every: int = 0
+    """With ``checkpoint_every`` 1: a full checkpoint every this many steps and a gradient log
+    (a third of AdamW's bytes) between them; 1 makes every checkpoint full; 0 picks
+    ``FULL_CHECKPOINT_EVERY``."""
     heartbeat_dir: Path | None = None
     """Each rank writes ``rank<R>`` here after every step (an elastic driver's stall detector)."""
     elastic_log: Path | None = None
@@ -108,6 +116,12 @@ class TrainConfig:
             raise ValueError(f"--checkpoint-every: expected steps >= 0, got {self.checkpoint_every}")
         if self.keep_checkpoints < 0:
             raise ValueError(f"--keep-checkpoints: expected a count >= 0 (0 keeps all), got {self.keep_checkpoints}")
+        if self.full_checkpoint_every < 0:
+            raise ValueError(f"--full-checkpoint-every: expected steps >= 0 (0: {FULL_CHECKPOINT_EVERY}), "
+                             f"got {self.full_checkpoint_every}")
+        if self.full_checkpoint_every > 1 and self.checkpoint_every != 1:
+            raise ValueError("--full-checkpoint-every: gradient logs need a checkpoint every step (--checkpoint-every "
+                             f"1), got --checkpoint-every {self.checkpoint_every}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads: expected >= 1, got {self.threads}")
         if (self.checkpoint_every or self.resume) and self.checkpoint_dir is None:
@@ -122,6 +136,13 @@ class TrainConfig:
             raise ValueError("--eval-every: expected --eval-fraction or --eval-data to say what to evaluate on")
         if self.eval_data and self.eval_fraction:
             raise ValueError("--eval-data and --eval-fraction: expected one of them, not both")
+
+    @property
+    def full_every(self) -> int:
+        """Steps between full checkpoints (1: no gradient logs)."""
+        if self.checkpoint_every != 1:
+            return 1
+        return self.full_checkpoint_every or FULL_CHECKPOINT_EVERY
 
     @property
     def export_to(self) -> Path | None:
@@ -316,6 +337,7 @@ def fingerprint(cfg: TrainConfig, prep: Prepared) -> dict[str, str]:
             "optimizer": cfg.optimizer, "adam_eps": repr(cfg.adam_eps), "seed": str(cfg.seed),
             "layers": str(cfg.layers), "checkpoint_dir": str(cfg.checkpoint_dir),
             "checkpoint_every": str(cfg.checkpoint_every), "keep_checkpoints": str(cfg.keep_checkpoints),
+            "full_checkpoint_every": str(cfg.full_every),
             "resume": str(cfg.resume), "export_dir": str(cfg.export_to),
             "trace_steps": str(list(cfg.trace_steps) if cfg.trace_dir else []),
             "profile_blocks": str(cfg.profile_blocks), "adam_betas": repr(tuple(cfg.adam_betas)),
@@ -404,6 +426,8 @@ class _Session:
     decisions: list
     saver: ckpt.BackgroundSaver | None
     start: int
+    last_checkpoint: int = -1
+    """The newest step this run checkpointed (or resumed from): a gradient log must follow it."""
 
 
 def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummary:
@@ -453,18 +477,23 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
                   "master weights); plan with --dtype bfloat16 for mixed precision")
     if start > 0:
         _resume(cfg, start, log, rank=rank, stage=stage, optimizer=optimizer)
+    logs = cfg.checkpoint_dir is not None and cfg.full_every > 1
     stepper = SteppedOptimizer(optimizer, params, cfg.optim_settings(), counts_stage=chunks[0].devices[0].rank == rank,
-                               skip=stage.tied_copy_parameter(), done_steps=start)
+                               skip=stage.tied_copy_parameter(), done_steps=start, keep_grads=logs and roles.writes_stage)
     executor = Executor(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm, optimizer=stepper)
     executor.step_index = start
     evaluator = (Evaluator(rank=rank, plan=plan, actions=schedule[rank], stage=stage.only(), comm=comm)
                  if cfg.evaluates else None)
     source, eval_source = _sources(cfg, prep, any(c.has_embed or c.has_tail for c in chunks))
     saver = (ckpt.BackgroundSaver(cfg.checkpoint_dir, rank=rank, roles=roles, stage=stage, keep=cfg.keep_checkpoints,
-                                  timeout_s=cfg.timeout_s) if cfg.checkpoint_background and cfg.checkpoint_dir else None)
+                                  timeout_s=cfg.timeout_s, recycle_keep=_recycle_keep(cfg))
+             if cfg.checkpoint_background and cfg.checkpoint_dir else None)
+    if saver is not None:
+        executor.before_backward = saver.before_backward
     return _Session(cfg=cfg, prep=prep, rank=rank, world=world, g=g, hosts=hosts, roles=roles, stage=stage,
                     optimizer=optimizer, stepper=stepper, executor=executor, evaluator=evaluator, source=source,
-                    eval_source=eval_source, log=log, decisions=decisions, saver=saver, start=start)
+                    eval_source=eval_source, log=log, decisions=decisions, saver=saver, start=start,
+                    last_checkpoint=start if start > 0 else -1)
 
 
 def _train_step(ss: _Session, step: int, summary: TrainSummary) -> None:
@@ -493,8 +522,7 @@ def _train_step(ss: _Session, step: int, summary: TrainSummary) -> None:
                  background=ss.saver is not None)
     if cfg.checkpoint_dir is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
                                            or step == cfg.steps):
-        _checkpoint(cfg, ss.prep, step, g, ss.log, ss.saver, rank=rank, roles=ss.roles, stage=ss.stage,
-                    optimizer=ss.optimizer)
+        _checkpoint(ss, step)
     elastic_hooks.heartbeat(cfg.heartbeat_dir, rank, step)
 
 
@@ -564,26 +592,45 @@ def _build_chunks(prep: Prepared, plan: Plan, chunks: list[int], seed: int) -> S
 def _resume(cfg: TrainConfig, start: int, log: _Log, *, rank: int, stage, optimizer) -> None:
     """Load checkpoint ``start`` under this plan's split (tensors by HF name) and say so."""
     t_load = time.perf_counter()
-    ckpt.load(cfg.checkpoint_dir, start, rank=rank, stage=stage, optimizer=optimizer)
-    log.print(f"resumed from {ckpt.step_dir(cfg.checkpoint_dir, start)} (step {start})")
-    log.event({"event": "resume", "from_step": start, "restart_count": _env_int("TORCHELASTIC_RESTART_COUNT", 0),
+    manifest = ckpt.load(cfg.checkpoint_dir, start, rank=rank, stage=stage, optimizer=optimizer)
+    replayed = manifest["replayed"]
+    log.print(f"resumed from {ckpt.step_dir(cfg.checkpoint_dir, start)} (step {start}"
+              + (f": {replayed} logged update(s) replayed on step {start - replayed}'s checkpoint)" if replayed else ")"))
+    log.event({"event": "resume", "from_step": start, "replayed_updates": replayed,
+               "restart_count": _env_int("TORCHELASTIC_RESTART_COUNT", 0),
                "load_s": time.perf_counter() - t_load, "time": time.time()})
 
 
-def _checkpoint(cfg: TrainConfig, prep: Prepared, step: int, g, log: _Log, saver: ckpt.BackgroundSaver | None, *,
-                rank: int, roles: ckpt.Roles, stage: Any, optimizer: torch.optim.Optimizer) -> None:
-    """Write checkpoint ``step`` now, or start writing it in the background (``saver``)."""
+def _checkpoint(ss: _Session, step: int) -> None:
+    """Write checkpoint ``step`` (full, or a gradient log on top of the previous step's) now, or
+    start writing it in the background."""
+    cfg, prep, g, saver = ss.cfg, ss.prep, ss.g, ss.saver
     info = {"plan": str(cfg.plan), "plan_hash": prep.plan_hash, "model": prep.model, "seed": cfg.seed,
             "optimizer": cfg.optimizer, "lr": cfg.lr}
+    grads = None
+    if cfg.full_every > 1:
+        kept = ss.stepper.take_grads() if ss.stepper.keep_grads else {}
+        if ss.last_checkpoint == step - 1 and step % cfg.full_every and step != cfg.steps:
+            # every rank decides alike (same steps, same options); ranks that write no stage log no tensors
+            grads = ckpt.gradient_snapshot(step, roles=ss.roles, stage=ss.stage, grads=kept, lrs=ss.stepper.last_lrs)
+        del kept
     if saver is not None:
         done = g(f"step {step}: writing the previous checkpoint", saver.wait)
-        saver.start(step, optimizer, info)
+        saver.start(step, ss.optimizer, info, grads=grads)
     else:
-        done = [g(f"step {step}: writing the checkpoint", ckpt.save, cfg.checkpoint_dir, step, rank=rank, roles=roles,
-                  stage=stage, optimizer=optimizer, info=info, timeout_s=cfg.timeout_s, keep=cfg.keep_checkpoints)]
+        done = [g(f"step {step}: writing the checkpoint", ckpt.save, cfg.checkpoint_dir, step, rank=ss.rank,
+                  roles=ss.roles, stage=ss.stage, optimizer=ss.optimizer, info=info, timeout_s=cfg.timeout_s,
+                  keep=cfg.keep_checkpoints, grads=grads, recycle_keep=_recycle_keep(cfg))]
+    ss.last_checkpoint = step
     for d in done:
         if d is not None:
-            log.print(f"checkpoint {d}")
+            ss.log.print(f"checkpoint {d}")
+
+
+def _recycle_keep(cfg: TrainConfig) -> int:
+    """Retired copies of each checkpoint file kept for overwriting: gradient logs retire a whole
+    chain at once, and each later log overwrites one."""
+    return max(ckpt.RECYCLE_KEEP, cfg.full_every)
 
 
 def _step_extras(cfg: TrainConfig, step: int, stepper: SteppedOptimizer, evaluator: Evaluator | None,
