@@ -7,9 +7,12 @@ recovery, not the plan). Two parts:
 
 1. Checkpoint cost: the same 4-rank plan (and, with ``--cost-ranks 2 4``, a 2-rank one: no more
    ranks than this machine's cores) run warm (one process pool, imports paid once) with no
-   checkpoint, ``--checkpoint-every 1`` written in the step, and ``--checkpoint-every 1
-   --checkpoint-background``; the added wall seconds of the steps (the last checkpoint's
-   completion included) per step, over the step time, against issue 16's <= 5% target.
+   checkpoint, ``--checkpoint-every 1`` written in the step, ``--checkpoint-every 1
+   --checkpoint-background`` (both: a full checkpoint every ``--full-every`` steps, gradient logs
+   between) and the same with a full checkpoint every step; the added wall seconds of the steps
+   (the last checkpoint's completion included) per step, over the step time, against issue 16's
+   <= 5% target. Give ``--cost-steps`` at least twice ``--full-every`` so that the measured
+   steps carry their share of full checkpoints.
 2. Recovery: `torchpp run --elastic`'s driver on the plan; one rank is SIGKILLed after checkpoint
    K; printed: detection, stopping the survivors, re-plan, process start-up, reshard/load of the
    checkpoint, the first step on the new plan, their sum, and the steps lost. Against it, a
@@ -24,7 +27,7 @@ checkpoint written after a step counts) with and without a checkpoint every step
 recovery kills the host on Wi-Fi (pi4b) and re-plans over the three left.
 
     .venv/bin/python benchmarks/bench_elastic.py [--scenario hetero4|homelab] [--out out/bench_elastic]
-        [--steps 8] [--only cost|recovery] [--cost-ranks 2 4] [--rounds 2]
+        [--steps 8] [--cost-steps 21] [--full-every 10] [--only cost|recovery] [--cost-ranks 2 4] [--rounds 2]
 """
 from __future__ import annotations
 
@@ -85,10 +88,14 @@ def _timed_train(rank: int, world: int, cfg) -> dict:
 
 
 KINDS = {"none": {}, "sync": {"checkpoint_every": 1},
-         "background": {"checkpoint_every": 1, "checkpoint_background": True}}
+         "background": {"checkpoint_every": 1, "checkpoint_background": True},
+         "background_full": {"checkpoint_every": 1, "checkpoint_background": True, "full_checkpoint_every": 1}}
+"""``sync`` and ``background`` write a full checkpoint every ``--full-every`` steps and gradient
+logs between (torchpp.train's default); ``background_full`` a full one every step."""
+CHECKPOINTED = [k for k in KINDS if k != "none"]
 
 
-def checkpoint_cost(d: Path, plan: Path, steps: int, ranks: int, rounds: int = 2) -> dict:
+def checkpoint_cost(d: Path, plan: Path, steps: int, ranks: int, rounds: int = 2, full_every: int = 10) -> dict:
     """Per-step seconds a checkpoint adds, written in the step and in the background, over the
     step time: the wall time of the steps (set-up and export excluded, the last checkpoint's
     completion included), each kind run ``rounds`` times interleaved and its fastest run kept
@@ -101,6 +108,7 @@ def checkpoint_cost(d: Path, plan: Path, steps: int, ranks: int, rounds: int = 2
         pool.run(_timed_train, TrainConfig(plan=plan, steps=2, threads=1, timeout_s=120), timeout_s=300)  # warm-up
         for i in range(rounds):
             for name, extra in KINDS.items():
+                extra = {"full_checkpoint_every": full_every, **extra} if extra else {}
                 cfg = TrainConfig(plan=plan, steps=steps, threads=1, timeout_s=120, keep_checkpoints=2,
                                   checkpoint_dir=d / f"ck{ranks}_{name}_{i}" if extra else None, **extra)
                 r = pool.run(_timed_train, cfg, timeout_s=300)
@@ -111,7 +119,7 @@ def checkpoint_cost(d: Path, plan: Path, steps: int, ranks: int, rounds: int = 2
            for name, rs in runs.items()}
     base = out["none"]["wall_s"] / steps
     out["none"]["per_step_s"] = base
-    for name in ("sync", "background"):
+    for name in CHECKPOINTED:
         added = (out[name]["wall_s"] - out["none"]["wall_s"]) / steps
         out[name]["added_per_step_s"] = added
         out[name]["ratio"] = added / base
@@ -128,20 +136,21 @@ TARGET = 0.05
 def print_cost(cost: dict, what: str) -> None:
     print(f"checkpoint every step ({what}, {cost['none']['per_step_s']:.3f} s/step without, "
           f"load average {cost['load_avg'][0]:.1f}):")
-    for name in ("sync", "background"):
+    for name in (k for k in CHECKPOINTED if k in cost):
         c = cost[name]
         ok = "meets" if c["ratio"] <= TARGET else "misses"
         cpu = f"; CPU time of all ranks +{c['cpu_ratio'] * 100:.1f}%" if "cpu_ratio" in c else ""
         runs = f"; runs {', '.join(f'{x:.3f}' for x in c['periods_s'])} s/step" if "periods_s" in c else ""
-        print(f"  {name:<10} +{c['added_per_step_s'] * 1e3:7.1f} ms/step  ratio {c['ratio'] * 100:5.1f}% of a step "
+        print(f"  {name:<15} +{c['added_per_step_s'] * 1e3:7.1f} ms/step  ratio {c['ratio'] * 100:5.1f}% of a step "
               f"({ok} the <= {TARGET * 100:.0f}% target){cpu}{runs}")
-    cpus = cost["background"].get("writer_cpu_s", [])
-    for i, w in enumerate(cost["background"].get("writer_wait_s", [])):
-        cpu = f"; the writer's CPU {' '.join(f'{x * 1e3:.0f}' for x in cpus[i])} ms" if i < len(cpus) else ""
-        print(f"  background run {i + 1}: updates waited for the writer {' '.join(f'{x * 1e3:.0f}' for x in w)} "
-              f"ms/step per stage{cpu}")
+    for name in (k for k in CHECKPOINTED if k in cost):
+        cpus = cost[name].get("writer_cpu_s", [])
+        for i, w in enumerate(cost[name].get("writer_wait_s", [])):
+            cpu = f"; the writer's CPU {' '.join(f'{x * 1e3:.0f}' for x in cpus[i])} ms" if i < len(cpus) else ""
+            print(f"  {name} run {i + 1}: updates waited for the writer {' '.join(f'{x * 1e3:.0f}' for x in w)} "
+                  f"ms/step per stage{cpu}")
     if "periods_s" in cost["none"]:
-        print(f"  none       runs {', '.join(f'{x:.3f}' for x in cost['none']['periods_s'])} s/step")
+        print(f"  {'none':<15} runs {', '.join(f'{x:.3f}' for x in cost['none']['periods_s'])} s/step")
 
 
 def step_period(log_dir: Path) -> float:
@@ -162,15 +171,15 @@ def writer_means(log_dir: Path, key: str = "checkpoint_wait_s") -> list[float]:
     return [sum(w[s] for w in waits) / len(waits) for s in range(len(waits[0]))] if waits else []
 
 
-def cluster_checkpoint_cost(demo, plan: Path, steps: int, rounds: int, keep: int = 2) -> dict:
+def cluster_checkpoint_cost(demo, plan: Path, steps: int, rounds: int, keep: int = 2, full_every: int = 10) -> dict:
     """The checkpoint cost on the emulated cluster: each kind trained ``rounds`` times,
     interleaved, for ``steps`` steps (`torchpp cluster run --plan`); per kind its fastest run's
     steady step period."""
     import shutil
 
     periods: dict[str, list[float]] = {k: [] for k in KINDS}
-    waits: list[list[float]] = []
-    cpus: list[list[float]] = []
+    waits: dict[str, list[list[float]]] = {}
+    cpus: dict[str, list[list[float]]] = {}
     for i in range(rounds):
         for name, extra in KINDS.items():
             d = demo.path("checkpoint_cost", f"{name}{i}")
@@ -180,21 +189,22 @@ def cluster_checkpoint_cost(demo, plan: Path, steps: int, rounds: int, keep: int
             if extra:
                 argv += ["--checkpoint-every", "1", "--keep-checkpoints", str(keep), "--checkpoint-dir", str(d / "ck")]
                 argv += ["--checkpoint-background"] if extra.get("checkpoint_background") else []
+                argv += ["--full-checkpoint-every", str(extra.get("full_checkpoint_every", full_every))]
             demo.p.run(f"checkpoint cost: {name} (round {i + 1}/{rounds}, {steps} steps)",
                        demo.hosts.ranks(plan, argv, d / "hosts"), timeout=600)
             periods[name].append(step_period(d / "logs"))
             if extra.get("checkpoint_background"):
-                waits.append(writer_means(d / "logs"))
-                cpus.append(writer_means(d / "logs", "checkpoint_cpu_s"))
+                waits.setdefault(name, []).append(writer_means(d / "logs"))
+                cpus.setdefault(name, []).append(writer_means(d / "logs", "checkpoint_cpu_s"))
             shutil.rmtree(d / "ck", ignore_errors=True)
     base = min(periods["none"])
     out: dict = {"none": {"per_step_s": base, "periods_s": periods["none"]}}
-    for name in ("sync", "background"):
+    for name in CHECKPOINTED:
         added = min(periods[name]) - base
         out[name] = {"per_step_s": min(periods[name]), "added_per_step_s": added, "ratio": added / base,
-                     "periods_s": periods[name]}
-    out["background"]["writer_wait_s"] = waits
-    out["background"]["writer_cpu_s"] = cpus
+                     "periods_s": periods[name], "writer_wait_s": waits.get(name, []),
+                     "writer_cpu_s": cpus.get(name, [])}
+    out["full_every"] = full_every
     out["load_avg"] = os.getloadavg()
     return out
 
@@ -280,7 +290,8 @@ def hetero4(args: argparse.Namespace) -> dict:
     results: dict = {}
     if args.only in (None, "cost"):
         for ranks in args.cost_ranks:
-            cost = checkpoint_cost(d, first_plan(d, ranks), args.steps, ranks, args.rounds)
+            cost = checkpoint_cost(d, first_plan(d, ranks), args.cost_steps or args.steps, ranks, args.rounds,
+                                   args.full_every)
             print_cost(cost, f"{MODEL}, {ranks} ranks on {os.cpu_count()} cores")
             results[f"checkpoint_{ranks}ranks"] = cost
     if args.only in (None, "recovery"):
@@ -308,7 +319,7 @@ def homelab(args: argparse.Namespace) -> dict:
     results: dict = {}
     try:
         with demo_hosts(cfg, args.out / "homelab", False, 2) as demo:
-            demo.p.total = 7 + 3 * args.rounds * (args.only != "recovery")  # up, 5 to plan, runs, down
+            demo.p.total = 7 + len(KINDS) * args.rounds * (args.only != "recovery")  # up, 5 to plan, runs, down
             m = demo.measure_and_plan()
             meas = dict(layers=m.files, devices=m.devices, bandwidth=m.bandwidth, capacities=m.capacities,
                         memory_model=m.memory)
@@ -316,7 +327,8 @@ def homelab(args: argparse.Namespace) -> dict:
             what = f"{cfg.model} on {demo.hosts.mode}, {plan.num_stages} stage(s), {plan.num_microbatches} micro-batches"
             results["plan"] = what
             if args.only in (None, "cost"):
-                cost = cluster_checkpoint_cost(demo, m.plan, args.steps, args.rounds, args.keep_checkpoints)
+                cost = cluster_checkpoint_cost(demo, m.plan, args.cost_steps or args.steps, args.rounds,
+                                               args.keep_checkpoints, args.full_every)
                 print_cost(cost, what)
                 results["checkpoint"] = cost
             if args.only in (None, "recovery"):
@@ -347,6 +359,12 @@ def main() -> int:
     ap.add_argument("--keep-checkpoints", type=int, default=2,
                     help="homelab checkpoint cost: complete checkpoints kept (torchpp.train's --keep-checkpoints)")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved runs of each kind (the fastest is kept)")
+    ap.add_argument("--cost-steps", type=int, default=None,
+                    help="steps of the checkpoint-cost runs (default --steps); at least twice --full-every, so "
+                         "that the measured steps hold full checkpoints in their share")
+    ap.add_argument("--full-every", type=int, default=10,
+                    help="a full checkpoint every N steps, gradient logs between (torchpp.train's "
+                         "--full-checkpoint-every)")
     args = ap.parse_args()
     results = homelab(args) if args.scenario == "homelab" else hetero4(args)
     name = f"results{'_' + args.scenario if args.scenario != 'hetero4' else ''}{'_' + args.only if args.only else ''}"
