@@ -134,3 +134,22 @@ def test_plan_output_says_where_the_optimizer_rate_came_from(tmp_path, capsys):
         assert want in out and want in (d / "out" / "summary.txt").read_text()
         assert json.loads((d / "out" / "plan_meta.json").read_text())["predicted"]["optimizer"].startswith(
             want.split(": ", 1)[1])
+
+
+def test_simulate_plan_prices_the_optimizer_as_the_planner_does(tmp_path, capsys):
+    """One cost model: `torchpp simulate plan` (the demo's and analyze's prediction) gives the step
+    time the planner wrote into plan.json, measured optimizer steps included."""
+    a, b = _layers("a", RATE), _layers("b", 3 * RATE, speed=0.5)
+    cap = compute_capacities([a, b], "a")
+    cap.capacity["c"] = 0.25  # priced from a's table and rate, over its capacity
+    inp = _inputs(tmp_path, [a], ["a", "b", "c"], cap)
+    res = api.plan(inp, api.PlanOptions(global_batch=16, micro_batch_sizes=[2]))
+    assert res.plan.world_size >= 2, res.plan.world_size
+    path = res.plan.save(tmp_path / "plan.json")
+    assert main(["simulate", "plan", str(path), "--bandwidth", str(inp.bandwidth), "--layers", *map(str, inp.layers),
+                 "--capacities", str(inp.capacities), "--comm", "links", "--trace", str(tmp_path / "pred.json")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("predicted step time"))
+    assert float(line.split()[3]) == pytest.approx(res.plan.predicted["step_time_s"], abs=1e-6)  # printed to 1 us
+    trace = json.loads((tmp_path / "pred.json").read_text())
+    opt = [e["dur"] for e in trace["traceEvents"] if e.get("name") == "optimizer"]
+    assert opt and min(opt) > 0

@@ -39,9 +39,10 @@ class _RankCost:
 class MeasuredCost:
     """replay's CostModel for one plan, from measured profiles and links.
 
-    ``optimizer_s_per_byte[h]``: seconds per parameter byte of the optimizer step on host h
-    (0 where not given: the layers file does not measure the optimizer). A rank's one optimizer
-    step covers every chunk it holds (the tied weight once when it holds both ends).
+    ``optimizer_s_per_byte[h]``: seconds per parameter byte of the optimizer step on host h; when
+    not given, each host's rate as ``torchpp profile`` measured it (``Profiles.optimizer_rate``,
+    0 where no host has one). A rank's one optimizer step covers every chunk it holds (the tied
+    weight once when it holds both ends).
     """
 
     def __init__(self, plan: Plan, profiles: Profiles, links: Links | Bandwidth,
@@ -59,7 +60,8 @@ class MeasuredCost:
         for r in plan.ranks:
             chunks = plan.stages_of_rank(r)
             host = chunks[0].device(r).host
-            o = optimizer_rate(optimizer_s_per_byte, host)
+            o = (optimizer_rate(optimizer_s_per_byte, host) if optimizer_s_per_byte is not None
+                 else profiles.optimizer_rate(host)[0])
             w = profiles.rank_param_bytes(chunks)
             times = {s.index: stage_time(profiles, host, s) for s in chunks}
             self.rank[r] = _RankCost(host, chunks[0], times[chunks[0].index], o * w, times)

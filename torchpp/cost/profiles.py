@@ -49,27 +49,39 @@ class Profiles:
     (LayersFile.backward_split_factor); hosts priced from capacities.json take their entry there,
     other hosts the reference host's, else 1."""
 
+    optim: dict[str, float] = field(default_factory=dict)
+    """Per measured host: its optimizer step's seconds per parameter byte (LayersFile.optimizer_s_per_byte)."""
+
     def backward_split_factor(self, host: str) -> float:
         cap = self.capacities
-        return self._host_figure(host, self.split_factor, cap.backward_split_factor if cap else {}, 1.0)
+        return self._host_figure(host, self.split_factor, cap.backward_split_factor if cap else {}, 1.0)[0]
+
+    def optimizer_rate(self, host: str) -> tuple[float, str]:
+        """Seconds per parameter byte of ``host``'s optimizer step and where the figure came from
+        (0 where no host measured one)."""
+        cap = self.capacities
+        return self._host_figure(host, self.optim, cap.optimizer_s_per_byte if cap else {}, 0.0, by_capacity=True)
 
     def _host_figure(self, host: str, measured: dict[str, float], carried: Mapping[str, float], default: float,
-                     by_capacity: bool = False) -> float:
-        """A per-host figure ``torchpp profile`` measures: the host's own (its layers file), else its
-        entry carried in capacities.json, else the reference host's (over the host's relative
-        capacity with ``by_capacity``: a time that scales with speed), else ``default``."""
+                     by_capacity: bool = False) -> tuple[float, str]:
+        """A per-host figure ``torchpp profile`` measures, and where it came from: the host's own
+        (its layers file), else its entry carried in capacities.json, else the reference host's
+        (over the host's relative capacity with ``by_capacity``: a time that scales with speed),
+        else ``default``."""
         if host in measured:
-            return float(measured[host])
+            return float(measured[host]), self.origin.get(host, "its layers file").split(" (")[0]
         cap = self.capacities
         if cap is None:
-            return default
+            return default, "not measured"
         if host in carried:
-            return float(carried[host])
+            return float(carried[host]), f"{self.capacities_source}'s entry"
+        if cap.ref_host not in measured and cap.ref_host not in carried:
+            return default, "not measured"
         ref = float(measured.get(cap.ref_host, carried.get(cap.ref_host, default)))
         if not by_capacity:
-            return ref
+            return ref, f"{cap.ref_host}'s"
         c = cap.capacity.get(host, 0.0) / cap.capacity[cap.ref_host]
-        return ref / c if c > 0 else 0.0
+        return (ref / c, f"{cap.ref_host}'s / capacity {c:.3g}") if c > 0 else (0.0, "no capacity")
 
     @property
     def num_blocks(self) -> int:
@@ -131,6 +143,8 @@ class Profiles:
             p.set_table(lf.host, [b.forward_time_s for b in bl], [b.backward_time_s for b in bl], lf.run.batch, src,
                         [b.forward_fixed_s for b in bl], [b.backward_fixed_s for b in bl])
             p.call[lf.host] = lf.call_overhead_s
+            if lf.optimizer_s_per_byte:
+                p.optim[lf.host] = lf.optimizer_s_per_byte
             if lf.backward_split_factor is not None:
                 p.split_factor[lf.host] = lf.backward_split_factor
         if capacities is not None:
@@ -185,7 +199,7 @@ class Profiles:
         ``torchpp profile``'s call probe and carried in capacities.json, else the reference
         host's scaled by capacity (a capacities file from before the field, or a host not probed)."""
         cap = self.capacities
-        return self._host_figure(host, self.call, cap.call_overhead_s if cap else {}, 0.0, by_capacity=True)
+        return self._host_figure(host, self.call, cap.call_overhead_s if cap else {}, 0.0, by_capacity=True)[0]
 
     def table(self, host: str) -> tuple[np.ndarray, np.ndarray]:
         if host not in self.fwd:

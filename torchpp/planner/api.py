@@ -14,10 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import UsageError
 from ..formats import Bandwidth, Capacities, Devices, FormatError, LayersFile, MemoryModel, Plan
+
+if TYPE_CHECKING:
+    from ..cost import Profiles
 
 Progress = Callable[[str], None] | None
 OUTPUTS = ("plan.json", "stages.csv", "steps.csv", "plan_meta.json", "summary.txt", "gantt.png")
@@ -225,7 +228,7 @@ def _load_measured(inputs: PlanInputs) -> Costs:
             raise FormatError(str(inputs.devices), h, "a host with a layers file or an entry in capacities.json "
                               f"(measured: {', '.join(sorted(prof.fwd))})")
     bw = Bandwidth.load(inputs.bandwidth)
-    opt, opt_source = measured_optimizer(files, [str(x) for x in paths], cap, str(inputs.capacities), dv.hosts)
+    opt, opt_source = measured_optimizer(prof, dv.hosts)
     return Costs(profiles=prof, links=Links(bw, str(inputs.bandwidth)), hosts=dv.hosts,
                  budget={h: dv.memory_bytes(h) for h in dv.hosts}, memory=None, devices=dv,
                  optimizer_s_per_byte=opt, optimizer_source=opt_source,
@@ -233,27 +236,15 @@ def _load_measured(inputs: PlanInputs) -> Costs:
                               devices=Path(inputs.devices)))
 
 
-def measured_optimizer(files: Sequence[LayersFile], sources: Sequence[str], cap: Capacities | None, cap_source: str,
-                       hosts: Sequence[str]) -> tuple[dict[str, float] | None, str]:
-    """Each host's optimizer seconds per parameter byte as ``torchpp profile`` measured it, and a
-    line saying where each came from: its layers file, capacities.json's map, or the reference
-    host's rate over the host's capacity. Hosts with none are priced at 0; (None, "") when none has one."""
-    found: dict[str, tuple[float, str]] = {
-        lf.host: (lf.optimizer_s_per_byte, src) for lf, src in zip(files, sources) if lf.optimizer_s_per_byte}
-    if cap is not None:
-        for h, v in cap.optimizer_s_per_byte.items():
-            found.setdefault(h, (v, f"{cap_source} optimizer_s_per_byte"))
-        ref = found.get(cap.ref_host)
-        for h in hosts:
-            if h not in found and ref is not None and h in cap.capacity:
-                c = cap.capacity[h] / cap.capacity[cap.ref_host]
-                found[h] = (ref[0] / c, f"{cap.ref_host}'s / capacity {c:.3g}")
-    rates = {h: found[h] for h in hosts if h in found}
-    if not rates:
+def measured_optimizer(prof: Profiles, hosts: Sequence[str]) -> tuple[dict[str, float] | None, str]:
+    """Each host's optimizer seconds per parameter byte as ``torchpp profile`` measured it
+    (``Profiles.optimizer_rate``), and a line saying where each came from. Hosts with none are
+    priced at 0; (None, "") when none has one."""
+    rates = {h: prof.optimizer_rate(h) for h in hosts}
+    if not any(v for v, _ in rates.values()):
         return None, ""
-    parts = [f"{h} {v * 1e9:.3g} s/GB ({src})" for h, (v, src) in rates.items()]
-    parts += [f"{h} 0 (not measured)" for h in hosts if h not in rates]
-    return {h: v for h, (v, _) in rates.items()}, "measured per host by profile: " + ", ".join(parts)
+    parts = [f"{h} {v * 1e9:.3g} s/GB ({src})" if v else f"{h} 0 (not measured)" for h, (v, src) in rates.items()]
+    return {h: v for h, (v, _) in rates.items() if v}, "measured per host by profile: " + ", ".join(parts)
 
 
 # ----------------------------------------------------------------------------- planning
