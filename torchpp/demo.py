@@ -46,6 +46,9 @@ class DemoConfig:
     profile_batches: str = "1,4,8"
     """Batch sizes each host is profiled at: spanning the micro-batch sizes the planner may pick,
     so a call's time is interpolated, not extrapolated."""
+    profile_iters: int = 6
+    """Profiled steps per batch size: a small host's pass times vary with where it falls in its CPU
+    quota's periods, so the means need more than a few steps."""
     global_batch: int = 32
     steps: int = 6
     """Optimizer steps per training run; the first is warm-up and not counted."""
@@ -62,8 +65,8 @@ class DemoConfig:
 
     @staticmethod
     def quick() -> "DemoConfig":
-        return DemoConfig(model="qwen3-tiny", seq_len=32, profile_batches="1,2,8", global_batch=8, steps=3,
-                          memory_samples=4, capacity_layers=None)
+        return DemoConfig(model="qwen3-tiny", seq_len=32, profile_batches="1,2,8", profile_iters=3, global_batch=8,
+                          steps=3, memory_samples=4, capacity_layers=None)
 
     @staticmethod
     def scenario(name: str) -> "DemoConfig":
@@ -356,7 +359,7 @@ class Demo:
         d.mkdir(parents=True, exist_ok=True)
         q = shlex.quote(str(d))
         cmd = (f"{shlex.quote(PY)} -m torchpp profile --model {c.model} --seq-len {c.seq_len} "
-               f"--batch {c.profile_batches} --iters 3 --warmup 1 --threads 1 --quiet --host \"$HOST\"")
+               f"--batch {c.profile_batches} --iters {c.profile_iters} --warmup 1 --threads 1 --quiet --host \"$HOST\"")
         if c.capacity_layers is None:
             shell = f"exec {cmd} --out {q}/layers_\"$HOST\".json"
         else:

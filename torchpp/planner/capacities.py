@@ -1,7 +1,11 @@
 """`torchpp capacities`: per-host speed relative to a reference host (seed 000 step 2).
 
-``capacity[h]`` = median over decoder layers of (reference forward time / h's forward time), both
-per sample. Every measured host's own block table is kept too: the planner prices a host from
+``capacity[h]`` = median over decoder layers of (reference forward + backward time / h's forward +
+backward time), both per sample at the reference host's batch. Forward and backward together:
+on a host with a small CPU quota a forward pass of a few quota periods is bimodal (whether it
+straddles one more period boundary decides), while the backward, twice as long, is steady; over
+six homelab profiles the forward alone put pi3 at 0.286-0.418 of the laptop (quota ratio 0.357),
+forward + backward at 0.316-0.378. Every measured host's own block table is kept too: the planner prices a host from
 its own table where it has one and from the scaled reference table only where it does not.
 Each file's ``call_overhead_s`` (the runtime's seconds per compute call, measured by the profile's
 call probe on that host) is carried too: a host priced from capacities keeps its own.
@@ -26,8 +30,8 @@ def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequ
         raise FormatError("--ref-host", "ref_host", f"one of the measured hosts ({', '.join(prof.fwd)})", ref_host)
     batch = next(lf.run.batch for lf in files if lf.host == ref_host)
 
-    def layer_times(h: str):  # forward of each decoder layer on the reference host's batch
-        return (prof.fwd0[h] + batch * prof.fwd[h])[1:-1]
+    def layer_times(h: str):  # forward + backward of each decoder layer on the reference host's batch
+        return (prof.fwd0[h] + batch * prof.fwd[h] + prof.bwd0[h] + batch * prof.bwd[h])[1:-1]
 
     ref = layer_times(ref_host)
     capacity, tables = {}, {}
