@@ -327,9 +327,12 @@ class Executor:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         t2 = time.perf_counter()
-        s.compute_s += t2 - t1
+        # a clipping optimizer first waits for every rank's gradient norm: a wait, not the update
+        synced = t1 + min(getattr(self.optimizer, "sync_s", 0.0), t2 - t1)
+        s.wait_s += synced - t1
+        s.compute_s += t2 - synced
         if obs:
-            obs.compute(act, t1, t2, {})
+            obs.compute(act, synced, t2, {})
 
     def _release_finished(self, sends: list[Pending]) -> int:
         """Drop sends that completed (their buffers can be freed); errors surface at the next wait."""
