@@ -26,8 +26,8 @@ def _fake(root: Path, step: int, kind: str = ckpt.FULL, complete: bool = True) -
     name = "grads-stage0.safetensors" if kind == ckpt.GRADIENTS else "model-stage0.safetensors"
     (d / name).write_bytes(b"x")
     if complete:
-        (d / ckpt.MANIFEST).write_text(json.dumps({"format": ckpt.CKPT_FORMAT, "kind": kind, "step": step,
-                                                   "files": [name]}))
+        fmt = ckpt.LOG_FORMAT if kind == ckpt.GRADIENTS else ckpt.CKPT_FORMAT
+        (d / ckpt.MANIFEST).write_text(json.dumps({"format": fmt, "kind": kind, "step": step, "files": [name]}))
     return d
 
 
@@ -147,7 +147,7 @@ def test_the_run_wrote_logs_between_full_checkpoints(runs):
     size = lambda s: sum(f.stat().st_size for f in ckpt.step_dir(runs / "straight", s).glob("*.safetensors"))  # noqa: E731
     assert size(2) < 0.4 * size(1)  # parameters and both AdamW moments against the gradients
     log = json.loads((ckpt.step_dir(runs / "straight", 3) / ckpt.MANIFEST).read_text())
-    assert log["after"] == 2 and log["lrs"] == [1e-3]
+    assert log["after"] == 2 and log["lrs"] == [1e-3] and log["format"] == ckpt.LOG_FORMAT
 
 
 def test_resuming_from_a_log_replays_the_updates_exactly(runs):

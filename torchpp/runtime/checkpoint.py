@@ -59,6 +59,9 @@ RECYCLE = ".recycle"
 """Where pruned checkpoints wait to have their files' pages overwritten by the next ones."""
 RECYCLE_KEEP = 2
 CKPT_FORMAT = "torchpp.checkpoint/1"
+LOG_FORMAT = "torchpp.checkpoint-log/1"
+"""A gradient log's manifest format: a reader that knows only full checkpoints skips it (and
+resumes from the newest full one) instead of failing on files it does not expect."""
 FULL, GRADIENTS = "full", "gradients"
 """A manifest's ``kind``: parameters and optimizer state, or one step's gradients on top of the step before."""
 GRADS_INDEX = "grads.safetensors.index.json"
@@ -433,7 +436,7 @@ def _write_index_and_manifest(d: Path, step: int, parts: list[dict[str, Any]], s
         grads_map = {n: f"grads-stage{part['stage']}.safetensors"
                      for part in (chunk for rank in parts for chunk in rank["chunks"]) for n in part["grads"]}
         write_json(d / GRADS_INDEX, {"metadata": {"step": step}, "weight_map": grads_map})
-        _write_manifest(d, {"format": CKPT_FORMAT, "kind": GRADIENTS, "step": step, "after": step - 1,
+        _write_manifest(d, {"format": LOG_FORMAT, "kind": GRADIENTS, "step": step, "after": step - 1,
                             "lrs": parts[0]["lrs"], "files": sorted(set(grads_map.values())),
                             "world_size": world, **info})
         return
@@ -463,13 +466,19 @@ def _write_manifest(d: Path, manifest: dict[str, Any]) -> None:
 
 def is_complete(d: Path) -> bool:
     """A step directory whose manifest is readable and whose listed files are all present."""
+    return _complete_manifest(d) is not None
+
+
+def _complete_manifest(d: Path) -> dict[str, Any] | None:
+    """``d``'s manifest when the checkpoint is complete (else None)."""
     if not (d / MANIFEST).is_file():
-        return False
+        return None
     try:
         data = read_json(d / MANIFEST)
     except ValueError:
-        return False
-    return data.get("format") == CKPT_FORMAT and all((d / f).is_file() for f in data.get("files", []))
+        return None
+    ok = data.get("format") in (CKPT_FORMAT, LOG_FORMAT) and all((d / f).is_file() for f in data.get("files", []))
+    return data if ok else None
 
 
 def _kinds(root: str | Path) -> dict[int, str]:
@@ -479,8 +488,8 @@ def _kinds(root: str | Path) -> dict[int, str]:
         return {}
     out = {}
     for p in r.iterdir():
-        if (m := _STEP_RE.match(p.name)) and is_complete(p):
-            out[int(m.group(1))] = read_json(p / MANIFEST).get("kind", FULL)
+        if (m := _STEP_RE.match(p.name)) and (data := _complete_manifest(p)) is not None:
+            out[int(m.group(1))] = data.get("kind", FULL)
     return out
 
 
