@@ -1,6 +1,7 @@
 """A split backward (zero-bubble's I then W) costs more than one backward pass; `torchpp profile`
 measures by how much on its host and the cost model prices I and W with it (issue #15)."""
 import pytest
+import torch
 
 from torchpp.cli import main
 from torchpp.cost import Profiles
@@ -56,3 +57,27 @@ def test_hosts_without_a_layers_file_take_their_capacities_entry_or_the_referenc
     assert Profiles.from_layers([_lf("d", None)]).backward_split_factor("d") == 1.0
     with pytest.raises(FormatError, match="backward_split_factor"):
         Capacities.parse({**cap.to_json(), "backward_split_factor": {"zz": 1.0}}, "c.json")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_the_split_cost_is_measured_at_the_profiles_precision(monkeypatch, dtype):
+    """A --dtype bfloat16 profile prices zero-bubble splits with the ratio of what training runs
+    (fp32 weights under bf16 autocast), a float16 one with float16 weights."""
+    from torchpp.models import stages
+    from torchpp.models.presets import load_config
+    from torchpp.profiling.measure import ProfileConfig, measure_backward_split
+
+    seen = []
+    real = stages.build_stage
+
+    def spy(*a, **kw):
+        st = real(*a, **kw)
+        seen.append((st.dtype, st.autocast))
+        return st
+
+    monkeypatch.setattr(stages, "build_stage", spy)
+    pc = ProfileConfig(model="qwen3-tiny", seq_len=8, batch=2, iters=1, warmup=0, dtype=dtype)
+    f = measure_backward_split(load_config("qwen3-tiny"), pc)
+    want = {"float32": (torch.float32, None), "bfloat16": (torch.float32, torch.bfloat16),
+            "float16": (torch.float16, None)}[dtype]
+    assert seen == [want] and 0.3 < f < 20

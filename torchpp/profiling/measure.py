@@ -224,17 +224,19 @@ SPLIT_SAMPLE_LAYERS = 2
 def measure_backward_split(cfg: Any, pc: ProfileConfig) -> float:
     """``I + W`` over ``B`` on this host: the runtime's split backward (``backward_input`` then
     ``backward_weight``, as zero-bubble schedules run it) against one ``autograd.backward`` of the
-    same forward, on up to ``SPLIT_SAMPLE_LAYERS`` decoder layers with the profile's batch;
-    the ratio of the medians over ``pc.iters`` alternating pairs after a warm-up."""
+    same forward, on up to ``SPLIT_SAMPLE_LAYERS`` decoder layers with the profile's batch and
+    precision (``--dtype bfloat16``: fp32 weights under bf16 autocast, as training runs it); the
+    ratio of the medians over ``pc.iters`` alternating pairs after a warm-up."""
     import time
 
     from ..models.stages import StageSpec, backward_input, backward_weight, build_stage
 
     n = min(SPLIT_SAMPLE_LAYERS, int(cfg.num_hidden_layers))
-    stage = build_stage(pc.model, cfg, StageSpec(layers=(0, n), has_embed=False, has_tail=False))
+    stage = build_stage(pc.model, cfg, StageSpec(layers=(0, n), has_embed=False, has_tail=False),
+                        dtype=pc.weights_dtype, autocast=pc.autocast)
     weights = [p for p in stage.parameters() if p.requires_grad]
     gen = torch.Generator().manual_seed(pc.seed)
-    x0 = torch.randn(pc.batch, pc.seq_len, int(cfg.hidden_size), generator=gen)
+    x0 = torch.randn(pc.batch, pc.seq_len, int(cfg.hidden_size), generator=gen).to(stage.dtype)
     whole, split = [], []
     for i in range(max(1, pc.warmup) + max(3, pc.iters)):
         x = x0.clone().requires_grad_(True)
