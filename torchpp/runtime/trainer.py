@@ -509,8 +509,8 @@ def _train_step(ss: _Session, step: int, summary: TrainSummary) -> None:
     with _torch_profiler(cfg, rec, step, rank):
         res = ss.executor.step(ids, n_tokens)
     waited, cpu = (ss.saver.waited_s - waited0, ss.saver.cpu_s - cpu0) if ss.saver is not None else (0.0, 0.0)
-    stats = g(f"step {step}: statistics all-reduce with all ranks", _reduce_stats, res, chunks[0].index,
-              len(chunks[0].devices), S, waited, cpu)
+    stats = g(f"step {step}: statistics all-reduce with all ranks", _reduce_stats, res,
+              {c.index: len(c.devices) for c in chunks}, S, waited, cpu)
     dt = time.perf_counter() - t0
     if rec is not None:
         summary.traces += _finish_trace(ss, step, rec)
@@ -708,16 +708,24 @@ def _report_step(log: _Log, step: int, steps: int, stats: torch.Tensor, S: int, 
                        **{f"stage{s}/{k}": w for k, ws in ck.items() for s, w in enumerate(ws)}})
 
 
-def _reduce_stats(res: StepResult, stage: int, group: int, num_stages: int,
+def _reduce_stats(res: StepResult, groups: dict[int, int], num_stages: int,
                   checkpoint_wait_s: float = 0.0, checkpoint_cpu_s: float = 0.0) -> torch.Tensor:
     """[global loss, mean compute s per stage..., mean comm-wait s per stage..., mean wait for the
-    background checkpoint writer per stage..., mean writer CPU s per stage...] on every rank."""
+    background checkpoint writer per stage..., mean writer CPU s per stage...] on every rank.
+
+    ``groups``: each chunk this rank holds (the first names it) and its group's size. Compute and
+    waits go to the chunk whose action they were; the writer's figures, which are the rank's, to
+    its first chunk."""
     v = torch.zeros(1 + 4 * num_stages, dtype=torch.float64)
     v[0] = res.loss
-    v[1 + stage] = res.compute_s / group
-    v[1 + num_stages + stage] = res.comm_wait_s / group
-    v[1 + 2 * num_stages + stage] = checkpoint_wait_s / group
-    v[1 + 3 * num_stages + stage] = checkpoint_cpu_s / group
+    first = next(iter(groups))
+    per_chunk = res.chunk_compute_s or {first: res.compute_s}
+    waits = res.chunk_wait_s or {first: res.comm_wait_s}
+    for c, n in groups.items():
+        v[1 + c] = per_chunk.get(c, 0.0) / n
+        v[1 + num_stages + c] = waits.get(c, 0.0) / n
+    v[1 + 2 * num_stages + first] = checkpoint_wait_s / groups[first]
+    v[1 + 3 * num_stages + first] = checkpoint_cpu_s / groups[first]
     if dist.get_world_size() > 1:
         dist.all_reduce(v)
     return v
