@@ -69,7 +69,7 @@ class Profiles:
         (over the host's relative capacity with ``by_capacity``: a time that scales with speed),
         else ``default``."""
         if host in measured:
-            return float(measured[host]), self.origin.get(host, "its layers file").split(" (")[0]
+            return float(measured[host]), self.origin.get(host, "its layers file")
         cap = self.capacities
         if cap is None:
             return default, "not measured"
