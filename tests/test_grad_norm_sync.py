@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from dist_harness import on_ranks
 from torchpp.runtime.optim import OptimSettings, SteppedOptimizer
@@ -28,6 +29,7 @@ def _stepper(rank: int, clip: float) -> tuple[SteppedOptimizer, torch.nn.Paramet
 @on_ranks(2)
 def test_without_clipping_an_early_rank_updates_without_waiting(rank, world):
     stepper, p = _stepper(rank, 0.0)
+    dist.barrier()  # both ranks start the step together; then rank 1 is late by LATE_S
     if rank == 1:
         time.sleep(LATE_S)  # a slow last stage still in its backward
     t0 = time.perf_counter()
@@ -42,6 +44,7 @@ def test_without_clipping_an_early_rank_updates_without_waiting(rank, world):
 @on_ranks(2)
 def test_with_clipping_the_wait_is_reported_apart_from_the_update(rank, world):
     stepper, p = _stepper(rank, 1.0)
+    dist.barrier()
     if rank == 1:
         time.sleep(LATE_S)
     stepper.step()
