@@ -129,10 +129,14 @@ class SteppedOptimizer:
         self._norm: GradNorm | None = None
         self.sync_s = 0.0
         """Seconds the last step waited for the other ranks (the norm's all-reduce, when clipping)."""
-        self.last_lr = float(optimizer.param_groups[0]["lr"])
         self.last_lrs = tuple(float(g["lr"]) for g in optimizer.param_groups)
         self.keep_grads = keep_grads
         self._kept: dict[int, torch.Tensor] | None = None
+
+    @property
+    def last_lr(self) -> float:
+        """The first parameter group's learning rate in the last step (what the logs show)."""
+        return self.last_lrs[0]
 
     @property
     def last_grad_norm(self) -> float:
@@ -147,7 +151,6 @@ class SteppedOptimizer:
         if self.settings.max_grad_norm > 0:  # clipping needs every rank's gradients: a barrier
             clip_(self.params, self._norm.value(), self.settings.max_grad_norm)
             self.sync_s = time.perf_counter() - t0
-        self.last_lr = float(self.optimizer.param_groups[0]["lr"])
         self.last_lrs = tuple(float(g["lr"]) for g in self.optimizer.param_groups)
         if self.keep_grads:
             self._kept = {id(p): p.grad for p in self.params if p.grad is not None}
