@@ -976,7 +976,8 @@ class MemorySample:
     tail_activation_bytes_per_sample: int = 0
     """The part of ``activation_bytes_per_sample`` that is the tail's output (the logits)."""
     end_weights_bytes: int = 0
-    """Parameter bytes of the span's larger end block (the embedding or the tail), 0 without one."""
+    """Parameter bytes of the span's tail (the lm_head: ``Ke``'s term), 0 without it. Files
+    written before the embedding added its gradient in place counted the embedding here too."""
     microbatches: int = 1
     """Micro-batches whose gradients each probed step accumulated (a pipeline rank's regime from 2 on)."""
 
@@ -1008,10 +1009,10 @@ class MemoryModel:
     so one factor for both over- or under-counts whichever stage holds the tail; ``None``
     (files without it) means ``Kp``."""
     Ke: float | None = None
-    """Bytes held per byte of a stage's larger end block (embedding or lm_head, one tensor each):
-    from a rank's second micro-batch on, that weight's fresh gradient is computed beside the
-    accumulated one before it is added in, and the embedding's dense backward adds a scratch
-    copy; for a decoder layer's small matrices this is lost in ``alpha``. ``None`` (files
+    """Bytes held per byte of a stage's tail (the lm_head, one large tensor): from a rank's
+    second micro-batch on, its fresh weight gradient is computed beside the accumulated one
+    before it is added in; for a decoder layer's small matrices this is lost in ``alpha``, and
+    the embedding adds its gradient in place (``models.embedding``). ``None`` (files
     without it): no such term."""
     format: str = f"torchpp.{MEMORY_KIND}/{MEMORY_VERSION}"
 

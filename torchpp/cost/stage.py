@@ -293,13 +293,13 @@ class StageMemory:
         return StageActivations(self.acts(sp.lo, sp.hi) - rec, rec, self.largest.over(sp.runs))
 
     def end_weights(self, span: Span | PlanStage) -> float | np.ndarray:
-        """Parameter bytes of the larger of the span's end blocks (embedding: block 0, tail: the
-        last), 0 where it holds neither: what the memory model's ``Ke`` prices."""
+        """Parameter bytes of the tail (the lm_head) where the span holds it, else 0: what the
+        memory model's ``Ke`` prices. The lm_head's weight gradient is computed whole for each
+        micro-batch beside the accumulated one; the embedding's is added in place
+        (``models.embedding``), so it holds nothing more."""
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         pb = np.asarray(self.profiles.param_bytes, dtype=float)
-        embed = np.where(np.asarray(sp.lo) == 0, pb[0], 0.0)
-        tail = np.where(np.asarray(sp.hi) == len(pb), pb[-1], 0.0)
-        out = np.maximum(embed, tail)
+        out = np.where(np.asarray(sp.hi) == len(pb), pb[-1], 0.0)
         return float(out) if np.ndim(out) == 0 else out
 
     def layer_activations(self, c: int, c2: int) -> np.ndarray:
