@@ -35,7 +35,8 @@ gradients and adds its own into them, the regime of every pipeline rank with 2 o
 
 def random_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, int]]:
     """Distinct spans, spread over lengths so the fit sees small and large stages; a third of
-    them (at least two) end with the tail, so its own factor Kt can be fitted, and a sixth (at
+    them (at least three) end with the tail, so its own factors Kt (logits) and Ke (lm_head
+    weights, the same bytes in every tail span) can be told apart, and a sixth (at
     least one, from six spans on) start with the embedding, whose weights only ``alpha`` prices
     (its gradient is added in place) while the tail's lm_head has its own term Ke."""
     rng = random.Random(seed)
@@ -44,7 +45,7 @@ def random_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, 
         return all_spans
     rng.shuffle(all_spans)
     tails = [sp for sp in all_spans if sp[1] == num_layers]
-    want = min(len(tails), max(2, count // 3), count)
+    want = min(len(tails), max(3, count // 3), count)
     out = [tails[i] for i in sorted(rng.sample(range(len(tails)), want))] if want else []
     embeds = [sp for sp in all_spans if sp[0] == 0 and sp not in out]
     out += embeds[:min(len(embeds), count // 6, count - len(out))]
@@ -88,7 +89,11 @@ def fit(samples: Sequence[MemorySample]) -> MemoryModel:
     tails = {s.tail_activation_bytes_per_sample > 0 for s in samples}
     with_kt = tails == {True, False} and len(samples) >= 5
     ends = {s.end_weights_bytes > 0 for s in samples}
-    with_ke = ends == {True, False} and len(samples) >= 5 + with_kt
+    # every tail span has the same lm_head bytes: Ke is that span kind's own intercept, told apart
+    # from Kt only by tail spans of different batch sizes, and fitted only with one to spare
+    tail_batches = [s.batch for s in samples if s.end_weights_bytes > 0]
+    with_ke = (ends == {True, False} and len(samples) >= 5 + with_kt
+               and (not with_kt or (len(tail_batches) >= 3 and len(set(tail_batches)) >= 2)))
     rows = []
     for s in samples:
         body = (s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample) * s.batch
