@@ -12,8 +12,9 @@ the embedding in chunk 0 and the tail in chunk 2p-1:
 
 Step time: torchpp and the peer run in the same p processes, one step each in turn, so load
 that drifts on a shared machine hits both alike; the ratio is the median of the per-step
-ratios. Peak RSS per rank: each system alone in fresh processes (psutil sampling, as
-``bench_pipelining``). The peer builds the whole model on every rank and keeps the chunks it
+ratios. Peak RSS per rank: each system alone in fresh (spawned) processes, the
+kernel's high-water mark of each rank (``ru_maxrss``: exact, where sampling every 20 ms, as
+``bench_pipelining`` does, can miss a peak; the sampled figure is kept in the results). The peer builds the whole model on every rank and keeps the chunks it
 holds (its examples' way); it does not tie weights, so its tied embedding and lm_head are two
 parameters whose gradients are summed (locally when one rank holds both, else by an
 all-reduce between their ranks), as torchpp does where it must.
@@ -229,7 +230,9 @@ def compare(s: Setup, schedule: str, p: int, out: Path) -> dict[str, Any]:
     alt = launch("alternating", schedule, p, s, plan, out)[0]
     w = s.warmup
     tp, pe = alt["times"]["torchpp"][w:], alt["times"]["peer"][w:]
-    mem = {m: [r["peak_rss"] for r in launch(m, schedule, p, s, plan, out)] for m in ("torchpp", "peer")}
+    alone = {m: launch(m, schedule, p, s, plan, out) for m in ("torchpp", "peer")}
+    mem = {m: [r["hwm"] for r in runs] for m, runs in alone.items()}
+    sampled = {m: [r["peak_rss"] for r in runs] for m, runs in alone.items()}
     dloss = max(abs(a - b) for a, b in zip(alt["losses"]["torchpp"], alt["losses"]["peer"]))
     ratios = [a / b for a, b in zip(tp, pe)]
     q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
@@ -237,7 +240,9 @@ def compare(s: Setup, schedule: str, p: int, out: Path) -> dict[str, Any]:
             "peer_step_s": statistics.median(pe), "step_ratio": statistics.median(ratios),
             "step_ratio_quartiles": [q1, q3], "step_ratios": ratios,
             "rss_torchpp_mib": [x / 2**20 for x in mem["torchpp"]], "rss_peer_mib": [x / 2**20 for x in mem["peer"]],
-            "rss_ratio": [a / b for a, b in zip(mem["torchpp"], mem["peer"])], "max_loss_diff": dloss}
+            "rss_ratio": [a / b for a, b in zip(mem["torchpp"], mem["peer"])],
+            "rss_sampled_torchpp_mib": [x / 2**20 for x in sampled["torchpp"]],
+            "rss_sampled_peer_mib": [x / 2**20 for x in sampled["peer"]], "max_loss_diff": dloss}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -86,7 +86,8 @@ def test_prune_keeps_the_newest_complete_checkpoints(tmp_path):
 
 def _case(plan: Path, out: Path, ck: Path, **kw) -> dict:
     return {"world_size": 2, "result": str(out), "config": dict(plan=plan, threads=1, timeout_s=60.0,
-                                                               checkpoint_dir=ck, checkpoint_every=1, **kw)}
+                                                               checkpoint_dir=ck, checkpoint_every=1,
+                                                               full_checkpoint_every=1, **kw)}
 
 
 def test_retention_and_resume_over_a_killed_write(tmp_path):

@@ -177,3 +177,79 @@ def test_a_write_killed_half_way_leaves_no_complete_step(tmp_path):
     removed = ckpt.clean_leftovers(root)
     assert ckpt.step_dir(root, 2) in removed and ckpt.complete_steps(root) == [1]
     assert not list(root.rglob("*.tmp"))
+
+
+def _update_seeded(stage, opt, step: int) -> None:
+    g = torch.Generator().manual_seed(step)
+    for p in stage.parameters():
+        p.grad = torch.randn(p.shape, generator=g)
+    opt.step()
+
+
+def test_a_resumed_run_writing_over_the_loaded_checkpoints_files_trains_on_unchanged(tmp_path):
+    """The resumed optimizer state must not live in the loaded checkpoint's files (``safe_open``
+    maps them): a later checkpoint overwrites them in place, and cuts them shorter (SIGBUS) when
+    the new split's files are smaller. Overwritten at once, then recycled by per-step
+    background checkpoints, the run still equals an uninterrupted one."""
+    steps, resume_at = 7, 2
+    ref, ref_opt = _stage_and_optimizer()
+    for step in range(1, steps + 1):
+        _update_seeded(ref, ref_opt, step)
+    want = _live(ref, ref_opt)
+
+    stage, opt = _stage_and_optimizer()
+    for step in range(1, resume_at + 1):
+        _update_seeded(stage, opt, step)
+        ckpt.save(tmp_path, step, rank=0, roles=ROLES, stage=stage, optimizer=opt, info={}, timeout_s=10, keep=1)
+    fresh, fresh_opt = _stage_and_optimizer()
+    ckpt.load(tmp_path, resume_at, rank=0, stage=fresh, optimizer=fresh_opt)
+    loaded = ckpt.step_dir(tmp_path, resume_at) / "optim-stage0.safetensors"
+    loaded_ino = loaded.stat().st_ino
+    # what recycling does to those pages, at once rather than steps later: same layout, other bytes
+    tensor_files.write(tmp_path / "other.safetensors", {k: torch.zeros_like(v) for k, v in load_file(loaded).items()},
+                       reuse=loaded)
+    (tmp_path / "other.safetensors").rename(loaded)
+    saver = ckpt.BackgroundSaver(tmp_path, rank=0, roles=ROLES, stage=fresh, keep=1, timeout_s=10)
+    inodes = []
+    for step in range(resume_at + 1, steps + 1):
+        _update_seeded(fresh, fresh_opt, step)
+        saver.start(step, fresh_opt, info={})
+        saver.wait()
+        inodes.append((ckpt.step_dir(tmp_path, step) / "optim-stage0.safetensors").stat().st_ino)
+    saver.close()
+    assert loaded_ino in inodes  # the loaded checkpoint's file was overwritten by a later one
+    got = _live(fresh, fresh_opt)
+    assert all(torch.equal(got[k], v) for k, v in want.items())
+    saved = _saved(tmp_path, steps)
+    assert all(torch.equal(saved[k], v) for k, v in want.items())
+
+
+def test_every_file_is_on_the_disk_before_the_manifest_names_it(tmp_path, monkeypatch):
+    """A power cut after the manifest must not find its files' data or names still in memory."""
+    events: list[tuple[str, str]] = []
+    real_fdatasync, real_fsync, real_write_json = os.fdatasync, os.fsync, ckpt.write_json
+
+    def fdatasync(fd):
+        events.append(("data", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fdatasync(fd)
+
+    def fsync(fd):
+        events.append(("sync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def write_json(path, data):
+        events.append(("json", str(path)))
+        return real_write_json(path, data)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(ckpt, "write_json", write_json)
+    stage, opt = _stage_and_optimizer()
+    _update(stage, opt)
+    d = ckpt.save(tmp_path, 1, rank=0, roles=ROLES, stage=stage, optimizer=opt, info={}, timeout_s=10, keep=1)
+    manifest = next(i for i, (k, p) in enumerate(events) if k == "json" and p.endswith(ckpt.MANIFEST))
+    before = events[:manifest]
+    synced = {Path(p).name.split(".")[1] for k, p in before if k == "data"}  # ".<name>.<random>.tmp"
+    assert {"model-stage0", "optim-stage0"} <= synced
+    assert ("sync", str(d)) in before  # the renames
+    assert events[manifest + 1:] == [("sync", str(d / ckpt.MANIFEST)), ("sync", str(d))]

@@ -106,12 +106,21 @@ def kill_and_compare(tmp_path: Path, launcher, background: bool = True) -> None:
     # the decisions are in the run's metrics and TensorBoard
     events = [json.loads(x) for x in (logs / "metrics.jsonl").read_text().splitlines()]
     assert [e["kind"] for e in events if e.get("event", "").startswith("elastic_")] == ["failure", "plan", "resume"]
+    steps_seen = [e for e in events if "step" in e and "loss" in e]
+    # what the background writer cost each stage inside the step is recorded (only then)
+    assert all(("checkpoint_wait_s" in e) == background for e in steps_seen)
+    assert all(len(e[k]) == len(e["compute_s"]) and min(e[k]) >= 0
+               for e in steps_seen if background for k in ("checkpoint_wait_s", "checkpoint_cpu_s"))
+    if background:  # the writer of checkpoint N finishes during step N + 1: its CPU shows there
+        assert any(sum(e["checkpoint_cpu_s"]) > 0 for e in steps_seen)
     assert any(p.name.startswith("events.out.tfevents") for p in logs.iterdir())
     elastic_losses = _losses(logs)
 
     # reference: the new plan, uninterrupted, from the same checkpoint
     ref_ck, ref_logs = tmp_path / "ref_ckpt", tmp_path / "ref_tb"
-    shutil.copytree(ckpt.step_dir(ck, resumed), ckpt.step_dir(ref_ck, resumed))
+    for s in ckpt.complete_steps(ck):  # the checkpoint and, for a gradient log, the chain it loads from
+        if s <= resumed:
+            shutil.copytree(ckpt.step_dir(ck, s), ckpt.step_dir(ref_ck, s))
     plan = Plan.load(second.plan)
     procs = popen_ranks([sys.executable, "-m", "torchpp.train", "--plan", second.plan, *base,
                          "--checkpoint-dir", str(ref_ck), "--resume", "--log-dir", str(ref_logs), "--timeout-s", "60"],

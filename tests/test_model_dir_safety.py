@@ -42,7 +42,8 @@ import json, sys
 from torchpp.cli import main
 model, layers, out = sys.argv[1:4]
 codes = {
-    "profile": main(["profile", "--model", model, "--out", out + "/layers.json", "--iters", "1", "--warmup", "0"]),
+    "profile": main(["profile", "--model", model, "--out", out + "/layers.json", "--iters", "1", "--warmup", "0",
+                    "--no-call-probe"]),
     "calibrate-memory": main(["calibrate-memory", "--layers", layers, "--model", model, "--samples", "3",
                               "--out", out + "/mm.json"]),
     "plan": main(["plan", "--strategy", "even", "--model", model, "--hosts", "a,b", "--global-batch", "4",

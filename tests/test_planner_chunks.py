@@ -135,6 +135,25 @@ def test_lower_bound_is_work_over_capacity_without_memory_limits_and_below_every
         assert lower_bound(pb.profiles, pb.hosts, pb.budget, pb.memory, 4) <= search(pb).step_time_s * (1 + 1e-9)
 
 
+def test_lower_bound_counts_every_weight_update_once_and_stays_below_plans_priced_with_the_optimizer():
+    """Identical devices without memory limits: (G · τ + o · P) / D, the forward, backward and one
+    optimizer update of every parameter spread evenly; with a rate the bound still lies below the
+    replayed step of the searched plan and of every single-device plan."""
+    files = [layers_file(h, num_layers=6, speed=1.0, batch=4) for h in ("a", "b", "c")]
+    pb = problem(files, uniform_links(["a", "b", "c"], 1e12), {h: 1e12 for h in "abc"}, 8, schedule="auto")
+    prof, rate = pb.profiles, 2e-9
+    tau = float(sum(prof.table("a")[0]) + sum(prof.table("a")[1]))
+    P = float(sum(prof.param_bytes))
+    assert lower_bound(prof, pb.hosts, pb.budget, pb.memory, 8, {h: rate for h in "abc"}) == pytest.approx(
+        (8 * tau + rate * P) / 3, rel=1e-6)
+    for seed in (3, 4):
+        files, bw, mem = random_instance(random.Random(seed), hosts=3, layers=5, batch=2)
+        pb = replace(problem(files, bw, mem, 4, schedule="auto"), optimizer_s_per_byte=1e-8)
+        lb = lower_bound(pb.profiles, pb.hosts, pb.budget, pb.memory, 4, 1e-8)
+        assert lb > lower_bound(pb.profiles, pb.hosts, pb.budget, pb.memory, 4)
+        assert lb <= search(pb).step_time_s * (1 + 1e-9)
+
+
 def test_one_device_is_never_given_several_chunks():
     """Chunks of one device run one after another: the one-chunk plan's work plus a call and a held
     activation set per chunk, so the search never offers it (a demo run once chose 4 chunks on pi3)."""

@@ -28,6 +28,14 @@ def test_capacity_is_median_ratio_and_tables_kept(tmp_path):
     assert prof.table("fast")[0][2] == pytest.approx(0.25 / ref.run.batch)
 
 
+def test_capacity_counts_the_backward_too():
+    """A host as fast as the reference forward but three times slower backward is slower overall:
+    capacity (1 + 2) / (1 + 6), not the forward's 1."""
+    ref = layers_file("ref", num_layers=3, layer_fwd_s=1.0, layer_bwd_s=2.0)
+    odd = layers_file("odd", num_layers=3, layer_fwd_s=1.0, layer_bwd_s=6.0)
+    assert compute_capacities([ref, odd], "ref").capacity["odd"] == pytest.approx(3 / 7)
+
+
 def test_capacities_seed_form_and_errors(tmp_path):
     f = tmp_path / "capacities.json"
     f.write_text(json.dumps({"ref_host": "cpu1", "capacity": {"cpu1": 1.0, "cpu2": 0.8}}))

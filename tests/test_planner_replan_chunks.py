@@ -28,24 +28,28 @@ CASES = {
 }
 
 
-def write_layers(d: Path, speeds: dict[str, float]) -> list[Path]:
+def write_layers(d: Path, speeds: dict[str, float], split: float | None = None,
+                 optimizer: float | None = None) -> list[Path]:
     d.mkdir(parents=True, exist_ok=True)
     out = []
     for h, s in speeds.items():
         lf = layers_file(h, num_layers=L, speed=s, batch=2, layer_param_bytes=2_000_000,
                          act_bytes_per_sample=20_000, embed_param_bytes=3_000_000, tail_param_bytes=3_100_000,
                          embed_fwd_s=0.1, tail_fwd_s=0.5, fixed_fraction=0.25, tied=True)
+        lf.backward_split_factor = split
+        lf.optimizer_s_per_byte = optimizer / s if optimizer else None
         out.append(lf.save(d / f"layers_{h}.json"))
     uniform_links(list(speeds), RATE).save(d / "bandwidth.json")
     return out
 
 
-def measured_run(tmp: Path, case: str, *, steps=(2, 3)) -> tuple[Plan, dict]:
+def measured_run(tmp: Path, case: str, *, steps=(2, 3), split: float | None = None,
+                 optimizer: float | None = None) -> tuple[Plan, dict]:
     """The claimed inputs, the plan priced with them, and its "measured" timelines: `simulate plan`
     on the true layers files (the slow host 2x slower), with each rank's peak RSS under TRUE_MEMORY."""
     schedule, ranges, v, groups, hosts, slow = CASES[case]
-    claimed = write_layers(tmp / "claimed", {h: 1.0 for h in hosts})
-    true = write_layers(tmp / "true", {h: 0.5 if h == slow else 1.0 for h in hosts})
+    claimed = write_layers(tmp / "claimed", {h: 1.0 for h in hosts}, split, optimizer)
+    true = write_layers(tmp / "true", {h: 0.5 if h == slow else 1.0 for h in hosts}, split, optimizer)
     (tmp / "devices.json").write_text(json.dumps({h: 1 for h in hosts}))
     lfs = [LayersFile.load(p) for p in claimed]
     plan = make_chunked_plan(lfs[0].model, seq_len=16, global_batch=8, num_microbatches=4, layer_ranges=ranges,
@@ -157,3 +161,34 @@ def test_analyze_of_a_chunked_run_compares_each_ranks_memory_over_all_its_chunks
         assert m["predicted_peak_bytes"] == int(want[r]) and m["measured_peak_bytes"] == int(truth[r])
     md = (tmp_path / "report" / "report.md").read_text()
     assert "| 0 | 0,5 |" in md and "| 2 | 2,3 |" in md
+
+
+@pytest.mark.parametrize("case", ["zb-h1", "zbv-tied"])
+def test_a_measured_split_cost_is_kept_by_the_corrected_files(tmp_path, capsys, case):
+    """I and W measured on hosts whose split backward costs 1.3 x one pass: the corrected layers
+    files keep the factor, so the old plan re-priced from them still equals the measured step."""
+    plan, run = measured_run(tmp_path, case, split=1.3)
+    s = replan(tmp_path, run["hosts"])
+    for h in run["hosts"]:
+        assert s["hosts"][h]["factor"] == pytest.approx(2.0 if h == run["slow"] else 1.0, rel=1e-6), h
+        assert LayersFile.load(tmp_path / "out" / f"layers_{h}.json").backward_split_factor == 1.3
+    old = s["old_plan"]
+    assert old["repriced_step_time_s"] == pytest.approx(old["measured_step_time_s"], rel=1e-6)
+
+
+def test_the_corrected_files_alone_price_the_old_plan_as_the_replan_did(tmp_path, capsys):
+    """With measured optimizer steps: the corrected layers files carry each host's fitted rate, so
+    `simulate plan` on them (what a later `plan` or `analyze` reads) gives replan's re-priced step."""
+    plan, run = measured_run(tmp_path, "zb-h1", optimizer=5e-8)
+    s = replan(tmp_path, run["hosts"])
+    out = tmp_path / "out"
+    rates = {h: LayersFile.load(out / f"layers_{h}.json").optimizer_s_per_byte for h in run["hosts"]}
+    assert rates[run["slow"]] == pytest.approx(2 * 5e-8, rel=1e-3) and all(rates.values()), rates
+    capsys.readouterr()
+    assert main(["simulate", "plan", str(tmp_path / "plan.json"), "--bandwidth", str(out / "bandwidth.json"),
+                 "--layers", *[str(out / f"layers_{h}.json") for h in run["hosts"]], "--comm", "links",
+                 "--trace", str(tmp_path / "again.json")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("predicted step time"))
+    old = s["old_plan"]
+    assert float(line.split()[3]) == pytest.approx(old["repriced_step_time_s"], abs=2e-6)
+    assert old["repriced_step_time_s"] == pytest.approx(old["measured_step_time_s"], rel=1e-6)

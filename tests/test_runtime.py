@@ -202,4 +202,6 @@ def test_traces_show_every_action_with_aligned_clocks(runs):
     logs = root / "logs"
     steps = [json.loads(x) for x in (logs / "metrics.jsonl").read_text().splitlines() if '"step"' in x]
     assert [r["step"] for r in steps] == [1, 2] and all(len(r["compute_s"]) == 2 for r in steps)
+    # wall-clock stamps: the period between two reports holds the second step (and what followed the first)
+    assert steps[1]["time"] - steps[0]["time"] >= steps[1]["step_time_s"] - 1e-3
     assert list(logs.glob("events.out.tfevents.*"))

@@ -106,7 +106,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     d.mkdir()
     case = CASES["zbv_group"]
     specs.append(_spec(d, case, _plan(case, d / "plan.json"), checkpoint_dir=None, trace_dir=d / "traces",
-                       trace_steps=(2,), profile_blocks=True))
+                       trace_steps=(2,), profile_blocks=True, log_dir=d / "logs"))
     run_cases(specs, nprocs=3, workdir=root, timeout_s=600)
     return dirs
 
@@ -269,3 +269,14 @@ def test_message_tags_tell_every_message_on_a_link_apart(name):
     sent = [(r, a.peer, tag_of(a, *space)) for r, acts in sched.items() for a in acts if a.is_send]
     got = [(a.peer, r, tag_of(a, *space)) for r, acts in sched.items() for a in acts if a.is_recv]
     assert len(set(sent)) == len(sent) and sorted(sent) == sorted(got)
+
+
+def test_per_stage_statistics_count_every_chunk(runs):
+    """A rank's compute and waits go to the chunk whose action they were: on a ZBV plan every
+    chunk's entry in metrics.jsonl is its own, none is left at 0 (the first chunk once took all)."""
+    rows = [json.loads(x) for x in (runs["traced"] / "logs" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "compute_s" in r]
+    assert len(steps) == STEPS
+    for r in steps:
+        assert len(r["compute_s"]) == 4 and min(r["compute_s"]) > 0, r["compute_s"]
+        assert len(r["comm_wait_s"]) == 4

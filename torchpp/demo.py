@@ -46,6 +46,9 @@ class DemoConfig:
     profile_batches: str = "1,4,8"
     """Batch sizes each host is profiled at: spanning the micro-batch sizes the planner may pick,
     so a call's time is interpolated, not extrapolated."""
+    profile_iters: int = 6
+    """Profiled steps per batch size: a small host's pass times vary with where it falls in its CPU
+    quota's periods, so the means need more than a few steps."""
     global_batch: int = 32
     steps: int = 6
     """Optimizer steps per training run; the first is warm-up and not counted."""
@@ -62,8 +65,8 @@ class DemoConfig:
 
     @staticmethod
     def quick() -> "DemoConfig":
-        return DemoConfig(model="qwen3-tiny", seq_len=32, profile_batches="1,2,8", global_batch=8, steps=3,
-                          memory_samples=4, capacity_layers=None)
+        return DemoConfig(model="qwen3-tiny", seq_len=32, profile_batches="1,2,8", profile_iters=3, global_batch=8,
+                          steps=3, memory_samples=4, capacity_layers=None)
 
     @staticmethod
     def scenario(name: str) -> "DemoConfig":
@@ -356,7 +359,7 @@ class Demo:
         d.mkdir(parents=True, exist_ok=True)
         q = shlex.quote(str(d))
         cmd = (f"{shlex.quote(PY)} -m torchpp profile --model {c.model} --seq-len {c.seq_len} "
-               f"--batch {c.profile_batches} --iters 3 --warmup 1 --threads 1 --quiet --host \"$HOST\"")
+               f"--batch {c.profile_batches} --iters {c.profile_iters} --warmup 1 --threads 1 --quiet --host \"$HOST\"")
         if c.capacity_layers is None:
             shell = f"exec {cmd} --out {q}/layers_\"$HOST\".json"
         else:
@@ -364,7 +367,7 @@ class Demo:
             # whole model while the others repeat theirs, so it sees the contention a training step will
             ref = shlex.quote(self.hosts.names[0])
             speed = f"{cmd} --layers {c.capacity_layers} --out {q}/speed_\"$HOST\".json"
-            again = f"{cmd} --layers {c.capacity_layers} --out {q}/busy_\"$HOST\".json"
+            again = f"{cmd} --layers {c.capacity_layers} --no-call-probe --out {q}/busy_\"$HOST\".json"
             shell = (f"{speed} || exit 1; if [ \"$HOST\" = {ref} ]; then exec {cmd} --out {q}/layers_\"$HOST\".json; "
                      f"else exec {again}; fi")
         argv = self.hosts.each_host(shell, self.path("logs", "profile"))
@@ -591,7 +594,7 @@ def summary_lines(cfg: DemoConfig, mode: str, hosts: Sequence[str], results: Seq
                      f"{100 * r.spread:.0f}% | {pred} | {err} | {r.measured_step_s / ref:.2f}x | {mem} |")
     bound = (plan.predicted or {}).get("lower_bound_s")
     if bound:
-        lines.append(f"| lower bound (total work / total capacity) | – | – | – | {bound:.3f} | – | "
+        lines.append(f"| lower bound (all work incl. the optimizer over all capacity) | – | – | – | {bound:.3f} | – | "
                      f"{bound / ref:.2f}x | – |")
     return lines + ["", "why: " + why_line(plan, baselines)]
 

@@ -371,8 +371,18 @@ class LayersFile:
     """Wall time of each counted step."""
     call_overhead_s: float = 0.0
     """Seconds the pipeline runtime spends between two compute calls of a stage on this host
-    (dispatching, posting messages) beyond waiting for data; measured from timelines by
-    ``torchpp replan``, 0 in a profile. The cost model adds it to every forward and backward."""
+    (dispatching, posting messages) beyond waiting for data; measured by ``torchpp profile``'s call
+    probe (0 with ``--no-call-probe`` or when the probe failed) and from a run's timelines by
+    ``torchpp replan``. The cost model adds it to every forward and backward."""
+    optimizer_s_per_byte: float | None = None
+    """Seconds per parameter byte of one optimizer step as the runtime takes it (its optimizer,
+    fused where torch has it, the global gradient norm), timed by ``torchpp profile`` over the
+    profiled model's parameters. Optional: None (absent) = not measured (files before it)."""
+    backward_split_factor: float | None = None
+    """Seconds of a backward split as zero-bubble schedules run it (the input gradient ``I``, then
+    the weight gradients ``W``: two passes over the graph) per second of the same backward in one
+    pass, measured by ``torchpp profile`` on the profiled host. The cost model scales ``I`` and
+    ``W`` by it. Optional: None (absent) = not measured (priced as 1)."""
     format: str = f"torchpp.{LAYERS_KIND}/{LAYERS_VERSION}"
 
     def to_json(self) -> dict[str, Any]:
@@ -380,6 +390,9 @@ class LayersFile:
         for b in (d["embed"], d["tail"], *d["layers"]):
             if b.get("backward_input_time_s") is None:
                 b.pop("backward_input_time_s", None)
+        for key in ("optimizer_s_per_byte", "backward_split_factor"):
+            if d.get(key) is None:
+                d.pop(key, None)
         return {"format": d.pop("format"), **d}
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -399,6 +412,8 @@ class LayersFile:
             step_time_s=r.float("step_time_s", positive=True), peak_rss_bytes=r.int("peak_rss_bytes", min_value=0),
             step_samples_s=r.floats("step_samples_s", []),
             call_overhead_s=r.float("call_overhead_s", 0.0, min_value=0.0),
+            optimizer_s_per_byte=r.float("optimizer_s_per_byte", None, positive=True),
+            backward_split_factor=r.float("backward_split_factor", None, positive=True),
         )
         if len(lf.layers) != lf.model.num_layers:
             raise FormatError(source, "layers", f"{lf.model.num_layers} entries (model.num_layers)", len(lf.layers))
@@ -872,10 +887,21 @@ class Capacities:
     ref_host: str
     capacity: dict[str, float]
     tables: dict[str, HostTable] = field(default_factory=dict)
+    call_overhead_s: dict[str, float] = field(default_factory=dict)
+    """Per host: the runtime's seconds per compute call its layers file measured
+    (``LayersFile.call_overhead_s``); optional (files written before it load without it), and a host
+    not in it is priced with the reference host's scaled by capacity."""
+    optimizer_s_per_byte: dict[str, float] = field(default_factory=dict)
+    """Per measured host: its layers file's ``optimizer_s_per_byte`` (hosts not measured absent)."""
+    backward_split_factor: dict[str, float] = field(default_factory=dict)
+    """Per measured host: its layers file's ``backward_split_factor`` (hosts not measured absent)."""
     format: str = f"torchpp.{CAPACITIES_KIND}/{CAPACITIES_VERSION}"
 
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)
+        for key in ("optimizer_s_per_byte", "backward_split_factor"):
+            if not d[key]:
+                d.pop(key)
         return {"format": d.pop("format"), **d}
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -909,11 +935,24 @@ class Capacities:
                     raise t.fail(key, f"{len(fw)} numbers >= 0 (one per block) or absent", vals)
             tables[h] = HostTable(batch=t.int("batch", min_value=1), forward_time_s=fw, backward_time_s=bw,
                                   forward_fixed_s=f0, backward_fixed_s=b0)
-        return Capacities(ref_host=ref, capacity=capacity, tables=tables)
+        co = r.obj("call_overhead_s", {})
+        call = {_device_host(source, h): co.float(h, min_value=0.0, max_value=1e3) for h in co.data}
+        return Capacities(ref_host=ref, capacity=capacity, tables=tables, call_overhead_s=call,
+                          optimizer_s_per_byte=_host_rates(r, "optimizer_s_per_byte", capacity),
+                          backward_split_factor=_host_rates(r, "backward_split_factor", capacity))
 
     @staticmethod
     def load(path: str | os.PathLike) -> "Capacities":
         return _load(path, Capacities.parse)
+
+
+def _host_rates(r: Reader, key: str, capacity: Mapping[str, float]) -> dict[str, float]:
+    """An optional ``{host: number > 0}`` map over hosts of ``capacity`` (absent: empty)."""
+    m = r.obj(key, {})
+    for h in m.data:
+        if h not in capacity:
+            raise m.fail(h, f"a host in 'capacity' ({', '.join(sorted(capacity))})", h)
+    return {h: m.float(h, positive=True) for h in m.data}
 
 
 MEMORY_KIND, MEMORY_VERSION = "memory_model", 1
@@ -939,7 +978,8 @@ class MemorySample:
     tail_activation_bytes_per_sample: int = 0
     """The part of ``activation_bytes_per_sample`` that is the tail's output (the logits)."""
     end_weights_bytes: int = 0
-    """Parameter bytes of the span's larger end block (the embedding or the tail), 0 without one."""
+    """Parameter bytes of the span's tail (the lm_head: ``Ke``'s term), 0 without it. Files
+    written before the embedding added its gradient in place counted the embedding here too."""
     microbatches: int = 1
     """Micro-batches whose gradients each probed step accumulated (a pipeline rank's regime from 2 on)."""
     order: str = "fb"
@@ -975,10 +1015,10 @@ class MemoryModel:
     so one factor for both over- or under-counts whichever stage holds the tail; ``None``
     (files without it) means ``Kp``."""
     Ke: float | None = None
-    """Bytes held per byte of a stage's larger end block (embedding or lm_head, one tensor each):
-    from a rank's second micro-batch on, that weight's fresh gradient is computed beside the
-    accumulated one before it is added in, and the embedding's dense backward adds a scratch
-    copy; for a decoder layer's small matrices this is lost in ``alpha``. ``None`` (files
+    """Bytes held per byte of a stage's tail (the lm_head, one large tensor): from a rank's
+    second micro-batch on, its fresh weight gradient is computed beside the accumulated one
+    before it is added in; for a decoder layer's small matrices this is lost in ``alpha``, and
+    the embedding adds its gradient in place (``models.embedding``). ``None`` (files
     without it): no such term."""
     Kw: float | None = None
     """Bytes held per byte of kept activations (weighted as ``Kp``'s) per sample, for each

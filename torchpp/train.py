@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=None, help="keep only the first N decoder layers")
     p.add_argument("--checkpoint-background", action="store_true",
                    help="write each checkpoint during the next step (the manifest still comes last)")
+    p.add_argument("--full-checkpoint-every", type=int, default=0,
+                   help="with --checkpoint-every 1: a full checkpoint every N steps and a log of the step's gradients "
+                        "(a third of AdamW's bytes, replayed on resume) between them; 1: every checkpoint full "
+                        "(default 10)")
     p.add_argument("--heartbeat-dir", type=Path, default=None, help="each rank notes its last step here (elastic)")
     p.add_argument("--elastic-log", type=Path, default=None, help="the elastic driver's decisions (JSON lines)")
     return p
@@ -108,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                           eval_batches=args.eval_batches, attn_implementation=args.attn_implementation,
                           text_column=args.text_column, export_dir=args.export_dir,
                           torch_profiler=args.torch_profiler, checkpoint_background=args.checkpoint_background,
+                          full_checkpoint_every=args.full_checkpoint_every,
                           heartbeat_dir=args.heartbeat_dir, elastic_log=args.elastic_log)
         prepared = prepare(cfg, world_from_env()[1])
     except (FormatError, ModelSpecError, DataError, ValueError) as e:

@@ -266,7 +266,15 @@ def host_env(state: dict[str, Any], i: int, base: dict[str, str] | None = None) 
                PET_MASTER_PORT=str(state["master_port"]), GLOO_SOCKET_IFNAME=HOST_DEV,
                TORCHPP_CLUSTER=state["name"])
     _threads(env, hosts[i].get("cpu"), 1, base)
+    _memory(env, hosts[i].get("memory"))
     return env
+
+
+def _memory(env: dict[str, str], limit: int | None) -> None:
+    """TORCHPP_HOST_MEMORY: the host's memory limit in bytes, which a process in its namespace cannot
+    read (`ip netns exec` mounts a fresh /sys, hiding the cgroup files) and psutil does not see."""
+    if limit:
+        env["TORCHPP_HOST_MEMORY"] = str(int(limit))
 
 
 def _threads(env: dict[str, str], cpu: float | None, ranks_here: int, base: dict[str, str] | None) -> None:
@@ -343,6 +351,7 @@ def placement_env(state: dict[str, Any], p: Placement, master: int, base: dict[s
                NNODES=str(p.nnodes), MASTER_ADDR=addr, MASTER_PORT=str(state["master_port"]),
                GLOO_SOCKET_IFNAME=HOST_DEV, TORCHPP_CLUSTER=state["name"])
     _threads(env, h.get("cpu"), p.local_world_size, base)
+    _memory(env, h.get("memory"))
     return env
 
 

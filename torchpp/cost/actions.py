@@ -16,6 +16,14 @@ from .profiles import Profiles
 from .stage import StageTime, stage_time
 
 
+def optimizer_rate(optimizer_s_per_byte: Mapping[str, float] | float | None, host: str) -> float:
+    """Seconds per parameter byte of ``host``'s optimizer step: its entry in a per-host map, or the one
+    rate given for every host (0 where none is known)."""
+    if isinstance(optimizer_s_per_byte, Mapping):
+        return float(optimizer_s_per_byte.get(host, 0.0))
+    return float(optimizer_s_per_byte or 0.0)
+
+
 @dataclass
 class _RankCost:
     host: str
@@ -31,9 +39,10 @@ class _RankCost:
 class MeasuredCost:
     """replay's CostModel for one plan, from measured profiles and links.
 
-    ``optimizer_s_per_byte[h]``: seconds per parameter byte of the optimizer step on host h
-    (0 where not given: the layers file does not measure the optimizer). A rank's one optimizer
-    step covers every chunk it holds (the tied weight once when it holds both ends).
+    ``optimizer_s_per_byte[h]``: seconds per parameter byte of the optimizer step on host h; when
+    not given, each host's rate as ``torchpp profile`` measured it (``Profiles.optimizer_rate``,
+    0 where no host has one). A rank's one optimizer step covers every chunk it holds (the tied
+    weight once when it holds both ends).
     """
 
     def __init__(self, plan: Plan, profiles: Profiles, links: Links | Bandwidth,
@@ -51,13 +60,9 @@ class MeasuredCost:
         for r in plan.ranks:
             chunks = plan.stages_of_rank(r)
             host = chunks[0].device(r).host
-            if isinstance(optimizer_s_per_byte, Mapping):
-                o = optimizer_s_per_byte.get(host, 0.0)
-            else:
-                o = float(optimizer_s_per_byte or 0.0)
-            w = sum(profiles.stage_param_bytes(s) for s in chunks)
-            if chunks[0].has_embed and chunks[-1].has_tail and len(chunks) > 1:
-                w -= profiles.tied_bytes  # one copy of the tied weight, stepped once
+            o = (optimizer_rate(optimizer_s_per_byte, host) if optimizer_s_per_byte is not None
+                 else profiles.optimizer_rate(host)[0])
+            w = profiles.rank_param_bytes(chunks)
             times = {s.index: stage_time(profiles, host, s) for s in chunks}
             self.rank[r] = _RankCost(host, chunks[0], times[chunks[0].index], o * w, times)
 

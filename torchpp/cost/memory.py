@@ -10,9 +10,10 @@ n the micro-batches the stage holds at its peak (``schedules.in_flight``, read o
 A_recomputed those of recomputed layers, which keep only their input (one tensor) per
 micro-batch plus, during backward, one layer's activations at a time. The tail's share of
 A_kept (its logits) counts with its own fitted factor Kt instead of Kp (``activations``).
-W_end is the parameter bytes of the stage's larger end block (the embedding or the lm_head: one
-large tensor each), whose fresh gradient is computed beside the accumulated one from the second
-micro-batch on; Ke prices it (0 where the calibration file has none).
+W_end is the parameter bytes of the stage's tail (the lm_head: one large tensor), whose fresh
+gradient is computed beside the accumulated one from the second micro-batch on; Ke prices it (0
+where the calibration file has none). The embedding adds its gradient in place
+(``models.embedding``) and holds nothing more.
 
 n_w is the micro-batches held between their input gradient ``I`` and their weight gradient ``W``
 in a zero-bubble order (zb-h1, interleaved-zb, zbv; 0 for every other kind), at the step of the
@@ -57,7 +58,7 @@ class MemoryEstimator:
     kt: float | None = None
     """Factor of the tail's output (the logits); None: the same as ``kp``."""
     ke: float = 0.0
-    """Factor of the stage's larger end block's weights (``W_end``); 0: no such term."""
+    """Factor of the stage's lm_head weights (``W_end``); 0: no such term."""
     kw: float = 0.0
     """Factor of the kept activations of each micro-batch held between its ``I`` and its ``W``
     (zero-bubble schedules); 0: no such term."""
@@ -92,7 +93,7 @@ class MemoryEstimator:
 
     def static(self, weights: float, end_weights: float = 0.0) -> float:
         """Bytes independent of the samples: the base, the weights (with gradients and optimizer
-        state) and the accumulation buffer of the larger end block's weights ``end_weights``."""
+        state) and the accumulation buffer of the lm_head's weights ``end_weights``."""
         return self.base + self.alpha * weights + self.ke * end_weights
 
     def per_sample(self, act_kept: float, act_recomputed: float, n: int, act_max_recomputed: float = 0.0,

@@ -9,7 +9,7 @@ own table; a host with only a capacity uses the reference host's table divided b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -35,7 +35,8 @@ class Profiles:
     fwd0: dict[str, np.ndarray] = field(default_factory=dict)
     bwd0: dict[str, np.ndarray] = field(default_factory=dict)
     call: dict[str, float] = field(default_factory=dict)
-    """Per host: runtime seconds per forward or backward call of a stage (LayersFile.call_overhead_s)."""
+    """Per host: runtime seconds per forward or backward call of a stage (LayersFile.call_overhead_s;
+    for a host priced from capacities.json, its ``call_overhead_s`` entry: see capacity_call)."""
     origin: dict[str, str] = field(default_factory=dict)
     """How each host's table was obtained (its layers file, capacities table, or scaled)."""
     capacities: Capacities | None = None
@@ -43,6 +44,44 @@ class Profiles:
     input_share: dict[str, np.ndarray] = field(default_factory=dict)
     """Per host with a measured split: the fraction of each block's backward that computes the
     input gradient (``I``; the rest is ``W``). Hosts without one split it in halves."""
+    split_factor: dict[str, float] = field(default_factory=dict)
+    """Per measured host: ``I + W`` over ``B`` as the runtime splits a backward
+    (LayersFile.backward_split_factor); hosts priced from capacities.json take their entry there,
+    other hosts the reference host's, else 1."""
+
+    optim: dict[str, float] = field(default_factory=dict)
+    """Per measured host: its optimizer step's seconds per parameter byte (LayersFile.optimizer_s_per_byte)."""
+
+    def backward_split_factor(self, host: str) -> float:
+        cap = self.capacities
+        return self._host_figure(host, self.split_factor, cap.backward_split_factor if cap else {}, 1.0)[0]
+
+    def optimizer_rate(self, host: str) -> tuple[float, str]:
+        """Seconds per parameter byte of ``host``'s optimizer step and where the figure came from
+        (0 where no host measured one)."""
+        cap = self.capacities
+        return self._host_figure(host, self.optim, cap.optimizer_s_per_byte if cap else {}, 0.0, by_capacity=True)
+
+    def _host_figure(self, host: str, measured: dict[str, float], carried: Mapping[str, float], default: float,
+                     by_capacity: bool = False) -> tuple[float, str]:
+        """A per-host figure ``torchpp profile`` measures, and where it came from: the host's own
+        (its layers file), else its entry carried in capacities.json, else the reference host's
+        (over the host's relative capacity with ``by_capacity``: a time that scales with speed),
+        else ``default``."""
+        if host in measured:
+            return float(measured[host]), self.origin.get(host, "its layers file")
+        cap = self.capacities
+        if cap is None:
+            return default, "not measured"
+        if host in carried:
+            return float(carried[host]), f"{self.capacities_source}'s entry"
+        if cap.ref_host not in measured and cap.ref_host not in carried:
+            return default, "not measured"
+        ref = float(measured.get(cap.ref_host, carried.get(cap.ref_host, default)))
+        if not by_capacity:
+            return ref, f"{cap.ref_host}'s"
+        c = cap.capacity.get(host, 0.0) / cap.capacity[cap.ref_host]
+        return (ref / c, f"{cap.ref_host}'s / capacity {c:.3g}") if c > 0 else (0.0, "no capacity")
 
     @property
     def num_blocks(self) -> int:
@@ -64,9 +103,13 @@ class Profiles:
     def backward_split(self, hosts: Iterable[str]) -> str:
         """How the backward of ``hosts`` is split into I and W: measured, or the halves assumption."""
         ref = self.capacities.ref_host if self.capacities is not None else None
+        hosts = list(hosts)
+        factors = sorted({round(self.backward_split_factor(h), 3) for h in hosts})
+        cost = (f"; I + W = {'/'.join(f'{f:g}' for f in factors)} x B (measured split cost)"
+                if any(f != 1.0 for f in factors) else "")
         if all(h in self.input_share or (ref in self.input_share) for h in hosts):
-            return "measured (layers files' backward_input_time_s)"
-        return self.BACKWARD_SPLIT_ASSUMED
+            return "measured (layers files' backward_input_time_s)" + cost
+        return self.BACKWARD_SPLIT_ASSUMED + cost
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -100,6 +143,10 @@ class Profiles:
             p.set_table(lf.host, [b.forward_time_s for b in bl], [b.backward_time_s for b in bl], lf.run.batch, src,
                         [b.forward_fixed_s for b in bl], [b.backward_fixed_s for b in bl])
             p.call[lf.host] = lf.call_overhead_s
+            if lf.optimizer_s_per_byte:
+                p.optim[lf.host] = lf.optimizer_s_per_byte
+            if lf.backward_split_factor is not None:
+                p.split_factor[lf.host] = lf.backward_split_factor
         if capacities is not None:
             for h, t in capacities.tables.items():
                 if h not in p.fwd:
@@ -109,6 +156,7 @@ class Profiles:
                                           len(t.forward_time_s))
                     p.set_table(h, t.forward_time_s, t.backward_time_s, t.batch, f"{capacities_source} tables.{h}",
                                 t.forward_fixed_s or None, t.backward_fixed_s or None)
+                    p.call[h] = p.capacity_call(h)
         return p
 
     def set_table(self, host: str, fwd: Sequence[float], bwd: Sequence[float], batch: int, origin: str,
@@ -143,8 +191,15 @@ class Profiles:
             self.bwd[h] = self.bwd[cap.ref_host] / c
             self.fwd0[h] = self.fwd0[cap.ref_host] / c
             self.bwd0[h] = self.bwd0[cap.ref_host] / c
-            self.call[h] = self.call.get(cap.ref_host, 0.0) / c
+            self.call[h] = self.capacity_call(h)
             self.origin[h] = f"{cap.ref_host} table / capacity {c:.3g}"
+
+    def capacity_call(self, host: str) -> float:
+        """Runtime seconds per call of a host without a layers file: its own, measured on it by
+        ``torchpp profile``'s call probe and carried in capacities.json, else the reference
+        host's scaled by capacity (a capacities file from before the field, or a host not probed)."""
+        cap = self.capacities
+        return self._host_figure(host, self.call, cap.call_overhead_s if cap else {}, 0.0, by_capacity=True)[0]
 
     def table(self, host: str) -> tuple[np.ndarray, np.ndarray]:
         if host not in self.fwd:
@@ -166,6 +221,12 @@ class Profiles:
     # ------------------------------------------------------------------ stage bytes
     def stage_param_bytes(self, stage: PlanStage) -> float:
         return float(stage_weights(self, stage))
+
+    def rank_param_bytes(self, chunks: "list[PlanStage]") -> float:
+        """Parameter bytes of the chunks one rank holds, the tied weight once where they hold both
+        ends (one chunk holding the whole model included): what its one optimizer step updates."""
+        w = sum(self.stage_param_bytes(s) for s in chunks)
+        return w - (self.tied_bytes if chunks and chunks[0].has_embed and chunks[-1].has_tail else 0)
 
     def boundary_bytes(self, stage: PlanStage) -> float:
         """Bytes per sample of the stage's output (what its next stage receives)."""

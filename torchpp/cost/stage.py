@@ -133,6 +133,8 @@ class StageTime:
     """Part of ``bwd`` computing the input gradient (``I``), per sample; ``bwd - bwd_in`` is ``W``'s."""
     bwd_in0: float | np.ndarray = 0.0
     """Part of ``bwd0`` computing the input gradient, per call."""
+    split: float = 1.0
+    """``I + W`` over ``B`` when the backward is split (two passes over the graph cost more than one)."""
 
     @property
     def forward_per_sample(self):
@@ -174,14 +176,14 @@ class StageTime:
         forwards (the activations are rebuilt before any gradient), and the runtime's call cost."""
         if samples <= 0:
             return 0.0
-        return float(self.bwd_in0 + self.rec0 + self.call + samples * (self.bwd_in + self.rec))
+        return float(self.split * self.bwd_in0 + self.rec0 + self.call + samples * (self.split * self.bwd_in + self.rec))
 
     def backward_weight(self, samples: int) -> float:
         """Seconds of a ``W`` call: the rest of the backward, plus the runtime's cost of one more call
-        (so ``I + W = B + call``)."""
+        (so ``I + W = split · B + call``, recomputation counted once)."""
         if samples <= 0:
             return 0.0
-        return float(self.bwd0 - self.bwd_in0 + self.call + samples * (self.bwd - self.bwd_in))
+        return float(self.split * (self.bwd0 - self.bwd_in0) + self.call + samples * self.split * (self.bwd - self.bwd_in))
 
     def recompute(self, samples: int) -> float:
         """Per-sample seconds of the recomputed forwards of ``samples`` samples."""
@@ -197,7 +199,8 @@ def stage_time(profiles: "Profiles", host: str, span: Span | PlanStage) -> Stage
     bi, bi0 = (BlockSums(x * share) for x in (profiles.table(host)[1], profiles.fixed(host)[1]))
     return StageTime(fwd=f(sp.lo, sp.hi), bwd=b(sp.lo, sp.hi), rec=f.over(sp.runs),
                      fwd0=f0(sp.lo, sp.hi), bwd0=b0(sp.lo, sp.hi), rec0=f0.over(sp.runs),
-                     call=profiles.call.get(host, 0.0), bwd_in=bi(sp.lo, sp.hi), bwd_in0=bi0(sp.lo, sp.hi))
+                     call=profiles.call.get(host, 0.0), bwd_in=bi(sp.lo, sp.hi), bwd_in0=bi0(sp.lo, sp.hi),
+                     split=profiles.backward_split_factor(host))
 
 
 def model_time(profiles: "Profiles", host: str) -> StageTime:
@@ -290,13 +293,13 @@ class StageMemory:
         return StageActivations(self.acts(sp.lo, sp.hi) - rec, rec, self.largest.over(sp.runs))
 
     def end_weights(self, span: Span | PlanStage) -> float | np.ndarray:
-        """Parameter bytes of the larger of the span's end blocks (embedding: block 0, tail: the
-        last), 0 where it holds neither: what the memory model's ``Ke`` prices."""
+        """Parameter bytes of the tail (the lm_head) where the span holds it, else 0: what the
+        memory model's ``Ke`` prices. The lm_head's weight gradient is computed whole for each
+        micro-batch beside the accumulated one; the embedding's is added in place
+        (``models.embedding``), so it holds nothing more."""
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         pb = np.asarray(self.profiles.param_bytes, dtype=float)
-        embed = np.where(np.asarray(sp.lo) == 0, pb[0], 0.0)
-        tail = np.where(np.asarray(sp.hi) == len(pb), pb[-1], 0.0)
-        out = np.maximum(embed, tail)
+        out = np.where(np.asarray(sp.hi) == len(pb), pb[-1], 0.0)
         return float(out) if np.ndim(out) == 0 else out
 
     def layer_activations(self, c: int, c2: int) -> np.ndarray:

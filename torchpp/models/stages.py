@@ -227,8 +227,10 @@ class Stage:
         return loss
 
     def _embed(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        from .embedding import embed
+
         m = self.module
-        h = _get(m, self.parts.token)(ids)
+        h = embed(_get(m, self.parts.token), ids)
         for p in self.parts.positions:
             h = h + _get(m, p)(pos)
         mult = getattr(self.cfg, "embedding_multiplier", None)  # Granite scales the embedding output

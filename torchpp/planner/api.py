@@ -14,10 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import UsageError
 from ..formats import Bandwidth, Capacities, Devices, FormatError, LayersFile, MemoryModel, Plan
+
+if TYPE_CHECKING:
+    from ..cost import Profiles
 
 Progress = Callable[[str], None] | None
 OUTPUTS = ("plan.json", "stages.csv", "steps.csv", "plan_meta.json", "summary.txt", "gantt.png")
@@ -57,8 +60,9 @@ class PlanInputs:
     """Override the model's tied embeddings."""
     seq_len: int | None = None
     """Estimate: tokens per sample (default 128); measured: must equal the layers files'."""
-    optimizer_s_per_gb: float = 0.0
-    """Optimizer step seconds per GB of parameters (not measured by profile)."""
+    optimizer_s_per_gb: float | None = None
+    """Optimizer step seconds per GB of parameters on every host; None: each host's rate measured
+    by ``torchpp profile`` (its layers file, capacities.json, or the reference's over capacity)."""
     dtype: str | None = None
     """Measured: the precision to plan for; it must be the layers files' (they price it). None: theirs."""
 
@@ -85,6 +89,8 @@ class Costs:
     devices: Devices | None = None
     """devices.json: its ranks are kept when every planned host has one."""
     optimizer_s_per_byte: float | dict[str, float] | None = None
+    optimizer_source: str = ""
+    """Where the optimizer rate came from, for the plan's output ("" : given by the caller)."""
     sources: dict[str, Path | list[Path]] = field(default_factory=dict)
     """Input files, hashed into plan.json's ``inputs``."""
 
@@ -176,8 +182,11 @@ def load(inputs: PlanInputs) -> Costs:
         memory = MemoryEstimator.analytic(inputs.activation_factor or ANALYTIC_KP)
     costs.memory = memory
     costs.budget = memory.budgets(costs.budget)
-    if inputs.optimizer_s_per_gb:
+    if inputs.optimizer_s_per_gb is not None:
         costs.optimizer_s_per_byte = inputs.optimizer_s_per_gb / 1e9
+        costs.optimizer_source = f"given: {inputs.optimizer_s_per_gb:g} s/GB on every host (--optimizer-s-per-gb)"
+    elif not costs.optimizer_source:
+        costs.optimizer_source = "none: not measured (profile the hosts again, or pass --optimizer-s-per-gb)"
     return costs
 
 
@@ -219,10 +228,23 @@ def _load_measured(inputs: PlanInputs) -> Costs:
             raise FormatError(str(inputs.devices), h, "a host with a layers file or an entry in capacities.json "
                               f"(measured: {', '.join(sorted(prof.fwd))})")
     bw = Bandwidth.load(inputs.bandwidth)
+    opt, opt_source = measured_optimizer(prof, dv.hosts)
     return Costs(profiles=prof, links=Links(bw, str(inputs.bandwidth)), hosts=dv.hosts,
                  budget={h: dv.memory_bytes(h) for h in dv.hosts}, memory=None, devices=dv,
+                 optimizer_s_per_byte=opt, optimizer_source=opt_source,
                  sources=dict(layers=paths, capacities=inputs.capacities, bandwidth=inputs.bandwidth,
                               devices=Path(inputs.devices)))
+
+
+def measured_optimizer(prof: Profiles, hosts: Sequence[str]) -> tuple[dict[str, float] | None, str]:
+    """Each host's optimizer seconds per parameter byte as ``torchpp profile`` measured it
+    (``Profiles.optimizer_rate``), and a line saying where each came from. Hosts with none are
+    priced at 0; (None, "") when none has one."""
+    rates = {h: prof.optimizer_rate(h) for h in hosts}
+    if not any(v for v, _ in rates.values()):
+        return None, ""
+    parts = [f"{h} {v * 1e9:.3g} s/GB ({src})" if v else f"{h} 0 (not measured)" for h, (v, src) in rates.items()]
+    return {h: v for h, (v, _) in rates.items() if v}, "measured per host by profile: " + ", ".join(parts)
 
 
 # ----------------------------------------------------------------------------- planning
@@ -241,16 +263,31 @@ def plan(inputs: PlanInputs | Costs, options: PlanOptions, *, progress: Progress
     say = progress or (lambda _: None)
     say(f"planning {prof.model.name} ({prof.model.num_layers} layers) on {len(hosts)} device(s), "
         f"global batch {options.global_batch}; memory: {costs.memory.source}")
+    opt_source = optimizer_origin(costs)
+    say(f"optimizer step: {opt_source}")
     res = search(pb, progress=progress)
     chosen = res.plan
     if costs.devices is not None:
         apply_fixed_ranks(chosen, costs.devices)
     pred, tl = predict(chosen, prof, costs.links, costs.memory, costs.budget, opt)
+    pred["optimizer"] = opt_source
     chosen.predicted = pred
     chosen.inputs = input_hashes(costs.sources)
     compare = compare_plans(options.compare, chosen, pb, costs.budget, say) if options.compare else []
     meta = _meta(res, chosen, pb, options, compare, extra_meta)
     return PlanResult(plan=chosen, problem=pb, timeline=tl, meta=meta, compare=compare)
+
+
+def optimizer_origin(costs: Costs) -> str:
+    """Where ``costs``' optimizer rate came from (``Costs.optimizer_source``, else the rates given)."""
+    if costs.optimizer_source:
+        return costs.optimizer_source
+    opt = costs.optimizer_s_per_byte
+    if isinstance(opt, dict) and opt:
+        return "per host: " + ", ".join(f"{h} {v * 1e9:.3g} s/GB" for h, v in opt.items())
+    if opt:
+        return f"given: {opt * 1e9:g} s/GB on every host"
+    return "none (priced at 0)"
 
 
 def _meta(res: Any, chosen: Plan, pb: Any, options: PlanOptions, compare: list[dict],
@@ -271,7 +308,7 @@ def _meta(res: Any, chosen: Plan, pb: Any, options: PlanOptions, compare: list[d
                    "num_microbatches": chosen.num_microbatches, "devices": chosen.world_size,
                    "idle": [h for h in hosts if h not in {d.host for s in chosen.stages for d in s.devices}]},
         "predicted": {k: chosen.predicted[k] for k in ("step_time_s", "throughput_samples_per_s", "lower_bound_s",
-                                                       "ratio_to_lower_bound", "bubble")},
+                                                       "ratio_to_lower_bound", "bubble", "optimizer")},
         "compare": compare, "inputs": chosen.inputs, **(extra or {}),
     }
 

@@ -1,8 +1,15 @@
 """`torchpp capacities`: per-host speed relative to a reference host (seed 000 step 2).
 
-``capacity[h]`` = median over decoder layers of (reference forward time / h's forward time), both
-per sample. Every measured host's own block table is kept too: the planner prices a host from
+``capacity[h]`` = median over decoder layers of (reference forward + backward time / h's forward +
+backward time), both per sample at the reference host's batch. Forward and backward together:
+on a host with a small CPU quota a forward pass of a few quota periods is bimodal (whether it
+straddles one more period boundary decides), while the backward, twice as long, is steady; over
+six homelab profiles the forward alone put pi3 at 0.286-0.418 of the laptop (quota ratio 0.357),
+forward + backward at 0.316-0.378. Every measured host's own block table is kept too: the planner prices a host from
 its own table where it has one and from the scaled reference table only where it does not.
+Each file's ``call_overhead_s`` (the runtime's seconds per compute call, measured by the profile's
+call probe on that host) is carried too: a host priced from capacities keeps its own.
+Each host's measured optimizer rate (``optimizer_s_per_byte``) travels with it the same way.
 """
 from __future__ import annotations
 
@@ -23,8 +30,8 @@ def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequ
         raise FormatError("--ref-host", "ref_host", f"one of the measured hosts ({', '.join(prof.fwd)})", ref_host)
     batch = next(lf.run.batch for lf in files if lf.host == ref_host)
 
-    def layer_times(h: str):  # forward of each decoder layer on the reference host's batch
-        return (prof.fwd0[h] + batch * prof.fwd[h])[1:-1]
+    def layer_times(h: str):  # forward + backward of each decoder layer on the reference host's batch
+        return (prof.fwd0[h] + batch * prof.fwd[h] + prof.bwd0[h] + batch * prof.bwd[h])[1:-1]
 
     ref = layer_times(ref_host)
     capacity, tables = {}, {}
@@ -36,7 +43,12 @@ def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequ
                                     backward_time_s=[b.backward_time_s for b in bl],
                                     forward_fixed_s=[b.forward_fixed_s for b in bl],
                                     backward_fixed_s=[b.backward_fixed_s for b in bl])
-    return Capacities(ref_host=ref_host, capacity=capacity, tables=tables)
+    # each host's own, measured where it runs (0: not probed, so left out and scaled from the reference)
+    call = {lf.host: lf.call_overhead_s for lf in files if lf.call_overhead_s > 0}
+    opt = {lf.host: lf.optimizer_s_per_byte for lf in files if lf.optimizer_s_per_byte is not None}
+    split = {lf.host: lf.backward_split_factor for lf in files if lf.backward_split_factor is not None}
+    return Capacities(ref_host=ref_host, capacity=capacity, tables=tables, call_overhead_s=call,
+                      optimizer_s_per_byte=opt, backward_split_factor=split)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -52,5 +64,9 @@ def run(args: argparse.Namespace) -> int:
     cap.save(args.out)
     print(f"wrote {args.out} (reference {cap.ref_host})")
     for h, c in sorted(cap.capacity.items(), key=lambda kv: -kv[1]):
-        print(f"  {h:<16} capacity {c:.3f}")
+        opt = cap.optimizer_s_per_byte.get(h)
+        split = cap.backward_split_factor.get(h)
+        print(f"  {h:<16} capacity {c:.3f}  runtime {1e3 * cap.call_overhead_s.get(h, 0.0):.3f} ms/call"
+              + (f", optimizer step {opt * 1e9:.3g} s/GB" if opt else "")
+              + (f", split backward {split:.2f} x" if split else ""))
     return 0

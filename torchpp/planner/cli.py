@@ -41,8 +41,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     g.add_argument("--exact-devices", type=T.int_in(1, 8), default=5,
                    help="search every device order up to this many devices (default 5)")
     g.add_argument("--max-group", type=T.int_in(1, V.MAX_STAGES), default=8, help="largest group beyond --exact-devices (default 8)")
-    g.add_argument("--optimizer-s-per-gb", type=T.float_in(0.0, 1e6), default=0.0,
-                   help="optimizer step seconds per GB of parameters (not measured by profile; default 0)")
+    g.add_argument("--optimizer-s-per-gb", type=T.float_in(0.0, 1e6), default=None,
+                   help="optimizer step seconds per GB of parameters on every host (default: each host's rate "
+                        "measured by profile, from its layers file or capacities.json; 0 where none was)")
     g.add_argument("--out-dir", type=T.out_dir, default=None, help="write plan.json, stages.csv, steps.csv, "
                    "plan_meta.json, summary.txt and gantt.png here")
     g.add_argument("--compare", default=None, help="e.g. even,pp,dp,single,other_plan.json: price these too, each fixed "

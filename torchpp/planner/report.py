@@ -5,8 +5,10 @@ backward, recompute, communication and all-reduce time and each device's memory 
 budget; the bubble split ``real = ideal + imbalance + communication + recompute`` (seconds per
 rank on average) is :func:`torchpp.trace.analyze.analyze` of the replayed timeline — the same
 function ``torchpp analyze`` runs on measured traces and on ``simulate plan``'s predicted trace
-— and the lower bound G / Σ_d (1 / τ_d), τ_d being device d's time per sample for the whole
-model, i.e. total work over total capacity.
+— and the lower bound of :mod:`.bound` (every sample's forward and backward and every weight's
+optimizer update on some device, weights within each device's memory; without memory limits or
+an optimizer rate it is G / Σ_d (1 / τ_d), τ_d being device d's time per sample for the whole
+model: total work over total capacity).
 """
 from __future__ import annotations
 
@@ -19,12 +21,13 @@ from typing import Any, Mapping, Sequence
 from ..formats import Plan, file_hash, write_json
 from ..schedules import Kind
 from ..sim.replay import Timeline
-from ..cost import Links, MemoryEstimator, Profiles, StageMemory, model_time, stage_time
+from ..cost import Links, MemoryEstimator, Profiles, StageMemory, stage_time
 from ..cost.memory import rank_profiles, split_in_flight
 from ..schedules import SPLIT_BACKWARD, in_flight
 from ..sim.measured import price
 from ..sim.trace import recompute_of, timeline_events
 from ..trace.analyze import analyze
+from .bound import lower_bound
 from .search import fmt_bytes
 
 
@@ -70,9 +73,8 @@ def predict(plan: Plan, profiles: Profiles, links: Links, memory: MemoryEstimato
         })
     bubble = analyze(timeline_events(plan, tl, recompute_of=recompute_of(plan, profiles))).bubble
     hosts = list(budget) or sorted({d.host for s in plan.stages for d in s.devices})
-    profiles.ensure(hosts)
-    cap = sum(1.0 / float(model_time(profiles, h).per_sample) for h in hosts)  # samples per second
-    lb = plan.global_batch / cap
+    lb = lower_bound(profiles, hosts, {h: budget.get(h, math.inf) for h in hosts}, memory, plan.global_batch,
+                     optimizer_s_per_byte)
     pred = {
         "step_time_s": step, "throughput_samples_per_s": plan.global_batch / step,
         "lower_bound_s": lb, "ratio_to_lower_bound": step / lb,
@@ -131,9 +133,10 @@ def summary_text(plan: Plan, meta: dict[str, Any], compare: Sequence[dict] = ())
         f"{plan.micro_batch_size} (global batch {plan.global_batch}), {plan.schedule}",
         f"predicted step time {p.get('step_time_s', float('nan')):.4g} s "
         f"({p.get('throughput_samples_per_s', float('nan')):.4g} samples/s), priced by replaying the action lists",
-        f"lower bound (total work / total capacity) {p.get('lower_bound_s', float('nan')):.4g} s, "
+        f"lower bound (all work over all capacity, weights within memory) {p.get('lower_bound_s', float('nan')):.4g} s, "
         f"ratio {p.get('ratio_to_lower_bound', float('nan')):.3f}",
         f"memory: {p.get('memory_model', '')}",
+        *([f"optimizer step: {p['optimizer']}"] if p.get("optimizer") else []),
         "",
         "stage  layers      hosts (samples)                  fwd/mb    bwd/mb   recomp   comm/step  allreduce  memory / budget",
     ]

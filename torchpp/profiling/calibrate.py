@@ -41,16 +41,17 @@ gradients and adds its own into them, the regime of every pipeline rank with 2 o
 
 def random_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, int]]:
     """Distinct spans, spread over lengths so the fit sees small and large stages; a third of
-    them (at least two) end with the tail, so its own factor Kt can be fitted, and a sixth (at
-    least one, from six spans on) start with the embedding, which the end-block term Ke prices
-    beside the lm_head."""
+    them (at least three) end with the tail, so its own factors Kt (logits) and Ke (lm_head
+    weights, the same bytes in every tail span) can be told apart, and a sixth (at
+    least one, from six spans on) start with the embedding, whose weights only ``alpha`` prices
+    (its gradient is added in place) while the tail's lm_head has its own term Ke."""
     rng = random.Random(seed)
     all_spans = [(s, e) for s in range(num_layers) for e in range(s + 1, num_layers + 1)]
     if count >= len(all_spans):
         return all_spans
     rng.shuffle(all_spans)
     tails = [sp for sp in all_spans if sp[1] == num_layers]
-    want = min(len(tails), max(2, count // 3), count)
+    want = min(len(tails), max(3, count // 3), count)
     out = [tails[i] for i in sorted(rng.sample(range(len(tails)), want))] if want else []
     embeds = [sp for sp in all_spans if sp[0] == 0 and sp not in out]
     out += embeds[:min(len(embeds), count // 6, count - len(out))]
@@ -79,10 +80,9 @@ def span_sums(lf: LayersFile, start: int, end: int) -> tuple[int, int, bool, boo
 
 
 def end_weights(lf: LayersFile, start: int, end: int) -> int:
-    """Parameter bytes of the larger end block of a stage holding layers [start, end): the
-    embedding when start = 0, the tail when end = N (what ``Ke`` multiplies), else 0."""
-    return int(max(lf.embed_param_bytes if start == 0 else 0,
-                   lf.tail_param_bytes if end == lf.model.num_layers else 0))
+    """Parameter bytes of the tail when a stage of layers [start, end) holds it (end = N), else
+    0: what ``Ke`` multiplies (``cost.stage.StageMemory.end_weights``)."""
+    return int(lf.tail_param_bytes) if end == lf.model.num_layers else 0
 
 
 def fit(samples: Sequence[MemorySample]) -> MemoryModel:
@@ -125,15 +125,19 @@ def fit_split(mm: MemoryModel, split: Sequence[MemorySample]) -> MemoryModel:
 
 def fit_full(samples: Sequence[MemorySample]) -> MemoryModel:
     """NNLS fit of base, alpha, Kp and, when spans with and without the tail are both present,
-    the tail's own factor Kt; when spans with and without an end block (embedding or tail) and
-    enough samples are present, that block's weights' own factor Ke. Columns are scaled so
+    the tail's own factor Kt; when spans with and without the tail and enough samples are present, the
+    lm_head weights' own factor Ke. Columns are scaled so
     their magnitudes do not matter."""
     from scipy.optimize import nnls
 
     tails = {s.tail_activation_bytes_per_sample > 0 for s in samples}
     with_kt = tails == {True, False} and len(samples) >= 5
     ends = {s.end_weights_bytes > 0 for s in samples}
-    with_ke = ends == {True, False} and len(samples) >= 5 + with_kt
+    # every tail span has the same lm_head bytes: Ke is that span kind's own intercept, told apart
+    # from Kt only by tail spans of different batch sizes, and fitted only with one to spare
+    tail_batches = [s.batch for s in samples if s.end_weights_bytes > 0]
+    with_ke = (ends == {True, False} and len(samples) >= 5 + with_kt
+               and (not with_kt or (len(tail_batches) >= 3 and len(set(tail_batches)) >= 2)))
     rows = []
     for s in samples:
         body = (s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample) * s.batch

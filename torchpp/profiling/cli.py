@@ -27,6 +27,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="attention kernels to time (default: the ones torchpp.train picks for the model)")
     p.add_argument("--seed", type=int, default=0, help="seed of preset weights and synthetic tokens")
     p.add_argument("--timer", choices=["cpp", "python"], default=None, help="force the span timer backend: cpp or python")
+    p.add_argument("--no-call-probe", action="store_true",
+                   help="skip the call probe: a few steps of torchpp's own runtime on a 2-stage pipeline of local "
+                   "processes (~10 s) that measure the runtime's seconds per compute call on this host "
+                   "(call_overhead_s, which the cost model adds to every forward and backward); skipped, it is 0")
     p.add_argument("--quiet", action="store_true", help="no progress lines and no summary")
     p.set_defaults(func=run)
 
@@ -60,14 +64,40 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     out = Path(args.out or f"layers_{host}.json")
     tw = TraceWriter(world_size=1, rank=0) if args.trace else None
+    # the probe first: its two ranks start while this process holds no model yet (a small host's memory)
+    call_s = None if args.no_call_probe else call_overhead(args.threads, args.quiet)
     try:
         lf = measure_layers(pc, progress=None if args.quiet else stderr_progress(pc.model), trace=tw)
     except ModelSpecError as e:
         raise UsageError(str(e)) from None
+    if call_s is not None:
+        lf.call_overhead_s = call_s
     lf.save(out)
     if tw is not None:
         tw.save(args.trace)
     if not args.quiet:
         print(format_summary(lf))
+        print(f"runtime per compute call: {1e3 * lf.call_overhead_s:.3f} ms (call_overhead_s"
+              + (", --no-call-probe)" if args.no_call_probe else ", call probe)"))
         print(f"wrote {out}" + (f" and {args.trace}" if args.trace else ""))
     return 0
+
+
+def call_overhead(threads: int, quiet: bool) -> float:
+    """The call probe's seconds per compute call; 0 with one warning when it cannot run (a plan
+    priced from this file then under-predicts its steps, so the failure is never silent)."""
+    import sys
+
+    from .call_probe import CallProbeConfig, CallProbeError, probe_call_overhead
+
+    cfg = CallProbeConfig(threads=threads)
+    if not quiet:
+        print(f"call probe: {cfg.steps} steps of the runtime on 2 local ranks ({cfg.model}, {cfg.microbatches} "
+              f"micro-batches, gloo), timeout {cfg.timeout_s:g} s", file=sys.stderr, flush=True)
+    try:
+        res = probe_call_overhead(cfg)
+    except CallProbeError as e:
+        print(f"warning: the call probe failed, call_overhead_s = 0 in the layers file (plans priced from it "
+              f"under-predict their steps; `torchpp replan` measures it from a run): {e}", file=sys.stderr)
+        return 0.0
+    return res.call_overhead_s

@@ -13,7 +13,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import psutil
 import torch
@@ -131,6 +131,8 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
                         progress(phase + tag, k + 1, n, st.wall_s)
     finally:
         rss_hook.remove()
+    opt_s, opt_bytes = measure_optimizer(model, pc, timer)
+    split = measure_backward_split(cfg, pc)
     steps = by_batch[pc.batch]
     if trace is not None:
         write_trace(trace, steps, pc)
@@ -163,7 +165,98 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
         embed=block(EMBED, None), tail=block(TAIL, None),
         layers=[block(n, i) for i, n in enumerate(names[1:-1])],
         step_time_s=statistics.fmean(walls), peak_rss_bytes=peak, step_samples_s=walls,
+        optimizer_s_per_byte=statistics.fmean(opt_s) / opt_bytes,
+        backward_split_factor=split,
     )
+
+
+_OPTIMIZER_SPAN = 1
+
+
+OPTIMIZER_SAMPLE_BYTES = 16 * 2**20
+"""Parameter bytes the optimizer step is timed on at most: its time is linear in them, and a host
+profiling a model it cannot train (gradients and two moments for every weight) must not run out
+of memory doing so."""
+
+
+def measure_optimizer(model: torch.nn.Module, pc: ProfileConfig, timer) -> tuple[list[float], int]:
+    """Seconds of each counted optimizer step over up to ``OPTIMIZER_SAMPLE_BYTES`` of ``model``'s
+    parameters (in model order, each tensor whole), and their bytes.
+
+    The step is the runtime's: ``make_optimizer`` and ``SteppedOptimizer`` with ``torchpp.train``'s
+    default optimizer and settings (AdamW, fused where torch has it, the global gradient norm),
+    on gradients of the parameters' own dtype. The first step allocates AdamW's moments, so at
+    least one warm-up step runs uncounted. Timed with the blocks' span timer."""
+    from ..runtime.optim import SteppedOptimizer
+    from ..runtime.trainer import TrainConfig, make_optimizer
+
+    train = TrainConfig(plan=Path("plan.json"))  # torchpp.train's defaults (the plan is not read)
+    params, size = [], 0
+    for p in (p for p in model.parameters() if p.requires_grad):
+        if params and size + p.numel() * p.element_size() > OPTIMIZER_SAMPLE_BYTES:
+            continue
+        params.append(p)
+        size += p.numel() * p.element_size()
+    if not params:
+        raise RuntimeError(f"{pc.model}: no trainable parameters to time the optimizer step on")
+    for p in params:
+        p.grad = torch.full_like(p, 1e-3)
+    optimizer = make_optimizer(train.optimizer, params, train.lr, train.weight_decay, train.adam_eps,
+                               tuple(train.adam_betas))
+    stepper = SteppedOptimizer(optimizer, params, train.optim_settings(), counts_stage=True, skip=None)
+    warmup, times = max(1, pc.warmup), []
+    for i in range(warmup + pc.iters):
+        timer.reset()
+        slot = timer.begin(_OPTIMIZER_SPAN)
+        stepper.step()
+        timer.end(slot)
+        _, t0, t1 = (int(x) for x in timer.read()[0])
+        if i >= warmup:
+            times.append((t1 - t0) * 1e-9)
+    stepper.zero_grad(set_to_none=True)
+    return times, sum(p.numel() * p.element_size() for p in params)
+
+
+SPLIT_SAMPLE_LAYERS = 2
+"""Decoder layers the split backward is timed on (its cost per second of backward is a ratio)."""
+
+
+def measure_backward_split(cfg: Any, pc: ProfileConfig) -> float:
+    """``I + W`` over ``B`` on this host: the runtime's split backward (``backward_input`` then
+    ``backward_weight``, as zero-bubble schedules run it) against one ``autograd.backward`` of the
+    same forward, on up to ``SPLIT_SAMPLE_LAYERS`` decoder layers with the profile's batch and
+    precision (``--dtype bfloat16``: fp32 weights under bf16 autocast, as training runs it); the
+    ratio of the medians over ``pc.iters`` alternating pairs after a warm-up."""
+    import time
+
+    from ..models.stages import StageSpec, backward_input, backward_weight, build_stage
+
+    n = min(SPLIT_SAMPLE_LAYERS, int(cfg.num_hidden_layers))
+    stage = build_stage(pc.model, cfg, StageSpec(layers=(0, n), has_embed=False, has_tail=False),
+                        dtype=pc.weights_dtype, autocast=pc.autocast)
+    weights = [p for p in stage.parameters() if p.requires_grad]
+    gen = torch.Generator().manual_seed(pc.seed)
+    x0 = torch.randn(pc.batch, pc.seq_len, int(cfg.hidden_size), generator=gen).to(stage.dtype)
+    whole, split = [], []
+    for i in range(max(1, pc.warmup) + max(3, pc.iters)):
+        x = x0.clone().requires_grad_(True)
+        out = stage.forward(x, None, None)
+        grad = torch.randn(out.shape, generator=gen, dtype=out.dtype)
+        t0 = time.perf_counter()
+        torch.autograd.backward(out, grad)
+        t1 = time.perf_counter()
+        x = x0.clone().requires_grad_(True)
+        out = stage.forward(x, None, None)
+        t2 = time.perf_counter()
+        _, task = backward_input(out, grad, x, weights, [])
+        backward_weight(task)
+        t3 = time.perf_counter()
+        for w in weights:
+            w.grad = None
+        if i >= max(1, pc.warmup):
+            whole.append(t1 - t0)
+            split.append(t3 - t2)
+    return statistics.median(split) / statistics.median(whole)
 
 
 def fit_fixed(rows: list[list[float]]) -> tuple[float, float]:
@@ -224,6 +317,12 @@ def format_summary(lf: LayersFile) -> str:
                      f"backward {b0 * 1e3:.3f} ms of the totals above do not grow with the samples")
     lines.append(f"step {lf.step_time_s * 1e3:.3f} ms (blocks cover {100 * (tot_f + tot_b) / lf.step_time_s:.1f}%), "
                  f"peak RSS {lf.peak_rss_bytes / 2**20:.1f} MiB")
+    if lf.backward_split_factor is not None:
+        lines.append(f"split backward (zero-bubble I + W) {lf.backward_split_factor:.3f} x one backward pass")
+    if lf.optimizer_s_per_byte is not None:
+        params = sum(b.param_bytes for b in blocks) - (lf.embed_param_bytes if lf.model.tied_embeddings else 0)
+        lines.append(f"optimizer step {lf.optimizer_s_per_byte * params * 1e3:.3f} ms over {params / 2**20:.2f} MiB "
+                     f"of parameters: {lf.optimizer_s_per_byte * 1e9:.3g} s/GB")
     return "\n".join(lines)
 
 

@@ -11,9 +11,21 @@ Layout of ``<dir>/step_<N>/`` (N = optimizer steps done):
 - ``manifest.json``: written last, after every rank's files are in place. A step directory
   without it is incomplete and ignored.
 
+A checkpoint is *full* (the files above) or a *gradient log* (``kind: "gradients"``): the
+gradients step N's update applied (``grads-stage<S>.safetensors``, after all-reduce and
+clipping, keyed by HF name) and the learning rates it used, on top of checkpoint N-1. Loading it
+loads the full checkpoint the chain starts from and replays each logged update, which gives the
+same parameters and optimizer state as the run had (the optimizer's update is elementwise, so
+under any split). A log is a third of AdamW's full checkpoint, which is what makes a checkpoint
+every step cheap (``--checkpoint-every 1`` writes a full one every ``--full-checkpoint-every``
+steps and logs between). Only a full checkpoint loads with ``from_pretrained``; a run's last
+checkpoint is always full.
+
 Every file is written to a temporary name and renamed; tensors go from their own memory to
-the file (``tensor_files``), into the pages of a file retired by pruning when there is one
-(a checkpoint every step then costs one copy of the bytes). A stage's files are written by the
+the file (``tensor_files``), into the blocks of a file retired by pruning when there is one.
+Files and renames reach the disk (``fdatasync``/``fsync``) before the manifest names them, so a
+power cut never leaves a manifest over lost data (and a small host's memory limit reclaims the
+clean cached pages without writing them). A stage's files are written by the
 lowest rank of its group on each host, and each host's lowest rank writes the index and the
 manifest, so a run on hosts without a shared file system can still resume.
 
@@ -47,6 +59,12 @@ RECYCLE = ".recycle"
 """Where pruned checkpoints wait to have their files' pages overwritten by the next ones."""
 RECYCLE_KEEP = 2
 CKPT_FORMAT = "torchpp.checkpoint/1"
+LOG_FORMAT = "torchpp.checkpoint-log/1"
+"""A gradient log's manifest format: a reader that knows only full checkpoints skips it (and
+resumes from the newest full one) instead of failing on files it does not expect."""
+FULL, GRADIENTS = "full", "gradients"
+"""A manifest's ``kind``: parameters and optimizer state, or one step's gradients on top of the step before."""
+GRADS_INDEX = "grads.safetensors.index.json"
 _STEP_RE = re.compile(r"^step_(\d+)$")
 OPTIMIZER_STATES = {"adamw": 2, "sgd": 0}
 """Tensors of a parameter's size the optimizer keeps per parameter (AdamW: both moments)."""
@@ -60,17 +78,28 @@ def step_dir(root: str | Path, step: int) -> Path:
     return Path(root) / f"step_{step:08d}"
 
 
-def _atomic(path: Path, write) -> None:
+def _atomic(path: Path, write, durable: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         write(tmp)
+        if durable:
+            _fsync(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file, or a directory's entries (its renames), to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _save_safetensors(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str] | None = None) -> None:
@@ -83,7 +112,7 @@ def _save_safetensors(path: Path, tensors: dict[str, torch.Tensor], meta: dict[s
 def _write_tensors(root: str | Path, path: Path, tensors: dict[str, torch.Tensor]) -> None:
     """``tensor_files.write`` under a temporary name, renamed when complete."""
     reuse = _recycled(root, path.name)
-    _atomic(path, lambda tmp: tensor_files.write(tmp, tensors, reuse=reuse))
+    _atomic(path, lambda tmp: tensor_files.write(tmp, tensors, reuse=reuse, durable=True))
 
 
 @dataclass(frozen=True)
@@ -135,9 +164,12 @@ class Snapshot:
     step: int
     stage: int
     params: dict[int, dict[str, torch.Tensor]]
-    """Per chunk written by this rank, its parameters by HF name."""
+    """Per chunk written by this rank, its parameters (a gradient log: their gradients) by HF name."""
     optim: dict[int, dict[str, torch.Tensor]]
     rng: torch.Tensor
+    kind: str = FULL
+    lrs: tuple[float, ...] = ()
+    """A gradient log's learning rate per parameter group (what its replay must use)."""
 
 
 def snapshot(step: int, *, roles: Roles, stage: Stage | StageSet, optimizer: torch.optim.Optimizer,
@@ -154,22 +186,39 @@ def snapshot(step: int, *, roles: Roles, stage: Stage | StageSet, optimizer: tor
     return Snapshot(step=step, stage=roles.stage, params=params, optim=optim, rng=torch.get_rng_state())
 
 
+def gradient_snapshot(step: int, *, roles: Roles, stage: Stage | StageSet, grads: dict[int, torch.Tensor],
+                      lrs: tuple[float, ...]) -> Snapshot:
+    """This rank's share of gradient log ``step``: ``grads`` are the gradients the update used
+    (by parameter id; the optimizer has since dropped them, so they are no longer live)."""
+    params: dict[int, dict[str, torch.Tensor]] = {}
+    if roles.writes_stage:
+        for c, named in _chunks(stage, roles).items():
+            params[c] = {n: grads[id(p)].detach() for n, p in named if id(p) in grads}
+    return Snapshot(step=step, stage=roles.stage, params=params, optim={}, rng=torch.get_rng_state(),
+                    kind=GRADIENTS, lrs=tuple(lrs))
+
+
 def write_files(root: str | Path, snap: Snapshot, rank: int) -> dict[str, Any]:
     """Write this rank's files of ``snap`` (each atomically, into the pages of a retired
     checkpoint's file when there is one); returns its part of the index."""
     d = step_dir(root, snap.step)
     d.mkdir(parents=True, exist_ok=True)
-    mine: dict[str, Any] = {"chunks": []}
+    mine: dict[str, Any] = {"chunks": [], "kind": snap.kind, "lrs": list(snap.lrs)}
     for c, params in snap.params.items():
+        if snap.kind == GRADIENTS:
+            _write_tensors(root, d / f"grads-stage{c}.safetensors", params)
+            mine["chunks"].append({"stage": c, "grads": sorted(params)})
+            continue
         _write_tensors(root, d / f"model-stage{c}.safetensors", params)
         _write_tensors(root, d / f"optim-stage{c}.safetensors", snap.optim[c])
         mine["chunks"].append({"stage": c, "params": sorted(params), "optim": sorted(snap.optim[c])})
-    _atomic(d / f"rng-rank{rank}.pt", lambda tmp: torch.save(snap.rng, tmp))
+    _atomic(d / f"rng-rank{rank}.pt", lambda tmp: torch.save(snap.rng, tmp), durable=True)
+    _fsync(d)  # the renames too: the manifest that follows may name only files on the disk
     return mine
 
 
 def finalize(root: str | Path, step: int, mine: dict[str, Any], *, roles: Roles, stage: Stage,
-             info: dict[str, Any], keep: int = 0, group: Any = None) -> Path | None:
+             info: dict[str, Any], keep: int = 0, group: Any = None, recycle_keep: int = RECYCLE_KEEP) -> Path | None:
     """Collective: once every rank's files of ``step`` are in place, write the index and the
     manifest (the mark of a complete checkpoint) and prune; the step directory on manifest writers."""
     from .exchange import all_gather_json
@@ -183,19 +232,21 @@ def finalize(root: str | Path, step: int, mine: dict[str, Any], *, roles: Roles,
         if world > 1:
             dist.barrier(group=group)  # every host's manifest is written: older checkpoints are no longer needed
         if roles.writes_manifest:
-            prune(root, keep)
+            prune(root, keep, recycle_keep)
     return d if roles.writes_manifest else None
 
 
 def save(root: str | Path, step: int, *, rank: int, roles: Roles, stage: Stage, optimizer: torch.optim.Optimizer,
-         info: dict[str, Any], timeout_s: float, keep: int = 0) -> Path | None:
+         info: dict[str, Any], timeout_s: float, keep: int = 0, grads: Snapshot | None = None,
+         recycle_keep: int = RECYCLE_KEEP) -> Path | None:
     """All ranks call this after step ``step``; returns the step directory on manifest writers.
+    ``grads``: write this gradient log (:func:`gradient_snapshot`) instead of a full checkpoint.
 
     With ``keep`` > 0, once every rank's manifest is written, manifest writers delete all but
     the newest ``keep`` complete checkpoints (0 keeps every one)."""
-    snap = snapshot(step, roles=roles, stage=stage, optimizer=optimizer, copy=False)
+    snap = grads or snapshot(step, roles=roles, stage=stage, optimizer=optimizer, copy=False)
     mine = write_files(root, snap, rank)
-    return finalize(root, step, mine, roles=roles, stage=stage, info=info, keep=keep)
+    return finalize(root, step, mine, roles=roles, stage=stage, info=info, keep=keep, recycle_keep=recycle_keep)
 
 
 class BackgroundSaver:
@@ -208,13 +259,19 @@ class BackgroundSaver:
     training thread's priority. It then gathers every rank's part on a process group of its own
     (so its collectives never interleave with the step's) and writes the manifest last: a
     checkpoint killed half-way has no manifest, so ``--resume`` never loads it. ``wait``
-    re-raises what the thread raised."""
+    re-raises what the thread raised.
 
-    def __init__(self, root: str | Path, *, rank: int, roles: Roles, stage: Stage, keep: int, timeout_s: float):
+    A gradient log's tensors are no longer live (the optimizer dropped them), so the update need
+    not wait for it; the next step's first backward does (:meth:`before_backward`), so that the
+    old gradients are freed before new ones are made and the step's peak memory is unchanged."""
+
+    def __init__(self, root: str | Path, *, rank: int, roles: Roles, stage: Stage, keep: int, timeout_s: float,
+                 recycle_keep: int = RECYCLE_KEEP):
         import datetime as _dt
         import threading
 
         self.root, self.rank, self.roles, self.stage, self.keep = Path(root), rank, roles, stage, keep
+        self.recycle_keep = recycle_keep
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.group = dist.new_group(backend="gloo", timeout=_dt.timedelta(seconds=timeout_s)) if world > 1 else None
         self._thread: Any = None
@@ -226,20 +283,28 @@ class BackgroundSaver:
         on a starved writer)."""
         self._written = threading.Event()
         self._written.set()
+        self._live = True
+        """The checkpoint in flight reads live tensors (a full one), not a gradient log's."""
         self._hooked: Any = None
         self._error: BaseException | None = None
         self.done: list[Path | None] = []
         self.waited_s = 0.0
         """Seconds updates spent waiting for the writer (the part of the checkpoint in the step)."""
+        self.cpu_s = 0.0
+        """CPU seconds the writer threads have used (files, gathering, manifest): what a checkpoint
+        takes from the host even when no update waits for it."""
 
-    def start(self, step: int, optimizer: torch.optim.Optimizer, info: dict[str, Any]) -> None:
-        """Wait for the previous checkpoint, then write this one in the background."""
+    def start(self, step: int, optimizer: torch.optim.Optimizer, info: dict[str, Any],
+              grads: Snapshot | None = None) -> None:
+        """Wait for the previous checkpoint, then write this one (or gradient log ``grads``) in
+        the background."""
         import threading
 
         self.wait()
         if self._hooked is None:
             self._hooked = optimizer.register_step_pre_hook(self._before_update)
-        snap = snapshot(step, roles=self.roles, stage=self.stage, optimizer=optimizer, copy=False)
+        snap = grads or snapshot(step, roles=self.roles, stage=self.stage, optimizer=optimizer, copy=False)
+        self._live = snap.kind == FULL
         self._written.clear()
         self._tid, self._urgent = None, False
         self._thread = threading.Thread(target=self._write, args=(snap, info), name=f"checkpoint-{step}", daemon=True)
@@ -247,6 +312,16 @@ class BackgroundSaver:
 
     def _before_update(self, *_: Any) -> None:
         """The update may change the tensors only once the writer has read them."""
+        if self._live:
+            self._wait_written()
+
+    def before_backward(self) -> None:
+        """The executor calls this before a step's first backward: a gradient log in flight must
+        be written before the new gradients are made."""
+        if not self._live:
+            self._wait_written()
+
+    def _wait_written(self) -> None:
         if self._written.is_set():
             return
         import time
@@ -258,6 +333,16 @@ class BackgroundSaver:
 
     def _write(self, snap: Snapshot, info: dict[str, Any]) -> None:
         import threading
+        import time
+
+        cpu0 = time.thread_time()
+        try:
+            self._write_files(snap, info)
+        finally:
+            self.cpu_s += time.thread_time() - cpu0
+
+    def _write_files(self, snap: Snapshot, info: dict[str, Any]) -> None:
+        import threading
 
         with self._prio:
             self._tid = threading.get_native_id()
@@ -267,9 +352,11 @@ class BackgroundSaver:
             try:
                 mine = write_files(self.root, snap, self.rank)
             finally:
+                snap.params.clear()  # a gradient log's tensors are held only by the snapshot: free them now
+                snap.optim.clear()
                 self._written.set()
             self.done.append(finalize(self.root, snap.step, mine, roles=self.roles, stage=self.stage, info=info,
-                                      keep=self.keep, group=self.group))
+                                      keep=self.keep, group=self.group, recycle_keep=self.recycle_keep))
         except BaseException as e:  # noqa: BLE001 (re-raised by wait() on the training thread)
             self._error = e
 
@@ -345,6 +432,14 @@ def _set_nice(tid: int | None, value: int) -> None:
 
 def _write_index_and_manifest(d: Path, step: int, parts: list[dict[str, Any]], stage: Stage, world: int,
                               info: dict[str, Any]) -> None:
+    if parts and parts[0].get("kind") == GRADIENTS:
+        grads_map = {n: f"grads-stage{part['stage']}.safetensors"
+                     for part in (chunk for rank in parts for chunk in rank["chunks"]) for n in part["grads"]}
+        write_json(d / GRADS_INDEX, {"metadata": {"step": step}, "weight_map": grads_map})
+        _write_manifest(d, {"format": LOG_FORMAT, "kind": GRADIENTS, "step": step, "after": step - 1,
+                            "lrs": parts[0]["lrs"], "files": sorted(set(grads_map.values())),
+                            "world_size": world, **info})
+        return
     weight_map, optim_map = {}, {}
     for part in (chunk for rank in parts for chunk in rank["chunks"]):
         for n in part["params"]:
@@ -356,37 +451,80 @@ def _write_index_and_manifest(d: Path, step: int, parts: list[dict[str, Any]], s
     write_json(d / "model.safetensors.index.json", {"metadata": {"step": step}, "weight_map": weight_map})
     write_json(d / "optim.safetensors.index.json", {"metadata": {"step": step}, "weight_map": optim_map})
     files = sorted(set(weight_map.values()) | set(optim_map.values()))
-    write_json(d / MANIFEST, {"format": CKPT_FORMAT, "step": step, "files": files, "world_size": world,
-                              "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                              **info})
+    _write_manifest(d, {"format": CKPT_FORMAT, "kind": FULL, "step": step, "files": files, "world_size": world,
+                        **info})
+
+
+def _write_manifest(d: Path, manifest: dict[str, Any]) -> None:
+    """The mark of a complete checkpoint: written once everything it names is on the disk."""
+    _fsync(d)
+    manifest["written"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    write_json(d / MANIFEST, manifest)
+    _fsync(d / MANIFEST)
+    _fsync(d)
 
 
 def is_complete(d: Path) -> bool:
     """A step directory whose manifest is readable and whose listed files are all present."""
+    return _complete_manifest(d) is not None
+
+
+def _complete_manifest(d: Path) -> dict[str, Any] | None:
+    """``d``'s manifest when the checkpoint is complete (else None)."""
     if not (d / MANIFEST).is_file():
-        return False
+        return None
     try:
         data = read_json(d / MANIFEST)
     except ValueError:
-        return False
-    return data.get("format") == CKPT_FORMAT and all((d / f).is_file() for f in data.get("files", []))
+        return None
+    ok = data.get("format") in (CKPT_FORMAT, LOG_FORMAT) and all((d / f).is_file() for f in data.get("files", []))
+    return data if ok else None
+
+
+def _kinds(root: str | Path) -> dict[int, str]:
+    """Each complete step directory's kind (full or gradients)."""
+    r = Path(root)
+    if not r.is_dir():
+        return {}
+    out = {}
+    for p in r.iterdir():
+        if (m := _STEP_RE.match(p.name)) and (data := _complete_manifest(p)) is not None:
+            out[int(m.group(1))] = data.get("kind", FULL)
+    return out
+
+
+def _chain(kinds: dict[int, str], step: int) -> list[int] | None:
+    """The steps loading ``step`` reads: its full checkpoint, then every gradient log up to it
+    (None when a link is missing)."""
+    out = []
+    while step in kinds:
+        out.append(step)
+        if kinds[step] == FULL:
+            return out[::-1]
+        step -= 1
+    return None
 
 
 def complete_steps(root: str | Path) -> list[int]:
-    """Steps with a complete checkpoint in ``root``, oldest first."""
-    r = Path(root)
-    if not r.is_dir():
-        return []
-    return sorted(int(m.group(1)) for p in r.iterdir() if (m := _STEP_RE.match(p.name)) and is_complete(p))
+    """Steps a run can resume from in ``root`` (a complete full checkpoint, or a complete gradient
+    log whose whole chain back to a full one is complete), oldest first."""
+    kinds = _kinds(root)
+    return sorted(s for s in kinds if _chain(kinds, s) is not None)
 
 
-def prune(root: str | Path, keep: int) -> list[Path]:
-    """Retire all but the newest ``keep`` complete checkpoints; returns what was retired.
+def prune(root: str | Path, keep: int, recycle_keep: int = RECYCLE_KEEP) -> list[Path]:
+    """Retire all but the newest ``keep`` complete checkpoints (and the chains they load from);
+    returns what was retired.
 
     A retired directory is renamed (at once it is no checkpoint) into ``<root>/.recycle``, whose
     files the next checkpoints overwrite in place (:func:`_recycled`); only the newest
-    ``RECYCLE_KEEP`` wait there, and :func:`release_recycled` drops them at the end of a run."""
-    gone = [step_dir(root, s) for s in complete_steps(root)[:-keep]] if keep > 0 else []
+    ``recycle_keep`` copies of each file wait there, and :func:`release_recycled` drops them at the end of a run."""
+    if keep <= 0:
+        return []
+    kinds = _kinds(root)
+    resumable = sorted(s for s in kinds if _chain(kinds, s) is not None)
+    needed = {t for s in resumable[-keep:] for t in _chain(kinds, s) or ()}
+    gone = [step_dir(root, s) for s in sorted(kinds) if s not in needed and s < max(needed, default=-1)]
     bin_ = Path(root) / RECYCLE
     for d in gone:
         try:
@@ -398,9 +536,21 @@ def prune(root: str | Path, keep: int) -> list[Path]:
         except OSError:  # a host sharing the file system retired it first
             shutil.rmtree(d, ignore_errors=True)
     if bin_.is_dir():
-        for old in sorted(bin_.iterdir())[:-RECYCLE_KEEP]:
-            shutil.rmtree(old, ignore_errors=True)
+        _trim_recycle(bin_, recycle_keep)
     return gone
+
+
+def _trim_recycle(bin_: Path, keep: int) -> None:
+    """Keep the newest ``keep`` retired copies of each file name (gradient logs retire many at
+    once, and each later log overwrites one of them)."""
+    seen: dict[str, int] = {}
+    for old in sorted(bin_.iterdir(), reverse=True):
+        names = [f.name for f in old.iterdir() if f.name.endswith(".safetensors")] if old.is_dir() else []
+        useful = [n for n in names if seen.get(n, 0) < keep]
+        for n in names:
+            seen[n] = seen.get(n, 0) + 1
+        if not useful:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _recycled(root: str | Path, name: str) -> Path | None:
@@ -491,9 +641,55 @@ def agree_on_step(root: str | Path) -> int:
 
 @torch.no_grad()
 def load(root: str | Path, step: int, *, rank: int, stage: Stage, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Load this rank's parameters, optimizer state and RNG from step ``step``; returns the manifest."""
+    """Load this rank's parameters, optimizer state and RNG from step ``step`` (a gradient log:
+    its chain's full checkpoint, then each logged update replayed); returns the manifest, with
+    ``replayed`` the number of updates replayed."""
+    chain = _chain(_kinds(root), step)
+    if chain is None:
+        raise FileNotFoundError(f"{step_dir(root, step)}: no complete checkpoint chain ends at step {step}")
+    _load_full(root, chain[0], stage=stage, optimizer=optimizer)
+    _replay(root, chain[1:], stage=stage, optimizer=optimizer)
+    rng = step_dir(root, step) / f"rng-rank{rank}.pt"
+    if rng.is_file():
+        torch.set_rng_state(torch.load(rng, weights_only=True))
+    return {**read_json(step_dir(root, step) / MANIFEST), "replayed": len(chain) - 1}
+
+
+def _replay(root: str | Path, steps: list[int], *, stage: Stage, optimizer: torch.optim.Optimizer) -> None:
+    """Apply each logged update again: the logged gradients at the logged learning rates."""
+    if not steps:
+        return
+    from safetensors import safe_open
+
+    params = dict(stage.named_parameters())
+    aliases = {n: stage.source_name(n) for n in params if stage.source_name(n) != n}
+    lrs = [g["lr"] for g in optimizer.param_groups]
+    try:
+        for s in steps:
+            d = step_dir(root, s)
+            manifest, index = read_json(d / MANIFEST), read_json(d / GRADS_INDEX)["weight_map"]
+            by_file: dict[str, list[tuple[str, str]]] = {}
+            for n in params:  # a parameter the update gave no gradient is absent: the replay skips it too
+                key = n if n in index else aliases.get(n)
+                if key is not None and key in index:
+                    by_file.setdefault(index[key], []).append((n, key))
+            for n, p in params.items():
+                p.grad = None
+            for f, pairs in by_file.items():
+                with safe_open(str(d / f), framework="pt") as h:
+                    for n, key in pairs:  # copied: a mapped file may be recycled in place later
+                        params[n].grad = h.get_tensor(key).to(params[n].dtype, copy=True)
+            for g, lr in zip(optimizer.param_groups, manifest["lrs"]):
+                g["lr"] = lr
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    finally:
+        for g, lr in zip(optimizer.param_groups, lrs):
+            g["lr"] = lr
+
+
+def _load_full(root: str | Path, step: int, *, stage: Stage, optimizer: torch.optim.Optimizer) -> None:
     d = step_dir(root, step)
-    manifest = read_json(d / MANIFEST)
     params = dict(stage.named_parameters())
     aliases = {n: stage.source_name(n) for n in params if stage.source_name(n) != n}
     tensors = read_tensors(d, list(params), aliases)
@@ -518,7 +714,8 @@ def load(root: str | Path, step: int, *, rank: int, stage: Stage, optimizer: tor
                 f = optim_index[k]
                 if f not in handles:
                     handles[f] = safe_open(str(d / f), framework="pt").__enter__()
-                st[k.split("::", 1)[1]] = handles[f].get_tensor(k)
+                # a copy: the tensor would map the file, which a later checkpoint recycles in place
+                st[k.split("::", 1)[1]] = handles[f].get_tensor(k).clone()
             state[i] = st
     finally:
         for h in handles.values():
@@ -526,10 +723,6 @@ def load(root: str | Path, step: int, *, rank: int, stage: Stage, optimizer: tor
     sd = optimizer.state_dict()
     sd["state"] = state
     optimizer.load_state_dict(sd)
-    rng = d / f"rng-rank{rank}.pt"
-    if rng.is_file():
-        torch.set_rng_state(torch.load(rng, weights_only=True))
-    return manifest
 
 
 def plan_fingerprint(plan_path: str | Path) -> str:

@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
 from ..formats import Plan
 from ..models.stages import Stage, StageSet, WeightTask, backward_input, backward_weight
 from ..schedules import GRAD_OUT, PASSES, Action, Kind, sample_ranges
+
+BACKWARDS = (Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)
 from .comm import Comm, Pending, PeerError, describe
 
 RECV_LOOKAHEAD = 2
@@ -77,6 +79,10 @@ class StepResult:
     """Time the compute loop was blocked on receives, sends and all-reduces."""
     sent_bytes: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    chunk_compute_s: dict[int, float] = field(default_factory=dict)
+    """``compute_s`` by the chunk whose action it was (a rank holding several chunks splits it)."""
+    chunk_wait_s: dict[int, float] = field(default_factory=dict)
+    """``comm_wait_s`` by chunk."""
 
 
 Key = tuple[int, int]
@@ -107,6 +113,8 @@ class _StepState:
     compute_s: float = 0.0
     wait_s: float = 0.0
     sent: int = 0
+    chunk_compute: dict[int, float] = field(default_factory=dict)
+    chunk_wait: dict[int, float] = field(default_factory=dict)
 
 
 class Executor:
@@ -121,6 +129,8 @@ class Executor:
             raise ValueError(f"rank {rank}: built chunks {sorted(self.stages.chunks)}, the plan gives it "
                              f"{[c.index for c in held]}")
         self.pstages = {c.index: c for c in held}
+        self.first_chunk = held[0].index
+        """The chunk that names the rank (in traces and statistics); actions of no chunk count here."""
         self.ranges = {c.index: sample_ranges(c)[rank] for c in held}
         self.params = {c: [p for _, p in self.stages.owned(c) if p.requires_grad] for c in self.stages.chunks}
         self.recompute_now = {c: _recomputed(st) for c, st in self.stages.chunks.items()}
@@ -135,6 +145,9 @@ class Executor:
         self.posting = receive_posting(actions)
         self.step_index = 0
         """Steps done so far (set to the resumed step); with the micro-batch it seeds dropout."""
+        self.before_backward: Callable[[], None] | None = None
+        """Called once a step, before its first backward (a checkpoint writer holding the last
+        step's gradients frees them there)."""
 
     @property
     def stage(self) -> Stage:
@@ -162,14 +175,22 @@ class Executor:
                Kind.BACKWARD_INPUT: self._backward, Kind.BACKWARD_WEIGHT: self._backward_weight,
                Kind.SEND_GRAD: self._send_grad, Kind.ALLREDUCE: self._allreduce_action,
                Kind.OPTIMIZER: self._optimizer_action}
+        waiting = self.before_backward
         for i, act in enumerate(self.actions):
             self._post_receives(i, s)
+            if waiting is not None and act.kind in BACKWARDS:
+                waiting()
+                waiting = None
+            c0, w0 = s.compute_s, s.wait_s
             if act.is_recv:
                 self._receive(act, s)
             elif act.kind in run:
                 run[act.kind](act, s)
             else:  # pragma: no cover - build() only makes the kinds above
                 raise RuntimeError(f"rank {self.rank}: cannot execute {describe(act)}")
+            chunk = act.stage if act.stage in self.pstages else self.first_chunk
+            s.chunk_compute[chunk] = s.chunk_compute.get(chunk, 0.0) + s.compute_s - c0
+            s.chunk_wait[chunk] = s.chunk_wait.get(chunk, 0.0) + s.wait_s - w0
             if act.kind in PASSES and s.sends:
                 s.sent += self._release_finished(s.sends)
         left = (s.pending, s.parts, s.outputs, s.in_grads, s.weight_tasks)
@@ -178,7 +199,8 @@ class Executor:
                                f"({', '.join(str(len(x)) for x in left)} receives, parts, outputs, input "
                                "gradients, weight passes)")
         self.step_index += 1
-        return StepResult(loss=float(s.loss), compute_s=s.compute_s, comm_wait_s=s.wait_s, sent_bytes=s.sent)
+        return StepResult(loss=float(s.loss), compute_s=s.compute_s, comm_wait_s=s.wait_s, sent_bytes=s.sent,
+                          chunk_compute_s=s.chunk_compute, chunk_wait_s=s.chunk_wait)
 
     def _grad_uses(self) -> dict[Key, int]:
         """Per (chunk, micro-batch), who reads its input gradient: each send, and the earlier chunk
@@ -318,9 +340,12 @@ class Executor:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         t2 = time.perf_counter()
-        s.compute_s += t2 - t1
+        # a clipping optimizer first waits for every rank's gradient norm: a wait, not the update
+        synced = t1 + min(getattr(self.optimizer, "sync_s", 0.0), t2 - t1)
+        s.wait_s += synced - t1
+        s.compute_s += t2 - synced
         if obs:
-            obs.compute(act, t1, t2, {})
+            obs.compute(act, synced, t2, {})
 
     def _release_finished(self, sends: list[Pending]) -> int:
         """Drop sends that completed (their buffers can be freed); errors surface at the next wait."""

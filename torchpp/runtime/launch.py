@@ -174,15 +174,21 @@ class RankPool:
     ``threads`` is each rank's ``torch.set_num_threads``; ``env`` is added to each rank's
     environment before anything is imported there; ``log`` (with ``{rank}`` in it) sends each
     rank's stdout and stderr to a file instead of the caller's. After a failure or a timeout
-    the processes are gone and the pool refuses further calls.
+    the processes are gone and the pool refuses further calls. ``start_method="fork"`` starts
+    the ranks as copies of this process: what it has imported is shared with them rather than
+    loaded again (a small host's memory), which is safe only before this process has run
+    multi-threaded torch work (a forked child cannot use the parent's OpenMP threads).
     """
 
-    def __init__(self, world: int, *, threads: int = 1, env: dict[str, str] | None = None, log: str | None = None):
+    def __init__(self, world: int, *, threads: int = 1, env: dict[str, str] | None = None, log: str | None = None,
+                 start_method: str = "spawn"):
         if world < 1:
             raise ValueError(f"world: expected >= 1 ranks, got {world}")
+        if start_method not in ("spawn", "fork"):
+            raise ValueError(f"start_method: expected 'spawn' or 'fork', got {start_method!r}")
         self.world, self._runs, self._closed = world, 0, False
         self._workdir = tempfile.mkdtemp(prefix="torchpp-ranks-")
-        ctx = multiprocessing.get_context("spawn")
+        ctx = multiprocessing.get_context(start_method)
         self._conns, self._procs = [], []
         env = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads), **(env or {})}
         try:

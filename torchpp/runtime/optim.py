@@ -11,6 +11,7 @@ equals single-process ``torch.nn.utils.clip_grad_norm_``.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -74,14 +75,32 @@ def owned_gradients(params: list[torch.nn.Parameter], *, counts_stage: bool,
     return [p.grad for p in params if p.grad is not None and p is not skip]
 
 
+class GradNorm:
+    """The global gradient norm, its all-reduce started and not waited for: without clipping no
+    rank needs it before its update, and waiting would make every rank's update wait for the
+    slowest rank's last backward (an end-of-step barrier the cost model does not have, and
+    which replan would read as a slow optimizer)."""
+
+    def __init__(self, grads: list[torch.Tensor], group: object = None):
+        self.sq = torch.zeros((), dtype=torch.float64)
+        for g in grads:
+            self.sq += torch.linalg.vector_norm(g.detach(), dtype=torch.float32).double() ** 2
+        self.work = (dist.all_reduce(self.sq, group=group, async_op=True)
+                     if dist.is_initialized() and dist.get_world_size(group) > 1 else None)
+        self._value: float | None = None
+
+    def value(self) -> float:
+        """sqrt of the squared norms summed over ``grads`` and over every rank of ``group`` (waits)."""
+        if self._value is None:
+            if self.work is not None:
+                self.work.wait()
+            self._value = float(self.sq.sqrt())
+        return self._value
+
+
 def global_grad_norm(grads: list[torch.Tensor], group: object = None) -> float:
     """sqrt of the squared norms summed over ``grads`` and over every rank of ``group``."""
-    sq = torch.zeros((), dtype=torch.float64)
-    for g in grads:
-        sq += torch.linalg.vector_norm(g.detach(), dtype=torch.float32).double() ** 2
-    if dist.is_initialized() and dist.get_world_size(group) > 1:
-        dist.all_reduce(sq, group=group)
-    return float(sq.sqrt())
+    return GradNorm(grads, group).value()
 
 
 def clip_(params: list[torch.nn.Parameter], total_norm: float, max_norm: float) -> None:
@@ -97,24 +116,54 @@ class SteppedOptimizer:
     """What the executor calls at its OPTIMIZER action: global norm, clipping, the update,
     then the scheduler (so step k runs at the schedule's k-th rate, as in HF training).
 
-    ``last_grad_norm`` and ``last_lr`` are what the step used, for logs."""
+    ``last_grad_norm``, ``last_lr`` and ``last_lrs`` (per group) are what the step used. With ``keep_grads`` the
+    gradients the update used stay referenced (``take_grads``) after the optimizer drops them,
+    for a gradient-log checkpoint."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], settings: OptimSettings,
-                 *, counts_stage: bool, skip: torch.nn.Parameter | None, done_steps: int = 0):
+                 *, counts_stage: bool, skip: torch.nn.Parameter | None, done_steps: int = 0,
+                 keep_grads: bool = False):
         self.optimizer, self.params, self.settings = optimizer, params, settings
         self.counts_stage, self.skip = counts_stage, skip
         self.scheduler = make_scheduler(optimizer, settings, done_steps)
-        self.last_grad_norm = float("nan")
-        self.last_lr = float(optimizer.param_groups[0]["lr"])
+        self._norm: GradNorm | None = None
+        self.sync_s = 0.0
+        """Seconds the last step waited for the other ranks (the norm's all-reduce, when clipping)."""
+        self.last_lrs = tuple(float(g["lr"]) for g in optimizer.param_groups)
+        self.keep_grads = keep_grads
+        self._kept: dict[int, torch.Tensor] | None = None
+
+    @property
+    def last_lr(self) -> float:
+        """The first parameter group's learning rate in the last step (what the logs show)."""
+        return self.last_lrs[0]
+
+    @property
+    def last_grad_norm(self) -> float:
+        """The last step's global gradient norm (waits for its all-reduce; nan before a step)."""
+        return self._norm.value() if self._norm is not None else float("nan")
 
     def step(self) -> None:
         grads = owned_gradients(self.params, counts_stage=self.counts_stage, skip=self.skip)
-        self.last_grad_norm = global_grad_norm(grads)
-        if self.settings.max_grad_norm > 0:
-            clip_(self.params, self.last_grad_norm, self.settings.max_grad_norm)
-        self.last_lr = float(self.optimizer.param_groups[0]["lr"])
+        t0 = time.perf_counter()
+        self._norm = GradNorm(grads)
+        self.sync_s = 0.0
+        if self.settings.max_grad_norm > 0:  # clipping needs every rank's gradients: a barrier
+            clip_(self.params, self._norm.value(), self.settings.max_grad_norm)
+            self.sync_s = time.perf_counter() - t0
+        self.last_lrs = tuple(float(g["lr"]) for g in self.optimizer.param_groups)
+        if self.keep_grads:
+            self._kept = {id(p): p.grad for p in self.params if p.grad is not None}
         self.optimizer.step()
         self.scheduler.step()
+
+    def take_grads(self) -> dict[int, torch.Tensor]:
+        """The last update's gradients by parameter id (its learning rates: ``last_lrs``); the
+        optimizer no longer holds them, so after this only the caller does."""
+        if self._kept is None:
+            raise RuntimeError("no gradients kept: the optimizer was built without keep_grads or has not stepped")
+        kept, self._kept = self._kept, None
+        return kept
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)

@@ -35,6 +35,10 @@ from .rendezvous import env_store
 
 OPTIMIZERS = ("adamw", "sgd")
 
+FULL_CHECKPOINT_EVERY = 10
+"""Default steps between full checkpoints when checkpointing every step (gradient logs between):
+a log costs a third of a full AdamW checkpoint, and resuming replays at most 9 updates."""
+
 
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
@@ -87,6 +91,10 @@ class TrainConfig:
     profile_blocks: bool = False
     checkpoint_background: bool = False
     """Write each checkpoint during the next step (tensors copied first; manifest still written last)."""
+    full_checkpoint_every: int = 0
+    """With ``checkpoint_every`` 1: a full checkpoint every this many steps and a gradient log
+    (a third of AdamW's bytes) between them; 1 makes every checkpoint full; 0 picks
+    ``FULL_CHECKPOINT_EVERY``."""
     heartbeat_dir: Path | None = None
     """Each rank writes ``rank<R>`` here after every step (an elastic driver's stall detector)."""
     elastic_log: Path | None = None
@@ -108,6 +116,12 @@ class TrainConfig:
             raise ValueError(f"--checkpoint-every: expected steps >= 0, got {self.checkpoint_every}")
         if self.keep_checkpoints < 0:
             raise ValueError(f"--keep-checkpoints: expected a count >= 0 (0 keeps all), got {self.keep_checkpoints}")
+        if self.full_checkpoint_every < 0:
+            raise ValueError(f"--full-checkpoint-every: expected steps >= 0 (0: {FULL_CHECKPOINT_EVERY}), "
+                             f"got {self.full_checkpoint_every}")
+        if self.full_checkpoint_every > 1 and self.checkpoint_every != 1:
+            raise ValueError("--full-checkpoint-every: gradient logs need a checkpoint every step (--checkpoint-every "
+                             f"1), got --checkpoint-every {self.checkpoint_every}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads: expected >= 1, got {self.threads}")
         if (self.checkpoint_every or self.resume) and self.checkpoint_dir is None:
@@ -122,6 +136,13 @@ class TrainConfig:
             raise ValueError("--eval-every: expected --eval-fraction or --eval-data to say what to evaluate on")
         if self.eval_data and self.eval_fraction:
             raise ValueError("--eval-data and --eval-fraction: expected one of them, not both")
+
+    @property
+    def full_every(self) -> int:
+        """Steps between full checkpoints (1: no gradient logs)."""
+        if self.checkpoint_every != 1:
+            return 1
+        return self.full_checkpoint_every or FULL_CHECKPOINT_EVERY
 
     @property
     def export_to(self) -> Path | None:
@@ -316,6 +337,7 @@ def fingerprint(cfg: TrainConfig, prep: Prepared) -> dict[str, str]:
             "optimizer": cfg.optimizer, "adam_eps": repr(cfg.adam_eps), "seed": str(cfg.seed),
             "layers": str(cfg.layers), "checkpoint_dir": str(cfg.checkpoint_dir),
             "checkpoint_every": str(cfg.checkpoint_every), "keep_checkpoints": str(cfg.keep_checkpoints),
+            "full_checkpoint_every": str(cfg.full_every),
             "resume": str(cfg.resume), "export_dir": str(cfg.export_to),
             "trace_steps": str(list(cfg.trace_steps) if cfg.trace_dir else []),
             "profile_blocks": str(cfg.profile_blocks), "adam_betas": repr(tuple(cfg.adam_betas)),
@@ -404,6 +426,8 @@ class _Session:
     decisions: list
     saver: ckpt.BackgroundSaver | None
     start: int
+    last_checkpoint: int = -1
+    """The newest step this run checkpointed (or resumed from): a gradient log must follow it."""
 
 
 def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummary:
@@ -453,18 +477,23 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
                   "master weights); plan with --dtype bfloat16 for mixed precision")
     if start > 0:
         _resume(cfg, start, log, rank=rank, stage=stage, optimizer=optimizer)
+    logs = cfg.checkpoint_dir is not None and cfg.full_every > 1
     stepper = SteppedOptimizer(optimizer, params, cfg.optim_settings(), counts_stage=chunks[0].devices[0].rank == rank,
-                               skip=stage.tied_copy_parameter(), done_steps=start)
+                               skip=stage.tied_copy_parameter(), done_steps=start, keep_grads=logs and roles.writes_stage)
     executor = Executor(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm, optimizer=stepper)
     executor.step_index = start
     evaluator = (Evaluator(rank=rank, plan=plan, actions=schedule[rank], stage=stage.only(), comm=comm)
                  if cfg.evaluates else None)
     source, eval_source = _sources(cfg, prep, any(c.has_embed or c.has_tail for c in chunks))
     saver = (ckpt.BackgroundSaver(cfg.checkpoint_dir, rank=rank, roles=roles, stage=stage, keep=cfg.keep_checkpoints,
-                                  timeout_s=cfg.timeout_s) if cfg.checkpoint_background and cfg.checkpoint_dir else None)
+                                  timeout_s=cfg.timeout_s, recycle_keep=_recycle_keep(cfg))
+             if cfg.checkpoint_background and cfg.checkpoint_dir else None)
+    if saver is not None:
+        executor.before_backward = saver.before_backward
     return _Session(cfg=cfg, prep=prep, rank=rank, world=world, g=g, hosts=hosts, roles=roles, stage=stage,
                     optimizer=optimizer, stepper=stepper, executor=executor, evaluator=evaluator, source=source,
-                    eval_source=eval_source, log=log, decisions=decisions, saver=saver, start=start)
+                    eval_source=eval_source, log=log, decisions=decisions, saver=saver, start=start,
+                    last_checkpoint=start if start > 0 else -1)
 
 
 def _train_step(ss: _Session, step: int, summary: TrainSummary) -> None:
@@ -475,11 +504,13 @@ def _train_step(ss: _Session, step: int, summary: TrainSummary) -> None:
     ids = ss.source.batch(step - 1) if ss.source is not None else None
     n_tokens = count_targets(ids) if ids is not None and chunks[-1].has_tail else None
     rec = _start_trace(ss, step) if cfg.trace_dir is not None and step in cfg.trace_steps else None
+    waited0, cpu0 = (ss.saver.waited_s, ss.saver.cpu_s) if ss.saver is not None else (0.0, 0.0)
     t0 = time.perf_counter()
     with _torch_profiler(cfg, rec, step, rank):
         res = ss.executor.step(ids, n_tokens)
-    stats = g(f"step {step}: statistics all-reduce with all ranks", _reduce_stats, res, chunks[0].index,
-              len(chunks[0].devices), S)
+    waited, cpu = (ss.saver.waited_s - waited0, ss.saver.cpu_s - cpu0) if ss.saver is not None else (0.0, 0.0)
+    stats = g(f"step {step}: statistics all-reduce with all ranks", _reduce_stats, res,
+              {c.index: len(c.devices) for c in chunks}, S, waited, cpu)
     dt = time.perf_counter() - t0
     if rec is not None:
         summary.traces += _finish_trace(ss, step, rec)
@@ -487,11 +518,11 @@ def _train_step(ss: _Session, step: int, summary: TrainSummary) -> None:
     summary.step_times_s.append(dt)
     summary.steps_done = step
     extra = _step_extras(cfg, step, ss.stepper, ss.evaluator, ss.eval_source, g, summary)
-    _report_step(ss.log, step, cfg.steps, stats, S, dt, plan.global_batch * plan.seq_len, extra)
+    _report_step(ss.log, step, cfg.steps, stats, S, dt, plan.global_batch * plan.seq_len, extra,
+                 background=ss.saver is not None)
     if cfg.checkpoint_dir is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
                                            or step == cfg.steps):
-        _checkpoint(cfg, ss.prep, step, g, ss.log, ss.saver, rank=rank, roles=ss.roles, stage=ss.stage,
-                    optimizer=ss.optimizer)
+        _checkpoint(ss, step)
     elastic_hooks.heartbeat(cfg.heartbeat_dir, rank, step)
 
 
@@ -561,26 +592,45 @@ def _build_chunks(prep: Prepared, plan: Plan, chunks: list[int], seed: int) -> S
 def _resume(cfg: TrainConfig, start: int, log: _Log, *, rank: int, stage, optimizer) -> None:
     """Load checkpoint ``start`` under this plan's split (tensors by HF name) and say so."""
     t_load = time.perf_counter()
-    ckpt.load(cfg.checkpoint_dir, start, rank=rank, stage=stage, optimizer=optimizer)
-    log.print(f"resumed from {ckpt.step_dir(cfg.checkpoint_dir, start)} (step {start})")
-    log.event({"event": "resume", "from_step": start, "restart_count": _env_int("TORCHELASTIC_RESTART_COUNT", 0),
+    manifest = ckpt.load(cfg.checkpoint_dir, start, rank=rank, stage=stage, optimizer=optimizer)
+    replayed = manifest["replayed"]
+    log.print(f"resumed from {ckpt.step_dir(cfg.checkpoint_dir, start)} (step {start}"
+              + (f": {replayed} logged update(s) replayed on step {start - replayed}'s checkpoint)" if replayed else ")"))
+    log.event({"event": "resume", "from_step": start, "replayed_updates": replayed,
+               "restart_count": _env_int("TORCHELASTIC_RESTART_COUNT", 0),
                "load_s": time.perf_counter() - t_load, "time": time.time()})
 
 
-def _checkpoint(cfg: TrainConfig, prep: Prepared, step: int, g, log: _Log, saver: ckpt.BackgroundSaver | None, *,
-                rank: int, roles: ckpt.Roles, stage: Any, optimizer: torch.optim.Optimizer) -> None:
-    """Write checkpoint ``step`` now, or start writing it in the background (``saver``)."""
+def _checkpoint(ss: _Session, step: int) -> None:
+    """Write checkpoint ``step`` (full, or a gradient log on top of the previous step's) now, or
+    start writing it in the background."""
+    cfg, prep, g, saver = ss.cfg, ss.prep, ss.g, ss.saver
     info = {"plan": str(cfg.plan), "plan_hash": prep.plan_hash, "model": prep.model, "seed": cfg.seed,
             "optimizer": cfg.optimizer, "lr": cfg.lr}
+    grads = None
+    if cfg.full_every > 1:
+        kept = ss.stepper.take_grads() if ss.stepper.keep_grads else {}
+        if ss.last_checkpoint == step - 1 and step % cfg.full_every and step != cfg.steps:
+            # every rank decides alike (same steps, same options); ranks that write no stage log no tensors
+            grads = ckpt.gradient_snapshot(step, roles=ss.roles, stage=ss.stage, grads=kept, lrs=ss.stepper.last_lrs)
+        del kept
     if saver is not None:
         done = g(f"step {step}: writing the previous checkpoint", saver.wait)
-        saver.start(step, optimizer, info)
+        saver.start(step, ss.optimizer, info, grads=grads)
     else:
-        done = [g(f"step {step}: writing the checkpoint", ckpt.save, cfg.checkpoint_dir, step, rank=rank, roles=roles,
-                  stage=stage, optimizer=optimizer, info=info, timeout_s=cfg.timeout_s, keep=cfg.keep_checkpoints)]
+        done = [g(f"step {step}: writing the checkpoint", ckpt.save, cfg.checkpoint_dir, step, rank=ss.rank,
+                  roles=ss.roles, stage=ss.stage, optimizer=ss.optimizer, info=info, timeout_s=cfg.timeout_s,
+                  keep=cfg.keep_checkpoints, grads=grads, recycle_keep=_recycle_keep(cfg))]
+    ss.last_checkpoint = step
     for d in done:
         if d is not None:
-            log.print(f"checkpoint {d}")
+            ss.log.print(f"checkpoint {d}")
+
+
+def _recycle_keep(cfg: TrainConfig) -> int:
+    """Retired copies of each checkpoint file kept for overwriting: gradient logs retire a whole
+    chain at once, and each later log overwrites one."""
+    return max(ckpt.RECYCLE_KEEP, cfg.full_every)
 
 
 def _step_extras(cfg: TrainConfig, step: int, stepper: SteppedOptimizer, evaluator: Evaluator | None,
@@ -634,29 +684,48 @@ _JSONL_NAMES = {"train/learning_rate": "lr", "train/grad_norm": "grad_norm", "ev
 
 
 def _report_step(log: _Log, step: int, steps: int, stats: torch.Tensor, S: int, dt: float,
-                 tokens_per_step: int, extra: dict[str, float]) -> None:
+                 tokens_per_step: int, extra: dict[str, float], background: bool = False) -> None:
     """Rank 0's progress line, metrics.jsonl record and TensorBoard scalars of one step
-    (``extra``: learning rate, gradient norm and evaluation loss, named as their scalars)."""
+    (``extra``: learning rate, gradient norm and evaluation loss, named as their scalars).
+    With background checkpoints, each stage's wait for the writer inside the step (part of its
+    compute) and the CPU seconds of the writer that finished during the step are recorded too:
+    what a checkpoint every step costs, and where."""
     loss = float(stats[0])
     comp = [float(x) for x in stats[1:1 + S]]
     wait = [float(x) for x in stats[1 + S:1 + 2 * S]]
+    ck = {"checkpoint_wait_s": [float(x) for x in stats[1 + 2 * S:1 + 3 * S]],
+          "checkpoint_cpu_s": [float(x) for x in stats[1 + 3 * S:1 + 4 * S]]} if background else {}
     ev = f"  eval {extra['eval/loss']:.4f}" if "eval/loss" in extra else ""
     log.print(f"step {step:>5}/{steps}  loss {loss:.4f}{ev}  lr {extra['train/learning_rate']:.3g}  "
               f"|g| {extra['train/grad_norm']:.3g}  {dt:.3f} s  {tokens_per_step / dt:,.0f} tok/s  "
               f"compute/stage {' '.join(f'{c:.3f}' for c in comp)} s")
     log.event({"step": step, "loss": loss, "step_time_s": dt, "tokens_per_s": tokens_per_step / dt,
-               "compute_s": comp, "comm_wait_s": wait, **{_JSONL_NAMES[k]: v for k, v in extra.items()}})
+               "compute_s": comp, "comm_wait_s": wait, **ck, **{_JSONL_NAMES[k]: v for k, v in extra.items()},
+               "time": time.time()})  # wall clock: the period between steps includes what follows a step
     log.scalars(step, {"train/loss": loss, "perf/step_time_s": dt, "perf/tokens_per_s": tokens_per_step / dt, **extra,
                        **{f"stage{s}/compute_s": comp[s] for s in range(S)},
-                       **{f"stage{s}/comm_wait_s": wait[s] for s in range(S)}})
+                       **{f"stage{s}/comm_wait_s": wait[s] for s in range(S)},
+                       **{f"stage{s}/{k}": w for k, ws in ck.items() for s, w in enumerate(ws)}})
 
 
-def _reduce_stats(res: StepResult, stage: int, group: int, num_stages: int) -> torch.Tensor:
-    """[global loss, mean compute s per stage..., mean comm-wait s per stage...] on every rank."""
-    v = torch.zeros(1 + 2 * num_stages, dtype=torch.float64)
+def _reduce_stats(res: StepResult, groups: dict[int, int], num_stages: int,
+                  checkpoint_wait_s: float = 0.0, checkpoint_cpu_s: float = 0.0) -> torch.Tensor:
+    """[global loss, mean compute s per stage..., mean comm-wait s per stage..., mean wait for the
+    background checkpoint writer per stage..., mean writer CPU s per stage...] on every rank.
+
+    ``groups``: each chunk this rank holds (the first names it) and its group's size. Compute and
+    waits go to the chunk whose action they were; the writer's figures, which are the rank's, to
+    its first chunk."""
+    v = torch.zeros(1 + 4 * num_stages, dtype=torch.float64)
     v[0] = res.loss
-    v[1 + stage] = res.compute_s / group
-    v[1 + num_stages + stage] = res.comm_wait_s / group
+    first = next(iter(groups))
+    per_chunk = res.chunk_compute_s or {first: res.compute_s}
+    waits = res.chunk_wait_s or {first: res.comm_wait_s}
+    for c, n in groups.items():
+        v[1 + c] = per_chunk.get(c, 0.0) / n
+        v[1 + num_stages + c] = waits.get(c, 0.0) / n
+    v[1 + 2 * num_stages + first] = checkpoint_wait_s / groups[first]
+    v[1 + 3 * num_stages + first] = checkpoint_cpu_s / groups[first]
     if dist.get_world_size() > 1:
         dist.all_reduce(v)
     return v

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     opt, opt_measured = optimizer_rates(plan, old.profiles, fit.profiles, meas, old.all_hosts)
     memory = fit_memory(plan, old.profiles, meas.peak_rss, old.memory, not args.no_memory_refit)
     written = write_corrected(args.out_dir, old.all_hosts, old.templates, old.default_template, fit.profiles, bw,
-                              fit.ref, memory.model, old.devices)
+                              fit.ref, memory.model, old.devices, opt)
     if written.memory_model is not None:
         memory.estimator = MemoryEstimator.fitted(memory.model, str(written.memory_model))
     # the new plan is priced from the files just written, as `torchpp plan` would read them

@@ -218,9 +218,7 @@ def fit_links(plan: Plan, meas: Measurements, old: Bandwidth) -> list[LinkFit]:
 def rank_param_bytes(plan: Plan, profiles: Profiles, rank: int) -> float:
     """Parameter bytes of every chunk ``rank`` holds, the tied weight once where it holds both ends
     (what its one optimizer step updates, as :class:`~torchpp.cost.MeasuredCost` prices it)."""
-    chunks = plan.stages_of_rank(rank)
-    w = sum(profiles.stage_param_bytes(s) for s in chunks)
-    return w - (profiles.tied_bytes if len(chunks) > 1 and chunks[0].has_embed and chunks[-1].has_tail else 0)
+    return profiles.rank_param_bytes(plan.stages_of_rank(rank))
 
 
 def fit_optimizer(plan: Plan, profiles: Profiles, meas: Measurements) -> dict[str, float]:
@@ -349,6 +347,8 @@ def fit_hosts(plan: Plan, old: "OldCosts", meas: Measurements) -> CostFit:
                                                               (*prof.table(h), *prof.fixed(h)))
         gaps = [g for r in ranks_of.get(h, []) for g in meas.gaps.get(r, [])]
         new.call[h] = float(np.mean(gaps)) if gaps else prof.call.get(h, 0.0)
+        # the measured I and W were fitted against predictions that priced the split: it stays priced
+        new.split_factor[h] = prof.backward_split_factor(h)
         new.origin[h] = (f"{old.origin[h]} × measured factors (forward {fits[h].forward:.3g}, backward "
                          f"{fits[h].backward:.3g})" if h in fits else old.origin[h])
     new_cap = {h: capacity(new, ref, h, cap_batch) for h in new.fwd}

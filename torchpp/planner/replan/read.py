@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 from ...formats import Bandwidth, Capacities, Devices, FormatError, LayersFile, MemoryModel, Plan
 from ...schedules import Kind, build
 from ...trace.analyze import COMPUTE_KINDS, Event, analyze, events_from_trace, message_key
+from ...trace.call_gaps import call_gaps
 from ...trace.chrome import load_trace
 from ...cost import ANALYTIC_KP, Links, MeasuredCost, MemoryEstimator, Profiles
 from .write import template_from_model
@@ -204,27 +205,6 @@ def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "p
             secs = rv.end - first.start
             unc = (rtt.get(sd.rank, 0.0) + rtt.get(rv.rank, 0.0)) / 2
             out.transfers.append(Transfer(int(sd.rank), int(rv.rank), int(rv.bytes), secs, unc, id(first) in clipped))
-    return out
-
-
-def call_gaps(events: Sequence[Event]) -> dict[int, list[float]]:
-    """Per rank, the time between consecutive compute calls (F/B/I/W) not spent waiting for a
-    receive: what the runtime itself costs per call (dispatching actions, posting messages,
-    copying), which block timings do not contain. The end of the step (all-reduce, optimizer) is
-    left out: waiting for a collective's peers is not always inside its event."""
-    by: dict[int, list[Event]] = defaultdict(list)
-    for e in events:
-        by[e.rank].append(e)
-    out: dict[int, list[float]] = {}
-    for r, evs in by.items():
-        comp = sorted((e for e in evs if e.kind in COMPUTE_KINDS), key=lambda e: e.start)
-        # how long compute waited: a receive's slice may start late on a busy row, its wait did not
-        waits = [(e.end, e.dur if e.blocked_s is None else e.blocked_s) for e in evs if e.kind.startswith("recv")]
-        gaps = []
-        for a, b in zip(comp, comp[1:]):
-            waited = sum(w for end, w in waits if a.end - 1e-6 <= end <= b.start + 1e-6)
-            gaps.append(max(0.0, (b.start - a.end) - waited))
-        out[r] = gaps
     return out
 
 

@@ -41,9 +41,11 @@ def template_from_model(plan: Plan) -> LayersFile:
 
 
 def corrected_layers_file(template: LayersFile, host: str, f: np.ndarray, b: np.ndarray, f0: np.ndarray,
-                          b0: np.ndarray, call_s: float = 0.0) -> LayersFile:
+                          b0: np.ndarray, call_s: float = 0.0, split: float | None = None,
+                          optimizer_s_per_byte: float | None = None) -> LayersFile:
     """``template``'s bytes and run with ``host``'s corrected times (per sample ``f``/``b``, per call
-    ``f0``/``b0``); raw samples and per-batch means are dropped: these are corrected figures."""
+    ``f0``/``b0``), split-backward factor and optimizer rate; raw samples and per-batch means are
+    dropped: these are corrected figures."""
     n = template.run.batch
     blocks = [template.embed, *template.layers, template.tail]
     new = [BlockProfile(name=bl.name, index=bl.index, param_bytes=bl.param_bytes,
@@ -54,7 +56,8 @@ def corrected_layers_file(template: LayersFile, host: str, f: np.ndarray, b: np.
     return LayersFile(host=host, model=template.model, run=template.run, embed_param_bytes=template.embed_param_bytes,
                       tail_param_bytes=template.tail_param_bytes, embed=new[0], tail=new[-1], layers=new[1:-1],
                       step_time_s=float(f0.sum() + b0.sum() + (f.sum() + b.sum()) * n),
-                      peak_rss_bytes=template.peak_rss_bytes, call_overhead_s=float(call_s))
+                      peak_rss_bytes=template.peak_rss_bytes, call_overhead_s=float(call_s),
+                      backward_split_factor=split, optimizer_s_per_byte=optimizer_s_per_byte or None)
 
 
 @dataclass
@@ -85,16 +88,18 @@ class Written:
 
 def write_corrected(out: Path, hosts: Sequence[str], templates: Mapping[str, LayersFile], default: LayersFile,
                     profiles: Profiles, bandwidth: Bandwidth, ref: str, memory_model: MemoryModel | None,
-                    devices: Devices | None) -> Written:
-    """Write every host's corrected layers file, the bandwidth, capacities (relative to ``ref``, or
-    the first host when ``ref`` is not among ``hosts``), memory model and devices files."""
+                    devices: Devices | None, optimizer: Mapping[str, float] | None = None) -> Written:
+    """Write every host's corrected layers file (with its fitted ``optimizer`` rate: the files alone
+    then price a plan as the re-plan did), the bandwidth, capacities (relative to ``ref``, or the
+    first host when ``ref`` is not among ``hosts``), memory model and devices files."""
     from ..capacities import compute_capacities
 
     out.mkdir(parents=True, exist_ok=True)
     layers = []
     for h in hosts:
         lf = corrected_layers_file(templates.get(h, default), h, profiles.fwd[h], profiles.bwd[h], profiles.fwd0[h],
-                                   profiles.bwd0[h], profiles.call.get(h, 0.0))
+                                   profiles.bwd0[h], profiles.call.get(h, 0.0), profiles.split_factor.get(h),
+                                   (optimizer or {}).get(h))
         layers.append(lf.save(out / f"layers_{h}.json"))
     bandwidth.save(out / "bandwidth.json")
     w = Written(layers=layers, bandwidth=out / "bandwidth.json", capacities=out / "capacities.json")
