@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from torchpp.cost import MemoryEstimator, Profiles, StageMemory
-from torchpp.cost.memory import held_profiles, split_in_flight
+from torchpp.schedules import held_profiles, split_in_flight
 from torchpp.formats import MemoryModel, MemorySample, placement_of
 from torchpp.schedules import in_flight
 
@@ -120,3 +120,55 @@ def test_zero_bubble_peak_per_rank_within_ten_percent(tmp_path):
     mem = json.loads((tmp_path / "report" / "report.json").read_text())["memory"]
     errors = {r: v["error"] for r, v in mem.items()}
     assert set(errors) == {"0", "1"} and all(abs(e) <= 0.10 for e in errors.values()), (mem, mm.Kw)
+
+
+def test_recompute_terms_with_split_equal_per_sample():
+    """The recompute MILP's linear form prices the micro-batches between I and W as ``per_sample``
+    does, for any recompute flags (a recomputed layer keeps nothing between them)."""
+    import numpy as np
+
+    est = MemoryEstimator(0.0, 4.0, 20.0, "test", kw=3.0)
+    act = np.array([5.0, 7.0, 11.0])
+    fixed = 13.0
+    for flags in ([0, 0, 0], [1, 0, 0], [1, 1, 1], [0, 1, 1]):
+        r = np.array(flags, dtype=float)
+        const, coef, _ = est.recompute_terms(act, fixed, 3, 2)  # (the largest recomputed layer's term apart)
+        kept, rec = fixed + float(((1 - r) * act).sum()), float((r * act).sum())
+        assert const + float(r @ coef) == pytest.approx(est.per_sample(kept, rec, 3, 0.0, 2))
+
+
+def test_search_prices_the_micro_batches_between_i_and_w():
+    """The search's zero-bubble plans fit every device's memory with the Kw term counted (the
+    exact per-rank model of ``device_memory``); planning as if Kw were 0 overflows some of them."""
+    import random
+
+    from torchpp.cost import Links
+    from torchpp.planner.report import device_memory
+    from torchpp.planner.search import InfeasibleError, Problem, search
+    from torchpp.planner.synthetic import random_instance
+
+    est = replace(MemoryEstimator.analytic(), kw=12.0)
+    found = overflowed = 0
+    for seed in range(12):
+        rng = random.Random(500 + seed)
+        files, bw, mem = random_instance(rng, hosts=rng.randint(2, 4), layers=rng.randint(4, 8), batch=2)
+
+        def plan_with(memory):
+            pb = Problem(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files],
+                         budget=mem, memory=memory, global_batch=8, schedule="zb-h1", allow_recompute=False)
+            try:
+                return search(pb).plan
+            except InfeasibleError:
+                return None
+
+        profiles = Profiles.from_layers(files)
+        plan = plan_with(est)
+        if plan is not None:
+            found += 1
+            for r, used in device_memory(plan, profiles, est).items():
+                assert used <= mem[plan.device_of_rank(r).host] * (1 + 1e-9), (seed, r)
+        blind = plan_with(replace(est, kw=0.0))
+        if blind is not None and any(used > mem[blind.device_of_rank(r).host] * (1 + 1e-9)
+                                     for r, used in device_memory(blind, profiles, est).items()):
+            overflowed += 1
+    assert found >= 4 and overflowed >= 1, (found, overflowed)

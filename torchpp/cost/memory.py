@@ -17,7 +17,7 @@ where the calibration file has none). The embedding adds its gradient in place
 
 n_w is the micro-batches held between their input gradient ``I`` and their weight gradient ``W``
 in a zero-bubble order (zb-h1, interleaved-zb, zbv; 0 for every other kind), at the step of the
-order holding the most micro-batches (``split_in_flight``, ``held_profiles``: read off the order,
+order holding the most micro-batches (``schedules.split_in_flight``, ``held_profiles``: read off the order,
 like n). Such a micro-batch keeps its whole graph (its saved tensors, already counted in n) and,
 in addition, the gradients that reached the nodes where the weights' gradients branch off (each
 linear layer's output gradient: roughly a dozen tensors of a decoder layer's output size, one
@@ -32,15 +32,11 @@ many tensors the size of its output for backward; calibrate-memory measures it i
 """
 from __future__ import annotations
 
-import functools
-from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable
 
 import numpy as np
 
-from ..formats import MemoryModel, Placement, Plan, placement_of
-from ..schedules import RELEASES, Kind, Step, position_order
+from ..formats import MemoryModel
 
 ANALYTIC_ALPHA = 4.0
 ANALYTIC_KP = 16.0
@@ -107,60 +103,13 @@ class MemoryEstimator:
         return (self.static(weights, end_weights)
                 + samples * self.per_sample(act_kept, act_recomputed, n, act_max_recomputed, split))
 
-    def recompute_terms(self, act_layers: np.ndarray, act_fixed: float, n: int) -> tuple[float, np.ndarray, float]:
+    def recompute_terms(self, act_layers: np.ndarray, act_fixed: float, n: int, split: int = 0
+                        ) -> tuple[float, np.ndarray, float]:
         """``per_sample`` as a linear form in the recompute flags r_l and y = max_l r_l (the
         recompute MILP's constraint): ``const + Σ_l r_l · coef_l + y · coef_y`` for layers of
-        activation bytes ``act_layers`` and never-recomputed bytes ``act_fixed`` (embed, tail)."""
-        const = n * self.kp * (float(act_layers.sum()) + act_fixed)
+        activation bytes ``act_layers`` and never-recomputed bytes ``act_fixed`` (embed, tail);
+        a recomputed layer keeps nothing between I and W either."""
+        total = float(act_layers.sum()) + act_fixed
+        const = n * self.kp * total + split * self.kw * total
         amax = float(act_layers.max()) if len(act_layers) else 0.0
-        return const, n * (1.0 - self.kp) * act_layers, self.kp * amax
-
-
-# ----------------------------------------------------------------------------- held between I and W
-Profile = tuple[tuple[int, int, int], ...]
-"""(chunk, micro-batches held, of them between their I and their W) of each chunk at one step."""
-
-
-def held_split(order: Iterable[Step]) -> list[dict[int, tuple[int, int]]]:
-    """Per chunk, micro-batches held (forwarded, not yet released by ``B`` or ``W``) and those of
-    them whose ``I`` ran but not their ``W``, after each step of an order."""
-    held: dict[int, int] = defaultdict(int)
-    split: dict[int, int] = defaultdict(int)
-    out = []
-    for kind, chunk, _ in order:
-        if kind == Kind.FORWARD:
-            held[chunk] += 1
-        elif kind == Kind.BACKWARD_INPUT:
-            split[chunk] += 1
-        if kind in RELEASES:
-            held[chunk] -= 1
-        if kind == Kind.BACKWARD_WEIGHT:
-            split[chunk] -= 1
-        out.append({c: (held[c], split[c]) for c in held})
-    return out
-
-
-@functools.lru_cache(maxsize=65536)
-def split_in_flight(schedule: str, num_stages: int, stage: int, num_microbatches: int) -> int:
-    """Micro-batches between their I and W at the step of a one-chunk stage's order holding the
-    most micro-batches (``schedules.in_flight``), the most such of those steps: the n_w its peak
-    is priced with. 0 for schedules without a split backward."""
-    pl = placement_of(schedule, num_stages, 1)
-    steps = [tuple(map(sum, zip((0, 0), *h.values()))) for h in
-             held_split(position_order(schedule, pl, pl.position[stage], num_microbatches))]
-    return max(steps, default=(0, 0))[1]
-
-
-@functools.lru_cache(maxsize=65536)
-def held_profiles(schedule: str, placement: Placement, position: int, num_microbatches: int
-                  ) -> tuple[Profile, ...]:
-    """Every distinct (chunk, held, between I and W) profile a device at ``position`` passes
-    through, read off its order (``schedules.in_flight_chunks`` with the split count)."""
-    counts = held_split(position_order(schedule, placement, position, num_microbatches))
-    return tuple(sorted({tuple(sorted((c, n, w) for c, (n, w) in h.items())) for h in counts}))
-
-
-def rank_profiles(plan: Plan, rank: int) -> tuple[Profile, ...]:
-    """``held_profiles`` of ``rank``'s position in ``plan``."""
-    pl = plan.placement()
-    return held_profiles(plan.schedule, pl, pl.position[plan.stages_of_rank(rank)[0].index], plan.num_microbatches)
+        return const, n * (1.0 - self.kp) * act_layers - split * self.kw * act_layers, self.kp * amax

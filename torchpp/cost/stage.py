@@ -307,7 +307,7 @@ class StageMemory:
         return self.memory.activations(self.profiles.act_bytes)[layer_blocks(c, c2)]
 
     @staticmethod
-    def _split(sp: Span, split: int) -> int | np.ndarray:
+    def split_of(sp: Span, split: int) -> int | np.ndarray:
         """``split`` where the span's input takes a gradient; 0 where it holds the embedding (its
         ``I`` computes nothing: the whole backward waits for ``W`` and holds no more)."""
         return np.where(np.asarray(sp.lo) == 0, 0, split) if np.ndim(sp.lo) else (0 if sp.lo == 0 else split)
@@ -319,7 +319,7 @@ class StageMemory:
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         a = self.activations(sp)  # the tail's logits weighted by Kt / Kp
         kept, rec, amax = float(a.kept), float(a.recomputed), float(a.largest_recomputed)
-        held_w = samples * float(self._split(sp, split)) * self.memory.kw * kept
+        held_w = samples * float(self.split_of(sp, split)) * self.memory.kw * kept
         return MemoryTerms(weights=float(self.weights(sp.lo, sp.hi)), kp_bytes=samples * (in_flight * kept + amax),
                            fixed_bytes=samples * in_flight * rec + self.memory.ke * float(self.end_weights(sp)) + held_w,
                            kept_per_sample=kept)
@@ -329,7 +329,7 @@ class StageMemory:
         ``split`` of them between their I and their W."""
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         a = self.activations(sp)
-        return self.memory.per_sample(a.kept, a.recomputed, in_flight, a.largest_recomputed, self._split(sp, split))
+        return self.memory.per_sample(a.kept, a.recomputed, in_flight, a.largest_recomputed, self.split_of(sp, split))
 
     def static(self, span: Span | PlanStage) -> float | np.ndarray:
         """Bytes independent of the samples: the base and the weights' (with gradients, optimizer state)."""
@@ -343,7 +343,7 @@ class StageMemory:
         weight of a V placement), plus the activations at the worst of the ``held`` profiles
         (``(chunk, micro-batches held)`` at each step of the device's order,
         ``schedules.in_flight_chunks``; with a third entry, those of them between their I and
-        their W: ``cost.memory.held_profiles``), plus the largest recomputed layer of any chunk.
+        their W: ``schedules.held_profiles``), plus the largest recomputed layer of any chunk.
         With one chunk this is :meth:`peak`."""
         acts = {c.index: (s, self.activations(c)) for c, s in chunks}
         embed = {c.index: c.has_embed for c, _ in chunks}
@@ -362,4 +362,4 @@ class StageMemory:
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         a = self.activations(sp)
         return self.memory.peak(self.weights(sp.lo, sp.hi), a.kept, a.recomputed, samples, in_flight,
-                                a.largest_recomputed, self.end_weights(sp), self._split(sp, split))
+                                a.largest_recomputed, self.end_weights(sp), self.split_of(sp, split))

@@ -22,8 +22,7 @@ from ..formats import Plan, file_hash, write_json
 from ..schedules import Kind
 from ..sim.replay import Timeline
 from ..cost import Links, MemoryEstimator, Profiles, StageMemory, stage_time
-from ..cost.memory import rank_profiles, split_in_flight
-from ..schedules import SPLIT_BACKWARD, in_flight
+from ..schedules import SPLIT_BACKWARD, in_flight, rank_profiles, split_in_flight
 from ..sim.measured import price
 from ..sim.trace import recompute_of, timeline_events
 from ..trace.analyze import analyze

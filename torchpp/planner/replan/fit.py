@@ -17,7 +17,7 @@ import numpy as np
 from ...formats import Bandwidth, MemoryModel, MemorySample, Plan
 from ...cost import (MemoryEstimator, Profiles, Span, StageMemory, block_time, layer_forward_calls, model_time,
                      recompute_runs, stage_blocks, stage_time)
-from ...cost.memory import rank_profiles
+from ...schedules import rank_profiles
 from .read import Measurements, Transfer
 
 if TYPE_CHECKING:
@@ -237,7 +237,7 @@ def memory_terms(plan: Plan, profiles: Profiles, rank: int, memory: MemoryEstima
 
     The planner's memory model is ``base + alpha·W + s·n·(Kp·A_kept + A_rec) + Kp·A_max·s`` per
     chunk; a rank holding several chunks (``StageMemory.chunks_peak``) holds all their weights (the
-    tied weight once), the activations of the worst moment of its order (``cost.memory.rank_profiles``,
+    tied weight once), the activations of the worst moment of its order (``schedules.rank_profiles``,
     the worst as ``memory`` weighs them; those between their I and W priced with its Kw, which the
     refit keeps) and the largest recomputed layer of any chunk. With
     several chunks, samples x in-flight is the sum over the chunks held at that moment and A the
