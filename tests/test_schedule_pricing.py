@@ -126,7 +126,7 @@ def test_memory_of_several_chunks():
     for r in plan.ranks:  # one chunk: the same as the single-stage accessor
         st = plan.stage_of_rank(r)
         n = S.in_flight("1f1b", 4, st.index, 8)
-        assert mem.chunks_peak([(st, st.device(r).samples)], S.rank_held(plan, r)) == pytest.approx(
+        assert mem.chunks_peak([(st, st.device(r).samples)], S.rank_profiles(plan, r)) == pytest.approx(
             float(mem.peak(st, st.device(r).samples, n)))
     vee = _plan("v", 2, 2, 8, ModelInfo(**prof.model.__dict__), hosts=["h0", "h1"])
     peaks = device_memory(vee, prof, MemoryEstimator.analytic())

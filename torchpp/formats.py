@@ -956,6 +956,8 @@ def _host_rates(r: Reader, key: str, capacity: Mapping[str, float]) -> dict[str,
 
 
 MEMORY_KIND, MEMORY_VERSION = "memory_model", 1
+MEMORY_ORDERS = ("fb", "zb")
+"""Probe orders of a memory sample (``MemorySample.order``); optional fields keep version 1."""
 
 
 @dataclass(kw_only=True)
@@ -980,6 +982,10 @@ class MemorySample:
     written before the embedding added its gradient in place counted the embedding here too."""
     microbatches: int = 1
     """Micro-batches whose gradients each probed step accumulated (a pipeline rank's regime from 2 on)."""
+    order: str = "fb"
+    """How the probe ran them: ``fb`` each forward then its full backward (one held at a time),
+    ``zb`` every forward, then every input gradient, then every weight gradient (all
+    ``microbatches`` held, all between their I and W at the end: what ``Kw`` is fitted on)."""
 
 
 @dataclass(kw_only=True)
@@ -1014,6 +1020,11 @@ class MemoryModel:
     before it is added in; for a decoder layer's small matrices this is lost in ``alpha``, and
     the embedding adds its gradient in place (``models.embedding``). ``None`` (files
     without it): no such term."""
+    Kw: float | None = None
+    """Bytes held per byte of kept activations (weighted as ``Kp``'s) per sample, for each
+    micro-batch a zero-bubble schedule holds between its input gradient (I) and its weight
+    gradient (W): the gradients at the nodes where the weights' gradients branch off, kept for W.
+    ``None`` (files without it, or calibrated without zero-bubble probes): no such term."""
     format: str = f"torchpp.{MEMORY_KIND}/{MEMORY_VERSION}"
 
     @property
@@ -1047,7 +1058,8 @@ class MemoryModel:
                 predicted_bytes=sr.float("predicted_bytes", 0.0), process_bytes=sr.int("process_bytes", 0, min_value=0),
                 tail_activation_bytes_per_sample=sr.int("tail_activation_bytes_per_sample", 0, min_value=0),
                 end_weights_bytes=sr.int("end_weights_bytes", 0, min_value=0),
-                microbatches=sr.int("microbatches", 1, min_value=1)))
+                microbatches=sr.int("microbatches", 1, min_value=1),
+                order=sr.str("order", "fb", choices=MEMORY_ORDERS)))
         r2 = r.raw("r2", None)
         return MemoryModel(base=r.float("base", min_value=0.0, max_value=V.MAX_BYTES),
                            alpha=r.float("alpha", min_value=0.0, max_value=1e6), Kp=r.float("Kp", min_value=0.0, max_value=1e6),
@@ -1056,7 +1068,8 @@ class MemoryModel:
                            microbatch=r.int("microbatch", 0, min_value=0),
                            process_bytes=r.float("process_bytes", 0.0, min_value=0.0),
                            Kt=None if r.raw("Kt", None) is None else r.float("Kt", min_value=0.0),
-                           Ke=None if r.raw("Ke", None) is None else r.float("Ke", min_value=0.0, max_value=1e6))
+                           Ke=None if r.raw("Ke", None) is None else r.float("Ke", min_value=0.0, max_value=1e6),
+                           Kw=None if r.raw("Kw", None) is None else r.float("Kw", min_value=0.0, max_value=1e6))
 
     @staticmethod
     def load(path: str | os.PathLike) -> "MemoryModel":

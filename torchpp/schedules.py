@@ -244,18 +244,29 @@ def position_order(schedule: str, placement: Placement, position: int, m: int) -
                      "interleaved-zb, v, zbv")
 
 
-def held_counts(order: Iterable[Step]) -> list[dict[int, int]]:
-    """Micro-batches of each chunk held (forwarded, activations not yet freed by ``B`` or ``W``)
-    after each step of an order: what memory is read off."""
+def held_split(order: Iterable[Step]) -> list[dict[int, tuple[int, int]]]:
+    """Per chunk, micro-batches held (forwarded, activations not yet freed by ``B`` or ``W``) and
+    those of them whose ``I`` ran but not their ``W``, after each step of an order: what memory
+    is read off."""
     held: dict[int, int] = defaultdict(int)
+    split: dict[int, int] = defaultdict(int)
     out = []
     for kind, chunk, _ in order:
         if kind == Kind.FORWARD:
             held[chunk] += 1
-        elif kind in RELEASES:
+        elif kind == Kind.BACKWARD_INPUT:
+            split[chunk] += 1
+        if kind in RELEASES:
             held[chunk] -= 1
-        out.append(dict(held))
+        if kind == Kind.BACKWARD_WEIGHT:
+            split[chunk] -= 1
+        out.append({c: (held[c], split[c]) for c in held})
     return out
+
+
+def held_counts(order: Iterable[Step]) -> list[dict[int, int]]:
+    """``held_split`` without the split count."""
+    return [{c: n for c, (n, _) in h.items()} for h in held_split(order)]
 
 
 @functools.lru_cache(maxsize=65536)
@@ -277,11 +288,34 @@ def in_flight_chunks(schedule: str, placement: Placement, position: int, num_mic
     return tuple(sorted({tuple(sorted(h.items())) for h in counts}))
 
 
-def rank_held(plan: Plan, rank: int) -> tuple[tuple[tuple[int, int], ...], ...]:
-    """``in_flight_chunks`` of ``rank``'s position: every (chunk, held) profile its order passes through."""
+@functools.lru_cache(maxsize=65536)
+def split_in_flight(schedule: str, num_stages: int, stage: int, num_microbatches: int) -> int:
+    """Micro-batches between their I and W at the step of a one-chunk stage's order holding the
+    most micro-batches (:func:`in_flight`), the most such of those steps: the n_w its peak is
+    priced with (``cost.memory``). 0 for schedules without a split backward."""
+    pl = placement_of(schedule, num_stages, 1)
+    steps = [tuple(map(sum, zip((0, 0), *h.values()))) for h in
+             held_split(position_order(schedule, pl, pl.position[stage], num_microbatches))]
+    return max(steps, default=(0, 0))[1]
+
+
+Profile = tuple[tuple[int, int, int], ...]
+"""(chunk, micro-batches held, of them between their I and their W) of each chunk at one step."""
+
+
+@functools.lru_cache(maxsize=65536)
+def held_profiles(schedule: str, placement: Placement, position: int, num_microbatches: int
+                  ) -> tuple[Profile, ...]:
+    """Every distinct (chunk, held, between I and W) profile a device at ``position`` passes
+    through, read off its order (:func:`in_flight_chunks` with the split count)."""
+    counts = held_split(position_order(schedule, placement, position, num_microbatches))
+    return tuple(sorted({tuple(sorted((c, n, w) for c, (n, w) in h.items())) for h in counts}))
+
+
+def rank_profiles(plan: Plan, rank: int) -> tuple[Profile, ...]:
+    """``held_profiles`` of ``rank``'s position in ``plan``: every profile its order passes through."""
     pl = plan.placement()
-    return in_flight_chunks(plan.schedule, pl, pl.position[plan.stages_of_rank(rank)[0].index],
-                            plan.num_microbatches)
+    return held_profiles(plan.schedule, pl, pl.position[plan.stages_of_rank(rank)[0].index], plan.num_microbatches)
 
 
 def rank_in_flight(plan: Plan, rank: int) -> dict[int, int]:

@@ -2,7 +2,8 @@
 
 Both have the form of seed 000's model, extended for 1F1B and recomputation::
 
-    peak = base + alpha·W + Ke·W_end + s·n·(Kp·A_kept + A_recomputed) + Kp·A_max_recomputed·s
+    peak = base + alpha·W + Ke·W_end + s·n·(Kp·A_kept + A_recomputed) + s·n_w·Kw·A_kept
+           + Kp·A_max_recomputed·s
 
 with W the stage's parameter bytes, s the samples of a micro-batch this device computes,
 n the micro-batches the stage holds at its peak (``schedules.in_flight``, read off its order), A_kept the activation bytes per sample of layers whose activations are kept, and
@@ -13,6 +14,17 @@ W_end is the parameter bytes of the stage's tail (the lm_head: one large tensor)
 gradient is computed beside the accumulated one from the second micro-batch on; Ke prices it (0
 where the calibration file has none). The embedding adds its gradient in place
 (``models.embedding``) and holds nothing more.
+
+n_w is the micro-batches held between their input gradient ``I`` and their weight gradient ``W``
+in a zero-bubble order (zb-h1, interleaved-zb, zbv; 0 for every other kind), at the step of the
+order holding the most micro-batches (``schedules.split_in_flight``, ``held_profiles``: read off the order,
+like n). Such a micro-batch keeps its whole graph (its saved tensors, already counted in n) and,
+in addition, the gradients that reached the nodes where the weights' gradients branch off (each
+linear layer's output gradient: roughly a dozen tensors of a decoder layer's output size, one
+logits-sized one for the tail); Kw prices those per byte of kept activations (weighted as Kp's,
+the tail's by Kt / Kp), fitted by calibrate-memory's zero-bubble probes (0 where the file has
+none). A chunk holding the embedding has no input gradient: its whole backward waits for W and
+holds nothing more, so its n_w counts 0.
 
 The analytic model (no calibration file): base 0, alpha 4 (fp32 weights, gradients and the two
 AdamW moments), Kp ``activation_factor`` (default 16: a transformer layer keeps roughly that
@@ -43,6 +55,9 @@ class MemoryEstimator:
     """Factor of the tail's output (the logits); None: the same as ``kp``."""
     ke: float = 0.0
     """Factor of the stage's lm_head weights (``W_end``); 0: no such term."""
+    kw: float = 0.0
+    """Factor of the kept activations of each micro-batch held between its ``I`` and its ``W``
+    (zero-bubble schedules); 0: no such term."""
 
     def activations(self, act_bytes: np.ndarray) -> np.ndarray:
         """Per-block activation bytes per sample (embed, layers..., tail) weighted so that ``kp``
@@ -67,28 +82,34 @@ class MemoryEstimator:
         rt = f"; {mm.process_bytes / 2**20:.0f} MiB runtime reserved per device" if mm.process_bytes else ""
         kt = f", Kt {mm.Kt:.2f} (tail)" if mm.Kt is not None else ""
         ke = f", Ke {mm.Ke:.2f} (end weights)" if mm.Ke is not None else ""
+        kw = f", Kw {mm.Kw:.2f} (between I and W)" if mm.Kw is not None else ""
         return MemoryEstimator(mm.base, mm.alpha, mm.Kp, f"fitted {source} (base {mm.base / 2**20:.0f} MiB, "
-                               f"alpha {mm.alpha:.2f}, Kp {mm.Kp:.2f}{kt}{ke}{r2}{rt})", mm.process_bytes, mm.Kt,
-                               mm.Ke or 0.0)
+                               f"alpha {mm.alpha:.2f}, Kp {mm.Kp:.2f}{kt}{ke}{kw}{r2}{rt})", mm.process_bytes,
+                               mm.Kt, mm.Ke or 0.0, mm.Kw or 0.0)
 
     def static(self, weights: float, end_weights: float = 0.0) -> float:
         """Bytes independent of the samples: the base, the weights (with gradients and optimizer
         state) and the accumulation buffer of the lm_head's weights ``end_weights``."""
         return self.base + self.alpha * weights + self.ke * end_weights
 
-    def per_sample(self, act_kept: float, act_recomputed: float, n: int, act_max_recomputed: float = 0.0) -> float:
-        """Bytes per sample of one device's micro-batch share."""
-        return n * (self.kp * act_kept + act_recomputed) + self.kp * act_max_recomputed
+    def per_sample(self, act_kept: float, act_recomputed: float, n: int, act_max_recomputed: float = 0.0,
+                   split: int = 0) -> float:
+        """Bytes per sample of one device's micro-batch share, ``n`` micro-batches held of which
+        ``split`` between their I and their W."""
+        return n * (self.kp * act_kept + act_recomputed) + self.kp * act_max_recomputed + split * self.kw * act_kept
 
     def peak(self, weights: float, act_kept: float, act_recomputed: float, samples: float, n: int,
-             act_max_recomputed: float = 0.0, end_weights: float = 0.0) -> float:
+             act_max_recomputed: float = 0.0, end_weights: float = 0.0, split: int = 0) -> float:
         return (self.static(weights, end_weights)
-                + samples * self.per_sample(act_kept, act_recomputed, n, act_max_recomputed))
+                + samples * self.per_sample(act_kept, act_recomputed, n, act_max_recomputed, split))
 
-    def recompute_terms(self, act_layers: np.ndarray, act_fixed: float, n: int) -> tuple[float, np.ndarray, float]:
+    def recompute_terms(self, act_layers: np.ndarray, act_fixed: float, n: int, split: int = 0
+                        ) -> tuple[float, np.ndarray, float]:
         """``per_sample`` as a linear form in the recompute flags r_l and y = max_l r_l (the
         recompute MILP's constraint): ``const + Σ_l r_l · coef_l + y · coef_y`` for layers of
-        activation bytes ``act_layers`` and never-recomputed bytes ``act_fixed`` (embed, tail)."""
-        const = n * self.kp * (float(act_layers.sum()) + act_fixed)
+        activation bytes ``act_layers`` and never-recomputed bytes ``act_fixed`` (embed, tail);
+        a recomputed layer keeps nothing between I and W either."""
+        total = float(act_layers.sum()) + act_fixed
+        const = n * self.kp * total + split * self.kw * total
         amax = float(act_layers.max()) if len(act_layers) else 0.0
-        return const, n * (1.0 - self.kp) * act_layers, self.kp * amax
+        return const, n * (1.0 - self.kp) * act_layers - split * self.kw * act_layers, self.kp * amax

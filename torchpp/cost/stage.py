@@ -306,46 +306,60 @@ class StageMemory:
         """Activation bytes per sample of each decoder layer of [c, c2) (as the model weighs them)."""
         return self.memory.activations(self.profiles.act_bytes)[layer_blocks(c, c2)]
 
-    def terms(self, span: Span | PlanStage, samples: float, in_flight: int) -> MemoryTerms:
+    @staticmethod
+    def split_of(sp: Span, split: int) -> int | np.ndarray:
+        """``split`` where the span's input takes a gradient; 0 where it holds the embedding (its
+        ``I`` computes nothing: the whole backward waits for ``W`` and holds no more)."""
+        return np.where(np.asarray(sp.lo) == 0, 0, split) if np.ndim(sp.lo) else (0 if sp.lo == 0 else split)
+
+    def terms(self, span: Span | PlanStage, samples: float, in_flight: int, split: int = 0) -> MemoryTerms:
         """The peak of a device as a linear form in the memory model's coefficients (what
-        re-planning refits them by): ``base + alpha·weights + kp·kp_bytes + fixed_bytes``."""
+        re-planning refits them by): ``base + alpha·weights + kp·kp_bytes + fixed_bytes``; the
+        micro-batches between I and W (``split``) count in ``fixed_bytes`` with the model's Kw."""
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         a = self.activations(sp)  # the tail's logits weighted by Kt / Kp
         kept, rec, amax = float(a.kept), float(a.recomputed), float(a.largest_recomputed)
+        held_w = samples * float(self.split_of(sp, split)) * self.memory.kw * kept
         return MemoryTerms(weights=float(self.weights(sp.lo, sp.hi)), kp_bytes=samples * (in_flight * kept + amax),
-                           fixed_bytes=samples * in_flight * rec + self.memory.ke * float(self.end_weights(sp)),
+                           fixed_bytes=samples * in_flight * rec + self.memory.ke * float(self.end_weights(sp)) + held_w,
                            kept_per_sample=kept)
 
-    def per_sample(self, span: Span | PlanStage, in_flight: int) -> float | np.ndarray:
-        """Bytes per sample of one device's share of a micro-batch, ``in_flight`` micro-batches held."""
-        a = self.activations(span)
-        return self.memory.per_sample(a.kept, a.recomputed, in_flight, a.largest_recomputed)
+    def per_sample(self, span: Span | PlanStage, in_flight: int, split: int = 0) -> float | np.ndarray:
+        """Bytes per sample of one device's share of a micro-batch, ``in_flight`` micro-batches held,
+        ``split`` of them between their I and their W."""
+        sp = span if isinstance(span, Span) else Span.of_stage(span)
+        a = self.activations(sp)
+        return self.memory.per_sample(a.kept, a.recomputed, in_flight, a.largest_recomputed, self.split_of(sp, split))
 
     def static(self, span: Span | PlanStage) -> float | np.ndarray:
         """Bytes independent of the samples: the base and the weights' (with gradients, optimizer state)."""
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         return self.memory.static(self.weights(sp.lo, sp.hi), self.end_weights(sp))
 
-    def chunks_peak(self, chunks: Sequence[tuple[PlanStage, float]], held: Iterable[Iterable[tuple[int, int]]],
+    def chunks_peak(self, chunks: Sequence[tuple[PlanStage, float]], held: Iterable[Iterable[tuple[int, ...]]],
                     shared_bytes: float = 0.0) -> float:
         """Predicted peak bytes of a device holding several chunks (``(chunk, samples)`` each): the
         weights of all of them (``shared_bytes`` held once though two chunks own them: the tied
         weight of a V placement), plus the activations at the worst of the ``held`` profiles
         (``(chunk, micro-batches held)`` at each step of the device's order,
-        ``schedules.in_flight_chunks``), plus the largest recomputed layer of any chunk.
+        ``schedules.in_flight_chunks``; with a third entry, those of them between their I and
+        their W: ``schedules.held_profiles``), plus the largest recomputed layer of any chunk.
         With one chunk this is :meth:`peak`."""
         acts = {c.index: (s, self.activations(c)) for c, s in chunks}
+        embed = {c.index: c.has_embed for c, _ in chunks}
         static = self.memory.static(sum(float(self.weights(*stage_blocks(c.layers, c.has_embed, c.has_tail)))
                                         for c, _ in chunks) - shared_bytes,
                                     max(float(self.end_weights(c)) for c, _ in chunks))
-        worst = max((sum(acts[c][0] * self.memory.per_sample(acts[c][1].kept, acts[c][1].recomputed, n)
-                         for c, n in prof if c in acts) for prof in held), default=0.0)
+        worst = max((sum(acts[c][0] * self.memory.per_sample(acts[c][1].kept, acts[c][1].recomputed, n, 0.0,
+                                                              0 if embed[c] or not w else w[0])
+                         for c, n, *w in prof if c in acts) for prof in held), default=0.0)
         largest = max(s * self.memory.per_sample(0.0, 0.0, 0, a.largest_recomputed) for s, a in acts.values())
         return float(static + worst + largest)
 
-    def peak(self, span: Span | PlanStage, samples: float, in_flight: int) -> float | np.ndarray:
-        """Predicted peak bytes of a device computing ``samples`` samples of each micro-batch."""
+    def peak(self, span: Span | PlanStage, samples: float, in_flight: int, split: int = 0) -> float | np.ndarray:
+        """Predicted peak bytes of a device computing ``samples`` samples of each micro-batch,
+        ``in_flight`` micro-batches held, ``split`` of them between their I and their W."""
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         a = self.activations(sp)
         return self.memory.peak(self.weights(sp.lo, sp.hi), a.kept, a.recomputed, samples, in_flight,
-                                a.largest_recomputed, self.end_weights(sp))
+                                a.largest_recomputed, self.end_weights(sp), self.split_of(sp, split))

@@ -108,6 +108,8 @@ def dp_cuts(sc: "StageCosts", kind: str, v: int, groups: Sequence[tuple[int, ...
     S = len(pl.position)
     g = [tuple(sorted(groups[pl.position[c]])) for c in range(S)]
     mult = [len(pl.chunks[pl.position[c]]) for c in range(S)]
+    # held micro-batches only: those between I and W (zbv, interleaved-zb) are counted when the
+    # layout's plan is built (build_chunk_plan checks every rank with device_memory)
     costs = [sc.stage(g[c], g[c + 1] if c + 1 < S and g[c + 1] != g[c] else None, max(n[c], 1)) for c in range(S)]
     V = costs[-1][:, L] * mult[-1]
     args: list[np.ndarray] = []

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from .search import Problem, Tables
 
 
-def choose_recompute(pb: "Problem", t: "Tables", hosts: Sequence[int], cut: tuple[int, int], b: int, n: int
-                     ) -> tuple[list[bool], list[int]] | None:
+def choose_recompute(pb: "Problem", t: "Tables", hosts: Sequence[int], cut: tuple[int, int], b: int, n: int,
+                     w: int = 0) -> tuple[list[bool], list[int]] | None:
     """(recompute flag per layer, samples per device) minimising the stage time; None if nothing fits."""
     c, c2 = cut
     names = [pb.hosts[h] for h in hosts]
@@ -35,7 +35,7 @@ def choose_recompute(pb: "Problem", t: "Tables", hosts: Sequence[int], cut: tupl
 
     def alloc(flags):
         span = Span.of_cut(c, c2, t.L, flags)
-        ps = max(float(t.mem.per_sample(span, n)), 1e-30)  # Kp may be 0 in a fitted model
+        ps = max(float(t.mem.per_sample(span, n, w)), 1e-30)  # Kp may be 0 in a fitted model
         caps = [max(0.0, bu) / ps for bu in budget]
         secs = [float(stage_time(pb.profiles, nm, span).per_sample) for nm in names]
         return allocate(b, secs, caps)
@@ -52,7 +52,7 @@ def choose_recompute(pb: "Problem", t: "Tables", hosts: Sequence[int], cut: tupl
         return None
     A_l = t.mem.layer_activations(c, c2)
     A_fixed = float(t.mem.activations(Span.of_cut(c, c2, t.L, recompute=True)).kept)  # embed / tail outputs
-    terms = pb.memory.recompute_terms(A_l, A_fixed, n)
+    terms = pb.memory.recompute_terms(A_l, A_fixed, n, int(t.mem.split_of(Span.of_cut(c, c2, t.L), w)))
     tau = [float(t.tau[(h, 0)][c, c2]) for h in hosts]
     f = [layer_forward(pb.profiles, nm, c, c2) for nm in names]
     for _ in range(4):

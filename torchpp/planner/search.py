@@ -38,7 +38,7 @@ import numpy as np
 from ..formats import Plan, PlanDevice, PlanStage
 from .allocate import waterfill
 from ..cost import Links, MemoryEstimator, Profiles, Span, StageMemory, boundary_bytes, stage_time, stage_weights
-from ..schedules import in_flight
+from ..schedules import in_flight, split_in_flight
 from ..sim.measured import price
 from .recompute import choose_recompute
 
@@ -127,33 +127,34 @@ class Tables:
                 self.tau0[(h, v)] = np.where(valid, st.per_call, 0.0)  # paid once per micro-batch, whatever its size
         whole = Span.of_cut(0, L, L)
         self.full_time = {h: float(stage_time(p, n, whole).per_sample) for h, n in enumerate(pb.hosts)}
-        self._per_sample: dict[tuple[int, int], np.ndarray] = {}
-        self._cap: dict[tuple[int, int, int], np.ndarray] = {}
+        self._per_sample: dict[tuple[int, int, int], np.ndarray] = {}
+        self._cap: dict[tuple[int, int, int, int], np.ndarray] = {}
         self._rec: dict[tuple, tuple[list[bool], list[int]] | None] = {}
 
-    def recompute(self, hosts: Sequence[int], cut: tuple[int, int], b: int, n: int
+    def recompute(self, hosts: Sequence[int], cut: tuple[int, int], b: int, n: int, w: int = 0
                   ) -> tuple[list[bool], list[int]] | None:
         """``choose_recompute`` of a stage, kept: the local search and the schedule kinds build the
         same stage many times, and its MILP is the dearest step of building a plan."""
-        key = (tuple(hosts), cut, b, n)
+        key = (tuple(hosts), cut, b, n, w)
         if key not in self._rec:
-            self._rec[key] = choose_recompute(self.pb, self, hosts, cut, b, n)
+            self._rec[key] = choose_recompute(self.pb, self, hosts, cut, b, n, w)
         got = self._rec[key]
         return None if got is None else (list(got[0]), list(got[1]))
 
-    def per_sample(self, v: int, n: int) -> np.ndarray:
-        """Memory bytes per sample of every stage, ``n`` micro-batches in flight."""
-        key = (v, n)
+    def per_sample(self, v: int, n: int, w: int = 0) -> np.ndarray:
+        """Memory bytes per sample of every stage, ``n`` micro-batches in flight, ``w`` of them
+        between their I and their W (zero-bubble kinds)."""
+        key = (v, n, w)
         if key not in self._per_sample:
-            ps = self.mem.per_sample(self.span[v], n)
+            ps = self.mem.per_sample(self.span[v], n, w)
             self._per_sample[key] = np.where(self.valid, np.maximum(ps, 1e-30), np.inf)
         return self._per_sample[key]
 
-    def cap(self, h: int, v: int, n: int) -> np.ndarray:
-        key = (h, v, n)
+    def cap(self, h: int, v: int, n: int, w: int = 0) -> np.ndarray:
+        key = (h, v, n, w)
         if key not in self._cap:
             avail = self.pb.budget[self.hosts[h]] - self.static
-            self._cap[key] = np.where(self.valid, np.maximum(avail, 0.0) / self.per_sample(v, n), 0.0)
+            self._cap[key] = np.where(self.valid, np.maximum(avail, 0.0) / self.per_sample(v, n, w), 0.0)
         return self._cap[key]
 
 
@@ -166,9 +167,10 @@ class StageCosts:
         self._ar: dict[tuple, np.ndarray] = {}
         self._link: dict[tuple, float] = {}
 
-    def compute(self, g: tuple[int, ...], n: int) -> tuple[np.ndarray, np.ndarray]:
-        """(time per micro-batch, recompute-all flag) matrices of group g holding n micro-batches."""
-        key = (g, n)
+    def compute(self, g: tuple[int, ...], n: int, w: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(time per micro-batch, recompute-all flag) matrices of group g holding n micro-batches,
+        w of them between their I and their W."""
+        key = (g, n, w)
         if key not in self._compute:
             t = self.t
             if len(g) > self.b:
@@ -176,11 +178,11 @@ class StageCosts:
                 self._compute[key] = (inf, np.zeros_like(inf, dtype=bool))
             else:
                 # per-call time: bounded above by the slowest member's, which the final pricing refines
-                t0 = waterfill(self.b, np.stack([t.tau[(h, 0)] for h in g]), np.stack([t.cap(h, 0, n) for h in g]))
+                t0 = waterfill(self.b, np.stack([t.tau[(h, 0)] for h in g]), np.stack([t.cap(h, 0, n, w) for h in g]))
                 t0 = t0 + np.max(np.stack([t.tau0[(h, 0)] for h in g]), axis=0)
                 if self.rec:
                     t1 = waterfill(self.b, np.stack([t.tau[(h, 1)] for h in g]),
-                                   np.stack([t.cap(h, 1, n) for h in g]))
+                                   np.stack([t.cap(h, 1, n, w) for h in g]))
                     t1 = t1 + np.max(np.stack([t.tau0[(h, 1)] for h in g]), axis=0)
                     use1 = t1 < t0
                     self._compute[key] = (np.where(use1, t1, t0), use1)
@@ -218,8 +220,8 @@ class StageCosts:
         per_byte, lat = self._link[key]
         return lat + per_byte * nbytes
 
-    def stage(self, g: tuple[int, ...], nxt: tuple[int, ...] | None, n: int) -> np.ndarray:
-        comp, _ = self.compute(g, n)
+    def stage(self, g: tuple[int, ...], nxt: tuple[int, ...] | None, n: int, w: int = 0) -> np.ndarray:
+        comp, _ = self.compute(g, n, w)
         cost = comp + self.allreduce(g) / self.m
         if nxt:
             comm = self.link_time(g, nxt, self.t.out_bytes * self.b)
@@ -228,7 +230,8 @@ class StageCosts:
 
 
 def stage_cost(pb: Problem, group: Sequence[str], next_group: Sequence[str] | None, cut: tuple[int, int],
-               micro_batch_size: int, num_microbatches: int, n_in_flight: int, _cache: dict | None = None) -> float:
+               micro_batch_size: int, num_microbatches: int, n_in_flight: int, _cache: dict | None = None,
+               n_split: int = 0) -> float:
     """The search's cost of one stage per micro-batch (the quantity its DP minimises the maximum of)."""
     cache = _cache if _cache is not None else {}
     key = ("tables",)
@@ -242,14 +245,15 @@ def stage_cost(pb: Problem, group: Sequence[str], next_group: Sequence[str] | No
     idx = {h: i for i, h in enumerate(pb.hosts)}
     g = tuple(sorted(idx[h] for h in group))
     nx = tuple(sorted(idx[h] for h in next_group)) if next_group else None
-    return float(sc.stage(g, nx, n_in_flight)[cut[0], cut[1]])
+    return float(sc.stage(g, nx, n_in_flight, n_split)[cut[0], cut[1]])
 
 
 # ----------------------------------------------------------------------------- the DP
-def suffix_in_flight(schedule: str, stages_after: int, m: int) -> int:
-    """Micro-batches in flight on a stage the DP knows only by the number of stages after it:
-    stage 0 of ``stages_after + 1`` (1F1B and GPipe depend on nothing else)."""
-    return in_flight(schedule, stages_after + 1, 0, m)
+def suffix_in_flight(schedule: str, stages_after: int, m: int) -> tuple[int, int]:
+    """Micro-batches in flight on a stage the DP knows only by the number of stages after it, and
+    of them those between their I and their W: stage 0 of ``stages_after + 1`` (1F1B, GPipe and
+    ZB-H1 depend on nothing else)."""
+    return in_flight(schedule, stages_after + 1, 0, m), split_in_flight(schedule, stages_after + 1, 0, m)
 
 
 def dp_order(order: Sequence[int], sc: StageCosts, max_stages: int, max_group: int,
@@ -270,7 +274,7 @@ def dp_order(order: Sequence[int], sc: StageCosts, max_stages: int, max_group: i
     V: dict[tuple[int, int], np.ndarray] = {}
     ptr: list[dict[tuple[int, int], tuple[np.ndarray, np.ndarray, list]]] = []
     for (a, i), g in grp.items():
-        V[(a, i)] = sc.stage(g, None, suffix_in_flight(t.pb.schedule, 0, m))[:, L].copy()
+        V[(a, i)] = sc.stage(g, None, *suffix_in_flight(t.pb.schedule, 0, m))[:, L].copy()
     ptr.append({})
     S_max = min(max_stages, L, N)
     for j in range(S_max):
@@ -282,7 +286,7 @@ def dp_order(order: Sequence[int], sc: StageCosts, max_stages: int, max_group: i
                 best[j + 1] = (float(val), _reconstruct(ptr, j, key, sc, t, m))
         if j + 1 >= S_max:
             break
-        n = suffix_in_flight(t.pb.schedule, j + 1, m)
+        n, w = suffix_in_flight(t.pb.schedule, j + 1, m)
         newV: dict[tuple[int, int], np.ndarray] = {}
         newptr: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, list]] = {}
         for (a2, a), g in grp.items():
@@ -294,7 +298,7 @@ def dp_order(order: Sequence[int], sc: StageCosts, max_stages: int, max_group: i
                 continue
             vals, args = [], []
             for i, v in cands:
-                cost = sc.stage(g, grp[(a, i)], n)
+                cost = sc.stage(g, grp[(a, i)], n, w)
                 tot = np.maximum(cost, v[None, :])          # [c2, c]
                 arg = tot.argmin(axis=1)
                 vals.append(tot[np.arange(L + 1), arg])
@@ -381,12 +385,12 @@ def build_plan(pb: Problem, t: Tables, order: Sequence[int], stages: list[StageC
         hosts = [order[x] for x in range(a, i)]
         c, c2 = st.cut
         try:
-            n = in_flight(pb.schedule, S, s, m)
+            n, w = in_flight(pb.schedule, S, s, m), split_in_flight(pb.schedule, S, s, m)
         except ValueError:  # the kind's order cannot run m micro-batches on S stages (zb-h1's rounds)
             return None
         names = [pb.hosts[h] for h in hosts]
         layers = list(range(c, c2))
-        rec = t.recompute(hosts, (c, c2), b, n)
+        rec = t.recompute(hosts, (c, c2), b, n, w)
         if rec is None:
             return None
         flags, samples = rec
@@ -752,10 +756,10 @@ class _FastDP:
                 self.btt[(k, v)] = f32(self.b) / self.window(k, v)[0]
         return self.btt[(k, v)]
 
-    def per_sample32(self, v: int, n: int) -> np.ndarray:
-        if (v, n) not in self.ps_cache:
-            self.ps_cache[(v, n)] = self.t.per_sample(v, n).astype(f32)
-        return self.ps_cache[(v, n)]
+    def per_sample32(self, v: int, n: int, w: int = 0) -> np.ndarray:
+        if (v, n, w) not in self.ps_cache:
+            self.ps_cache[(v, n, w)] = self.t.per_sample(v, n, w).astype(f32)
+        return self.ps_cache[(v, n, w)]
 
     def fill(self, v: int, k: int, P: np.ndarray, ia, ic, ic2) -> np.ndarray:
         """Water-fill the entries (ia, ic, ic2) of groups order[a:a+k] whose proportional share overflows."""
@@ -763,16 +767,16 @@ class _FastDP:
         cap_g = np.stack([self.AVAIL[ia + d, ic, ic2] / P[ic, ic2] for d in range(k)])
         return waterfill(self.b, tau_g, cap_g)
 
-    def cost(self, k: int, n: int, last: bool) -> np.ndarray:
+    def cost(self, k: int, n: int, last: bool, w: int = 0) -> np.ndarray:
         """(N−k+1, L1, L1) stage cost of groups order[a:a+k] for every a (last stage: column L only)."""
-        key = (k, n, last)
+        key = (k, n, last, w)
         if key in self.cost_cache:
             return self.cost_cache[key]
         A, c0 = self.N - k + 1, (self.L if last else 0)
         ar_lat, ar_unit, nx_lat, nx_byte = self.sh["links"]
         valid = self.t.valid[None, :, c0:]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            best = self._compute_time(k, n, c0) + self.fixed_max(k)[:, :, c0:]  # per call: the slowest member's
+            best = self._compute_time(k, n, c0, w) + self.fixed_max(k)[:, :, c0:]  # per call: the slowest member's
             ar = (ar_lat[k, :A, None, None] + ar_unit[k, :A, None, None] * self.W32[None, :, c0:]) / self.m
             if last:
                 out = best + ar
@@ -783,14 +787,15 @@ class _FastDP:
         self.cost_cache[key] = out
         return out
 
-    def _compute_time(self, k: int, n: int, c0: int) -> np.ndarray:
-        """Per-sample time of a micro-batch on groups order[a:a+k] holding ``n`` in flight: shares
+    def _compute_time(self, k: int, n: int, c0: int, w: int = 0) -> np.ndarray:
+        """Per-sample time of a micro-batch on groups order[a:a+k] holding ``n`` in flight (``w``
+        of them between I and W): shares
         proportional to speed, water-filled where one overflows a device, every layer recomputed
         where that fits and keeping activations does not (inf: fits neither way)."""
         b = self.b
         _, rmax, amin, asum = (x[:, :, c0:] for x in self.window(k, 0))
         tt = self.times(k, 0)[:, :, c0:]
-        P = self.per_sample32(0, n)
+        P = self.per_sample32(0, n, w)
         Pc = P[:, c0:]
         valid = self.t.valid[None, :, c0:]
         infeasible = (asum < b * Pc) | (amin < Pc) | ~valid
@@ -801,7 +806,7 @@ class _FastDP:
             best[ia, ic, ic2] = self.fill(0, k, P, ia, ic, ic2 + c0)
         best = np.where(np.isnan(best), np.inf, best)
         if self.rec:  # recomputing every layer can only help where keeping activations does not fit
-            P1 = self.per_sample32(1, n)
+            P1 = self.per_sample32(1, n, w)
             P1c = P1[:, c0:]
             fits1 = (asum >= b * P1c) & (amin >= P1c)         # memory allows it with every layer recomputed
             ia, ic, ic2 = np.nonzero((infeasible | bad) & valid & fits1)
@@ -829,26 +834,26 @@ class _FastDP:
                 best_by_S[j + 1] = (float(V[0, 0]), _reconstruct_fast(ptrs, lastk, j, self.L))
             if j + 1 >= S_max:
                 break
-            n = _round_up_in_flight(suffix_in_flight(self.t.pb.schedule, j + 1, m), m)
-            V, argk, argc = self._prepend_stage(V, n)
+            n, w = (_round_up_in_flight(x, m) for x in suffix_in_flight(self.t.pb.schedule, j + 1, m))
+            V, argk, argc = self._prepend_stage(V, n, w)
             ptrs.append((argk, argc))
         return best_by_S
 
     def _last_stage(self) -> tuple[np.ndarray, np.ndarray]:
         """Suffixes of one stage: the best group size for each start position and first layer."""
         N, L1 = self.N, self.L + 1
-        n0 = suffix_in_flight(self.t.pb.schedule, 0, self.m)
+        n0, w0 = suffix_in_flight(self.t.pb.schedule, 0, self.m)
         V = np.full((N + 1, L1), np.inf, dtype=f32)
         lastk = np.zeros((N + 1, L1), dtype=int)
         for k in range(1, self.K + 1):
-            ck = self.cost(k, n0, True)[:, :, 0]                      # (A, L1): layers [c, L)
+            ck = self.cost(k, n0, True, w0)[:, :, 0]                      # (A, L1): layers [c, L)
             A = N - k + 1
             better = ck < V[:A]
             V[:A] = np.where(better, ck, V[:A])
             lastk[:A] = np.where(better, k, lastk[:A])
         return V, lastk
 
-    def _prepend_stage(self, V: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _prepend_stage(self, V: np.ndarray, n: int, w: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Suffixes one stage longer: a head group (size k, layers [c, c2)) before the best suffix at (a + k, c2)."""
         N, L1 = self.N, self.L + 1
         newV = np.full((N + 1, L1), np.inf, dtype=f32)
@@ -858,7 +863,7 @@ class _FastDP:
             A = N - k
             if A <= 0:
                 continue
-            ck = self.cost(k, n, False)[:A]                      # groups starting at a < N - k (a next group exists)
+            ck = self.cost(k, n, False, w)[:A]                      # groups starting at a < N - k (a next group exists)
             tot = np.maximum(ck, V[k:k + A, None, :])       # (A, L1 c, L1 c2)
             ac = tot.argmin(axis=2)
             val = np.take_along_axis(tot, ac[:, :, None], axis=2)[:, :, 0]
@@ -870,9 +875,9 @@ class _FastDP:
 
 
 def _round_up_in_flight(n: int, m: int) -> int:
-    """In-flight count rounded up to a power of two (at most m): fewer distinct memory checks,
-    never an underestimate (the final plan is checked with the exact count)."""
-    return min(m, 1 << (n - 1).bit_length())
+    """In-flight count rounded up to a power of two (at most m; 0 stays 0): fewer distinct memory
+    checks, never an underestimate (the final plan is checked with the exact count)."""
+    return min(m, 1 << (n - 1).bit_length()) if n > 0 else 0
 
 
 def _reconstruct_fast(ptrs, lastk, j: int, L: int) -> list[StageChoice]:

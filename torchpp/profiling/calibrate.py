@@ -11,6 +11,11 @@ the in-flight count read off the schedule (``schedules.in_flight``). The tail's 
 logits) gets its own factor ``Kt``: a decoder layer keeps tens of tensors its output's size for
 backward, the tail one or two copies of its logits, and one factor for both mis-prices
 whichever stage holds the tail.
+
+Zero-bubble schedules hold each micro-batch between its input gradient (I) and its weight
+gradient (W) with more than its saved tensors: ``split_samples`` spans run in the zero-bubble
+order (every F, then every I, then every W) and ``Kw`` is fitted on what they hold beyond the
+model above with all their micro-batches in flight (``cost.memory`` prices it).
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import json
 import os
 import random
 import statistics
+from dataclasses import replace
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +86,44 @@ def end_weights(lf: LayersFile, start: int, end: int) -> int:
 
 
 def fit(samples: Sequence[MemorySample]) -> MemoryModel:
+    """The coefficients of the full-backward samples (``order`` fb: :func:`fit_full`), then
+    ``Kw`` from the zero-bubble ones (:func:`fit_split`) where there are any."""
+    full = [s for s in samples if s.order != "zb"]
+    split = [s for s in samples if s.order == "zb"]
+    mm = fit_full(full)
+    return fit_split(mm, split) if split else mm
+
+
+def split_bytes(mm: MemoryModel, s: MemorySample) -> tuple[float, float]:
+    """(bytes ``mm`` predicts without Kw, Kw's multiplier) of a zero-bubble sample: all its
+    ``microbatches`` held at once, all between their I and W (none for a span holding the
+    embedding, whose I computes nothing); kept activations weighted as Kp's (the tail's by Kt/Kp)."""
+    body = float(s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample)
+    tail = float(s.tail_activation_bytes_per_sample)
+    n = s.microbatches
+    held = n * s.batch * (mm.Kp * body + mm.tail_factor * tail)
+    pred = mm.base + mm.alpha * s.weights_bytes + (mm.Ke or 0.0) * s.end_weights_bytes + held
+    ratio = mm.tail_factor / mm.Kp if mm.Kp > 0 else 1.0
+    return pred, 0.0 if s.has_embed else n * s.batch * (body + ratio * tail)
+
+
+def fit_split(mm: MemoryModel, split: Sequence[MemorySample]) -> MemoryModel:
+    """``Kw`` by least squares (at least 0) on what the zero-bubble samples hold beyond ``mm``'s
+    prediction with all their micro-batches in flight; R² and residuals then over every sample."""
+    rows = [split_bytes(mm, s) for s in split]
+    x = np.array([r[1] for r in rows])
+    extra = np.array([float(s.peak_bytes) - r[0] for s, r in zip(split, rows)])
+    kw = max(0.0, float(x @ extra / (x @ x))) if float(x @ x) > 0 else None
+    pred = [r[0] + (kw or 0.0) * r[1] for r in rows]
+    samples = mm.samples + [MemorySample(**{**s.__dict__, "predicted_bytes": float(p)}) for s, p in zip(split, pred)]
+    y = np.array([float(s.peak_bytes) for s in samples])
+    res = y - np.array([s.predicted_bytes for s in samples])
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float((res ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan")
+    return replace(mm, samples=samples, residuals=[float(r) for r in res], r2=r2, Kw=kw)
+
+
+def fit_full(samples: Sequence[MemorySample]) -> MemoryModel:
     """NNLS fit of base, alpha, Kp and, when spans with and without the tail are both present,
     the tail's own factor Kt; when spans with and without the tail and enough samples are present, the
     lm_head weights' own factor Ke. Columns are scaled so
@@ -116,12 +160,13 @@ def fit(samples: Sequence[MemorySample]) -> MemoryModel:
 
 
 def measure_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, batch: int, seq_len: int,
-                 timeout_s: float = 300.0, threads: int = 1, microbatches: int = 1) -> tuple[int, int]:
+                 timeout_s: float = 300.0, threads: int = 1, microbatches: int = 1, order: str = "fb"
+                 ) -> tuple[int, int]:
     """Peak RSS increase (bytes) of one span, in a fresh Python process, and that process's RSS
-    before the span's model was built."""
+    before the span's model was built (``order``: the probe's, fb or zb)."""
     cmd = [sys.executable, "-m", "torchpp.profiling.memory_probe", "--model", model, "--start", str(start),
            "--end", str(end), "--batch", str(batch), "--seq-len", str(seq_len), "--threads", str(threads),
-           "--microbatches", str(microbatches)]
+           "--microbatches", str(microbatches), "--order", order]
     cmd += ["--embed"] * has_embed + ["--tail"] * has_tail
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     root = str(Path(__file__).resolve().parents[2])
@@ -136,26 +181,37 @@ def measure_span(model: str, start: int, end: int, has_embed: bool, has_tail: bo
     return int(rec["peak_bytes"]), int(rec.get("base_rss_bytes", 0))
 
 
+def split_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, int]]:
+    """Spans for the zero-bubble probes: none holding the embedding (its I computes nothing, so
+    it holds nothing between I and W), at least one with the tail where there are two or more."""
+    spans = [sp for sp in random_spans(num_layers, 10 * count + 10, seed + 1) if sp[0] > 0]
+    tails = [sp for sp in spans if sp[1] == num_layers][:1 if count >= 2 else 0]
+    return (tails + [sp for sp in spans if sp not in tails])[:count]
+
+
 def calibrate(lf: LayersFile, model: str, *, samples: int, batch: int | Sequence[int], seq_len: int | None = None,
               seed: int = 0, timeout_s: float = 300.0, threads: int = 1, microbatches: int = PROBE_MICROBATCHES,
-              progress=print) -> MemoryModel:
+              split_samples: int = 0, progress=print) -> MemoryModel:
     """Spans take the micro-batch sizes in turn: with one size, weights and activations both
     grow with a span's length and the fit can hardly tell them apart; with several they can.
-    Each probed step accumulates ``microbatches`` micro-batches, as a pipeline rank's does."""
+    Each probed step accumulates ``microbatches`` micro-batches, as a pipeline rank's does.
+    ``split_samples`` more spans run in the zero-bubble order (``memory_probe`` zb: all F, all
+    I, all W over ``microbatches``), from which ``Kw`` is fitted."""
     seq = seq_len or lf.run.seq_len
     sizes = [batch] if isinstance(batch, int) else list(batch)
-    spans = random_spans(lf.model.num_layers, samples, seed)
+    probes = [(sp, "fb") for sp in random_spans(lf.model.num_layers, samples, seed)]
+    probes += [(sp, "zb") for sp in split_spans(lf.model.num_layers, split_samples, seed)]
     rows = []
-    for i, (s, e) in enumerate(spans):
+    for i, ((s, e), order) in enumerate(probes):
         batch = sizes[i % len(sizes)]
         w, a, he, ht, at = span_sums(lf, s, e)
-        peak, proc = measure_span(model, s, e, he, ht, batch, seq, timeout_s, threads, microbatches)
+        peak, proc = measure_span(model, s, e, he, ht, batch, seq, timeout_s, threads, microbatches, order)
         rows.append(MemorySample(start=s, end=e, has_embed=he, has_tail=ht, weights_bytes=w,
                                  activation_bytes_per_sample=a, batch=batch, peak_bytes=peak, process_bytes=proc,
                                  tail_activation_bytes_per_sample=at, end_weights_bytes=end_weights(lf, s, e),
-                                 microbatches=microbatches))
-        progress(f"  span {i + 1}/{len(spans)} [{s:>3}, {e:>3}){' +embed' if he else ''}{' +tail' if ht else ''} "
-                 f"x {batch}: "
+                                 microbatches=microbatches, order=order))
+        progress(f"  span {i + 1}/{len(probes)} [{s:>3}, {e:>3}){' +embed' if he else ''}{' +tail' if ht else ''} "
+                 f"x {batch}{' (I/W order)' if order == 'zb' else ''}: "
                  f"weights {w / 2**20:8.1f} MiB, peak +{peak / 2**20:8.1f} MiB")
     mm = fit(rows)
     mm.host, mm.model, mm.microbatch = lf.host, model, max(sizes)

@@ -13,6 +13,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", required=True, type=T.existing_path, help="layers_<host>.json of this host (bytes per block)")
     p.add_argument("--model", required=True, help="preset name or local checkpoint (the profiled model)")
     p.add_argument("--samples", type=T.int_in(3, 10_000), default=20, help="number of random spans")
+    p.add_argument("--zb-samples", type=T.int_in(0, 10_000), default=None,
+                   help="more spans run in a zero-bubble order (all F, all I, all W) to fit Kw, the bytes a "
+                   "micro-batch holds between its I and its W (0: none, no Kw; default: a quarter of --samples)")
     p.add_argument("--microbatch", default=None, help="samples per span run, or sizes taken in turn such as 2,8 "
                    "(better separates weights from activations; default: run.batch)")
     p.add_argument("--seq-len", type=T.int_in(1, V.MAX_SEQ_LEN), default=None, help="default: the layers file's run.seq_len")
@@ -43,13 +46,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--microbatch: expected an integer or a list such as 2,8, got {args.microbatch!r}") from None
     if min(batch) < 1:
         raise UsageError(f"--microbatch: expected sizes >= 1, got {args.microbatch!r}")
-    print(f"calibrating memory of {args.model} on {lf.host}: {args.samples} span(s), micro-batch "
+    zb = args.samples // 4 if args.zb_samples is None else args.zb_samples
+    print(f"calibrating memory of {args.model} on {lf.host}: {args.samples} span(s) + {zb} in I/W "
+          f"order, micro-batch "
           f"{', '.join(map(str, batch))}")
     mm = calibrate(lf, args.model, samples=args.samples, batch=batch, seq_len=args.seq_len, seed=args.seed,
-                   timeout_s=args.timeout, threads=args.threads)
+                   timeout_s=args.timeout, threads=args.threads, split_samples=zb)
     mm.save(args.out)
     print(f"wrote {args.out}: base {mm.base / 2**20:.1f} MiB, alpha {mm.alpha:.3f}, Kp {mm.Kp:.3f}, "
-          f"{'' if mm.Kt is None else f'Kt {mm.Kt:.3f} (tail), '}R² {mm.r2:.4f}, "
+          f"{'' if mm.Kt is None else f'Kt {mm.Kt:.3f} (tail), '}"
+          f"{'' if mm.Kw is None else f'Kw {mm.Kw:.3f} (between I and W), '}R² {mm.r2:.4f}, "
           f"max |residual| {max(abs(r) for r in mm.residuals) / 2**20:.1f} MiB; the runtime itself "
           f"{mm.process_bytes / 2**20:.0f} MiB per process")
     return 0

@@ -5,6 +5,12 @@ and/or tail), runs a few forward + backward + AdamW steps on ``batch`` samples, 
 with the peak resident-set increase over the process's RSS before the model was built. The
 peak is sampled with psutil from a background thread (torch releases the GIL in its kernels).
 A fresh process per span keeps one span's allocator state out of the next span's figure.
+
+Two orders: ``fb`` (each micro-batch's forward then its full backward, one held at a time) and
+``zb`` (a zero-bubble schedule's split backward: every micro-batch's forward, then every input
+gradient ``I``, then every weight gradient ``W``, with the runtime's own ``backward_input`` /
+``backward_weight``), in which all ``microbatches`` are held, and all sit between their I and W
+at once: what the memory model's ``Kw`` is fitted on.
 """
 from __future__ import annotations
 
@@ -14,6 +20,8 @@ import threading
 import time
 
 PROBE_STEPS = 3
+ORDERS = ("fb", "zb")
+"""``fb``: forward then full backward per micro-batch; ``zb``: all F, then all I, then all W."""
 
 
 class PeakRSS:
@@ -50,7 +58,7 @@ class PeakRSS:
 
 
 def run_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, batch: int, seq_len: int,
-             threads: int = 1, steps: int = PROBE_STEPS, microbatches: int = 1) -> dict:
+             threads: int = 1, steps: int = PROBE_STEPS, microbatches: int = 1, order: str = "fb") -> dict:
     """The runtime's own stage (``build_stage``) and optimizer, trained ``steps`` times.
 
     One step is not enough: AdamW's moments only exist after the first ``step()``, so the first
@@ -58,7 +66,7 @@ def run_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, 
     beside the moments too; from the second step on the peak is the one a training rank sees.
     With ``microbatches`` > 1 each step accumulates gradients over that many micro-batches, as a
     pipeline rank does: every backward after the first runs beside the whole stage's gradients
-    and adds its own into them."""
+    and adds its own into them. ``order``: see :data:`ORDERS`."""
     import torch
 
     from ..models.presets import load_config, num_hidden_layers
@@ -74,23 +82,28 @@ def run_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, 
         raise ValueError(f"span [{start}, {end}) outside the model's {total} layers")
     if steps < 1 or microbatches < 1:
         raise ValueError(f"steps, microbatches: expected at least 1, got {steps}, {microbatches}")
+    if order not in ORDERS:
+        raise ValueError(f"order: expected one of {', '.join(ORDERS)}, got {order!r}")
     vocab = int(cfg.vocab_size)
     gen = torch.Generator().manual_seed(0)
     with PeakRSS() as rss:
         stage = build_stage(model, cfg, StageSpec(layers=(start, end), has_embed=has_embed, has_tail=has_tail))
         opt = make_optimizer("adamw", stage.parameters(), 1e-4, 0.0)
-        for _ in range(steps * microbatches):
-            _one_microbatch(stage, has_embed, has_tail, batch, seq_len, vocab, gen)
-            if (_ + 1) % microbatches == 0:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+        for _ in range(steps):
+            if order == "zb":
+                _split_step(stage, has_embed, has_tail, batch, seq_len, vocab, gen, microbatches)
+            else:
+                for _mb in range(microbatches):
+                    _one_microbatch(stage, has_embed, has_tail, batch, seq_len, vocab, gen)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
     return {"start": start, "end": end, "has_embed": has_embed, "has_tail": has_tail, "batch": batch,
-            "steps": steps, "microbatches": microbatches, "peak_bytes": int(rss.peak - rss.base),
+            "steps": steps, "microbatches": microbatches, "order": order, "peak_bytes": int(rss.peak - rss.base),
             "base_rss_bytes": int(rss.base)}
 
 
-def _one_microbatch(stage, has_embed: bool, has_tail: bool, batch: int, seq_len: int, vocab: int, gen) -> None:
-    """Forward and backward of one micro-batch, its gradients added into the stage's."""
+def _forward(stage, has_embed: bool, has_tail: bool, batch: int, seq_len: int, vocab: int, gen):
+    """One micro-batch's input, forward output and the gradient its backward starts from."""
     import torch
 
     if has_embed:
@@ -99,10 +112,34 @@ def _one_microbatch(stage, has_embed: bool, has_tail: bool, batch: int, seq_len:
         x = torch.randn(batch, seq_len, stage.hidden_size, generator=gen).requires_grad_(True)
     if has_tail:
         labels = torch.randint(0, vocab, (batch, seq_len), generator=gen)
-        stage.forward(x, labels, batch * (seq_len - 1)).backward()
-    else:
-        out = stage.forward(x)
-        out.backward(torch.randn(out.shape, generator=gen))
+        return x, stage.forward(x, labels, batch * (seq_len - 1)), None
+    out = stage.forward(x)
+    return x, out, torch.randn(out.shape, generator=gen)
+
+
+def _one_microbatch(stage, has_embed: bool, has_tail: bool, batch: int, seq_len: int, vocab: int, gen) -> None:
+    """Forward and backward of one micro-batch, its gradients added into the stage's."""
+    _, out, grad = _forward(stage, has_embed, has_tail, batch, seq_len, vocab, gen)
+    out.backward(grad)
+
+
+def _split_step(stage, has_embed: bool, has_tail: bool, batch: int, seq_len: int, vocab: int, gen,
+                microbatches: int) -> None:
+    """Every micro-batch's forward, then every input gradient, then every weight gradient: the
+    zero-bubble order at its fullest, each micro-batch held from its F to its W as the runtime
+    holds it (the executor's ``I`` and ``W``)."""
+    from ..models.stages import backward_input, backward_weight
+
+    weights = [p for p in stage.parameters() if p.requires_grad]
+    fwd = [_forward(stage, has_embed, has_tail, batch, seq_len, vocab, gen) for _ in range(microbatches)]
+    tasks = []
+    while fwd:
+        x, out, grad = fwd.pop(0)
+        dx, task = backward_input(out, grad, x, weights, [])
+        tasks.append(task)
+        del x, out, grad, dx  # the input gradient is sent on and dropped
+    while tasks:
+        backward_weight(tasks.pop(0))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,9 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=PROBE_STEPS)
     p.add_argument("--microbatches", type=int, default=1, help="micro-batches accumulated per step")
+    p.add_argument("--order", choices=ORDERS, default="fb", help="fb: F then B per micro-batch; zb: all F, all I, all W")
     a = p.parse_args(argv)
     print(json.dumps(run_span(a.model, a.start, a.end, a.embed, a.tail, a.batch, a.seq_len, a.threads, a.steps,
-                              a.microbatches)),
+                              a.microbatches, a.order)),
           flush=True)
     return 0
 

@@ -17,7 +17,7 @@ import numpy as np
 from ...formats import Bandwidth, MemoryModel, MemorySample, Plan
 from ...cost import (MemoryEstimator, Profiles, Span, StageMemory, block_time, layer_forward_calls, model_time,
                      recompute_runs, stage_blocks, stage_time)
-from ...schedules import rank_held
+from ...schedules import rank_profiles
 from .read import Measurements, Transfer
 
 if TYPE_CHECKING:
@@ -237,8 +237,9 @@ def memory_terms(plan: Plan, profiles: Profiles, rank: int, memory: MemoryEstima
 
     The planner's memory model is ``base + alpha·W + s·n·(Kp·A_kept + A_rec) + Kp·A_max·s`` per
     chunk; a rank holding several chunks (``StageMemory.chunks_peak``) holds all their weights (the
-    tied weight once), the activations of the worst moment of its order (``schedules.rank_held``,
-    the worst as ``memory`` weighs them) and the largest recomputed layer of any chunk. With
+    tied weight once), the activations of the worst moment of its order (``schedules.rank_profiles``,
+    the worst as ``memory`` weighs them; those between their I and W priced with its Kw, which the
+    refit keeps) and the largest recomputed layer of any chunk. With
     several chunks, samples x in-flight is the sum over the chunks held at that moment and A the
     kept bytes per sample averaged over them.
     """
@@ -246,17 +247,18 @@ def memory_terms(plan: Plan, profiles: Profiles, rank: int, memory: MemoryEstima
     chunks = {c.index: (c, c.device(rank).samples) for c in plan.stages_of_rank(rank)}
     none = {i: sm.terms(c, s, 0) for i, (c, s) in chunks.items()}
 
-    def held(prof: Sequence[tuple[int, int]]) -> tuple[float, float, int]:
-        """(Kp's multiplier, fixed bytes, samples x micro-batches) of the activations held."""
+    def held(prof: Sequence[tuple[int, int, int]]) -> tuple[float, float, int]:
+        """(Kp's multiplier, fixed bytes, samples x micro-batches) of the activations held (those
+        between their I and W priced in the fixed bytes with the prior's Kw, which is kept)."""
         kp = fixed = 0.0
         sn = 0
-        for i, n in prof:
+        for i, n, w in prof:
             c, s = chunks[i]
-            t = sm.terms(c, s, n)
+            t = sm.terms(c, s, n, w)
             kp, fixed, sn = kp + t.kp_bytes - none[i].kp_bytes, fixed + t.fixed_bytes, sn + s * n
         return kp, fixed, sn
 
-    profs = [[(i, n) for i, n in prof if i in chunks] for prof in rank_held(plan, rank)] or [[]]
+    profs = [[p for p in prof if p[0] in chunks] for prof in rank_profiles(plan, rank)] or [[]]
     kp, fixed, sn = max((held(p) for p in profs), key=lambda h: memory.kp * h[0] + h[1])
     largest = max(t.kp_bytes for t in none.values())
     if len(chunks) == 1:
@@ -304,7 +306,7 @@ def refit_memory(plan: Plan, profiles: Profiles, peaks: Mapping[int, int], prior
                      Kt=None if prior.kt is None or prior.kp <= 0 else float(kp) * prior.kt / prior.kp,
                      # the terms the fit takes as given stay: the end blocks' (subtracted from y with
                      # the prior's Ke) and the runtime's own RSS, reserved from every budget
-                     Ke=prior.ke or None, process_bytes=prior.process)
+                     Ke=prior.ke or None, Kw=prior.kw or None, process_bytes=prior.process)
     return mm, how
 
 

@@ -1,0 +1,174 @@
+"""Memory held between a micro-batch's input gradient (I) and its weight gradient (W): the term
+``Kw`` of the memory model (issue 15), read off the schedule's order, fitted by calibrate-memory's
+zero-bubble probes, and a real 2-rank zb-h1 run's peak RSS per rank within 10% of it."""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from torchpp.cost import MemoryEstimator, Profiles, StageMemory
+from torchpp.schedules import held_profiles, split_in_flight
+from torchpp.formats import MemoryModel, MemorySample, placement_of
+from torchpp.schedules import in_flight
+
+from test_memory_prediction import GLOBAL, MICRO, MODEL, SEQ, _layers_file, _run
+
+
+def test_split_count_read_off_the_order():
+    """ZB-H1 on 2 stages, 4 micro-batches: the last stage runs F0 I0 F1 I1 W0 …, holding two
+    micro-batches, both between I and W; the first runs F0 F1 I0 W0 …, one of its two."""
+    assert [in_flight("zb-h1", 2, s, 4) for s in (0, 1)] == [2, 2]
+    assert [split_in_flight("zb-h1", 2, s, 4) for s in (0, 1)] == [1, 2]
+    for kind in ("1f1b", "gpipe"):
+        assert [split_in_flight(kind, 3, s, 6) for s in range(3)] == [0, 0, 0]
+    pl = placement_of("zbv", 4, 2)
+    profs = held_profiles("zbv", pl, 0, 4)
+    assert max(w for p in profs for _, _, w in p) >= 1 and all(0 <= w <= n for p in profs for _, n, w in p)
+
+
+def _plan(schedule: str):
+    from torchpp.planner.simple import even_plan
+
+    lf = _layers_file()
+    plan = even_plan(lf.model, stages=2, hosts=["a", "b"], seq_len=SEQ, global_batch=GLOBAL,
+                     num_microbatches=GLOBAL // MICRO, schedule=schedule)
+    return lf, plan, Profiles.from_layers([replace(lf, host="a"), replace(lf, host="b")])
+
+
+def test_term_in_closed_form_and_1f1b_unchanged():
+    """peak(Kw) − peak(Kw = 0) = s · n_w · Kw · A_kept on the stage without the embedding, 0 on
+    the one holding it (its I computes nothing); 1F1B's prediction does not move with Kw."""
+    from torchpp.planner.report import device_memory
+
+    est = MemoryEstimator(1e8, 4.0, 20.0, "test", kt=2.0, ke=1.0)
+    with_kw = replace(est, kw=3.0)
+    lf, plan, profiles = _plan("zb-h1")
+    assert device_memory(plan, profiles, with_kw)[0] == device_memory(plan, profiles, est)[0]
+    last = plan.stages[1]
+    s = last.device(1).samples
+    kept = float(StageMemory(profiles, est).activations(last).kept)
+    extra = device_memory(plan, profiles, with_kw)[1] - device_memory(plan, profiles, est)[1]
+    assert extra == pytest.approx(s * 2 * 3.0 * kept)
+    _, plan1, _ = _plan("1f1b")
+    assert device_memory(plan1, profiles, with_kw) == device_memory(plan1, profiles, est)
+
+
+def test_memory_model_keeps_kw_and_old_files_load(tmp_path):
+    mm = MemoryModel(base=1.0, alpha=4.0, Kp=20.0, Kw=3.5, samples=[MemorySample(
+        start=1, end=3, has_embed=False, has_tail=False, weights_bytes=10, activation_bytes_per_sample=5,
+        batch=2, peak_bytes=100, microbatches=2, order="zb")])
+    back = MemoryModel.load(mm.save(tmp_path / "m.json"))
+    assert back.Kw == 3.5 and back.samples[0].order == "zb"
+    old = json.loads((tmp_path / "m.json").read_text())
+    del old["Kw"], old["samples"][0]["order"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    back = MemoryModel.load(tmp_path / "old.json")
+    assert back.Kw is None and back.samples[0].order == "fb" and MemoryEstimator.fitted(back).kw == 0.0
+
+
+def test_fit_recovers_kw_from_zero_bubble_samples():
+    """Samples generated from known coefficients: Kw comes back, the other factors are the
+    full-backward fit's alone."""
+    from torchpp.profiling.calibrate import fit, fit_full
+
+    truth = dict(base=5e7, alpha=4.0, Kp=30.0, Kw=4.0)
+    rows = []
+    for i, (s, e) in enumerate([(1, 2), (1, 4), (2, 5), (3, 7), (0, 3), (4, 8), (2, 3), (5, 8)]):
+        w, a, b = 3_000_000 * (e - s), 65_536 * (e - s), (2, 8)[i % 2]
+        for order in ("fb", "zb") if i < 4 else ("fb",):
+            n = 2 if order == "zb" else 1
+            peak = truth["base"] + truth["alpha"] * w + n * b * a * truth["Kp"] + (n * b * a * truth["Kw"]) * (
+                order == "zb" and s > 0)
+            rows.append(MemorySample(start=s, end=e, has_embed=s == 0, has_tail=False, weights_bytes=w,
+                                     activation_bytes_per_sample=a, batch=b, peak_bytes=int(peak), microbatches=2,
+                                     order=order))
+    mm = fit(rows)
+    full = fit_full([r for r in rows if r.order == "fb"])
+    assert mm.Kw == pytest.approx(4.0, rel=1e-3) and mm.Kp == pytest.approx(full.Kp) and mm.r2 > 0.999
+    assert len(mm.samples) == len(rows) and fit([r for r in rows if r.order == "fb"]).Kw is None
+
+
+@pytest.mark.timeout(300)
+def test_zero_bubble_peak_per_rank_within_ten_percent(tmp_path):
+    """A calibration with zero-bubble probes prices a zb-h1 plan; two fresh processes train it
+    and each rank's measured peak (read by ``torchpp analyze`` off the traces) is within 10%."""
+    from torchpp.cost import Links
+    from torchpp.planner import api
+    from torchpp.planner.synthetic import uniform_links
+    from torchpp.profiling.calibrate import calibrate
+
+    lf, plan, profiles = _plan("zb-h1")
+    mm = calibrate(lf, MODEL, samples=6, batch=[2, 8], seq_len=SEQ, timeout_s=120, split_samples=2,
+                   progress=lambda *_: None)
+    assert mm.Kw is not None and mm.Kw > 0
+    pb = SimpleNamespace(profiles=profiles, links=Links(uniform_links(["a", "b"])), memory=MemoryEstimator.fitted(mm),
+                         optimizer_s_per_byte=0.0)
+    api.price(plan, pb, {"a": 1e12, "b": 1e12})
+    plan.save(tmp_path / "plan.json")
+    traces = tmp_path / "traces"
+    _run([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node", "2", "-m",
+          "torchpp.train", "--plan", str(tmp_path / "plan.json"), "--model", MODEL, "--data", "synthetic", "--steps",
+          "3", "--threads", "1", "--seed", "0", "--trace-dir", str(traces), "--trace-steps", "2,3", "--timeout-s",
+          "120"], 240)
+    _run([sys.executable, "-m", "torchpp.cli", "analyze", str(traces), "--plan", str(tmp_path / "plan.json"),
+          "--out", str(tmp_path / "report")], 120)
+    mem = json.loads((tmp_path / "report" / "report.json").read_text())["memory"]
+    errors = {r: v["error"] for r, v in mem.items()}
+    assert set(errors) == {"0", "1"} and all(abs(e) <= 0.10 for e in errors.values()), (mem, mm.Kw)
+
+
+def test_recompute_terms_with_split_equal_per_sample():
+    """The recompute MILP's linear form prices the micro-batches between I and W as ``per_sample``
+    does, for any recompute flags (a recomputed layer keeps nothing between them)."""
+    import numpy as np
+
+    est = MemoryEstimator(0.0, 4.0, 20.0, "test", kw=3.0)
+    act = np.array([5.0, 7.0, 11.0])
+    fixed = 13.0
+    for flags in ([0, 0, 0], [1, 0, 0], [1, 1, 1], [0, 1, 1]):
+        r = np.array(flags, dtype=float)
+        const, coef, _ = est.recompute_terms(act, fixed, 3, 2)  # (the largest recomputed layer's term apart)
+        kept, rec = fixed + float(((1 - r) * act).sum()), float((r * act).sum())
+        assert const + float(r @ coef) == pytest.approx(est.per_sample(kept, rec, 3, 0.0, 2))
+
+
+def test_search_prices_the_micro_batches_between_i_and_w():
+    """The search's zero-bubble plans fit every device's memory with the Kw term counted (the
+    exact per-rank model of ``device_memory``); planning as if Kw were 0 overflows some of them."""
+    import random
+
+    from torchpp.cost import Links
+    from torchpp.planner.report import device_memory
+    from torchpp.planner.search import InfeasibleError, Problem, search
+    from torchpp.planner.synthetic import random_instance
+
+    est = replace(MemoryEstimator.analytic(), kw=12.0)
+    found = overflowed = 0
+    for seed in range(12):
+        rng = random.Random(500 + seed)
+        files, bw, mem = random_instance(rng, hosts=rng.randint(2, 4), layers=rng.randint(4, 8), batch=2)
+
+        def plan_with(memory):
+            pb = Problem(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files],
+                         budget=mem, memory=memory, global_batch=8, schedule="zb-h1", allow_recompute=False)
+            try:
+                return search(pb).plan
+            except InfeasibleError:
+                return None
+
+        profiles = Profiles.from_layers(files)
+        plan = plan_with(est)
+        if plan is not None:
+            found += 1
+            for r, used in device_memory(plan, profiles, est).items():
+                assert used <= mem[plan.device_of_rank(r).host] * (1 + 1e-9), (seed, r)
+        blind = plan_with(replace(est, kw=0.0))
+        if blind is not None and any(used > mem[blind.device_of_rank(r).host] * (1 + 1e-9)
+                                     for r, used in device_memory(blind, profiles, est).items()):
+            overflowed += 1
+    assert found >= 4 and overflowed >= 1, (found, overflowed)
