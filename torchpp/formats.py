@@ -956,7 +956,7 @@ def _host_rates(r: Reader, key: str, capacity: Mapping[str, float]) -> dict[str,
 
 
 MEMORY_KIND, MEMORY_VERSION = "memory_model", 1
-MEMORY_ORDERS = ("fb", "zb")
+MEMORY_ORDERS = ("fb", "gpipe", "zb")
 """Probe orders of a memory sample (``MemorySample.order``); optional fields keep version 1."""
 
 
@@ -984,8 +984,10 @@ class MemorySample:
     """Micro-batches whose gradients each probed step accumulated (a pipeline rank's regime from 2 on)."""
     order: str = "fb"
     """How the probe ran them: ``fb`` each forward then its full backward (one held at a time),
-    ``zb`` every forward, then every input gradient, then every weight gradient (all
-    ``microbatches`` held, all between their I and W at the end: what ``Kw`` is fitted on)."""
+    ``gpipe`` every forward, then every full backward (all ``microbatches`` held at once: what
+    ``Kb`` is fitted on), ``zb`` every forward, then every input gradient, then every weight
+    gradient (all ``microbatches`` held, all between their I and W at the end: what ``Kw`` is
+    fitted on)."""
 
 
 @dataclass(kw_only=True)
@@ -1025,6 +1027,12 @@ class MemoryModel:
     micro-batch a zero-bubble schedule holds between its input gradient (I) and its weight
     gradient (W): the gradients at the nodes where the weights' gradients branch off, kept for W.
     ``None`` (files without it, or calibrated without zero-bubble probes): no such term."""
+    Kb: float | None = None
+    """Bytes per byte of a stage's embedding and layer activations (per sample) held once however
+    many micro-batches are in flight: what one backward adds while it runs (the gradients
+    flowing through the layers). ``Kp`` is then what each held micro-batch keeps. Fitted from
+    probes holding several micro-batches at once (order ``gpipe``); ``None`` (files without it):
+    no such term, and ``Kp`` counts it once per held micro-batch."""
     format: str = f"torchpp.{MEMORY_KIND}/{MEMORY_VERSION}"
 
     @property
@@ -1069,7 +1077,8 @@ class MemoryModel:
                            process_bytes=r.float("process_bytes", 0.0, min_value=0.0),
                            Kt=None if r.raw("Kt", None) is None else r.float("Kt", min_value=0.0),
                            Ke=None if r.raw("Ke", None) is None else r.float("Ke", min_value=0.0, max_value=1e6),
-                           Kw=None if r.raw("Kw", None) is None else r.float("Kw", min_value=0.0, max_value=1e6))
+                           Kw=None if r.raw("Kw", None) is None else r.float("Kw", min_value=0.0, max_value=1e6),
+                           Kb=None if r.raw("Kb", None) is None else r.float("Kb", min_value=0.0, max_value=1e6))
 
     @staticmethod
     def load(path: str | os.PathLike) -> "MemoryModel":

@@ -3,7 +3,7 @@
 Both have the form of seed 000's model, extended for 1F1B and recomputation::
 
     peak = base + alpha·W + Ke·W_end + s·n·(Kp·A_kept + A_recomputed) + s·n_w·Kw·A_kept
-           + Kp·A_max_recomputed·s
+           + Kp·A_max_recomputed·s + Kb·A_body·s
 
 with W the stage's parameter bytes, s the samples of a micro-batch this device computes,
 n the micro-batches the stage holds at its peak (``schedules.in_flight``, read off its order), A_kept the activation bytes per sample of layers whose activations are kept, and
@@ -25,6 +25,13 @@ logits-sized one for the tail); Kw prices those per byte of kept activations (we
 the tail's by Kt / Kp), fitted by calibrate-memory's zero-bubble probes (0 where the file has
 none). A chunk holding the embedding has no input gradient: its whole backward waits for W and
 holds nothing more, so its n_w counts 0.
+
+A_body is the activation bytes per sample of the stage's embedding and layers (kept or
+recomputed, the tail's logits not included), and Kb what one backward adds while it runs (the
+gradients flowing back through the layers): once per device, however many micro-batches it
+holds, where Kp is what each held micro-batch keeps. Fitted on probes holding several
+micro-batches at once (0 where the file has none: Kp then counts it with every held one, which
+over-priced a 2-stage first rank by 12-14%).
 
 The analytic model (no calibration file): base 0, alpha 4 (fp32 weights, gradients and the two
 AdamW moments), Kp ``activation_factor`` (default 16: a transformer layer keeps roughly that
@@ -58,6 +65,8 @@ class MemoryEstimator:
     kw: float = 0.0
     """Factor of the kept activations of each micro-batch held between its ``I`` and its ``W``
     (zero-bubble schedules); 0: no such term."""
+    kb: float = 0.0
+    """Factor of the embedding's and layers' activations held once, by the running backward; 0: no such term."""
 
     def activations(self, act_bytes: np.ndarray) -> np.ndarray:
         """Per-block activation bytes per sample (embed, layers..., tail) weighted so that ``kp``
@@ -83,9 +92,10 @@ class MemoryEstimator:
         kt = f", Kt {mm.Kt:.2f} (tail)" if mm.Kt is not None else ""
         ke = f", Ke {mm.Ke:.2f} (end weights)" if mm.Ke is not None else ""
         kw = f", Kw {mm.Kw:.2f} (between I and W)" if mm.Kw is not None else ""
+        kw += f", Kb {mm.Kb:.2f} (one backward)" if mm.Kb is not None else ""
         return MemoryEstimator(mm.base, mm.alpha, mm.Kp, f"fitted {source} (base {mm.base / 2**20:.0f} MiB, "
                                f"alpha {mm.alpha:.2f}, Kp {mm.Kp:.2f}{kt}{ke}{kw}{r2}{rt})", mm.process_bytes,
-                               mm.Kt, mm.Ke or 0.0, mm.Kw or 0.0)
+                               mm.Kt, mm.Ke or 0.0, mm.Kw or 0.0, mm.Kb or 0.0)
 
     def static(self, weights: float, end_weights: float = 0.0) -> float:
         """Bytes independent of the samples: the base, the weights (with gradients and optimizer
@@ -93,23 +103,25 @@ class MemoryEstimator:
         return self.base + self.alpha * weights + self.ke * end_weights
 
     def per_sample(self, act_kept: float, act_recomputed: float, n: int, act_max_recomputed: float = 0.0,
-                   split: int = 0) -> float:
+                   split: int = 0, act_body: float = 0.0) -> float:
         """Bytes per sample of one device's micro-batch share, ``n`` micro-batches held of which
-        ``split`` between their I and their W."""
-        return n * (self.kp * act_kept + act_recomputed) + self.kp * act_max_recomputed + split * self.kw * act_kept
+        ``split`` between their I and their W, and one backward running over ``act_body``."""
+        return (n * (self.kp * act_kept + act_recomputed) + self.kp * act_max_recomputed + split * self.kw * act_kept
+                + self.kb * act_body)
 
     def peak(self, weights: float, act_kept: float, act_recomputed: float, samples: float, n: int,
-             act_max_recomputed: float = 0.0, end_weights: float = 0.0, split: int = 0) -> float:
+             act_max_recomputed: float = 0.0, end_weights: float = 0.0, split: int = 0, act_body: float = 0.0) -> float:
         return (self.static(weights, end_weights)
-                + samples * self.per_sample(act_kept, act_recomputed, n, act_max_recomputed, split))
+                + samples * self.per_sample(act_kept, act_recomputed, n, act_max_recomputed, split, act_body))
 
-    def recompute_terms(self, act_layers: np.ndarray, act_fixed: float, n: int, split: int = 0
-                        ) -> tuple[float, np.ndarray, float]:
+    def recompute_terms(self, act_layers: np.ndarray, act_fixed: float, n: int, split: int = 0,
+                        act_body: float = 0.0) -> tuple[float, np.ndarray, float]:
         """``per_sample`` as a linear form in the recompute flags r_l and y = max_l r_l (the
         recompute MILP's constraint): ``const + Σ_l r_l · coef_l + y · coef_y`` for layers of
         activation bytes ``act_layers`` and never-recomputed bytes ``act_fixed`` (embed, tail);
-        a recomputed layer keeps nothing between I and W either."""
+        a recomputed layer keeps nothing between I and W either; the running backward's
+        ``act_body`` term does not depend on the flags."""
         total = float(act_layers.sum()) + act_fixed
-        const = n * self.kp * total + split * self.kw * total
+        const = n * self.kp * total + split * self.kw * total + self.kb * act_body
         amax = float(act_layers.max()) if len(act_layers) else 0.0
         return const, n * (1.0 - self.kp) * act_layers - split * self.kw * act_layers, self.kp * amax

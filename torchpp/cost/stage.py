@@ -256,6 +256,8 @@ class StageActivations:
     kept: float | np.ndarray
     recomputed: float | np.ndarray
     largest_recomputed: float | np.ndarray
+    body: float | np.ndarray = 0.0
+    """The embedding's and layers' bytes, kept or recomputed, unweighted (what ``Kb`` prices)."""
 
 
 @dataclass(frozen=True)
@@ -279,6 +281,7 @@ class StageMemory:
         self.profiles, self.memory = profiles, memory
         self.weights = BlockSums(profiles.param_bytes)
         self.acts = BlockSums(memory.activations(profiles.act_bytes))
+        self.raw_acts = BlockSums(np.asarray(profiles.act_bytes, dtype=float))
         self._largest: BlockMax | None = None
 
     @property
@@ -290,7 +293,10 @@ class StageMemory:
     def activations(self, span: Span | PlanStage) -> StageActivations:
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         rec = self.acts.over(sp.runs)
-        return StageActivations(self.acts(sp.lo, sp.hi) - rec, rec, self.largest.over(sp.runs))
+        tail = np.where(np.asarray(sp.hi) == len(self.profiles.act_bytes), float(self.profiles.act_bytes[-1]), 0.0)
+        body = self.raw_acts(sp.lo, sp.hi) - tail
+        return StageActivations(self.acts(sp.lo, sp.hi) - rec, rec, self.largest.over(sp.runs),
+                                float(body) if np.ndim(body) == 0 else body)
 
     def end_weights(self, span: Span | PlanStage) -> float | np.ndarray:
         """Parameter bytes of the tail (the lm_head) where the span holds it, else 0: what the
@@ -315,13 +321,16 @@ class StageMemory:
     def terms(self, span: Span | PlanStage, samples: float, in_flight: int, split: int = 0) -> MemoryTerms:
         """The peak of a device as a linear form in the memory model's coefficients (what
         re-planning refits them by): ``base + alpha·weights + kp·kp_bytes + fixed_bytes``; the
-        micro-batches between I and W (``split``) count in ``fixed_bytes`` with the model's Kw."""
+        micro-batches between I and W (``split``) count in ``fixed_bytes`` with the model's Kw, the
+        running backward with its Kb."""
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         a = self.activations(sp)  # the tail's logits weighted by Kt / Kp
         kept, rec, amax = float(a.kept), float(a.recomputed), float(a.largest_recomputed)
         held_w = samples * float(self.split_of(sp, split)) * self.memory.kw * kept
+        running = samples * self.memory.kb * float(a.body)
         return MemoryTerms(weights=float(self.weights(sp.lo, sp.hi)), kp_bytes=samples * (in_flight * kept + amax),
-                           fixed_bytes=samples * in_flight * rec + self.memory.ke * float(self.end_weights(sp)) + held_w,
+                           fixed_bytes=(samples * in_flight * rec + self.memory.ke * float(self.end_weights(sp)) + held_w
+                                        + running),
                            kept_per_sample=kept)
 
     def per_sample(self, span: Span | PlanStage, in_flight: int, split: int = 0) -> float | np.ndarray:
@@ -329,7 +338,8 @@ class StageMemory:
         ``split`` of them between their I and their W."""
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         a = self.activations(sp)
-        return self.memory.per_sample(a.kept, a.recomputed, in_flight, a.largest_recomputed, self.split_of(sp, split))
+        return self.memory.per_sample(a.kept, a.recomputed, in_flight, a.largest_recomputed, self.split_of(sp, split),
+                                      a.body)
 
     def static(self, span: Span | PlanStage) -> float | np.ndarray:
         """Bytes independent of the samples: the base and the weights' (with gradients, optimizer state)."""
@@ -343,8 +353,8 @@ class StageMemory:
         weight of a V placement), plus the activations at the worst of the ``held`` profiles
         (``(chunk, micro-batches held)`` at each step of the device's order,
         ``schedules.in_flight_chunks``; with a third entry, those of them between their I and
-        their W: ``schedules.held_profiles``), plus the largest recomputed layer of any chunk.
-        With one chunk this is :meth:`peak`."""
+        their W: ``schedules.held_profiles``), plus the largest recomputed layer and running
+        backward of any chunk (one backward runs at a time). With one chunk this is :meth:`peak`."""
         acts = {c.index: (s, self.activations(c)) for c, s in chunks}
         embed = {c.index: c.has_embed for c, _ in chunks}
         static = self.memory.static(sum(float(self.weights(*stage_blocks(c.layers, c.has_embed, c.has_tail)))
@@ -353,7 +363,7 @@ class StageMemory:
         worst = max((sum(acts[c][0] * self.memory.per_sample(acts[c][1].kept, acts[c][1].recomputed, n, 0.0,
                                                               0 if embed[c] or not w else w[0])
                          for c, n, *w in prof if c in acts) for prof in held), default=0.0)
-        largest = max(s * self.memory.per_sample(0.0, 0.0, 0, a.largest_recomputed) for s, a in acts.values())
+        largest = max(s * self.memory.per_sample(0.0, 0.0, 0, a.largest_recomputed, 0, a.body) for s, a in acts.values())
         return float(static + worst + largest)
 
     def peak(self, span: Span | PlanStage, samples: float, in_flight: int, split: int = 0) -> float | np.ndarray:
@@ -362,4 +372,4 @@ class StageMemory:
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         a = self.activations(sp)
         return self.memory.peak(self.weights(sp.lo, sp.hi), a.kept, a.recomputed, samples, in_flight,
-                                a.largest_recomputed, self.end_weights(sp), self.split_of(sp, split))
+                                a.largest_recomputed, self.end_weights(sp), self.split_of(sp, split), a.body)

@@ -16,6 +16,12 @@ Zero-bubble schedules hold each micro-batch between its input gradient (I) and i
 gradient (W) with more than its saved tensors: ``split_samples`` spans run in the zero-bubble
 order (every F, then every I, then every W) and ``Kw`` is fitted on what they hold beyond the
 model above with all their micro-batches in flight (``cost.memory`` prices it).
+
+The spans above hold one micro-batch at a time, so ``Kp`` first measures what one micro-batch
+keeps plus what its backward adds while it runs. A pipeline rank holds several and runs one
+backward at a time: ``held_samples`` spans run every forward, then every backward
+(``memory_probe`` gpipe, ``HELD_MICROBATCHES`` held at once), and ``Kb``, the running backward's
+share, is fitted on what they hold below ``n`` times the first ``Kp``; ``Kp`` keeps the rest.
 """
 from __future__ import annotations
 
@@ -33,6 +39,9 @@ import numpy as np
 
 from ..formats import LayersFile, MemoryModel, MemorySample
 from ..cost import BlockSums, stage_blocks
+
+HELD_MICROBATCHES = 4
+"""Micro-batches the ``gpipe`` probes hold at once (three more than the others: Kb's lever)."""
 
 PROBE_MICROBATCHES = 2
 """Micro-batches per probed step: from the second on, a backward runs beside the whole stage's
@@ -86,12 +95,50 @@ def end_weights(lf: LayersFile, start: int, end: int) -> int:
 
 
 def fit(samples: Sequence[MemorySample]) -> MemoryModel:
-    """The coefficients of the full-backward samples (``order`` fb: :func:`fit_full`), then
-    ``Kw`` from the zero-bubble ones (:func:`fit_split`) where there are any."""
-    full = [s for s in samples if s.order != "zb"]
+    """The coefficients of the one-at-a-time samples (``order`` fb: :func:`fit_full`), then
+    ``Kb`` from those holding several micro-batches (gpipe: :func:`fit_held`) and ``Kw`` from the
+    zero-bubble ones (:func:`fit_split`), each where there are any."""
+    full = [s for s in samples if s.order == "fb"]
+    held = [s for s in samples if s.order == "gpipe"]
     split = [s for s in samples if s.order == "zb"]
     mm = fit_full(full)
+    mm = fit_held(mm, held) if held else mm
     return fit_split(mm, split) if split else mm
+
+
+def _refit_stats(mm: MemoryModel, extra: Sequence[MemorySample], pred: Sequence[float], **coef) -> MemoryModel:
+    """``mm`` with ``coef`` set and ``extra`` samples (predicted ``pred``) added; R² and residuals
+    over every sample."""
+    samples = mm.samples + [MemorySample(**{**s.__dict__, "predicted_bytes": float(p)}) for s, p in zip(extra, pred)]
+    y = np.array([float(s.peak_bytes) for s in samples])
+    res = y - np.array([s.predicted_bytes for s in samples])
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float((res ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan")
+    return replace(mm, samples=samples, residuals=[float(r) for r in res], r2=r2, **coef)
+
+
+def _held_prediction(mm: MemoryModel, s: MemorySample, kb: float) -> float:
+    """``mm``'s peak of a sample holding all its micro-batches at once, with the running
+    backward's share ``kb`` taken out of ``mm.Kp`` (``mm.Kp`` as fitted one at a time)."""
+    body = float(s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample)
+    tail = float(s.tail_activation_bytes_per_sample)
+    n = s.microbatches
+    return (mm.base + mm.alpha * s.weights_bytes + (mm.Ke or 0.0) * s.end_weights_bytes
+            + s.batch * (n * ((mm.Kp - kb) * body + mm.tail_factor * tail) + kb * body))
+
+
+def fit_held(mm: MemoryModel, held: Sequence[MemorySample]) -> MemoryModel:
+    """``Kb`` (between 0 and the one-at-a-time ``Kp``) by least squares on what the samples
+    holding ``n`` micro-batches hold below ``n × Kp``: ``(n − 1) · s · A_body · Kb``; ``Kp``
+    becomes what each held micro-batch keeps (``Kp − Kb``), so one-at-a-time spans are priced
+    as before."""
+    x = np.array([-(s.microbatches - 1) * s.batch * float(s.activation_bytes_per_sample
+                                                          - s.tail_activation_bytes_per_sample) for s in held])
+    extra = np.array([float(s.peak_bytes) - _held_prediction(mm, s, 0.0) for s in held])
+    kb = min(mm.Kp, max(0.0, float(x @ extra / (x @ x)))) if float(x @ x) > 0 else 0.0
+    pred = [_held_prediction(mm, s, kb) for s in held]
+    kt = mm.Kt  # the tail keeps its own factor; Kp's change must not move it when it was Kp's
+    return _refit_stats(mm, held, pred, Kp=mm.Kp - kb, Kb=kb, Kt=mm.tail_factor if kt is None else kt)
 
 
 def split_bytes(mm: MemoryModel, s: MemorySample) -> tuple[float, float]:
@@ -101,7 +148,7 @@ def split_bytes(mm: MemoryModel, s: MemorySample) -> tuple[float, float]:
     body = float(s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample)
     tail = float(s.tail_activation_bytes_per_sample)
     n = s.microbatches
-    held = n * s.batch * (mm.Kp * body + mm.tail_factor * tail)
+    held = n * s.batch * (mm.Kp * body + mm.tail_factor * tail) + s.batch * (mm.Kb or 0.0) * body
     pred = mm.base + mm.alpha * s.weights_bytes + (mm.Ke or 0.0) * s.end_weights_bytes + held
     ratio = mm.tail_factor / mm.Kp if mm.Kp > 0 else 1.0
     return pred, 0.0 if s.has_embed else n * s.batch * (body + ratio * tail)
@@ -115,12 +162,7 @@ def fit_split(mm: MemoryModel, split: Sequence[MemorySample]) -> MemoryModel:
     extra = np.array([float(s.peak_bytes) - r[0] for s, r in zip(split, rows)])
     kw = max(0.0, float(x @ extra / (x @ x))) if float(x @ x) > 0 else None
     pred = [r[0] + (kw or 0.0) * r[1] for r in rows]
-    samples = mm.samples + [MemorySample(**{**s.__dict__, "predicted_bytes": float(p)}) for s, p in zip(split, pred)]
-    y = np.array([float(s.peak_bytes) for s in samples])
-    res = y - np.array([s.predicted_bytes for s in samples])
-    ss_tot = float(((y - y.mean()) ** 2).sum())
-    r2 = 1.0 - float((res ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan")
-    return replace(mm, samples=samples, residuals=[float(r) for r in res], r2=r2, Kw=kw)
+    return _refit_stats(mm, split, pred, Kw=kw)
 
 
 def fit_full(samples: Sequence[MemorySample]) -> MemoryModel:
@@ -189,29 +231,40 @@ def split_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, i
     return (tails + [sp for sp in spans if sp not in tails])[:count]
 
 
+def held_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, int]]:
+    """Spans for the probes holding several micro-batches: none with the tail (its logits keep
+    their own factor per held micro-batch), the embedding's included."""
+    spans = [sp for sp in random_spans(num_layers, 10 * count + 10, seed + 2) if sp[1] < num_layers]
+    return spans[:count]
+
+
 def calibrate(lf: LayersFile, model: str, *, samples: int, batch: int | Sequence[int], seq_len: int | None = None,
               seed: int = 0, timeout_s: float = 300.0, threads: int = 1, microbatches: int = PROBE_MICROBATCHES,
-              split_samples: int = 0, progress=print) -> MemoryModel:
+              split_samples: int = 0, held_samples: int = 0, progress=print) -> MemoryModel:
     """Spans take the micro-batch sizes in turn: with one size, weights and activations both
     grow with a span's length and the fit can hardly tell them apart; with several they can.
     Each probed step accumulates ``microbatches`` micro-batches, as a pipeline rank's does.
     ``split_samples`` more spans run in the zero-bubble order (``memory_probe`` zb: all F, all
-    I, all W over ``microbatches``), from which ``Kw`` is fitted."""
+    I, all W over ``microbatches``), from which ``Kw`` is fitted, and ``held_samples`` in the
+    GPipe order over ``HELD_MICROBATCHES``, from which ``Kb`` is."""
     seq = seq_len or lf.run.seq_len
     sizes = [batch] if isinstance(batch, int) else list(batch)
     probes = [(sp, "fb") for sp in random_spans(lf.model.num_layers, samples, seed)]
     probes += [(sp, "zb") for sp in split_spans(lf.model.num_layers, split_samples, seed)]
+    probes += [(sp, "gpipe") for sp in held_spans(lf.model.num_layers, held_samples, seed)]
     rows = []
     for i, ((s, e), order) in enumerate(probes):
         batch = sizes[i % len(sizes)]
         w, a, he, ht, at = span_sums(lf, s, e)
-        peak, proc = measure_span(model, s, e, he, ht, batch, seq, timeout_s, threads, microbatches, order)
+        mb = HELD_MICROBATCHES if order == "gpipe" else microbatches
+        peak, proc = measure_span(model, s, e, he, ht, batch, seq, timeout_s, threads, mb, order)
         rows.append(MemorySample(start=s, end=e, has_embed=he, has_tail=ht, weights_bytes=w,
                                  activation_bytes_per_sample=a, batch=batch, peak_bytes=peak, process_bytes=proc,
                                  tail_activation_bytes_per_sample=at, end_weights_bytes=end_weights(lf, s, e),
-                                 microbatches=microbatches, order=order))
+                                 microbatches=mb, order=order))
+        how = {"zb": " (I/W order)", "gpipe": f" ({mb} held)"}.get(order, "")
         progress(f"  span {i + 1}/{len(probes)} [{s:>3}, {e:>3}){' +embed' if he else ''}{' +tail' if ht else ''} "
-                 f"x {batch}{' (I/W order)' if order == 'zb' else ''}: "
+                 f"x {batch}{how}: "
                  f"weights {w / 2**20:8.1f} MiB, peak +{peak / 2**20:8.1f} MiB")
     mm = fit(rows)
     mm.host, mm.model, mm.microbatch = lf.host, model, max(sizes)

@@ -16,6 +16,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--zb-samples", type=T.int_in(0, 10_000), default=None,
                    help="more spans run in a zero-bubble order (all F, all I, all W) to fit Kw, the bytes a "
                    "micro-batch holds between its I and its W (0: none, no Kw; default: a quarter of --samples)")
+    p.add_argument("--held-samples", type=T.int_in(0, 10_000), default=None,
+                   help="more spans holding several micro-batches at once (all F, then all B) to fit Kb, what "
+                   "one running backward adds once however many are held (0: none, no Kb; default: a quarter "
+                   "of --samples)")
     p.add_argument("--microbatch", default=None, help="samples per span run, or sizes taken in turn such as 2,8 "
                    "(better separates weights from activations; default: run.batch)")
     p.add_argument("--seq-len", type=T.int_in(1, V.MAX_SEQ_LEN), default=None, help="default: the layers file's run.seq_len")
@@ -47,15 +51,17 @@ def run(args: argparse.Namespace) -> int:
     if min(batch) < 1:
         raise UsageError(f"--microbatch: expected sizes >= 1, got {args.microbatch!r}")
     zb = args.samples // 4 if args.zb_samples is None else args.zb_samples
+    held = args.samples // 4 if args.held_samples is None else args.held_samples
     print(f"calibrating memory of {args.model} on {lf.host}: {args.samples} span(s) + {zb} in I/W "
-          f"order, micro-batch "
+          f"order + {held} holding several micro-batches, micro-batch "
           f"{', '.join(map(str, batch))}")
     mm = calibrate(lf, args.model, samples=args.samples, batch=batch, seq_len=args.seq_len, seed=args.seed,
-                   timeout_s=args.timeout, threads=args.threads, split_samples=zb)
+                   timeout_s=args.timeout, threads=args.threads, split_samples=zb, held_samples=held)
     mm.save(args.out)
     print(f"wrote {args.out}: base {mm.base / 2**20:.1f} MiB, alpha {mm.alpha:.3f}, Kp {mm.Kp:.3f}, "
           f"{'' if mm.Kt is None else f'Kt {mm.Kt:.3f} (tail), '}"
-          f"{'' if mm.Kw is None else f'Kw {mm.Kw:.3f} (between I and W), '}R² {mm.r2:.4f}, "
+          f"{'' if mm.Kw is None else f'Kw {mm.Kw:.3f} (between I and W), '}"
+          f"{'' if mm.Kb is None else f'Kb {mm.Kb:.3f} (one backward), '}R² {mm.r2:.4f}, "
           f"max |residual| {max(abs(r) for r in mm.residuals) / 2**20:.1f} MiB; the runtime itself "
           f"{mm.process_bytes / 2**20:.0f} MiB per process")
     return 0

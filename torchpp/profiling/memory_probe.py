@@ -20,8 +20,9 @@ import threading
 import time
 
 PROBE_STEPS = 3
-ORDERS = ("fb", "zb")
-"""``fb``: forward then full backward per micro-batch; ``zb``: all F, then all I, then all W."""
+ORDERS = ("fb", "gpipe", "zb")
+"""``fb``: forward then full backward per micro-batch; ``gpipe``: all F, then every full backward
+(every micro-batch held at once); ``zb``: all F, then all I, then all W."""
 
 
 class PeakRSS:
@@ -92,6 +93,10 @@ def run_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, 
         for _ in range(steps):
             if order == "zb":
                 _split_step(stage, has_embed, has_tail, batch, seq_len, vocab, gen, microbatches)
+            elif order == "gpipe":
+                for _x, out, grad in [_forward(stage, has_embed, has_tail, batch, seq_len, vocab, gen)
+                                      for _mb in range(microbatches)]:
+                    out.backward(grad)
             else:
                 for _mb in range(microbatches):
                     _one_microbatch(stage, has_embed, has_tail, batch, seq_len, vocab, gen)
