@@ -254,7 +254,9 @@ def calibrate(lf: LayersFile, model: str, *, samples: int, batch: int | Sequence
     probes += [(sp, "gpipe") for sp in held_spans(lf.model.num_layers, held_samples, seed)]
     rows = []
     for i, ((s, e), order) in enumerate(probes):
-        batch = sizes[i % len(sizes)]
+        # holding several micro-batches multiplies the activations: the smallest size keeps a
+        # small host's probe within its memory
+        batch = min(sizes) if order == "gpipe" else sizes[i % len(sizes)]
         w, a, he, ht, at = span_sums(lf, s, e)
         mb = HELD_MICROBATCHES if order == "gpipe" else microbatches
         peak, proc = measure_span(model, s, e, he, ht, batch, seq, timeout_s, threads, mb, order)
