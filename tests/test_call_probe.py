@@ -23,12 +23,13 @@ from torchpp.trace.chrome import load_trace
 def test_probe_measures_what_replan_reads_off_its_traces(tmp_path, fork):
     """The runtime's own pipeline run, traced; its mean equals call_gaps over the traced steps
     (ranks forked from this process, or fresh ones)."""
-    res = probe_call_overhead(CallProbeConfig(steps=3, timeout_s=120, fork=fork), workdir=tmp_path)
+    cfg = CallProbeConfig(steps=3, timeout_s=120, fork=fork, microbatches=4)
+    res = probe_call_overhead(cfg, workdir=tmp_path)
     assert res.call_overhead_s > 0 and res.steps == [2, 3]
     found = find_merged(tmp_path / "call_probe_traces")
     assert [n for n, _ in found] == [2, 3]  # step 1 (warm-up) is not measured
     gaps = [g for _, path in found for gs in call_gaps(events_from_trace(load_trace(path))).values() for g in gs]
-    assert len(gaps) == 2 * 2 * (2 * 8 - 1)  # steps × ranks × gaps between 16 compute calls
+    assert len(gaps) == 2 * 2 * (2 * 4 - 1)  # steps × ranks × gaps between 8 compute calls
     assert res.call_overhead_s == pytest.approx(statistics.fmean(gaps), rel=1e-12)
     assert sorted(res.gaps_s) == sorted(gaps)
 
@@ -37,7 +38,22 @@ def test_probe_config_refuses_an_unmeasurable_run():
     with pytest.raises(ValueError, match="steps"):
         CallProbeConfig(steps=1)
     with pytest.raises(ValueError, match="microbatches"):
-        CallProbeConfig(microbatches=1)
+        CallProbeConfig(microbatches=0)
+
+
+def test_default_probe_ranks_never_compute_at_once(tmp_path):
+    """Both ranks share the host: with one micro-batch per step one computes while the other
+    waits, so neither's gaps hold CPU the other computed with (the merged timeline's clock)."""
+    from torchpp.trace.analyze import COMPUTE_KINDS
+
+    cfg = CallProbeConfig(steps=4, timeout_s=120)
+    assert cfg.microbatches == 1
+    probe_call_overhead(cfg, workdir=tmp_path)
+    for _, path in find_merged(tmp_path / "call_probe_traces"):
+        comp = sorted((e.start, e.end, e.rank) for e in events_from_trace(load_trace(path)) if e.kind in COMPUTE_KINDS)
+        assert len(comp) == 4  # F and B on each rank
+        for (s0, e0, r0), (s1, e1, r1) in zip(comp, comp[1:]):
+            assert s1 >= e0 - 1e-4 or r0 == r1, (path, comp)
 
 
 def _fake_probe(value):

@@ -8,9 +8,12 @@ many small micro-batches. The probe runs the same trainer ``torchpp train`` runs
 training runs are, on a small two-stage pipeline of local processes over gloo, and reads the
 per-call time off its timelines exactly as ``torchpp replan`` reads it off a real run
 (:func:`torchpp.trace.call_gaps.call_gaps`). It runs inside the host (inside its cgroup on an
-emulated cluster), so a slow host measures its own slowdown. Both ranks share the host: on a
-host of fewer than two cores they compete, so the reading is higher than a run of one rank per
-host would see (here, pinned to one core: 4.6 ms per call against 1.9 ms on two). The ranks are
+emulated cluster), so a slow host measures its own slowdown. Both ranks share the host, so the
+pipeline runs one micro-batch per step: then one rank computes while the other waits for it,
+never both at once. With 8 micro-batches in flight each rank's gaps had taken the CPU the other
+computed with: on the emulated homelab the laptop read 4.2 ms per call that way against 0.9-1.2
+ms with one micro-batch, and its real runs 1.2-2.5 ms (the Pi 4s 4.9 against 2.8-4.0 and
+2.0-5.8 in real runs). The ranks are
 forked from the profile, so they share its imports: they add about 50 MiB, which hosts of
 750 MiB can spare (spawned, they needed 560 MiB).
 """
@@ -32,9 +35,10 @@ class CallProbeConfig:
     model: str = "qwen3-tiny"
     """Preset to train (its layers split in two stages)."""
     seq_len: int = 16
-    microbatches: int = 8
-    """Micro-batches of one sample each: 2 × microbatches compute calls per rank and step."""
-    steps: int = 5
+    microbatches: int = 1
+    """Micro-batches of one sample each: 2 × microbatches compute calls per rank and step; one
+    keeps the two ranks from computing at once (see the module docstring)."""
+    steps: int = 24
     """Steps to run; the first warms up and is not traced, the others are measured."""
     threads: int = 1
     """Torch intra-op threads per rank (the profile's ``--threads``)."""
@@ -49,8 +53,8 @@ class CallProbeConfig:
     def __post_init__(self) -> None:
         if self.steps < 2:
             raise ValueError(f"steps: expected >= 2 (the first is not measured), got {self.steps}")
-        if self.microbatches < 2:
-            raise ValueError(f"microbatches: expected >= 2, got {self.microbatches}")
+        if self.microbatches < 1:
+            raise ValueError(f"microbatches: expected >= 1, got {self.microbatches}")
         if self.threads < 1 or self.timeout_s <= 0 or self.seq_len < 1:
             raise ValueError(f"threads, seq_len and timeout_s must be positive, got {self.threads}, "
                              f"{self.seq_len}, {self.timeout_s}")
