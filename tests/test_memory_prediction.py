@@ -42,23 +42,15 @@ def _run(cmd: list[str], timeout: float) -> str:
     return r.stdout
 
 
-@pytest.mark.timeout(420)
-def test_peak_memory_per_rank_within_ten_percent(tmp_path):
-    from torchpp.cost import Links, MemoryEstimator, Profiles
-    from torchpp.formats import Plan
+def measured_memory(tmp_path: Path, plan, profiles, mm) -> dict:
+    """``plan`` priced with ``mm``, trained by two fresh processes, and ``torchpp analyze``'s
+    predicted and measured peak per rank (report.json's ``memory``)."""
+    from torchpp.cost import Links, MemoryEstimator
     from torchpp.planner import api
-    from torchpp.planner.simple import even_plan
     from torchpp.planner.synthetic import uniform_links
-    from torchpp.profiling.calibrate import calibrate
 
-    lf = _layers_file()
-    mm = calibrate(lf, MODEL, samples=7, held_samples=2, batch=[2, 8], seq_len=SEQ, timeout_s=120,
-                   progress=lambda *_: None)
-    assert mm.Ke is not None and mm.Kt is not None and mm.Kb is not None
-    plan = even_plan(lf.model, stages=2, hosts=["a", "b"], seq_len=SEQ, global_batch=GLOBAL,
-                     num_microbatches=GLOBAL // MICRO)
-    profiles = Profiles.from_layers([replace(lf, host="a"), replace(lf, host="b")])
-    pb = SimpleNamespace(profiles=profiles, links=Links(uniform_links(["a", "b"])), memory=MemoryEstimator.fitted(mm), optimizer_s_per_byte=0.0)
+    pb = SimpleNamespace(profiles=profiles, links=Links(uniform_links(["a", "b"])), memory=MemoryEstimator.fitted(mm),
+                         optimizer_s_per_byte=0.0)
     api.price(plan, pb, {"a": 1e12, "b": 1e12})
     plan.save(tmp_path / "plan.json")
     traces = tmp_path / "traces"
@@ -68,6 +60,22 @@ def test_peak_memory_per_rank_within_ten_percent(tmp_path):
           "120"], 240)
     _run([sys.executable, "-m", "torchpp.cli", "analyze", str(traces), "--plan", str(tmp_path / "plan.json"),
           "--out", str(tmp_path / "report")], 120)
-    mem = json.loads((tmp_path / "report" / "report.json").read_text())["memory"]
+    return json.loads((tmp_path / "report" / "report.json").read_text())["memory"]
+
+
+@pytest.mark.timeout(420)
+def test_peak_memory_per_rank_within_ten_percent(tmp_path):
+    from torchpp.cost import Profiles
+    from torchpp.planner.simple import even_plan
+    from torchpp.profiling.calibrate import calibrate
+
+    lf = _layers_file()
+    mm = calibrate(lf, MODEL, samples=7, held_samples=2, batch=[2, 8], seq_len=SEQ, timeout_s=120,
+                   progress=lambda *_: None)
+    assert mm.Ke is not None and mm.Kt is not None and mm.Kb is not None
+    plan = even_plan(lf.model, stages=2, hosts=["a", "b"], seq_len=SEQ, global_batch=GLOBAL,
+                     num_microbatches=GLOBAL // MICRO)
+    profiles = Profiles.from_layers([replace(lf, host="a"), replace(lf, host="b")])
+    mem = measured_memory(tmp_path, plan, profiles, mm)
     errors = {r: v["error"] for r, v in mem.items()}
     assert set(errors) == {"0", "1"} and all(abs(e) <= 0.10 for e in errors.values()), mem

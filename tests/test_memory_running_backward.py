@@ -8,7 +8,7 @@ import pytest
 
 from torchpp.cost import MemoryEstimator, Profiles, StageMemory
 from torchpp.formats import MemorySample
-from torchpp.profiling.calibrate import fit
+from torchpp.profiling.calibrate import KE_FRESH_GRADIENT, fit
 
 from test_memory_prediction import GLOBAL, MICRO, SEQ, _layers_file
 
@@ -21,8 +21,8 @@ def _sample(start, end, body, tail, batch, w, order="fb", n=2, end_w=0):
 
 def test_fit_recovers_what_each_held_micro_batch_keeps_and_the_running_backward():
     """Samples made by a known model (base 30 MB, alpha 3.5, Kp 25 kept per held micro-batch,
-    Kb 20 once, Kt 3, Ke 1.5): one-at-a-time spans alone read Kp + Kb; the held ones split it."""
-    truth = dict(base=30e6, alpha=3.5, kp=25.0, kb=20.0, kt=3.0, ke=1.5)
+    Kb 20 once, Kt 3, Ke as set): one-at-a-time spans alone read Kp + Kb; the held ones split it."""
+    truth = dict(base=30e6, alpha=3.5, kp=25.0, kb=20.0, kt=3.0, ke=KE_FRESH_GRADIENT)
 
     def peak(s):
         body = s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample

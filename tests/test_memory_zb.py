@@ -4,10 +4,7 @@ zero-bubble probes, and a real 2-rank zb-h1 run's peak RSS per rank within 10% o
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import replace
-from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -16,7 +13,7 @@ from torchpp.schedules import held_profiles, split_in_flight
 from torchpp.formats import MemoryModel, MemorySample, placement_of
 from torchpp.schedules import in_flight
 
-from test_memory_prediction import GLOBAL, MICRO, MODEL, SEQ, _layers_file, _run
+from test_memory_prediction import GLOBAL, MICRO, MODEL, SEQ, _layers_file, measured_memory
 
 
 def test_split_count_read_off_the_order():
@@ -97,27 +94,13 @@ def test_fit_recovers_kw_from_zero_bubble_samples():
 def test_zero_bubble_peak_per_rank_within_ten_percent(tmp_path):
     """A calibration with zero-bubble probes prices a zb-h1 plan; two fresh processes train it
     and each rank's measured peak (read by ``torchpp analyze`` off the traces) is within 10%."""
-    from torchpp.cost import Links
-    from torchpp.planner import api
-    from torchpp.planner.synthetic import uniform_links
     from torchpp.profiling.calibrate import calibrate
 
     lf, plan, profiles = _plan("zb-h1")
-    mm = calibrate(lf, MODEL, samples=6, batch=[2, 8], seq_len=SEQ, timeout_s=120, split_samples=2,
+    mm = calibrate(lf, MODEL, samples=8, batch=[2, 8], seq_len=SEQ, timeout_s=120, split_samples=3, held_samples=2,
                    progress=lambda *_: None)
     assert mm.Kw is not None and mm.Kw > 0
-    pb = SimpleNamespace(profiles=profiles, links=Links(uniform_links(["a", "b"])), memory=MemoryEstimator.fitted(mm),
-                         optimizer_s_per_byte=0.0)
-    api.price(plan, pb, {"a": 1e12, "b": 1e12})
-    plan.save(tmp_path / "plan.json")
-    traces = tmp_path / "traces"
-    _run([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node", "2", "-m",
-          "torchpp.train", "--plan", str(tmp_path / "plan.json"), "--model", MODEL, "--data", "synthetic", "--steps",
-          "3", "--threads", "1", "--seed", "0", "--trace-dir", str(traces), "--trace-steps", "2,3", "--timeout-s",
-          "120"], 240)
-    _run([sys.executable, "-m", "torchpp.cli", "analyze", str(traces), "--plan", str(tmp_path / "plan.json"),
-          "--out", str(tmp_path / "report")], 120)
-    mem = json.loads((tmp_path / "report" / "report.json").read_text())["memory"]
+    mem = measured_memory(tmp_path, plan, profiles, mm)
     errors = {r: v["error"] for r, v in mem.items()}
     assert set(errors) == {"0", "1"} and all(abs(e) <= 0.10 for e in errors.values()), (mem, mm.Kw)
 

@@ -165,40 +165,41 @@ def fit_split(mm: MemoryModel, split: Sequence[MemorySample]) -> MemoryModel:
     return _refit_stats(mm, split, pred, Kw=kw)
 
 
+KE_FRESH_GRADIENT = 1.0
+"""``Ke``: the lm_head's fresh weight gradient is one tensor its size, beside the accumulated one.
+Set, not fitted: every tail span has the same lm_head bytes, so a fitted Ke is that span kind's
+own intercept, told from Kt only by the tail spans' batch sizes; with the few spans a small
+host can afford the fit traded one for the other (Ke 3.0 with Kt 0.4, or Kt 0 outright, which
+priced a second held micro-batch's logits at nothing)."""
+
+
 def fit_full(samples: Sequence[MemorySample]) -> MemoryModel:
     """NNLS fit of base, alpha, Kp and, when spans with and without the tail are both present,
-    the tail's own factor Kt; when spans with and without the tail and enough samples are present, the
-    lm_head weights' own factor Ke. Columns are scaled so
-    their magnitudes do not matter."""
+    the tail's own factor Kt, with ``Ke`` set (:data:`KE_FRESH_GRADIENT`) where a span holds the
+    tail. Columns are scaled so their magnitudes do not matter."""
     from scipy.optimize import nnls
 
     tails = {s.tail_activation_bytes_per_sample > 0 for s in samples}
     with_kt = tails == {True, False} and len(samples) >= 5
-    ends = {s.end_weights_bytes > 0 for s in samples}
-    # every tail span has the same lm_head bytes: Ke is that span kind's own intercept, told apart
-    # from Kt only by tail spans of different batch sizes, and fitted only with one to spare
-    tail_batches = [s.batch for s in samples if s.end_weights_bytes > 0]
-    with_ke = (ends == {True, False} and len(samples) >= 5 + with_kt
-               and (not with_kt or (len(tail_batches) >= 3 and len(set(tail_batches)) >= 2)))
+    ke = KE_FRESH_GRADIENT if any(s.end_weights_bytes > 0 for s in samples) else None
     rows = []
     for s in samples:
         body = (s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample) * s.batch
         tail = s.tail_activation_bytes_per_sample * s.batch
-        row = [1.0, s.weights_bytes, body, tail] if with_kt else [1.0, s.weights_bytes, body + tail]
-        rows.append(row + [s.end_weights_bytes] * with_ke)
+        rows.append([1.0, s.weights_bytes, body, tail] if with_kt else [1.0, s.weights_bytes, body + tail])
     A = np.array(rows, dtype=float)
-    y = np.array([float(s.peak_bytes) for s in samples])
+    fixed = np.array([(ke or 0.0) * s.end_weights_bytes for s in samples], dtype=float)
+    y = np.array([float(s.peak_bytes) for s in samples]) - fixed
     scale = np.where(np.abs(A).max(axis=0) > 0, np.abs(A).max(axis=0), 1.0)
     coef, _ = nnls(A / scale, y)
     coef = coef / scale
-    pred = A @ coef
+    y, pred = y + fixed, A @ coef + fixed
     res = y - pred
     ss_tot = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float((res ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan")
     out = [MemorySample(**{**s.__dict__, "predicted_bytes": float(p)}) for s, p in zip(samples, pred)]
     return MemoryModel(base=float(coef[0]), alpha=float(coef[1]), Kp=float(coef[2]), r2=r2,
-                       residuals=[float(r) for r in res], samples=out, Kt=float(coef[3]) if with_kt else None,
-                       Ke=float(coef[-1]) if with_ke else None)
+                       residuals=[float(r) for r in res], samples=out, Kt=float(coef[3]) if with_kt else None, Ke=ke)
 
 
 def measure_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, batch: int, seq_len: int,
