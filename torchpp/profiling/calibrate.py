@@ -50,10 +50,9 @@ gradients and adds its own into them, the regime of every pipeline rank with 2 o
 
 def random_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, int]]:
     """Distinct spans, spread over lengths so the fit sees small and large stages; a third of
-    them (at least three) end with the tail, so its own factors Kt (logits) and Ke (lm_head
-    weights, the same bytes in every tail span) can be told apart, and a sixth (at
-    least one, from six spans on) start with the embedding, whose weights only ``alpha`` prices
-    (its gradient is added in place) while the tail's lm_head has its own term Ke."""
+    them (at least three) end with the tail, so its own factor Kt (logits) can be fitted, and a
+    sixth (at least one, from six spans on) start with the embedding, whose weights only
+    ``alpha`` prices (its gradient is added in place)."""
     rng = random.Random(seed)
     all_spans = [(s, e) for s in range(num_layers) for e in range(s + 1, num_layers + 1)]
     if count >= len(all_spans):
@@ -117,14 +116,13 @@ def _refit_stats(mm: MemoryModel, extra: Sequence[MemorySample], pred: Sequence[
     return replace(mm, samples=samples, residuals=[float(r) for r in res], r2=r2, **coef)
 
 
-def _held_prediction(mm: MemoryModel, s: MemorySample, kb: float) -> float:
-    """``mm``'s peak of a sample holding all its micro-batches at once, with the running
-    backward's share ``kb`` taken out of ``mm.Kp`` (``mm.Kp`` as fitted one at a time)."""
+def held_bytes(mm: MemoryModel, s: MemorySample, kp: float, kb: float) -> float:
+    """``mm``'s peak of a sample holding all its ``microbatches`` at once, each keeping ``kp``
+    per byte of its embedding's and layers' activations, one running backward ``kb``."""
     body = float(s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample)
     tail = float(s.tail_activation_bytes_per_sample)
-    n = s.microbatches
     return (mm.base + mm.alpha * s.weights_bytes + (mm.Ke or 0.0) * s.end_weights_bytes
-            + s.batch * (n * ((mm.Kp - kb) * body + mm.tail_factor * tail) + kb * body))
+            + s.batch * (s.microbatches * (kp * body + mm.tail_factor * tail) + kb * body))
 
 
 def fit_held(mm: MemoryModel, held: Sequence[MemorySample]) -> MemoryModel:
@@ -134,9 +132,9 @@ def fit_held(mm: MemoryModel, held: Sequence[MemorySample]) -> MemoryModel:
     as before."""
     x = np.array([-(s.microbatches - 1) * s.batch * float(s.activation_bytes_per_sample
                                                           - s.tail_activation_bytes_per_sample) for s in held])
-    extra = np.array([float(s.peak_bytes) - _held_prediction(mm, s, 0.0) for s in held])
+    extra = np.array([float(s.peak_bytes) - held_bytes(mm, s, mm.Kp, 0.0) for s in held])
     kb = min(mm.Kp, max(0.0, float(x @ extra / (x @ x)))) if float(x @ x) > 0 else 0.0
-    pred = [_held_prediction(mm, s, kb) for s in held]
+    pred = [held_bytes(mm, s, mm.Kp - kb, kb) for s in held]
     kt = mm.Kt  # the tail keeps its own factor; Kp's change must not move it when it was Kp's
     return _refit_stats(mm, held, pred, Kp=mm.Kp - kb, Kb=kb, Kt=mm.tail_factor if kt is None else kt)
 
@@ -147,11 +145,9 @@ def split_bytes(mm: MemoryModel, s: MemorySample) -> tuple[float, float]:
     embedding, whose I computes nothing); kept activations weighted as Kp's (the tail's by Kt/Kp)."""
     body = float(s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample)
     tail = float(s.tail_activation_bytes_per_sample)
-    n = s.microbatches
-    held = n * s.batch * (mm.Kp * body + mm.tail_factor * tail) + s.batch * (mm.Kb or 0.0) * body
-    pred = mm.base + mm.alpha * s.weights_bytes + (mm.Ke or 0.0) * s.end_weights_bytes + held
     ratio = mm.tail_factor / mm.Kp if mm.Kp > 0 else 1.0
-    return pred, 0.0 if s.has_embed else n * s.batch * (body + ratio * tail)
+    return (held_bytes(mm, s, mm.Kp, mm.Kb or 0.0),
+            0.0 if s.has_embed else s.microbatches * s.batch * (body + ratio * tail))
 
 
 def fit_split(mm: MemoryModel, split: Sequence[MemorySample]) -> MemoryModel:

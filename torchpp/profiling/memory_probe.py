@@ -6,8 +6,9 @@ with the peak resident-set increase over the process's RSS before the model was 
 peak is sampled with psutil from a background thread (torch releases the GIL in its kernels).
 A fresh process per span keeps one span's allocator state out of the next span's figure.
 
-Two orders: ``fb`` (each micro-batch's forward then its full backward, one held at a time) and
-``zb`` (a zero-bubble schedule's split backward: every micro-batch's forward, then every input
+Three orders: ``fb`` (each micro-batch's forward then its full backward, one held at a time),
+``gpipe`` (every forward, then every full backward: all ``microbatches`` held at once, what the
+memory model's ``Kb`` is fitted on) and ``zb`` (a zero-bubble schedule's split backward: every micro-batch's forward, then every input
 gradient ``I``, then every weight gradient ``W``, with the runtime's own ``backward_input`` /
 ``backward_weight``), in which all ``microbatches`` are held, and all sit between their I and W
 at once: what the memory model's ``Kw`` is fitted on.
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=PROBE_STEPS)
     p.add_argument("--microbatches", type=int, default=1, help="micro-batches accumulated per step")
-    p.add_argument("--order", choices=ORDERS, default="fb", help="fb: F then B per micro-batch; zb: all F, all I, all W")
+    p.add_argument("--order", choices=ORDERS, default="fb", help="fb: F then B per micro-batch; gpipe: all F, all B; zb: all F, all I, all W")
     a = p.parse_args(argv)
     print(json.dumps(run_span(a.model, a.start, a.end, a.embed, a.tail, a.batch, a.seq_len, a.threads, a.steps,
                               a.microbatches, a.order)),
