@@ -352,9 +352,9 @@ def test_a_figure_that_could_not_be_measured_is_written_as_null():
 
 
 def test_memory_refit_keeps_the_runtime_reservation_and_end_block_term(tmp_path):
-    """The refit fits base, alpha and Kp with the end blocks' term taken as given: the refitted
-    model keeps that Ke and the runtime's own RSS (or a re-plan would plan into memory the
-    runtime takes, and its end stages would lose Ke · W_end)."""
+    """The refit fits base, alpha and Kp with the end blocks' and the running backward's terms
+    taken as given: the refitted model keeps that Ke, Kb and the runtime's own RSS (or a re-plan
+    would plan into memory the runtime takes, and its stages would lose Ke · W_end and Kb · A_body)."""
     from torchpp.planner.replan.fit import refit_memory
 
     paths, _ = files(tmp_path / "claimed", {"x": 1.0, "y": 1.0, "z": 1.0}, CLAIMED_RATE)
@@ -363,16 +363,16 @@ def test_memory_refit_keeps_the_runtime_reservation_and_end_block_term(tmp_path)
                      layer_ranges=[(0, 1), (1, 3), (3, 5), (5, 6)], group_sizes=[1, 1, 1, 1],
                      hosts=["x", "y", "z", "x"])
     prof = Profiles.from_layers(lfs)
-    truth = dataclasses.replace(TRUE_MEMORY, process=3e8, ke=1.5)
+    truth = dataclasses.replace(TRUE_MEMORY, process=3e8, ke=1.5, kb=7.0)
     peaks = {}
     for r in plan.ranks:
         w, k, fixed, _ = memory_terms(plan, prof, r, truth)
         peaks[r] = int(truth.base + truth.alpha * w + truth.kp * k + fixed)
     mm, how = refit_memory(plan, prof, peaks, truth)
     assert "refitted base, alpha and Kp" in how
-    assert mm.process_bytes == truth.process and mm.Ke == truth.ke
+    assert mm.process_bytes == truth.process and mm.Ke == truth.ke and mm.Kb == truth.kb
     est = MemoryEstimator.fitted(mm)
-    assert est.process == truth.process and est.ke == truth.ke
+    assert est.process == truth.process and est.ke == truth.ke and est.kb == truth.kb
     for r in plan.ranks:  # priced with the refitted file as the planner reads it
         w, k, fixed, _ = memory_terms(plan, prof, r, est)
         assert est.base + est.alpha * w + est.kp * k + fixed == pytest.approx(peaks[r], rel=1e-3), r

@@ -304,9 +304,10 @@ def refit_memory(plan: Plan, profiles: Profiles, peaks: Mapping[int, int], prior
                      residuals=[float(x) for x in res], samples=samples, model=plan.model.name,
                      microbatch=plan.micro_batch_size, host="measured ranks",
                      Kt=None if prior.kt is None or prior.kp <= 0 else float(kp) * prior.kt / prior.kp,
-                     # the terms the fit takes as given stay: the end blocks' (subtracted from y with
-                     # the prior's Ke) and the runtime's own RSS, reserved from every budget
-                     Ke=prior.ke or None, Kw=prior.kw or None, process_bytes=prior.process)
+                     # the terms the fit takes as given stay (subtracted from y by ``StageMemory.terms``):
+                     # the lm_head's (Ke), between I and W (Kw), the running backward (Kb), and the
+                     # runtime's own RSS, reserved from every budget
+                     Ke=prior.ke or None, Kw=prior.kw or None, Kb=prior.kb or None, process_bytes=prior.process)
     return mm, how
 
 
