@@ -29,7 +29,7 @@ CASES = {
 
 
 def write_layers(d: Path, speeds: dict[str, float], split: float | None = None,
-                 optimizer: float | None = None) -> list[Path]:
+                 optimizer: float | None = None, split_layer: float | None = None) -> list[Path]:
     d.mkdir(parents=True, exist_ok=True)
     out = []
     for h, s in speeds.items():
@@ -37,6 +37,7 @@ def write_layers(d: Path, speeds: dict[str, float], split: float | None = None,
                          act_bytes_per_sample=20_000, embed_param_bytes=3_000_000, tail_param_bytes=3_100_000,
                          embed_fwd_s=0.1, tail_fwd_s=0.5, fixed_fraction=0.25, tied=True)
         lf.backward_split_factor = split
+        lf.backward_split_layer_s = split_layer / s if split_layer else None
         lf.optimizer_s_per_byte = optimizer / s if optimizer else None
         out.append(lf.save(d / f"layers_{h}.json"))
     uniform_links(list(speeds), RATE).save(d / "bandwidth.json")
@@ -44,12 +45,12 @@ def write_layers(d: Path, speeds: dict[str, float], split: float | None = None,
 
 
 def measured_run(tmp: Path, case: str, *, steps=(2, 3), split: float | None = None,
-                 optimizer: float | None = None) -> tuple[Plan, dict]:
+                 optimizer: float | None = None, split_layer: float | None = None) -> tuple[Plan, dict]:
     """The claimed inputs, the plan priced with them, and its "measured" timelines: `simulate plan`
     on the true layers files (the slow host 2x slower), with each rank's peak RSS under TRUE_MEMORY."""
     schedule, ranges, v, groups, hosts, slow = CASES[case]
-    claimed = write_layers(tmp / "claimed", {h: 1.0 for h in hosts}, split, optimizer)
-    true = write_layers(tmp / "true", {h: 0.5 if h == slow else 1.0 for h in hosts}, split, optimizer)
+    claimed = write_layers(tmp / "claimed", {h: 1.0 for h in hosts}, split, optimizer, split_layer)
+    true = write_layers(tmp / "true", {h: 0.5 if h == slow else 1.0 for h in hosts}, split, optimizer, split_layer)
     (tmp / "devices.json").write_text(json.dumps({h: 1 for h in hosts}))
     lfs = [LayersFile.load(p) for p in claimed]
     plan = make_chunked_plan(lfs[0].model, seq_len=16, global_batch=8, num_microbatches=4, layer_ranges=ranges,
@@ -166,12 +167,16 @@ def test_analyze_of_a_chunked_run_compares_each_ranks_memory_over_all_its_chunks
 @pytest.mark.parametrize("case", ["zb-h1", "zbv-tied"])
 def test_a_measured_split_cost_is_kept_by_the_corrected_files(tmp_path, capsys, case):
     """I and W measured on hosts whose split backward costs 1.3 x one pass: the corrected layers
-    files keep the factor, so the old plan re-priced from them still equals the measured step."""
-    plan, run = measured_run(tmp_path, case, split=1.3)
+    files keep the factor, and the per-layer call cost scaled as the host's backward, so the old
+    plan re-priced from them still equals the measured step."""
+    plan, run = measured_run(tmp_path, case, split=1.3, split_layer=0.004)
     s = replan(tmp_path, run["hosts"])
     for h in run["hosts"]:
-        assert s["hosts"][h]["factor"] == pytest.approx(2.0 if h == run["slow"] else 1.0, rel=1e-6), h
-        assert LayersFile.load(tmp_path / "out" / f"layers_{h}.json").backward_split_factor == 1.3
+        slow = h == run["slow"]
+        assert s["hosts"][h]["factor"] == pytest.approx(2.0 if slow else 1.0, rel=1e-6), h
+        lf = LayersFile.load(tmp_path / "out" / f"layers_{h}.json")
+        assert lf.backward_split_factor == 1.3
+        assert lf.backward_split_layer_s == pytest.approx(0.008 if slow else 0.004, rel=1e-6)
     old = s["old_plan"]
     assert old["repriced_step_time_s"] == pytest.approx(old["measured_step_time_s"], rel=1e-6)
 

@@ -383,6 +383,11 @@ class LayersFile:
     the weight gradients ``W``: two passes over the graph) per second of the same backward in one
     pass, measured by ``torchpp profile`` on the profiled host. The cost model scales ``I`` and
     ``W`` by it. Optional: None (absent) = not measured (priced as 1)."""
+    backward_split_layer_s: float | None = None
+    """Seconds each decoder layer adds to one split backward call (``I + W``) beyond
+    ``backward_split_factor`` times the backward: ``W`` makes one autograd call per weight, a cost
+    per call rather than per sample. Measured with the factor at two batch sizes. Optional: None
+    (absent) = not measured (priced as 0)."""
     format: str = f"torchpp.{LAYERS_KIND}/{LAYERS_VERSION}"
 
     def to_json(self) -> dict[str, Any]:
@@ -390,7 +395,7 @@ class LayersFile:
         for b in (d["embed"], d["tail"], *d["layers"]):
             if b.get("backward_input_time_s") is None:
                 b.pop("backward_input_time_s", None)
-        for key in ("optimizer_s_per_byte", "backward_split_factor"):
+        for key in ("optimizer_s_per_byte", "backward_split_factor", "backward_split_layer_s"):
             if d.get(key) is None:
                 d.pop(key, None)
         return {"format": d.pop("format"), **d}
@@ -414,6 +419,7 @@ class LayersFile:
             call_overhead_s=r.float("call_overhead_s", 0.0, min_value=0.0),
             optimizer_s_per_byte=r.float("optimizer_s_per_byte", None, positive=True),
             backward_split_factor=r.float("backward_split_factor", None, positive=True),
+            backward_split_layer_s=r.float("backward_split_layer_s", None, min_value=0.0, max_value=1e3),
         )
         if len(lf.layers) != lf.model.num_layers:
             raise FormatError(source, "layers", f"{lf.model.num_layers} entries (model.num_layers)", len(lf.layers))
@@ -895,11 +901,13 @@ class Capacities:
     """Per measured host: its layers file's ``optimizer_s_per_byte`` (hosts not measured absent)."""
     backward_split_factor: dict[str, float] = field(default_factory=dict)
     """Per measured host: its layers file's ``backward_split_factor`` (hosts not measured absent)."""
+    backward_split_layer_s: dict[str, float] = field(default_factory=dict)
+    """Per measured host: its layers file's ``backward_split_layer_s`` (hosts not measured absent)."""
     format: str = f"torchpp.{CAPACITIES_KIND}/{CAPACITIES_VERSION}"
 
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)
-        for key in ("optimizer_s_per_byte", "backward_split_factor"):
+        for key in ("optimizer_s_per_byte", "backward_split_factor", "backward_split_layer_s"):
             if not d[key]:
                 d.pop(key)
         return {"format": d.pop("format"), **d}
@@ -939,20 +947,21 @@ class Capacities:
         call = {_device_host(source, h): co.float(h, min_value=0.0, max_value=1e3) for h in co.data}
         return Capacities(ref_host=ref, capacity=capacity, tables=tables, call_overhead_s=call,
                           optimizer_s_per_byte=_host_rates(r, "optimizer_s_per_byte", capacity),
-                          backward_split_factor=_host_rates(r, "backward_split_factor", capacity))
+                          backward_split_factor=_host_rates(r, "backward_split_factor", capacity),
+                          backward_split_layer_s=_host_rates(r, "backward_split_layer_s", capacity, zero=True))
 
     @staticmethod
     def load(path: str | os.PathLike) -> "Capacities":
         return _load(path, Capacities.parse)
 
 
-def _host_rates(r: Reader, key: str, capacity: Mapping[str, float]) -> dict[str, float]:
-    """An optional ``{host: number > 0}`` map over hosts of ``capacity`` (absent: empty)."""
+def _host_rates(r: Reader, key: str, capacity: Mapping[str, float], zero: bool = False) -> dict[str, float]:
+    """An optional ``{host: number > 0}`` (``zero``: ``>= 0``) map over hosts of ``capacity`` (absent: empty)."""
     m = r.obj(key, {})
     for h in m.data:
         if h not in capacity:
             raise m.fail(h, f"a host in 'capacity' ({', '.join(sorted(capacity))})", h)
-    return {h: m.float(h, positive=True) for h in m.data}
+    return {h: (m.float(h, min_value=0.0, max_value=1e3) if zero else m.float(h, positive=True)) for h in m.data}
 
 
 MEMORY_KIND, MEMORY_VERSION = "memory_model", 1

@@ -49,12 +49,22 @@ class Profiles:
     (LayersFile.backward_split_factor); hosts priced from capacities.json take their entry there,
     other hosts the reference host's, else 1."""
 
+    split_layer: dict[str, float] = field(default_factory=dict)
+    """Per measured host: seconds each decoder layer adds to a split backward call
+    (LayersFile.backward_split_layer_s); hosts priced from capacities.json take their entry there,
+    other hosts the reference host's over their capacity, else 0."""
+
     optim: dict[str, float] = field(default_factory=dict)
     """Per measured host: its optimizer step's seconds per parameter byte (LayersFile.optimizer_s_per_byte)."""
 
     def backward_split_factor(self, host: str) -> float:
         cap = self.capacities
         return self._host_figure(host, self.split_factor, cap.backward_split_factor if cap else {}, 1.0)[0]
+
+    def backward_split_layer_s(self, host: str) -> float:
+        cap = self.capacities
+        return self._host_figure(host, self.split_layer, cap.backward_split_layer_s if cap else {}, 0.0,
+                                 by_capacity=True)[0]
 
     def optimizer_rate(self, host: str) -> tuple[float, str]:
         """Seconds per parameter byte of ``host``'s optimizer step and where the figure came from
@@ -105,8 +115,11 @@ class Profiles:
         ref = self.capacities.ref_host if self.capacities is not None else None
         hosts = list(hosts)
         factors = sorted({round(self.backward_split_factor(h), 3) for h in hosts})
-        cost = (f"; I + W = {'/'.join(f'{f:g}' for f in factors)} x B (measured split cost)"
-                if any(f != 1.0 for f in factors) else "")
+        layer = sorted({round(1e3 * self.backward_split_layer_s(h), 2) for h in hosts})
+        per_layer = (f" + {'/'.join(f'{x:g}' for x in layer)} ms per layer and call"
+                     if any(x > 0 for x in layer) else "")
+        cost = (f"; I + W = {'/'.join(f'{f:g}' for f in factors)} x B{per_layer} (measured split cost)"
+                if any(f != 1.0 for f in factors) or per_layer else "")
         if all(h in self.input_share or (ref in self.input_share) for h in hosts):
             return "measured (layers files' backward_input_time_s)" + cost
         return self.BACKWARD_SPLIT_ASSUMED + cost
@@ -147,6 +160,8 @@ class Profiles:
                 p.optim[lf.host] = lf.optimizer_s_per_byte
             if lf.backward_split_factor is not None:
                 p.split_factor[lf.host] = lf.backward_split_factor
+            if lf.backward_split_layer_s is not None:
+                p.split_layer[lf.host] = lf.backward_split_layer_s
         if capacities is not None:
             for h, t in capacities.tables.items():
                 if h not in p.fwd:

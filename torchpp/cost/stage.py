@@ -135,6 +135,12 @@ class StageTime:
     """Part of ``bwd0`` computing the input gradient, per call."""
     split: float = 1.0
     """``I + W`` over ``B`` when the backward is split (two passes over the graph cost more than one)."""
+    split_call: float | np.ndarray = 0.0
+    """Seconds one split backward call (``I + W``) adds for the span's decoder layers beyond
+    ``split`` times ``B`` (``W`` makes one autograd call per weight), half in each."""
+    whole: bool | np.ndarray = False
+    """The span holds the embedding: its input takes no gradient, so ``I`` computes nothing and
+    ``W`` runs the whole backward in one pass (``models.stages.backward_input``)."""
 
     @property
     def forward_per_sample(self):
@@ -176,14 +182,21 @@ class StageTime:
         forwards (the activations are rebuilt before any gradient), and the runtime's call cost."""
         if samples <= 0:
             return 0.0
-        return float(self.split * self.bwd_in0 + self.rec0 + self.call + samples * (self.split * self.bwd_in + self.rec))
+        if self.whole:
+            return float(self.call)
+        return float(self.split * self.bwd_in0 + self.split_call / 2 + self.rec0 + self.call
+                     + samples * (self.split * self.bwd_in + self.rec))
 
     def backward_weight(self, samples: int) -> float:
         """Seconds of a ``W`` call: the rest of the backward, plus the runtime's cost of one more call
-        (so ``I + W = split · B + call``, recomputation counted once)."""
+        (so ``I + W = split · B + split_call + call``, recomputation counted once); where the span
+        holds the embedding, the whole backward."""
         if samples <= 0:
             return 0.0
-        return float(self.split * (self.bwd0 - self.bwd_in0) + self.call + samples * self.split * (self.bwd - self.bwd_in))
+        if self.whole:
+            return self.backward(samples)
+        return float(self.split * (self.bwd0 - self.bwd_in0) + self.split_call / 2 + self.call
+                     + samples * self.split * (self.bwd - self.bwd_in))
 
     def recompute(self, samples: int) -> float:
         """Per-sample seconds of the recomputed forwards of ``samples`` samples."""
@@ -200,7 +213,15 @@ def stage_time(profiles: "Profiles", host: str, span: Span | PlanStage) -> Stage
     return StageTime(fwd=f(sp.lo, sp.hi), bwd=b(sp.lo, sp.hi), rec=f.over(sp.runs),
                      fwd0=f0(sp.lo, sp.hi), bwd0=b0(sp.lo, sp.hi), rec0=f0.over(sp.runs),
                      call=profiles.call.get(host, 0.0), bwd_in=bi(sp.lo, sp.hi), bwd_in0=bi0(sp.lo, sp.hi),
-                     split=profiles.backward_split_factor(host))
+                     split=profiles.backward_split_factor(host),
+                     split_call=profiles.backward_split_layer_s(host) * decoder_layers(sp, profiles.num_blocks),
+                     whole=np.asarray(sp.lo) == 0 if np.ndim(sp.lo) else sp.lo == 0)
+
+
+def decoder_layers(sp: Span, num_blocks: int) -> int | np.ndarray:
+    """Decoder layers among the span's blocks (block 0 is the embedding, the last the tail)."""
+    n = np.maximum(np.minimum(sp.hi, num_blocks - 1) - np.maximum(sp.lo, 1), 0)
+    return int(n) if np.ndim(n) == 0 else n
 
 
 def model_time(profiles: "Profiles", host: str) -> StageTime:

@@ -47,8 +47,9 @@ def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequ
     call = {lf.host: lf.call_overhead_s for lf in files if lf.call_overhead_s > 0}
     opt = {lf.host: lf.optimizer_s_per_byte for lf in files if lf.optimizer_s_per_byte is not None}
     split = {lf.host: lf.backward_split_factor for lf in files if lf.backward_split_factor is not None}
+    split_layer = {lf.host: lf.backward_split_layer_s for lf in files if lf.backward_split_layer_s is not None}
     return Capacities(ref_host=ref_host, capacity=capacity, tables=tables, call_overhead_s=call,
-                      optimizer_s_per_byte=opt, backward_split_factor=split)
+                      optimizer_s_per_byte=opt, backward_split_factor=split, backward_split_layer_s=split_layer)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -68,5 +69,7 @@ def run(args: argparse.Namespace) -> int:
         split = cap.backward_split_factor.get(h)
         print(f"  {h:<16} capacity {c:.3f}  runtime {1e3 * cap.call_overhead_s.get(h, 0.0):.3f} ms/call"
               + (f", optimizer step {opt * 1e9:.3g} s/GB" if opt else "")
-              + (f", split backward {split:.2f} x" if split else ""))
+              + (f", split backward {split:.2f} x" if split else "")
+              + (f" + {cap.backward_split_layer_s[h] * 1e3:.2f} ms per layer and call"
+                 if cap.backward_split_layer_s.get(h) else ""))
     return 0

@@ -13,7 +13,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import psutil
 import torch
@@ -166,7 +166,7 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
         layers=[block(n, i) for i, n in enumerate(names[1:-1])],
         step_time_s=statistics.fmean(walls), peak_rss_bytes=peak, step_samples_s=walls,
         optimizer_s_per_byte=statistics.fmean(opt_s) / opt_bytes,
-        backward_split_factor=split,
+        backward_split_factor=split.factor, backward_split_layer_s=split.layer_s,
     )
 
 
@@ -217,16 +217,43 @@ def measure_optimizer(model: torch.nn.Module, pc: ProfileConfig, timer) -> tuple
     return times, sum(p.numel() * p.element_size() for p in params)
 
 
-SPLIT_SAMPLE_LAYERS = 2
-"""Decoder layers the split backward is timed on (its cost per second of backward is a ratio)."""
+SPLIT_SAMPLE_LAYERS = 4
+"""Decoder layers the split backward is timed on: enough that its per-layer cost shows."""
 
 
-def measure_backward_split(cfg: Any, pc: ProfileConfig) -> float:
-    """``I + W`` over ``B`` on this host: the runtime's split backward (``backward_input`` then
-    ``backward_weight``, as zero-bubble schedules run it) against one ``autograd.backward`` of the
-    same forward, on up to ``SPLIT_SAMPLE_LAYERS`` decoder layers with the profile's batch and
-    precision (``--dtype bfloat16``: fp32 weights under bf16 autocast, as training runs it); the
-    ratio of the medians over ``pc.iters`` alternating pairs after a warm-up."""
+@dataclass(frozen=True)
+class SplitCost:
+    """What a split backward (``I`` then ``W``) costs beyond one backward pass of the same forward:
+    ``I + W = factor · B + layers · layer_s`` per call. The per-layer part is per call, not per
+    sample: ``W`` runs one autograd call per weight (each weight's gradient restarts from the node
+    where it branches off the input path), so it weighs most on small micro-batches."""
+
+    factor: float
+    layer_s: float
+
+
+def fit_split(rows: Sequence[tuple[float, float]], layers: int) -> SplitCost:
+    """``(B, I + W)`` seconds at one or more batch sizes -> the split's cost: ``I + W − B =
+    layers · layer_s + (factor − 1) · B`` by non-negative least squares (one size: all in the factor)."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    b = np.array([r[0] for r in rows], dtype=float)
+    s = np.array([r[1] for r in rows], dtype=float)
+    if len(rows) < 2 or float(np.ptp(b)) <= 0:
+        return SplitCost(float(np.mean(s / b)), 0.0)
+    (c, f1), _ = nnls(np.stack([np.full(len(b), float(layers)), b], axis=1), s - b)
+    if c == 0 and f1 == 0:
+        return SplitCost(float(np.mean(s / b)), 0.0)  # no dearer than one pass: all in the factor
+    return SplitCost(1.0 + float(f1), float(c))
+
+
+def measure_backward_split(cfg: Any, pc: ProfileConfig) -> SplitCost:
+    """The runtime's split backward (``backward_input`` then ``backward_weight``, as zero-bubble
+    schedules run it) against one ``autograd.backward`` of the same forward, on up to
+    ``SPLIT_SAMPLE_LAYERS`` decoder layers with the profile's precision (``--dtype bfloat16``: fp32
+    weights under bf16 autocast, as training runs it), at the profile's batch and its smallest
+    other batch; medians over ``pc.iters`` alternating pairs after a warm-up, fitted by ``fit_split``."""
     import time
 
     from ..models.stages import StageSpec, backward_input, backward_weight, build_stage
@@ -236,27 +263,30 @@ def measure_backward_split(cfg: Any, pc: ProfileConfig) -> float:
                         dtype=pc.weights_dtype, autocast=pc.autocast)
     weights = [p for p in stage.parameters() if p.requires_grad]
     gen = torch.Generator().manual_seed(pc.seed)
-    x0 = torch.randn(pc.batch, pc.seq_len, int(cfg.hidden_size), generator=gen).to(stage.dtype)
-    whole, split = [], []
-    for i in range(max(1, pc.warmup) + max(3, pc.iters)):
-        x = x0.clone().requires_grad_(True)
-        out = stage.forward(x, None, None)
-        grad = torch.randn(out.shape, generator=gen, dtype=out.dtype)
-        t0 = time.perf_counter()
-        torch.autograd.backward(out, grad)
-        t1 = time.perf_counter()
-        x = x0.clone().requires_grad_(True)
-        out = stage.forward(x, None, None)
-        t2 = time.perf_counter()
-        _, task = backward_input(out, grad, x, weights, [])
-        backward_weight(task)
-        t3 = time.perf_counter()
-        for w in weights:
-            w.grad = None
-        if i >= max(1, pc.warmup):
-            whole.append(t1 - t0)
-            split.append(t3 - t2)
-    return statistics.median(split) / statistics.median(whole)
+    rows = []
+    for batch in sorted({pc.batch, *pc.fit_batches[:1]}):
+        x0 = torch.randn(batch, pc.seq_len, int(cfg.hidden_size), generator=gen).to(stage.dtype)
+        whole, split = [], []
+        for i in range(max(1, pc.warmup) + max(3, pc.iters)):
+            x = x0.clone().requires_grad_(True)
+            out = stage.forward(x, None, None)
+            grad = torch.randn(out.shape, generator=gen, dtype=out.dtype)
+            t0 = time.perf_counter()
+            torch.autograd.backward(out, grad)
+            t1 = time.perf_counter()
+            x = x0.clone().requires_grad_(True)
+            out = stage.forward(x, None, None)
+            t2 = time.perf_counter()
+            _, task = backward_input(out, grad, x, weights, [])
+            backward_weight(task)
+            t3 = time.perf_counter()
+            for w in weights:
+                w.grad = None
+            if i >= max(1, pc.warmup):
+                whole.append(t1 - t0)
+                split.append(t3 - t2)
+        rows.append((statistics.median(whole), statistics.median(split)))
+    return fit_split(rows, n)
 
 
 def fit_fixed(rows: list[list[float]]) -> tuple[float, float]:
@@ -318,7 +348,9 @@ def format_summary(lf: LayersFile) -> str:
     lines.append(f"step {lf.step_time_s * 1e3:.3f} ms (blocks cover {100 * (tot_f + tot_b) / lf.step_time_s:.1f}%), "
                  f"peak RSS {lf.peak_rss_bytes / 2**20:.1f} MiB")
     if lf.backward_split_factor is not None:
-        lines.append(f"split backward (zero-bubble I + W) {lf.backward_split_factor:.3f} x one backward pass")
+        per_layer = (f" + {lf.backward_split_layer_s * 1e3:.3f} ms per decoder layer per call"
+                     if lf.backward_split_layer_s else "")
+        lines.append(f"split backward (zero-bubble I + W) {lf.backward_split_factor:.3f} x one backward pass{per_layer}")
     if lf.optimizer_s_per_byte is not None:
         params = sum(b.param_bytes for b in blocks) - (lf.embed_param_bytes if lf.model.tied_embeddings else 0)
         lines.append(f"optimizer step {lf.optimizer_s_per_byte * params * 1e3:.3f} ms over {params / 2**20:.2f} MiB "

@@ -80,9 +80,12 @@ def _chunks_of(plan: Plan, ranks: Sequence[int]) -> dict[tuple[int, int], _Chunk
     return out
 
 
-def _pass_time(profiles: Profiles, host: str, a: int, b: int, n: int, kind: str) -> float:
+def _pass_time(profiles: Profiles, host: str, a: int, b: int, n: int, kind: str, whole: bool = False) -> float:
     """Seconds of blocks [a, b) in one ``kind`` pass on ``n`` samples, without the runtime's per-call
-    cost and recomputation: F, B, or a zero-bubble schedule's I / W (the backward split as priced)."""
+    cost and recomputation: F, B, or a zero-bubble schedule's I / W (the backward split as priced;
+    ``whole``: of a chunk holding the embedding, whose W is its whole backward and I nothing)."""
+    if whole and kind in ("I", "W"):
+        return 0.0 if kind == "I" else float(block_time(profiles, host, a, b, n, backward=True))
     if kind in ("F", "B"):
         return float(block_time(profiles, host, a, b, n, backward=kind == "B"))
     t = stage_time(profiles, host, Span(a, b))
@@ -99,7 +102,7 @@ def _design(host: str, profiles: Profiles, meas: Measurements, info: Mapping[tup
         if ch is None:
             continue
         inside = [ch.lo <= a and b <= ch.hi for a, b in groups]
-        row = [_pass_time(profiles, host, a, b, ch.samples, c.kind) if ok else 0.0
+        row = [_pass_time(profiles, host, a, b, ch.samples, c.kind, ch.lo == 0) if ok else 0.0
                for (a, b), ok in zip(groups, inside)]
         if c.kind == "F":
             rows_f.append(row)
@@ -107,7 +110,7 @@ def _design(host: str, profiles: Profiles, meas: Measurements, info: Mapping[tup
             continue
         rows_b.append(row)
         rec_rows.append([sum(block_time(profiles, host, max(x, a), min(y, b), ch.samples) for x, y in ch.rec
-                             if max(x, a) < min(y, b)) if ok and c.kind != "W" else 0.0
+                             if max(x, a) < min(y, b)) if ok and c.kind != ("I" if ch.lo == 0 else "W") else 0.0
                          for (a, b), ok in zip(groups, inside)])
         y_b.append(c.seconds)
     return tuple(np.array(x, dtype=float) for x in (rows_f, y_f, rows_b, y_b, rec_rows))
@@ -350,6 +353,8 @@ def fit_hosts(plan: Plan, old: "OldCosts", meas: Measurements) -> CostFit:
         new.call[h] = float(np.mean(gaps)) if gaps else prof.call.get(h, 0.0)
         # the measured I and W were fitted against predictions that priced the split: it stays priced
         new.split_factor[h] = prof.backward_split_factor(h)
+        # its per-layer call cost was fitted inside the I and W rows: it scales with the backward's factor
+        new.split_layer[h] = prof.backward_split_layer_s(h) * (fits[h].backward if h in fits else 1.0)
         new.origin[h] = (f"{old.origin[h]} × measured factors (forward {fits[h].forward:.3g}, backward "
                          f"{fits[h].backward:.3g})" if h in fits else old.origin[h])
     new_cap = {h: capacity(new, ref, h, cap_batch) for h in new.fwd}

@@ -42,7 +42,7 @@ def template_from_model(plan: Plan) -> LayersFile:
 
 def corrected_layers_file(template: LayersFile, host: str, f: np.ndarray, b: np.ndarray, f0: np.ndarray,
                           b0: np.ndarray, call_s: float = 0.0, split: float | None = None,
-                          optimizer_s_per_byte: float | None = None) -> LayersFile:
+                          optimizer_s_per_byte: float | None = None, split_layer_s: float | None = None) -> LayersFile:
     """``template``'s bytes and run with ``host``'s corrected times (per sample ``f``/``b``, per call
     ``f0``/``b0``), split-backward factor and optimizer rate; raw samples and per-batch means are
     dropped: these are corrected figures."""
@@ -57,7 +57,8 @@ def corrected_layers_file(template: LayersFile, host: str, f: np.ndarray, b: np.
                       tail_param_bytes=template.tail_param_bytes, embed=new[0], tail=new[-1], layers=new[1:-1],
                       step_time_s=float(f0.sum() + b0.sum() + (f.sum() + b.sum()) * n),
                       peak_rss_bytes=template.peak_rss_bytes, call_overhead_s=float(call_s),
-                      backward_split_factor=split, optimizer_s_per_byte=optimizer_s_per_byte or None)
+                      backward_split_factor=split, optimizer_s_per_byte=optimizer_s_per_byte or None,
+                      backward_split_layer_s=split_layer_s)
 
 
 @dataclass
@@ -99,7 +100,7 @@ def write_corrected(out: Path, hosts: Sequence[str], templates: Mapping[str, Lay
     for h in hosts:
         lf = corrected_layers_file(templates.get(h, default), h, profiles.fwd[h], profiles.bwd[h], profiles.fwd0[h],
                                    profiles.bwd0[h], profiles.call.get(h, 0.0), profiles.split_factor.get(h),
-                                   (optimizer or {}).get(h))
+                                   (optimizer or {}).get(h), profiles.split_layer.get(h))
         layers.append(lf.save(out / f"layers_{h}.json"))
     bandwidth.save(out / "bandwidth.json")
     w = Written(layers=layers, bandwidth=out / "bandwidth.json", capacities=out / "capacities.json")
