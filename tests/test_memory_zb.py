@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from torchpp.cost import MemoryEstimator, Profiles, StageMemory
@@ -155,3 +156,63 @@ def test_search_prices_the_micro_batches_between_i_and_w():
                                      for r, used in device_memory(blind, profiles, est).items()):
             overflowed += 1
     assert found >= 4 and overflowed >= 1, (found, overflowed)
+
+
+def test_fit_gives_the_tails_logits_their_own_factor_between_i_and_w():
+    """Zero-bubble samples with and without the tail, made by a known model (Kw 4 per byte of a
+    layer's kept activations, Kwt 1 per byte of logits): both come back; one factor for both
+    (tail samples only on one side) cannot price them."""
+    from torchpp.profiling.calibrate import fit, split_spans
+
+    truth = dict(base=5e7, alpha=4.0, Kp=30.0, Kt=3.0, Kw=4.0, Kwt=1.0, Ke=1.0)
+    L, logits, end_w = 8, 400_000, 4_000_000
+    rows = []
+    fb = [(1, 2), (1, 4), (2, 5), (3, 8), (0, 3), (4, 8), (2, 3), (5, 8), (6, 8)]
+    zb = split_spans(L, 4)
+    assert sum(e == L for _, e in zb) == 2 and all(s > 0 for s, _ in zb)
+    for i, ((s, e), order) in enumerate([(sp, "fb") for sp in fb] + [(sp, "zb") for sp in zb]):
+        tail = logits if e == L else 0
+        w, a, b = 3_000_000 * (e - s) + (end_w if tail else 0), 65_536 * (e - s), (2, 8)[i % 2]
+        n = 2 if order == "zb" else 1
+        peak = (truth["base"] + truth["alpha"] * w + truth["Ke"] * (end_w if tail else 0)
+                + n * b * (a * truth["Kp"] + tail * truth["Kt"])
+                + (n * b * (a * truth["Kw"] + tail * truth["Kwt"]) if order == "zb" else 0))
+        rows.append(MemorySample(start=s, end=e, has_embed=s == 0, has_tail=bool(tail), weights_bytes=w,
+                                 activation_bytes_per_sample=a + tail, batch=b, peak_bytes=int(peak), microbatches=2,
+                                 order=order, tail_activation_bytes_per_sample=tail, end_weights_bytes=end_w if tail else 0))
+    mm = fit(rows)
+    assert mm.Kw == pytest.approx(truth["Kw"], rel=1e-3) and mm.Kwt == pytest.approx(truth["Kwt"], rel=1e-3)
+    assert mm.r2 > 0.9999
+    no_tail = fit([r for r in rows if not (r.order == "zb" and r.has_tail)])
+    assert no_tail.Kwt is None  # zero-bubble samples of one kind: the logits stay in Kw's term
+    # every consumer prices the tail's logits between I and W with Kwt: a tail micro-batch's
+    # split term is s · (Kw · A_body + Kwt · logits) per held micro-batch
+    est = MemoryEstimator.fitted(mm)
+    body = 65_536.0
+    kept = body + logits * est.kt / est.kp
+    got = est.per_sample(kept, 0.0, 3, 0.0, 2, 0.0, logits) - est.per_sample(kept, 0.0, 3, 0.0, 0, 0.0, logits)
+    assert got == pytest.approx(2 * (truth["Kw"] * body + truth["Kwt"] * logits), rel=1e-3)
+    const, _, _ = est.recompute_terms(np.array([body]), logits * est.kt / est.kp, 3, 2, 0.0, logits)
+    assert const == pytest.approx(est.per_sample(kept, 0.0, 3, 0.0, 2, 0.0, logits))
+
+
+def test_kwt_is_kept_by_the_file_and_priced_alike_by_stage_memory(tmp_path):
+    from torchpp.cost import StageMemory
+
+    mm = MemoryModel(base=1e7, alpha=4.0, Kp=20.0, r2=1.0, residuals=[], samples=[], Kt=3.0, Kw=5.0, Kwt=0.5)
+    back = MemoryModel.load(mm.save(tmp_path / "m.json"))
+    assert back.Kwt == 0.5
+    est = MemoryEstimator.fitted(back)
+    assert "Kwt 0.50" in est.source
+    lf, plan, profiles = _plan("zb-h1")
+    sm = StageMemory(profiles, est)
+    tail = plan.stages[-1]
+    base = StageMemory(profiles, replace(est, kwt=None))
+    logits = float(profiles.act_bytes[-1])
+    a = sm.activations(tail)
+    assert a.tail == logits
+    diff = sm.peak(tail, 2, 2, 1) - base.peak(tail, 2, 2, 1)
+    assert diff == pytest.approx(2 * (0.5 - 5.0 * 3.0 / 20.0) * logits)
+    t = sm.terms(tail, 2, 2, 1)
+    assert est.base + est.alpha * t.weights + est.kp * t.kp_bytes + t.fixed_bytes == pytest.approx(sm.peak(tail, 2, 2, 1))
+    assert sm.chunks_peak([(tail, 2)], [[(tail.index, 2, 1)]]) == pytest.approx(sm.peak(tail, 2, 2, 1))

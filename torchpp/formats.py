@@ -1036,6 +1036,11 @@ class MemoryModel:
     micro-batch a zero-bubble schedule holds between its input gradient (I) and its weight
     gradient (W): the gradients at the nodes where the weights' gradients branch off, kept for W.
     ``None`` (files without it, or calibrated without zero-bubble probes): no such term."""
+    Kwt: float | None = None
+    """Bytes held per byte of the tail's logits per sample, for each micro-batch between its I and
+    its W (the logits' gradient the lm_head's W reads, and what the loss's graph keeps): fitted
+    apart from ``Kw`` when zero-bubble probes with and without the tail were run. ``None``: the
+    logits count in ``Kw``'s term weighted as ``Kt / Kp``."""
     Kb: float | None = None
     """Bytes per byte of a stage's embedding and layer activations (per sample) held once however
     many micro-batches are in flight: what one backward adds while it runs (the gradients
@@ -1087,7 +1092,8 @@ class MemoryModel:
                            Kt=None if r.raw("Kt", None) is None else r.float("Kt", min_value=0.0),
                            Ke=None if r.raw("Ke", None) is None else r.float("Ke", min_value=0.0, max_value=1e6),
                            Kw=None if r.raw("Kw", None) is None else r.float("Kw", min_value=0.0, max_value=1e6),
-                           Kb=None if r.raw("Kb", None) is None else r.float("Kb", min_value=0.0, max_value=1e6))
+                           Kb=None if r.raw("Kb", None) is None else r.float("Kb", min_value=0.0, max_value=1e6),
+                           Kwt=None if r.raw("Kwt", None) is None else r.float("Kwt", min_value=0.0, max_value=1e6))
 
     @staticmethod
     def load(path: str | os.PathLike) -> "MemoryModel":

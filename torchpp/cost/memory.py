@@ -23,7 +23,9 @@ in addition, the gradients that reached the nodes where the weights' gradients b
 linear layer's output gradient: roughly a dozen tensors of a decoder layer's output size, one
 logits-sized one for the tail); Kw prices those per byte of kept activations (weighted as Kp's,
 the tail's by Kt / Kp), fitted by calibrate-memory's zero-bubble probes (0 where the file has
-none). A chunk holding the embedding has no input gradient: its whole backward waits for W and
+none). Where the file has Kwt (fitted when zero-bubble probes with and without the tail were
+run), the tail's logits count with it instead: Kw·A_kept + (Kwt − Kw·Kt/Kp)·A_tail. A chunk
+holding the embedding has no input gradient: its whole backward waits for W and
 holds nothing more, so its n_w counts 0.
 
 A_body is the activation bytes per sample of the stage's embedding and layers (kept or
@@ -67,6 +69,18 @@ class MemoryEstimator:
     (zero-bubble schedules); 0: no such term."""
     kb: float = 0.0
     """Factor of the embedding's and layers' activations held once, by the running backward; 0: no such term."""
+    kwt: float | None = None
+    """Factor of the tail's logits for each micro-batch held between its ``I`` and its ``W``;
+    None: as ``kw`` weighs the rest of the kept activations (the tail's by ``kt / kp``)."""
+
+    @property
+    def kw_tail_adjust(self) -> float:
+        """What ``kwt`` adds per byte of logits to ``kw`` times the kept activations (in which the
+        logits count ``kt / kp``): 0 without ``kwt``."""
+        if self.kwt is None:
+            return 0.0
+        ratio = self.kt / self.kp if self.kt is not None and self.kp > 0 else 1.0
+        return self.kwt - self.kw * ratio
 
     def activations(self, act_bytes: np.ndarray) -> np.ndarray:
         """Per-block activation bytes per sample (embed, layers..., tail) weighted so that ``kp``
@@ -92,10 +106,11 @@ class MemoryEstimator:
         kt = f", Kt {mm.Kt:.2f} (tail)" if mm.Kt is not None else ""
         ke = f", Ke {mm.Ke:.2f} (end weights)" if mm.Ke is not None else ""
         kw = f", Kw {mm.Kw:.2f} (between I and W)" if mm.Kw is not None else ""
+        kw += f", Kwt {mm.Kwt:.2f} (tail between I and W)" if mm.Kwt is not None else ""
         kw += f", Kb {mm.Kb:.2f} (one backward)" if mm.Kb is not None else ""
         return MemoryEstimator(mm.base, mm.alpha, mm.Kp, f"fitted {source} (base {mm.base / 2**20:.0f} MiB, "
                                f"alpha {mm.alpha:.2f}, Kp {mm.Kp:.2f}{kt}{ke}{kw}{r2}{rt})", mm.process_bytes,
-                               mm.Kt, mm.Ke or 0.0, mm.Kw or 0.0, mm.Kb or 0.0)
+                               mm.Kt, mm.Ke or 0.0, mm.Kw or 0.0, mm.Kb or 0.0, mm.Kwt)
 
     def static(self, weights: float, end_weights: float = 0.0) -> float:
         """Bytes independent of the samples: the base, the weights (with gradients and optimizer
@@ -103,25 +118,28 @@ class MemoryEstimator:
         return self.base + self.alpha * weights + self.ke * end_weights
 
     def per_sample(self, act_kept: float, act_recomputed: float, n: int, act_max_recomputed: float = 0.0,
-                   split: int = 0, act_body: float = 0.0) -> float:
+                   split: int = 0, act_body: float = 0.0, act_tail: float = 0.0) -> float:
         """Bytes per sample of one device's micro-batch share, ``n`` micro-batches held of which
-        ``split`` between their I and their W, and one backward running over ``act_body``."""
-        return (n * (self.kp * act_kept + act_recomputed) + self.kp * act_max_recomputed + split * self.kw * act_kept
-                + self.kb * act_body)
+        ``split`` between their I and their W (the tail's logits ``act_tail``, unweighted, priced
+        there by ``kwt``), and one backward running over ``act_body``."""
+        return (n * (self.kp * act_kept + act_recomputed) + self.kp * act_max_recomputed
+                + split * (self.kw * act_kept + self.kw_tail_adjust * act_tail) + self.kb * act_body)
 
     def peak(self, weights: float, act_kept: float, act_recomputed: float, samples: float, n: int,
-             act_max_recomputed: float = 0.0, end_weights: float = 0.0, split: int = 0, act_body: float = 0.0) -> float:
+             act_max_recomputed: float = 0.0, end_weights: float = 0.0, split: int = 0, act_body: float = 0.0,
+             act_tail: float = 0.0) -> float:
         return (self.static(weights, end_weights)
-                + samples * self.per_sample(act_kept, act_recomputed, n, act_max_recomputed, split, act_body))
+                + samples * self.per_sample(act_kept, act_recomputed, n, act_max_recomputed, split, act_body, act_tail))
 
     def recompute_terms(self, act_layers: np.ndarray, act_fixed: float, n: int, split: int = 0,
-                        act_body: float = 0.0) -> tuple[float, np.ndarray, float]:
+                        act_body: float = 0.0, act_tail: float = 0.0) -> tuple[float, np.ndarray, float]:
         """``per_sample`` as a linear form in the recompute flags r_l and y = max_l r_l (the
         recompute MILP's constraint): ``const + Σ_l r_l · coef_l + y · coef_y`` for layers of
         activation bytes ``act_layers`` and never-recomputed bytes ``act_fixed`` (embed, tail);
         a recomputed layer keeps nothing between I and W either; the running backward's
         ``act_body`` term does not depend on the flags."""
         total = float(act_layers.sum()) + act_fixed
-        const = n * self.kp * total + split * self.kw * total + self.kb * act_body
+        const = (n * self.kp * total + split * (self.kw * total + self.kw_tail_adjust * act_tail)
+                 + self.kb * act_body)
         amax = float(act_layers.max()) if len(act_layers) else 0.0
         return const, n * (1.0 - self.kp) * act_layers - split * self.kw * act_layers, self.kp * amax

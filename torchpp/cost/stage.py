@@ -279,6 +279,8 @@ class StageActivations:
     largest_recomputed: float | np.ndarray
     body: float | np.ndarray = 0.0
     """The embedding's and layers' bytes, kept or recomputed, unweighted (what ``Kb`` prices)."""
+    tail: float | np.ndarray = 0.0
+    """The tail's logits bytes, unweighted, where the span holds it (what ``Kwt`` prices)."""
 
 
 @dataclass(frozen=True)
@@ -317,7 +319,7 @@ class StageMemory:
         tail = np.where(np.asarray(sp.hi) == len(self.profiles.act_bytes), float(self.profiles.act_bytes[-1]), 0.0)
         body = self.raw_acts(sp.lo, sp.hi) - tail
         return StageActivations(self.acts(sp.lo, sp.hi) - rec, rec, self.largest.over(sp.runs),
-                                float(body) if np.ndim(body) == 0 else body)
+                                float(body) if np.ndim(body) == 0 else body, float(tail) if np.ndim(tail) == 0 else tail)
 
     def end_weights(self, span: Span | PlanStage) -> float | np.ndarray:
         """Parameter bytes of the tail (the lm_head) where the span holds it, else 0: what the
@@ -347,7 +349,8 @@ class StageMemory:
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         a = self.activations(sp)  # the tail's logits weighted by Kt / Kp
         kept, rec, amax = float(a.kept), float(a.recomputed), float(a.largest_recomputed)
-        held_w = samples * float(self.split_of(sp, split)) * self.memory.kw * kept
+        held_w = samples * float(self.split_of(sp, split)) * (self.memory.kw * kept
+                                                              + self.memory.kw_tail_adjust * float(a.tail))
         running = samples * self.memory.kb * float(a.body)
         return MemoryTerms(weights=float(self.weights(sp.lo, sp.hi)), kp_bytes=samples * (in_flight * kept + amax),
                            fixed_bytes=(samples * in_flight * rec + self.memory.ke * float(self.end_weights(sp)) + held_w
@@ -360,7 +363,7 @@ class StageMemory:
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         a = self.activations(sp)
         return self.memory.per_sample(a.kept, a.recomputed, in_flight, a.largest_recomputed, self.split_of(sp, split),
-                                      a.body)
+                                      a.body, a.tail)
 
     def static(self, span: Span | PlanStage) -> float | np.ndarray:
         """Bytes independent of the samples: the base and the weights' (with gradients, optimizer state)."""
@@ -382,7 +385,7 @@ class StageMemory:
                                         for c, _ in chunks) - shared_bytes,
                                     max(float(self.end_weights(c)) for c, _ in chunks))
         worst = max((sum(acts[c][0] * self.memory.per_sample(acts[c][1].kept, acts[c][1].recomputed, n, 0.0,
-                                                              0 if embed[c] or not w else w[0])
+                                                              0 if embed[c] or not w else w[0], 0.0, acts[c][1].tail)
                          for c, n, *w in prof if c in acts) for prof in held), default=0.0)
         largest = max(s * self.memory.per_sample(0.0, 0.0, 0, a.largest_recomputed, 0, a.body) for s, a in acts.values())
         return float(static + worst + largest)
@@ -393,4 +396,4 @@ class StageMemory:
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         a = self.activations(sp)
         return self.memory.peak(self.weights(sp.lo, sp.hi), a.kept, a.recomputed, samples, in_flight,
-                                a.largest_recomputed, self.end_weights(sp), self.split_of(sp, split), a.body)
+                                a.largest_recomputed, self.end_weights(sp), self.split_of(sp, split), a.body, a.tail)

@@ -152,10 +152,26 @@ def split_bytes(mm: MemoryModel, s: MemorySample) -> tuple[float, float]:
 
 def fit_split(mm: MemoryModel, split: Sequence[MemorySample]) -> MemoryModel:
     """``Kw`` by least squares (at least 0) on what the zero-bubble samples hold beyond ``mm``'s
-    prediction with all their micro-batches in flight; R² and residuals then over every sample."""
+    prediction with all their micro-batches in flight; R² and residuals then over every sample.
+    With samples both with and without the tail (neither holding the embedding), the tail's
+    logits get their own ``Kwt`` (non-negative least squares over both): what a tail micro-batch
+    holds between I and W is the logits' gradient and the loss's graph, not a decoder layer's
+    dozen branch gradients, and one factor for both mis-priced whichever rank holds the tail."""
+    from scipy.optimize import nnls
+
     rows = [split_bytes(mm, s) for s in split]
-    x = np.array([r[1] for r in rows])
     extra = np.array([float(s.peak_bytes) - r[0] for s, r in zip(split, rows)])
+    live = [s for s in split if not s.has_embed]
+    if {s.tail_activation_bytes_per_sample > 0 for s in live} == {True, False}:
+        cols = np.array([[0.0, 0.0] if s.has_embed else
+                          [s.microbatches * s.batch * float(s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample),
+                           s.microbatches * s.batch * float(s.tail_activation_bytes_per_sample)] for s in split])
+        scale = cols.max(axis=0)
+        (kw, kwt), _ = nnls(cols / scale, extra)
+        kw, kwt = float(kw / scale[0]), float(kwt / scale[1])
+        pred = [r[0] + kw * c[0] + kwt * c[1] for r, c in zip(rows, cols)]
+        return _refit_stats(mm, split, pred, Kw=kw, Kwt=kwt)
+    x = np.array([r[1] for r in rows])
     kw = max(0.0, float(x @ extra / (x @ x))) if float(x @ x) > 0 else None
     pred = [r[0] + (kw or 0.0) * r[1] for r in rows]
     return _refit_stats(mm, split, pred, Kw=kw)
@@ -222,10 +238,11 @@ def measure_span(model: str, start: int, end: int, has_embed: bool, has_tail: bo
 
 def split_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, int]]:
     """Spans for the zero-bubble probes: none holding the embedding (its I computes nothing, so
-    it holds nothing between I and W), at least one with the tail where there are two or more."""
+    it holds nothing between I and W); where there are two or more, half of them (rounded
+    down) with the tail and the rest without, so ``Kw`` and the tail's ``Kwt`` are both seen."""
     spans = [sp for sp in random_spans(num_layers, 10 * count + 10, seed + 1) if sp[0] > 0]
-    tails = [sp for sp in spans if sp[1] == num_layers][:1 if count >= 2 else 0]
-    return (tails + [sp for sp in spans if sp not in tails])[:count]
+    tails = [sp for sp in spans if sp[1] == num_layers][:count // 2 if count >= 2 else 0]
+    return (tails + [sp for sp in spans if sp not in tails and sp[1] < num_layers])[:count]
 
 
 def held_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, int]]:

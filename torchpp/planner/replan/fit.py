@@ -310,7 +310,8 @@ def refit_memory(plan: Plan, profiles: Profiles, peaks: Mapping[int, int], prior
                      # the terms the fit takes as given stay (subtracted from y by ``StageMemory.terms``):
                      # the lm_head's (Ke), between I and W (Kw), the running backward (Kb), and the
                      # runtime's own RSS, reserved from every budget
-                     Ke=prior.ke or None, Kw=prior.kw or None, Kb=prior.kb or None, process_bytes=prior.process)
+                     Ke=prior.ke or None, Kw=prior.kw or None, Kb=prior.kb or None, Kwt=prior.kwt,
+                     process_bytes=prior.process)
     return mm, how
 
 
