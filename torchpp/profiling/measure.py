@@ -112,23 +112,25 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
         peak = max(peak, proc.memory_info().rss)
 
     rss_hook = model.register_forward_hook(sample_rss)
-    by_batch: dict[int, list[StepTimes]] = {}
+    by_batch: dict[int, list[StepTimes]] = {bsz: [] for bsz in (*pc.fit_batches, pc.batch)}
     try:
         with BlockProfiler(model, timer=timer, parts=parts) as prof, \
                 torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(pc.autocast)):
-            for bsz in (*pc.fit_batches, pc.batch):  # the main batch last: its steps are the trace's
-                ids, tag = all_ids[:bsz], ("" if bsz == pc.batch else f" (batch {bsz})")
-                by_batch[bsz] = []
-                for i in range(pc.warmup + pc.iters):
-                    st = prof.run_step(ids)
+            # the sizes in turn, every round: a load that changes while the host is profiled (the
+            # other hosts of an emulated cluster finishing theirs) then weighs on every size alike
+            # instead of bending the per-call / per-sample fit; the main batch last in each round
+            for i in range(pc.warmup + pc.iters):
+                counted = i >= pc.warmup
+                for bsz in by_batch:
+                    st = prof.run_step(all_ids[:bsz])
                     sample_rss()
                     model.zero_grad(set_to_none=True)
-                    counted = i >= pc.warmup
                     if counted:
                         by_batch[bsz].append(st)
-                    if progress:
-                        phase, k, n = ("measure", i - pc.warmup, pc.iters) if counted else ("warmup", i, pc.warmup)
-                        progress(phase + tag, k + 1, n, st.wall_s)
+                if progress:
+                    phase, k, n = ("measure", i - pc.warmup, pc.iters) if counted else ("warmup", i, pc.warmup)
+                    tag = f" (batches {', '.join(map(str, by_batch))})" if len(by_batch) > 1 else ""
+                    progress(phase + tag, k + 1, n, st.wall_s)
     finally:
         rss_hook.remove()
     opt_s, opt_bytes = measure_optimizer(model, pc, timer)
@@ -263,11 +265,12 @@ def measure_backward_split(cfg: Any, pc: ProfileConfig) -> SplitCost:
                         dtype=pc.weights_dtype, autocast=pc.autocast)
     weights = [p for p in stage.parameters() if p.requires_grad]
     gen = torch.Generator().manual_seed(pc.seed)
-    rows = []
-    for batch in sorted({pc.batch, *pc.fit_batches[:1]}):
-        x0 = torch.randn(batch, pc.seq_len, int(cfg.hidden_size), generator=gen).to(stage.dtype)
-        whole, split = [], []
-        for i in range(max(1, pc.warmup) + max(3, pc.iters)):
+    sizes = sorted({pc.batch, *pc.fit_batches[:1]})
+    inputs = {b: torch.randn(b, pc.seq_len, int(cfg.hidden_size), generator=gen).to(stage.dtype) for b in sizes}
+    whole: dict[int, list[float]] = {b: [] for b in sizes}
+    split: dict[int, list[float]] = {b: [] for b in sizes}
+    for i in range(max(1, pc.warmup) + max(3, pc.iters)):
+        for batch, x0 in inputs.items():  # the sizes in turn, as the blocks are timed
             x = x0.clone().requires_grad_(True)
             out = stage.forward(x, None, None)
             grad = torch.randn(out.shape, generator=gen, dtype=out.dtype)
@@ -283,10 +286,9 @@ def measure_backward_split(cfg: Any, pc: ProfileConfig) -> SplitCost:
             for w in weights:
                 w.grad = None
             if i >= max(1, pc.warmup):
-                whole.append(t1 - t0)
-                split.append(t3 - t2)
-        rows.append((statistics.median(whole), statistics.median(split)))
-    return fit_split(rows, n)
+                whole[batch].append(t1 - t0)
+                split[batch].append(t3 - t2)
+    return fit_split([(statistics.median(whole[b]), statistics.median(split[b])) for b in sizes], n)
 
 
 def fit_fixed(rows: list[list[float]]) -> tuple[float, float]:
