@@ -376,3 +376,21 @@ def test_memory_refit_keeps_the_runtime_reservation_and_end_block_term(tmp_path)
     for r in plan.ranks:  # priced with the refitted file as the planner reads it
         w, k, fixed, _ = memory_terms(plan, prof, r, est)
         assert est.base + est.alpha * w + est.kp * k + fixed == pytest.approx(peaks[r], rel=1e-3), r
+
+
+def test_a_calibrated_memory_model_is_kept_and_written_beside_the_corrected_files(run_dir, capsys):
+    """Refitting a calibration to one run's few ranks (one micro-batch size, one order) priced the
+    next plan worse than the calibration: replan keeps a --memory-model file, says so, and writes it
+    to the output folder so that the corrected files alone price the new plan as it did."""
+    mm = MemoryModel(base=2e7, alpha=4.0, Kp=20.0, r2=1.0, residuals=[], samples=[], Kt=3.0, Kw=9.0, Kwt=0.5,
+                     Kb=5.0, Ke=1.0, process_bytes=1e8)
+    mm.save(run_dir / "memory_model.json")
+    assert main(replan_args(run_dir, "--memory-model", str(run_dir / "memory_model.json"))) == 0
+    out = run_dir / "out2"
+    s = json.loads((out / "replan_summary.json").read_text())
+    assert s["memory"]["how"].startswith("kept (calibrated")
+    back = MemoryModel.load(out / "memory_model.json")
+    assert (back.base, back.alpha, back.Kp, back.Kw, back.Kwt, back.Kb) == (2e7, 4.0, 20.0, 9.0, 0.5, 5.0)
+    # without a calibration the analytic prior is refitted to the measured peaks, as before
+    assert main(replan_args(run_dir)) == 0
+    assert not json.loads((out / "replan_summary.json").read_text())["memory"]["how"].startswith("kept")

@@ -153,12 +153,12 @@ def split_bytes(mm: MemoryModel, s: MemorySample) -> tuple[float, float]:
 def fit_split(mm: MemoryModel, split: Sequence[MemorySample]) -> MemoryModel:
     """``Kw`` by least squares (at least 0) on what the zero-bubble samples hold beyond ``mm``'s
     prediction with all their micro-batches in flight; R² and residuals then over every sample.
-    With samples both with and without the tail (neither holding the embedding), the tail's
-    logits get their own ``Kwt`` (non-negative least squares over both): what a tail micro-batch
-    holds between I and W is the logits' gradient and the loss's graph, not a decoder layer's
-    dozen branch gradients, and one factor for both mis-priced whichever rank holds the tail."""
-    from scipy.optimize import nnls
-
+    With samples both with and without the tail (neither holding the embedding), ``Kw`` is fitted
+    on those without and the tail's logits get their own ``Kwt`` from those with, given ``Kw``:
+    what a tail micro-batch holds between I and W is the logits' gradient and the loss's graph,
+    not a decoder layer's dozen branch gradients; and a tail probe holding two micro-batches
+    counts ``Kt`` (fitted one at a time, the loss's transient copies included) for each, so its
+    excess says little about the layers' ``Kw`` (one factor for both under-priced mid ranks)."""
     rows = [split_bytes(mm, s) for s in split]
     extra = np.array([float(s.peak_bytes) - r[0] for s, r in zip(split, rows)])
     live = [s for s in split if not s.has_embed]
@@ -166,9 +166,11 @@ def fit_split(mm: MemoryModel, split: Sequence[MemorySample]) -> MemoryModel:
         cols = np.array([[0.0, 0.0] if s.has_embed else
                           [s.microbatches * s.batch * float(s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample),
                            s.microbatches * s.batch * float(s.tail_activation_bytes_per_sample)] for s in split])
-        scale = cols.max(axis=0)
-        (kw, kwt), _ = nnls(cols / scale, extra)
-        kw, kwt = float(kw / scale[0]), float(kwt / scale[1])
+        body = np.array([not s.has_embed and s.tail_activation_bytes_per_sample == 0 for s in split])
+        x, y = cols[body, 0], extra[body]
+        kw = max(0.0, float(x @ y / (x @ x))) if float(x @ x) > 0 else 0.0
+        x, y = cols[~body, 1], extra[~body] - kw * cols[~body, 0]
+        kwt = max(0.0, float(x @ y / (x @ x))) if float(x @ x) > 0 else 0.0
         pred = [r[0] + kw * c[0] + kwt * c[1] for r, c in zip(rows, cols)]
         return _refit_stats(mm, split, pred, Kw=kw, Kwt=kwt)
     x = np.array([r[1] for r in rows])
