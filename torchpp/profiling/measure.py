@@ -221,6 +221,10 @@ def measure_optimizer(model: torch.nn.Module, pc: ProfileConfig, timer) -> tuple
 
 SPLIT_SAMPLE_LAYERS = 4
 """Decoder layers the split backward is timed on: enough that its per-layer cost shows."""
+SPLIT_PAIRS_PER_ITER = 2
+"""Timed pairs (one backward, one split backward) per profiled step and size: the split's cost is
+a difference of two noisy times, read at two sizes (factor and per-layer cost traded against
+each other across runs with one pair per step: 0 to 10 ms per layer on one emulated host)."""
 
 
 @dataclass(frozen=True)
@@ -255,7 +259,8 @@ def measure_backward_split(cfg: Any, pc: ProfileConfig) -> SplitCost:
     schedules run it) against one ``autograd.backward`` of the same forward, on up to
     ``SPLIT_SAMPLE_LAYERS`` decoder layers with the profile's precision (``--dtype bfloat16``: fp32
     weights under bf16 autocast, as training runs it), at the profile's batch and its smallest
-    other batch; medians over ``pc.iters`` alternating pairs after a warm-up, fitted by ``fit_split``."""
+    other batch; medians over ``SPLIT_PAIRS_PER_ITER × pc.iters`` alternating pairs after a warm-up,
+    fitted by ``fit_split``."""
     import time
 
     from ..models.stages import StageSpec, backward_input, backward_weight, build_stage
@@ -269,7 +274,7 @@ def measure_backward_split(cfg: Any, pc: ProfileConfig) -> SplitCost:
     inputs = {b: torch.randn(b, pc.seq_len, int(cfg.hidden_size), generator=gen).to(stage.dtype) for b in sizes}
     whole: dict[int, list[float]] = {b: [] for b in sizes}
     split: dict[int, list[float]] = {b: [] for b in sizes}
-    for i in range(max(1, pc.warmup) + max(3, pc.iters)):
+    for i in range(max(1, pc.warmup) + SPLIT_PAIRS_PER_ITER * max(3, pc.iters)):
         for batch, x0 in inputs.items():  # the sizes in turn, as the blocks are timed
             x = x0.clone().requires_grad_(True)
             out = stage.forward(x, None, None)
