@@ -2,7 +2,7 @@
 :mod:`torchpp.planner.chunks`, every candidate priced by replaying its own schedule.
 
 The stage DP runs once, for the first one-chunk kind asked for (1F1B under ``auto``); its best
-priced layouts are priced again under the other one-chunk kinds (ZB-H1, GPipe) and refined by
+priced layouts of each micro-batch size are priced again under the other one-chunk kinds (ZB-H1, GPipe) and refined by
 the local search under each, and their device groups seed the chunked search. On small instances
 (at most :data:`SMALL_DEVICES` devices) every one-chunk kind gets its own DP, every sequence
 of device groups seeds the chunked search, and where a kind has few ways to cut the layers into
@@ -28,7 +28,11 @@ SEEDS = 6
 TINY_CUTS = 64
 """On small instances, a kind and chunk count with at most this many ways to cut the layers has every cut priced."""
 REPRICED = 3
-"""Beyond small instances, one-chunk layouts of the DP's kind priced again under each other one-chunk kind."""
+"""Beyond small instances, one-chunk layouts of the DP's kind priced again under each other one-chunk
+kind: this many of the best at each micro-batch size. The kinds rank sizes differently (1F1B's
+fill favours small micro-batches, ZB-H1 fills it with W), so the DP kind's overall best few can
+all share one size: on the homelab's costs its best three were all 16 × 2, and ZB-H1 at 8 × 4,
+priced 10% faster than the plan chosen, was never priced."""
 STARTS = 4
 """Priced chunked layouts the local search starts from."""
 PRICED = 6
@@ -74,7 +78,18 @@ def _search_one(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], sma
             return search_single(pb).priced
         except ValueError:
             pass
-    return _reprice(pb, t, plans[:REPRICED])
+    return _reprice(pb, t, best_per_size(plans, REPRICED))
+
+
+def best_per_size(plans: Sequence[tuple[float, Plan]], n: int) -> list[tuple[float, Plan]]:
+    """The ``n`` best priced plans of each micro-batch size, best first."""
+    per: dict[int, int] = {}
+    out = []
+    for s, p in sorted(plans, key=lambda x: x[0]):
+        if per.get(p.micro_batch_size, 0) < n:
+            per[p.micro_batch_size] = per.get(p.micro_batch_size, 0) + 1
+            out.append((s, p))
+    return out
 
 
 def _layout_of(pb: Problem, plan: Plan) -> tuple[list[int], list[StageChoice]]:

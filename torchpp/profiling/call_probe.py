@@ -38,8 +38,11 @@ class CallProbeConfig:
     microbatches: int = 1
     """Micro-batches of one sample each: 2 × microbatches compute calls per rank and step; one
     keeps the two ranks from computing at once (see the module docstring)."""
-    steps: int = 24
-    """Steps to run; the first warms up and is not traced, the others are measured."""
+    steps: int = 64
+    """Steps to run; the first warms up and is not traced, the others are measured. The gaps are
+    heavy-tailed on a small CPU quota (a few throttled ones carry the mean a real run pays), so
+    the mean needs many: with 24 steps the emulated Pi 3's read 5.2 to 9.3 ms over six profiles.
+    The probe's time is its start (about 15 s here with 24 or 64 steps)."""
     threads: int = 1
     """Torch intra-op threads per rank (the profile's ``--threads``)."""
     timeout_s: float = 90.0
