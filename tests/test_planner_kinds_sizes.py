@@ -49,3 +49,16 @@ def test_best_per_size_keeps_the_best_few_of_each_size():
     plans = [(3.0, P(2)), (1.0, P(2)), (2.0, P(2)), (5.0, P(4)), (4.0, P(4)), (0.5, P(2))]
     got = best_per_size(plans, 2)
     assert [(s, p.micro_batch_size) for s, p in got] == [(0.5, 2), (1.0, 2), (4.0, 4), (5.0, 4)]
+
+
+def test_only_chunked_kinds_that_do_not_fit_are_named_as_such():
+    """With 90% of the budgets no V layout fits while one chunk per device does: the error says so
+    (it used to blame the one-chunk split and suggest --max-stages)."""
+    pb = _problem()
+    pb = replace(pb, budget={h: v * 0.9 for h, v in pb.budget.items()}, schedule="v")
+    with pytest.raises(InfeasibleError) as e:
+        search(pb)
+    msg = str(e.value)
+    assert "no plan of v fits" in msg and "both the embedding and the lm_head" in msg
+    assert "try --schedule auto" in msg and "--max-stages" not in msg
+    assert search(replace(pb, schedule="1f1b")).step_time_s > 0
