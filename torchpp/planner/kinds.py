@@ -60,12 +60,14 @@ def search_kinds(pb: Problem, kinds: Sequence[str], progress=None) -> SearchResu
     if not priced:
         if multi and not one and base.priced:  # the one-chunk DP found plans: only the chunked kinds do not fit
             best = min(base.priced, key=lambda x: x[0])
+            v = [k for k in multi if k in ("v", "zbv")]
+            why = (f"; a V placement ({'/'.join(v)}) holds both the embedding and the lm_head on one device"
+                   if v else "")
             raise InfeasibleError(
                 f"no plan of {', '.join(multi)} fits in memory or runs ({pb.memory.source}): each device holds "
-                f"several chunks, and a V placement ({'/'.join(k for k in multi if k in ('v', 'zbv')) or 'v/zbv'}) "
-                f"holds both the embedding and the lm_head on one device; one chunk per device fits "
-                f"({best[1].schedule}, {len(best[1].stages)} stage(s), {best[1].num_microbatches} x "
-                f"{best[1].micro_batch_size}, {best[0]:.4g} s): try --schedule auto")
+                f"several chunks{why}; one chunk per device fits ({best[1].schedule}, {len(best[1].stages)} "
+                f"stage(s), {best[1].num_microbatches} x {best[1].micro_batch_size}, {best[0]:.4g} s): "
+                f"try --schedule auto")
         raise InfeasibleError(infeasible_message(pb, t))
     priced.sort(key=lambda x: x[0])
     best: dict[str, float] = {}
