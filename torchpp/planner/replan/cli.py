@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ...formats import LayersFile, MemoryModel, Plan, write_json
+from ...formats import LayersFile, Plan, write_json
 from ..report import json_ready
 from ...cost import Links, MemoryEstimator, Profiles
 from ...sim.measured import price
@@ -78,13 +78,13 @@ def run(args: argparse.Namespace) -> int:
                          f"used by the traced run and have no rate; pass the bandwidth.json the plan was made from")
     opt, opt_measured = optimizer_rates(plan, old.profiles, fit.profiles, meas, old.all_hosts)
     memory = fit_memory(plan, old.profiles, meas.peak_rss, old.memory, not args.no_memory_refit,
-                        calibrated=args.memory_model is not None)
+                        calibrated=old.memory_model is not None)
     # the model the new plan is priced with goes beside the corrected files, refitted or kept
-    kept = MemoryModel.load(args.memory_model) if memory.model is None and args.memory_model is not None else None
+    model = memory.model or old.memory_model
     written = write_corrected(args.out_dir, old.all_hosts, old.templates, old.default_template, fit.profiles, bw,
-                              fit.ref, memory.model or kept, old.devices, opt)
+                              fit.ref, model, old.devices, opt)
     if written.memory_model is not None:
-        memory.estimator = MemoryEstimator.fitted(memory.model or kept, str(written.memory_model))
+        memory.estimator = MemoryEstimator.fitted(model, str(written.memory_model))
     # the new plan is priced from the files just written, as `torchpp plan` would read them
     new_files = [LayersFile.load(p) for p in written.layers]
     costs = api.Costs(profiles=Profiles.from_layers(new_files, None, [str(p) for p in written.layers]),

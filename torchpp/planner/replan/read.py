@@ -242,6 +242,8 @@ class OldCosts:
     origin: dict[str, str]
     bandwidth: Bandwidth
     memory: MemoryEstimator
+    memory_model: MemoryModel | None
+    """The calibration file ``memory`` was read from (None: the analytic model)."""
     hosts: list[str]
     """The devices to plan for (devices.json, or the plan's own)."""
     budget: dict[str, float]
@@ -283,13 +285,11 @@ def read_old_costs(plan: Plan, plan_src: str, layers: Sequence[Path] | None, cap
     prof.ensure(sorted(set(hosts) | set(planned)), str(devices or plan_src))
     old_origin = dict(prof.origin)
     old_bw = Bandwidth.load(bandwidth) if bandwidth else Bandwidth(bytes_per_sec={}, source="none")
-    if memory_model:
-        old_mem = MemoryEstimator.fitted(MemoryModel.load(memory_model), str(memory_model))
-    else:
-        old_mem = MemoryEstimator.analytic(ANALYTIC_KP)
+    mm = MemoryModel.load(memory_model) if memory_model else None
+    old_mem = MemoryEstimator.fitted(mm, str(memory_model)) if mm else MemoryEstimator.analytic(ANALYTIC_KP)
     return OldCosts(profiles=prof, files=files, capacities=cap, templates=templates,
                     default_template=default_template, origin=old_origin, bandwidth=old_bw, memory=old_mem,
-                    hosts=hosts, budget=budget, devices=dv, planned=planned)
+                    memory_model=mm, hosts=hosts, budget=budget, devices=dv, planned=planned)
 
 
 def read_budgets(devices: Path | None, plan: Plan, plan_src: str
