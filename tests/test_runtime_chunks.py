@@ -194,13 +194,17 @@ def test_v_rank_holds_the_tied_weight_once():
 
 @pytest.mark.parametrize("recompute", [(False, False, False), (False, True, False), (True, True, True)])
 @pytest.mark.parametrize("tail", [False, True])
-def test_split_backward_equals_full_backward(recompute, tail):
-    """I then W gives bit-identical input and weight gradients to one backward, with recompute."""
+@pytest.mark.parametrize("autocast", ["", "bfloat16"])
+def test_split_backward_equals_full_backward(recompute, tail, autocast):
+    """I then W gives bit-identical input and weight gradients to one backward, with recompute and
+    under mixed precision (the set-aside products run in autocast's dtype, as autograd's do)."""
     cfg = load_config(MODEL)
     spec = StageSpec(layers=(1, 4), has_embed=False, has_tail=tail, recompute=recompute, num_stages=2)
     got = []
     for split in (False, True):
-        st = build_stage(MODEL, cfg, spec, seed=3)
+        st = build_stage(MODEL, cfg, spec, seed=3, autocast=autocast)
+        if split:
+            assert st.defer_weight_gradients() == 7 * 3 + tail  # q k v o gate up down per layer, lm_head
         torch.manual_seed(0)
         x = torch.randn(2, 8, st.hidden_size, requires_grad=True)
         ids = torch.randint(0, cfg.vocab_size, (2, 8))
@@ -212,7 +216,9 @@ def test_split_backward_equals_full_backward(recompute, tail):
             later = [p for p in params if all(p is not q for q in now)]
             dx, task = backward_input(out, grad, x, later, now)
             del out
-            assert all(p.grad is None for p in later)
+            linear = [m.weight for m in st.module.modules() if isinstance(m, torch.nn.Linear)]
+            assert all(p.grad is None for p in later if any(p is w for w in linear))  # set aside for W
+            assert all(p.grad is not None for p in now)
             backward_weight(task)
         else:
             torch.autograd.backward(out, grad)
@@ -223,8 +229,37 @@ def test_split_backward_equals_full_backward(recompute, tail):
     assert all(torch.equal(u, v) for u, v in zip(ga, gb))
 
 
-def test_weight_pass_releases_the_kept_graph():
-    """What the input pass keeps (saved activations) lives until the weight pass, then is freed."""
+@pytest.mark.parametrize("model", ["gpt2-tiny", "llama-tiny"])
+def test_split_backward_equals_full_backward_other_architectures(model):
+    """GPT-2's Conv1D layers (weight stored (in, out), with biases) and Llama's set aside their
+    weight gradients too, bit-identical to one backward."""
+    cfg = load_config(model)
+    spec = StageSpec(layers=(0, 2), has_embed=False, has_tail=True, num_stages=2)
+    got = []
+    for split in (False, True):
+        st = build_stage(model, cfg, spec, seed=3)
+        if split:
+            assert st.defer_weight_gradients() > 0
+        torch.manual_seed(0)
+        x = torch.randn(2, 8, st.hidden_size, requires_grad=True)
+        ids = torch.randint(0, cfg.vocab_size, (2, 8))
+        out = st.forward(x, ids, 16)
+        if split:
+            dx, task = backward_input(out, None, x, st.parameters(), [])
+            assert task.kept and any(d.bias is not None for d in task.kept) == (model == "gpt2-tiny")
+            backward_weight(task)
+        else:
+            out.backward()
+            dx = x.grad
+        got.append((dx, [p.grad for p in st.parameters()]))
+    (a, ga), (b, gb) = got
+    assert torch.equal(a, b)
+    assert all(torch.equal(u, v) for u, v in zip(ga, gb))
+
+
+def test_input_pass_frees_the_graph_and_weight_pass_what_it_kept():
+    """After I only the linear layers' inputs and output gradients are held (the graph and every
+    other saved activation are freed); W frees those."""
     import gc
     import weakref
 
@@ -240,17 +275,20 @@ def test_weight_pass_releases_the_kept_graph():
         saved.append(weakref.ref(t))
         return t
 
+    st.defer_weight_gradients()
     x = torch.randn(2, 8, st.hidden_size, requires_grad=True)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = st.forward(x)
     dx, task = backward_input(out, torch.randn_like(out), x, st.parameters(), [])
     del out, x
     gc.collect()
-    assert dx is not None and any(r() is not None for r in saved)
+    assert dx is not None and saved and all(r() is None for r in saved)
+    assert len(task.kept) == 7 * 2  # one per linear layer call
+    kept = [weakref.ref(t) for d in task.kept for t in (d.x, d.dy)]
     backward_weight(task)
     del task
     gc.collect()
-    assert all(r() is None for r in saved)
+    assert all(r() is None for r in kept)
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -994,8 +994,8 @@ class MemorySample:
     order: str = "fb"
     """How the probe ran them: ``fb`` each forward then its full backward (one held at a time),
     ``gpipe`` every forward, then every full backward (all ``microbatches`` held at once: what
-    ``Kb`` is fitted on), ``zb`` every forward, then every input gradient, then every weight
-    gradient (all ``microbatches`` held, all between their I and W at the end: what ``Kw`` is
+    ``Kb`` is fitted on), ``zb`` each forward then its input gradient in turn, then every weight
+    gradient (all ``microbatches`` held at the last I, the others past their I: what ``Kw`` is
     fitted on)."""
 
 
@@ -1032,13 +1032,14 @@ class MemoryModel:
     the embedding adds its gradient in place (``models.embedding``). ``None`` (files
     without it): no such term."""
     Kw: float | None = None
-    """Bytes held per byte of kept activations (weighted as ``Kp``'s) per sample, for each
-    micro-batch a zero-bubble schedule holds between its input gradient (I) and its weight
-    gradient (W): the gradients at the nodes where the weights' gradients branch off, kept for W.
-    ``None`` (files without it, or calibrated without zero-bubble probes): no such term."""
+    """Bytes per byte of kept activations (weighted as ``Kp``'s) per sample that a micro-batch
+    holds between its input gradient (I) and its weight gradient (W) beyond ``Kp``: negative, as
+    the input pass frees its graph and keeps only the linear layers' inputs and output gradients
+    for W (``models.deferred``); at least ``−Kp``. Files fitted before that runtime hold a
+    positive one. ``None`` (files without it, or calibrated without zero-bubble probes): no such term."""
     Kwt: float | None = None
-    """Bytes held per byte of the tail's logits per sample, for each micro-batch between its I and
-    its W (the logits' gradient the lm_head's W reads, and what the loss's graph keeps): fitted
+    """Bytes per byte of the tail's logits per sample beyond ``Kt``, for each micro-batch between its
+    I and its W (the logits' gradient the lm_head's W reads, in place of the loss's graph): fitted
     apart from ``Kw`` when zero-bubble probes with and without the tail were run. ``None``: the
     logits count in ``Kw``'s term weighted as ``Kt / Kp``."""
     Kb: float | None = None
@@ -1091,9 +1092,9 @@ class MemoryModel:
                            process_bytes=r.float("process_bytes", 0.0, min_value=0.0),
                            Kt=None if r.raw("Kt", None) is None else r.float("Kt", min_value=0.0),
                            Ke=None if r.raw("Ke", None) is None else r.float("Ke", min_value=0.0, max_value=1e6),
-                           Kw=None if r.raw("Kw", None) is None else r.float("Kw", min_value=0.0, max_value=1e6),
+                           Kw=None if r.raw("Kw", None) is None else r.float("Kw", min_value=-1e6, max_value=1e6),
                            Kb=None if r.raw("Kb", None) is None else r.float("Kb", min_value=0.0, max_value=1e6),
-                           Kwt=None if r.raw("Kwt", None) is None else r.float("Kwt", min_value=0.0, max_value=1e6))
+                           Kwt=None if r.raw("Kwt", None) is None else r.float("Kwt", min_value=-1e6, max_value=1e6))
 
     @staticmethod
     def load(path: str | os.PathLike) -> "MemoryModel":

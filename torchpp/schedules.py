@@ -291,12 +291,18 @@ def in_flight_chunks(schedule: str, placement: Placement, position: int, num_mic
 @functools.lru_cache(maxsize=65536)
 def split_in_flight(schedule: str, num_stages: int, stage: int, num_microbatches: int) -> int:
     """Micro-batches between their I and W at the step of a one-chunk stage's order holding the
-    most micro-batches (:func:`in_flight`), the most such of those steps: the n_w its peak is
-    priced with (``cost.memory``). 0 for schedules without a split backward."""
+    most micro-batches (:func:`in_flight`), the fewest such of those steps: the n_w its peak is
+    priced with (``cost.memory``). A micro-batch past its I holds less than one before it (the
+    input pass frees the graph, ``models.deferred``), so the peak is the step where the most are
+    still whole; a step holding one micro-batch fewer has at most one more past its I. 0 for
+    schedules without a split backward."""
     pl = placement_of(schedule, num_stages, 1)
     steps = [tuple(map(sum, zip((0, 0), *h.values()))) for h in
              held_split(position_order(schedule, pl, pl.position[stage], num_microbatches))]
-    return max(steps, default=(0, 0))[1]
+    if not steps:
+        return 0
+    top = max(n for n, _ in steps)
+    return min(w for n, w in steps if n == top)
 
 
 Profile = tuple[tuple[int, int, int], ...]

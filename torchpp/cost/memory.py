@@ -17,16 +17,15 @@ where the calibration file has none). The embedding adds its gradient in place
 
 n_w is the micro-batches held between their input gradient ``I`` and their weight gradient ``W``
 in a zero-bubble order (zb-h1, interleaved-zb, zbv; 0 for every other kind), at the step of the
-order holding the most micro-batches (``schedules.split_in_flight``, ``held_profiles``: read off the order,
-like n). Such a micro-batch keeps its whole graph (its saved tensors, already counted in n) and,
-in addition, the gradients that reached the nodes where the weights' gradients branch off (each
-linear layer's output gradient: roughly a dozen tensors of a decoder layer's output size, one
-logits-sized one for the tail); Kw prices those per byte of kept activations (weighted as Kp's,
-the tail's by Kt / Kp), fitted by calibrate-memory's zero-bubble probes (0 where the file has
-none). Where the file has Kwt (fitted when zero-bubble probes with and without the tail were
-run), the tail's logits count with it instead: Kw·A_kept + (Kwt − Kw·Kt/Kp)·A_tail. A chunk
-holding the embedding has no input gradient: its whole backward waits for W and
-holds nothing more, so its n_w counts 0.
+order holding the most micro-batches, the fewest such (``schedules.split_in_flight``;
+``held_profiles``, every step, for several chunks: read off the order, like n). Such a
+micro-batch no longer holds its graph: the input pass frees it and keeps each linear layer's
+input and output gradient for W (``models.deferred``), so it holds ``(Kp + Kw)`` per byte of
+kept activations instead of Kp, Kw < 0 (the tail's by Kt / Kp), fitted by calibrate-memory's
+zero-bubble probes (0 where the file has none: priced as whole, an upper bound). Where the file
+has Kwt (fitted when zero-bubble probes with and without the tail were run), the tail's logits
+count with it instead: Kw·A_kept + (Kwt − Kw·Kt/Kp)·A_tail. A chunk holding the embedding has
+no input gradient: its whole backward waits for W and holds nothing more, so its n_w counts 0.
 
 A_body is the activation bytes per sample of the stage's embedding and layers (kept or
 recomputed, the tail's logits not included), and Kb what one backward adds while it runs (the

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .deferred import Deferred, collecting, defer_weight_gradients
 from .presets import DTYPES, ModelSpecError, init_parameters, is_preset, resolve_model
 
 
@@ -142,6 +143,11 @@ class Stage:
 
     def parameters(self) -> list[nn.Parameter]:
         return list(self.module.parameters())
+
+    def defer_weight_gradients(self, enable: bool = True) -> int:
+        """Let ``backward_input`` set the linear layers' weight gradients aside for ``backward_weight``
+        (zero-bubble schedules; ``enable=False`` undoes it); returns how many layers do."""
+        return defer_weight_gradients(self.module, enable)
 
     def tied_parameter(self) -> nn.Parameter | None:
         """The tied embedding / lm_head weight this stage holds (first or last stage), if tied."""
@@ -588,125 +594,43 @@ def build_stages(model: str, cfg, specs: dict[int, StageSpec], *, seed: int = 0,
 class WeightTask:
     """What the weight-gradient pass of one micro-batch needs, kept from its input-gradient pass:
     either the whole backward (a chunk without an input gradient: it all waits for W), or the
-    graph nodes where each group of weights meets the input path, with the gradients that
-    reached those nodes during the input pass."""
+    linear layers' calls whose weight gradients were set aside (:mod:`torchpp.models.deferred`)."""
 
     full: tuple[torch.Tensor, torch.Tensor | None] | None = None
-    groups: list[tuple[list, list, list[nn.Parameter]]] | None = None
-    """(nodes, the gradients into each node, the weights reached from them)."""
-
-
-def _grad_node(t: torch.Tensor):
-    """The autograd node of ``t``: its grad_fn, or for a leaf its gradient accumulator."""
-    if t.grad_fn is not None:
-        return t.grad_fn
-    return t.view_as(t).grad_fn.next_functions[0][0]
-
-
-def _parents(root) -> dict:
-    """node -> the nodes whose backward feeds it (the reverse of ``next_functions``), from ``root``."""
-    parents: dict = {root: []}
-    todo = [root]
-    while todo:
-        node = todo.pop()
-        for child, _ in node.next_functions:
-            if child is None:
-                continue
-            if child not in parents:
-                parents[child] = []
-                todo.append(child)
-            parents[child].append(node)
-    return parents
-
-
-def _up(starts: list, parents: dict, stop: set) -> tuple[set, set]:
-    """Nodes reachable from ``starts`` towards the output, not entering ``stop``; and the ``stop``
-    nodes met on the way."""
-    seen, met, todo = set(starts), set(), list(starts)
-    while todo:
-        for p in parents.get(todo.pop(), ()):
-            if p in stop:
-                met.add(p)
-            elif p not in seen:
-                seen.add(p)
-                todo.append(p)
-    return seen, met
-
-
-def _weight_groups(root, x_node, weights: list[nn.Parameter]) -> list[tuple[list, list[nn.Parameter]]]:
-    """Weights grouped by the input-path nodes where their gradient branches off: a node of the
-    input path computes both gradients, so W restarts from that node with the gradient it got."""
-    parents = _parents(root)
-    on_path, _ = _up([x_node], parents, set())
-    groups: list[tuple[set, list[nn.Parameter]]] = []
-    for w in weights:
-        node = _grad_node(w)
-        if node not in parents:
-            continue  # not used by this micro-batch's graph
-        _, met = _up([node], parents, on_path)
-        hit = [g for g in groups if g[0] & met]
-        merged = (set(met).union(*(g[0] for g in hit)), [p for g in hit for p in g[1]] + [w])
-        groups = [g for g in groups if not any(g is h for h in hit)] + [merged]
-    return [(list(nodes), ws) for nodes, ws in groups if nodes]
+    kept: list[Deferred] | None = None
 
 
 def backward_input(out: torch.Tensor, grad: torch.Tensor | None, x: torch.Tensor | None,
                    weights: list[nn.Parameter], now: list[nn.Parameter]) -> tuple[torch.Tensor | None, WeightTask]:
     """The input gradient of one chunk's micro-batch (``I``), keeping what ``backward_weight`` needs.
 
-    ``now``: weights whose gradient is computed here as well (layers recomputed from a checkpoint:
-    their saved tensors can be unpacked only once). A chunk whose input needs no gradient (the
-    embedding chunk) computes nothing now: the whole backward runs in W."""
+    The weight gradients of the stage's patched linear layers (:meth:`Stage.defer_weight_gradients`)
+    wait for ``W``; every other gradient of ``weights`` (norms, layers not patched) and those of
+    ``now`` (layers recomputed from a checkpoint: their saved tensors are rebuilt for this pass only)
+    are taken here, in the same autograd call. A chunk whose input needs no gradient (the embedding
+    chunk) computes nothing now: the whole backward runs in W. The graph is freed on return."""
     if x is None or not x.requires_grad:
         return None, WeightTask(full=(out, grad))
-    root = out.grad_fn
-    groups = _weight_groups(root, _grad_node(x), weights)
-    captured: list[list] = [[None] * len(nodes) for nodes, _ in groups]
-    handles = []
-    for gi, (nodes, _) in enumerate(groups):
-        for ni, node in enumerate(nodes):
-            def keep(grads, gi=gi, ni=ni):
-                captured[gi][ni] = grads
-            handles.append(node.register_prehook(keep))
-    try:
-        gout = torch.ones_like(out) if grad is None else grad
-        res = torch.autograd.grad(out, [x, *now], gout, retain_graph=True, allow_unused=True)
-    finally:
-        for h in handles:
-            h.remove()
-    _accumulate(now, res[1:])
-    return res[0], WeightTask(groups=[(nodes, captured[gi], ws) for gi, (nodes, ws) in enumerate(groups)])
+    wanted = [*now, *(w for w in weights if all(w is not p for p in now))]
+    gout = torch.ones_like(out) if grad is None else grad
+    with collecting(now) as kept:
+        res = torch.autograd.grad(out, [x, *wanted], gout, allow_unused=True)
+    _accumulate(wanted, res[1:])
+    return res[0], WeightTask(kept=kept)
 
 
 def backward_weight(task: WeightTask) -> None:
-    """The weight gradients of one micro-batch (``W``), accumulated into ``.grad``; the kept graph
-    is released when ``task`` is dropped."""
+    """The weight gradients of one micro-batch (``W``), accumulated into ``.grad``; what the input
+    pass kept is released when ``task`` is dropped."""
     if task.full is not None:
         out, grad = task.full
         torch.autograd.backward(out, grad)
         task.full = None
         return
-    from torch.autograd.graph import GradientEdge
-
-    for nodes, grads, ws in task.groups or ():
-        edges, values = [], []
-        for node, gs in zip(nodes, grads):
-            for i, g in enumerate(gs or ()):
-                if g is not None:
-                    edges.append(GradientEdge(node, i))
-                    values.append(g)
-        if not edges:
-            continue
-        # a node below another one of the group must see only what it got in the input pass
-        clamp = [n.register_prehook(lambda _g, saved=gs: saved) for n, gs in zip(nodes, grads)] if len(nodes) > 1 else []
-        try:
-            res = torch.autograd.grad(edges, [GradientEdge(_grad_node(w), 0) for w in ws], values,
-                                      retain_graph=True, allow_unused=True)
-        finally:
-            for h in clamp:
-                h.remove()
-        _accumulate(ws, res)
-    task.groups = None
+    with torch.no_grad():
+        for d in task.kept or ():
+            d.compute()
+    task.kept = None
 
 
 @torch.no_grad()

@@ -13,9 +13,11 @@ backward, the tail one or two copies of its logits, and one factor for both mis-
 whichever stage holds the tail.
 
 Zero-bubble schedules hold each micro-batch between its input gradient (I) and its weight
-gradient (W) with more than its saved tensors: ``split_samples`` spans run in the zero-bubble
-order (every F, then every I, then every W) and ``Kw`` is fitted on what they hold beyond the
-model above with all their micro-batches in flight (``cost.memory`` prices it).
+gradient (W) with less than its saved tensors (the input pass frees the graph and keeps the
+linear layers' inputs and output gradients, ``models.deferred``): ``split_samples`` spans run in
+the zero-bubble order of a last stage (F then I per micro-batch, then every W) and ``Kw``
+(negative) is fitted on what they hold beyond the model above with all their micro-batches
+whole (``cost.memory`` prices it).
 
 The spans above hold one micro-batch at a time, so ``Kp`` first measures what one micro-batch
 keeps plus what its backward adds while it runs. A pipeline rank holds several and runs one
@@ -140,19 +142,28 @@ def fit_held(mm: MemoryModel, held: Sequence[MemorySample]) -> MemoryModel:
 
 
 def split_bytes(mm: MemoryModel, s: MemorySample) -> tuple[float, float]:
-    """(bytes ``mm`` predicts without Kw, Kw's multiplier) of a zero-bubble sample: all its
-    ``microbatches`` held at once, all between their I and W (none for a span holding the
-    embedding, whose I computes nothing); kept activations weighted as Kp's (the tail's by Kt/Kp)."""
+    """(bytes ``mm`` predicts without Kw, Kw's multiplier) of a zero-bubble sample at its peak,
+    the last micro-batch's I: all ``microbatches`` held, all but that one past their I (none for a
+    span holding the embedding, whose I computes nothing); kept activations weighted as Kp's (the
+    tail's by Kt/Kp)."""
     body = float(s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample)
     tail = float(s.tail_activation_bytes_per_sample)
     ratio = mm.tail_factor / mm.Kp if mm.Kp > 0 else 1.0
     return (held_bytes(mm, s, mm.Kp, mm.Kb or 0.0),
-            0.0 if s.has_embed else s.microbatches * s.batch * (body + ratio * tail))
+            0.0 if s.has_embed else _past_input(s) * s.batch * (body + ratio * tail))
+
+
+def _past_input(s: MemorySample) -> int:
+    """Micro-batches past their I at a zero-bubble probe's peak (``memory_probe._split_step``)."""
+    return max(0, s.microbatches - 1)
 
 
 def fit_split(mm: MemoryModel, split: Sequence[MemorySample]) -> MemoryModel:
-    """``Kw`` by least squares (at least 0) on what the zero-bubble samples hold beyond ``mm``'s
-    prediction with all their micro-batches in flight; R² and residuals then over every sample.
+    """``Kw`` by least squares on what the zero-bubble samples hold beyond ``mm``'s prediction
+    with all their micro-batches whole: negative, as the input pass frees each micro-batch's graph
+    and keeps only its linear layers' inputs and output gradients (``models.deferred``); at least
+    ``−Kp`` (a micro-batch past its I holds nothing), the tail's ``Kwt`` at least ``−Kt``. R² and
+    residuals then over every sample.
     With samples both with and without the tail (neither holding the embedding), ``Kw`` is fitted
     on those without and the tail's logits get their own ``Kwt`` from those with, given ``Kw``:
     what a tail micro-batch holds between I and W is the logits' gradient and the loss's graph,
@@ -164,17 +175,17 @@ def fit_split(mm: MemoryModel, split: Sequence[MemorySample]) -> MemoryModel:
     live = [s for s in split if not s.has_embed]
     if {s.tail_activation_bytes_per_sample > 0 for s in live} == {True, False}:
         cols = np.array([[0.0, 0.0] if s.has_embed else
-                          [s.microbatches * s.batch * float(s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample),
-                           s.microbatches * s.batch * float(s.tail_activation_bytes_per_sample)] for s in split])
+                          [_past_input(s) * s.batch * float(s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample),
+                           _past_input(s) * s.batch * float(s.tail_activation_bytes_per_sample)] for s in split])
         body = np.array([not s.has_embed and s.tail_activation_bytes_per_sample == 0 for s in split])
         x, y = cols[body, 0], extra[body]
-        kw = max(0.0, float(x @ y / (x @ x))) if float(x @ x) > 0 else 0.0
+        kw = max(-mm.Kp, float(x @ y / (x @ x))) if float(x @ x) > 0 else 0.0
         x, y = cols[~body, 1], extra[~body] - kw * cols[~body, 0]
-        kwt = max(0.0, float(x @ y / (x @ x))) if float(x @ x) > 0 else 0.0
+        kwt = max(-mm.tail_factor, float(x @ y / (x @ x))) if float(x @ x) > 0 else 0.0
         pred = [r[0] + kw * c[0] + kwt * c[1] for r, c in zip(rows, cols)]
         return _refit_stats(mm, split, pred, Kw=kw, Kwt=kwt)
     x = np.array([r[1] for r in rows])
-    kw = max(0.0, float(x @ extra / (x @ x))) if float(x @ x) > 0 else None
+    kw = max(-mm.Kp, float(x @ extra / (x @ x))) if float(x @ x) > 0 else None
     pred = [r[0] + (kw or 0.0) * r[1] for r in rows]
     return _refit_stats(mm, split, pred, Kw=kw)
 

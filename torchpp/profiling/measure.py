@@ -282,12 +282,14 @@ def measure_backward_split(cfg: Any, pc: ProfileConfig) -> SplitCost:
             t0 = time.perf_counter()
             torch.autograd.backward(out, grad)
             t1 = time.perf_counter()
+            stage.defer_weight_gradients()  # as the runtime builds a chunk that runs W
             x = x0.clone().requires_grad_(True)
             out = stage.forward(x, None, None)
             t2 = time.perf_counter()
             _, task = backward_input(out, grad, x, weights, [])
             backward_weight(task)
             t3 = time.perf_counter()
+            stage.defer_weight_gradients(False)
             for w in weights:
                 w.grad = None
             if i >= max(1, pc.warmup):

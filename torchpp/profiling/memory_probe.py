@@ -8,10 +8,10 @@ A fresh process per span keeps one span's allocator state out of the next span's
 
 Three orders: ``fb`` (each micro-batch's forward then its full backward, one held at a time),
 ``gpipe`` (every forward, then every full backward: all ``microbatches`` held at once, what the
-memory model's ``Kb`` is fitted on) and ``zb`` (a zero-bubble schedule's split backward: every micro-batch's forward, then every input
-gradient ``I``, then every weight gradient ``W``, with the runtime's own ``backward_input`` /
-``backward_weight``), in which all ``microbatches`` are held, and all sit between their I and W
-at once: what the memory model's ``Kw`` is fitted on.
+memory model's ``Kb`` is fitted on) and ``zb`` (a zero-bubble schedule's split backward: each
+micro-batch's forward then its input gradient ``I`` in turn, then every weight gradient ``W``,
+with the runtime's own ``backward_input`` / ``backward_weight``), whose peak is the last ``I``
+beside ``microbatches − 1`` micro-batches past their I: what the memory model's ``Kw`` is fitted on.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import time
 PROBE_STEPS = 3
 ORDERS = ("fb", "gpipe", "zb")
 """``fb``: forward then full backward per micro-batch; ``gpipe``: all F, then every full backward
-(every micro-batch held at once); ``zb``: all F, then all I, then all W."""
+(every micro-batch held at once); ``zb``: F then I per micro-batch, then all W."""
 
 
 class PeakRSS:
@@ -131,16 +131,18 @@ def _one_microbatch(stage, has_embed: bool, has_tail: bool, batch: int, seq_len:
 
 def _split_step(stage, has_embed: bool, has_tail: bool, batch: int, seq_len: int, vocab: int, gen,
                 microbatches: int) -> None:
-    """Every micro-batch's forward, then every input gradient, then every weight gradient: the
-    zero-bubble order at its fullest, each micro-batch held from its F to its W as the runtime
-    holds it (the executor's ``I`` and ``W``)."""
+    """Each micro-batch's forward then its input gradient ``I``, in turn, then every weight
+    gradient ``W`` (the executor's ``backward_input`` / ``backward_weight``): the order of a
+    zero-bubble schedule's last stage, whose peak is the last ``I``, beside the micro-batches
+    already past theirs and waiting for W. A span holding the embedding has no input gradient:
+    all its micro-batches stay whole until their W."""
     from ..models.stages import backward_input, backward_weight
 
+    stage.defer_weight_gradients()
     weights = [p for p in stage.parameters() if p.requires_grad]
-    fwd = [_forward(stage, has_embed, has_tail, batch, seq_len, vocab, gen) for _ in range(microbatches)]
     tasks = []
-    while fwd:
-        x, out, grad = fwd.pop(0)
+    for _ in range(microbatches):
+        x, out, grad = _forward(stage, has_embed, has_tail, batch, seq_len, vocab, gen)
         dx, task = backward_input(out, grad, x, weights, [])
         tasks.append(task)
         del x, out, grad, dx  # the input gradient is sent on and dropped

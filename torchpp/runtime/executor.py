@@ -138,6 +138,8 @@ class Executor:
         self.weight_later = {c: [p for p in st.parameters() if p.requires_grad and id(p) not in now[c]]
                              for c, st in self.stages.chunks.items()}
         """Per chunk, the weights its ``W`` computes (a shared tied weight in both of its chunks)."""
+        for c in {a.stage for a in actions if a.kind == Kind.BACKWARD_WEIGHT}:
+            self.stages.chunks[c].defer_weight_gradients()
         ends = [c for c in self.pstages if self.pstages[c].has_embed or self.pstages[c].has_tail]
         self.tied = self.stages.chunks[ends[0]].tied_parameter() if ends else None
         self.tied_contributor = bool(ends) and self.pstages[ends[0]].devices[0].rank == rank
