@@ -284,6 +284,8 @@ def test_input_pass_frees_the_graph_and_weight_pass_what_it_kept():
     gc.collect()
     assert dx is not None and saved and all(r() is None for r in saved)
     assert len(task.kept) == 7 * 2  # one per linear layer call
+    # nothing kept leads back into the graph (an unpacked saved input carries its grad_fn)
+    assert all(t.grad_fn is None for d in task.kept for t in (d.x, d.dy))
     kept = [weakref.ref(t) for d in task.kept for t in (d.x, d.dy)]
     backward_weight(task)
     del task

@@ -95,7 +95,9 @@ class _Linear(torch.autograd.Function):
             return dx, None, None, None
         c = _collecting
         if c is not None and id(weight) not in c.now:
-            c.kept.append(Deferred(weight, bias if want_b else None, xc, dy, conv1d))
+            # detached: an unpacked saved input carries its grad_fn, which would keep the graph
+            # (every saved tensor upstream) alive until W
+            c.kept.append(Deferred(weight, bias if want_b else None, xc.detach(), dy.detach(), conv1d))
             return dx, None, None, None
         dy2, x2 = dy.reshape(-1, dy.shape[-1]), xc.reshape(-1, xc.shape[-1])
         gw = ((x2.t().mm(dy2) if conv1d else dy2.t().mm(x2)).to(weight.dtype)) if want_w else None
