@@ -159,14 +159,11 @@ def test_search_prices_the_micro_batches_between_i_and_w():
     assert found >= 4 and overflowed >= 1, (found, overflowed)
 
 
-def test_fit_gives_the_tails_logits_their_own_factor_between_i_and_w():
-    """Zero-bubble samples with and without the tail, made by a known model (Kw −12 per byte of a
-    layer's kept activations, Kwt −1.5 per byte of logits): both come back; one factor for both
-    (tail samples only on one side) cannot price them."""
-    from torchpp.profiling.calibrate import fit, split_spans
+def _tail_rows(truth: dict, L: int, logits: int, end_w: int) -> list:
+    """Samples made by a known memory model: one-at-a-time spans, and zero-bubble spans (half with
+    the tail) peaking at their last I beside one micro-batch past its I."""
+    from torchpp.profiling.calibrate import split_spans
 
-    truth = dict(base=5e7, alpha=4.0, Kp=30.0, Kt=3.0, Kw=-12.0, Kwt=-1.5, Ke=1.0)
-    L, logits, end_w = 8, 400_000, 4_000_000
     rows = []
     fb = [(1, 2), (1, 4), (2, 5), (3, 8), (0, 3), (4, 8), (2, 3), (5, 8), (6, 8)]
     zb = split_spans(L, 4)
@@ -181,6 +178,28 @@ def test_fit_gives_the_tails_logits_their_own_factor_between_i_and_w():
         rows.append(MemorySample(start=s, end=e, has_embed=s == 0, has_tail=bool(tail), weights_bytes=w,
                                  activation_bytes_per_sample=a + tail, batch=b, peak_bytes=int(peak), microbatches=2,
                                  order=order, tail_activation_bytes_per_sample=tail, end_weights_bytes=end_w if tail else 0))
+    return rows
+
+
+def test_tail_past_its_input_keeps_at_least_the_logits_gradient():
+    """Tail probes that seem to hold less than one logits copy past I (Kt counts the loss's
+    transient copies per held micro-batch) give Kwt = 1 − Kt: the lm_head's W reads that gradient."""
+    from torchpp.profiling.calibrate import fit
+
+    truth = dict(base=5e7, alpha=4.0, Kp=30.0, Kt=3.0, Kw=-12.0, Kwt=-2.9, Ke=1.0)
+    mm = fit(_tail_rows(truth, 8, 400_000, 4_000_000))
+    assert mm.Kw == pytest.approx(-12.0, rel=1e-3) and mm.Kwt == pytest.approx(1.0 - mm.Kt, rel=1e-9)
+
+
+def test_fit_gives_the_tails_logits_their_own_factor_between_i_and_w():
+    """Zero-bubble samples with and without the tail, made by a known model (Kw −12 per byte of a
+    layer's kept activations, Kwt −1.5 per byte of logits): both come back; one factor for both
+    (tail samples only on one side) cannot price them."""
+    from torchpp.profiling.calibrate import fit
+
+    truth = dict(base=5e7, alpha=4.0, Kp=30.0, Kt=3.0, Kw=-12.0, Kwt=-1.5, Ke=1.0)
+    L, logits, end_w = 8, 400_000, 4_000_000
+    rows = _tail_rows(truth, L, logits, end_w)
     mm = fit(rows)
     assert mm.Kw == pytest.approx(truth["Kw"], rel=1e-3) and mm.Kwt == pytest.approx(truth["Kwt"], rel=1e-3)
     assert mm.r2 > 0.9999

@@ -162,8 +162,11 @@ def fit_split(mm: MemoryModel, split: Sequence[MemorySample]) -> MemoryModel:
     """``Kw`` by least squares on what the zero-bubble samples hold beyond ``mm``'s prediction
     with all their micro-batches whole: negative, as the input pass frees each micro-batch's graph
     and keeps only its linear layers' inputs and output gradients (``models.deferred``); at least
-    ``−Kp`` (a micro-batch past its I holds nothing), the tail's ``Kwt`` at least ``−Kt``. R² and
-    residuals then over every sample.
+    ``−Kp`` (a micro-batch past its I holds nothing). The tail's ``Kwt`` is at least ``1 − Kt``: a
+    tail micro-batch past its I holds the logits' gradient the lm_head's W reads, one copy of its
+    logits, while ``Kt`` (fitted one micro-batch at a time) counts the loss's transient copies too,
+    which the zero-bubble tail probes, holding several, see once. R² and residuals then over
+    every sample.
     With samples both with and without the tail (neither holding the embedding), ``Kw`` is fitted
     on those without and the tail's logits get their own ``Kwt`` from those with, given ``Kw``:
     what a tail micro-batch holds between I and W is the logits' gradient and the loss's graph,
@@ -181,7 +184,7 @@ def fit_split(mm: MemoryModel, split: Sequence[MemorySample]) -> MemoryModel:
         x, y = cols[body, 0], extra[body]
         kw = max(-mm.Kp, float(x @ y / (x @ x))) if float(x @ x) > 0 else 0.0
         x, y = cols[~body, 1], extra[~body] - kw * cols[~body, 0]
-        kwt = max(-mm.tail_factor, float(x @ y / (x @ x))) if float(x @ x) > 0 else 0.0
+        kwt = max(1.0 - mm.tail_factor, float(x @ y / (x @ x))) if float(x @ x) > 0 else 0.0
         pred = [r[0] + kw * c[0] + kwt * c[1] for r, c in zip(rows, cols)]
         return _refit_stats(mm, split, pred, Kw=kw, Kwt=kwt)
     x = np.array([r[1] for r in rows])
@@ -271,8 +274,8 @@ def calibrate(lf: LayersFile, model: str, *, samples: int, batch: int | Sequence
     """Spans take the micro-batch sizes in turn: with one size, weights and activations both
     grow with a span's length and the fit can hardly tell them apart; with several they can.
     Each probed step accumulates ``microbatches`` micro-batches, as a pipeline rank's does.
-    ``split_samples`` more spans run in the zero-bubble order (``memory_probe`` zb: all F, all
-    I, all W over ``microbatches``), from which ``Kw`` is fitted, and ``held_samples`` in the
+    ``split_samples`` more spans run in the zero-bubble order (``memory_probe`` zb: F then I per
+    micro-batch, then all W, over ``microbatches``), from which ``Kw`` is fitted, and ``held_samples`` in the
     GPipe order over ``HELD_MICROBATCHES``, from which ``Kb`` is."""
     seq = seq_len or lf.run.seq_len
     sizes = [batch] if isinstance(batch, int) else list(batch)
