@@ -236,3 +236,60 @@ def test_kwt_is_kept_by_the_file_and_priced_alike_by_stage_memory(tmp_path):
     t = sm.terms(tail, 2, 2, 1)
     assert est.base + est.alpha * t.weights + est.kp * t.kp_bytes + t.fixed_bytes == pytest.approx(sm.peak(tail, 2, 2, 1))
     assert sm.chunks_peak([(tail, 2)], [[(tail.index, 2, 1)]]) == pytest.approx(sm.peak(tail, 2, 2, 1))
+
+
+@pytest.mark.parametrize("counted", [False, True])
+def test_fit_tells_the_split_heap_from_the_micro_batches_past_input(counted):
+    """Zero-bubble samples at several ZB-H1 positions (one to three micro-batches past their I at
+    the peak, as the probes read them off their orders), made by a known model with Kw −8 per
+    past micro-batch and Kz 20 once: both come back, from the peaks alone or with Kw set by the
+    live bytes the probes counted past I (``kept_ratio``: 22 of a whole micro-batch's 30)."""
+    from torchpp.profiling.calibrate import ZB_BODY_POSITIONS, ZB_PROBE_STAGES, fit
+    from torchpp.profiling.memory_probe import zb_peak_profile
+
+    truth = dict(base=5e7, alpha=4.0, Kp=30.0, Kw=-8.0, Kz=20.0)
+    m = 2 * ZB_PROBE_STAGES
+    rows = []
+    fb = [(1, 2), (1, 4), (2, 5), (3, 7), (0, 3), (4, 8), (2, 3), (5, 7)]
+    zb = [(1, 4), (2, 6), (3, 5), (1, 3), (2, 7), (4, 6)]
+    for i, ((s, e), order) in enumerate([(sp, "fb") for sp in fb] + [(sp, "zb") for sp in zb]):
+        w, a, b = 3_000_000 * (e - s), 65_536 * (e - s), (2, 8)[i % 2]
+        if order == "fb":
+            peak, held = truth["base"] + truth["alpha"] * w + b * a * truth["Kp"], (None, None)
+        else:
+            held = zb_peak_profile(ZB_PROBE_STAGES, ZB_BODY_POSITIONS[i % len(ZB_BODY_POSITIONS)], m)
+            n, past = held
+            peak = (truth["base"] + truth["alpha"] * w + b * a * (n * truth["Kp"] + past * truth["Kw"])
+                    + (b * a * truth["Kz"] if past else 0.0))
+        rows.append(MemorySample(start=s, end=e, has_embed=s == 0, has_tail=False, weights_bytes=w,
+                                 activation_bytes_per_sample=a, batch=b, peak_bytes=int(peak),
+                                 microbatches=m if order == "zb" else 1, order=order, held=held[0], past_input=held[1],
+                                 kept_ratio=(22.0 / 30.0 if counted and order == "zb" else None)))
+    assert {r.past_input for r in rows if r.order == "zb"} == {1, 2, 3}
+    mm = fit(rows)
+    assert mm.Kw == pytest.approx(-8.0, rel=1e-3) and mm.Kz == pytest.approx(20.0, rel=1e-3) and mm.r2 > 0.9999
+    # priced once, where a micro-batch is past its I: one chunk's peak, the chunked path and the
+    # recompute MILP's linear form agree
+    est = MemoryEstimator.fitted(mm)
+    lf, plan, profiles = _plan("zb-h1")
+    sm = StageMemory(profiles, est)
+    last = plan.stages[1]
+    body = float(sm.activations(last).body)
+    no_z = StageMemory(profiles, replace(est, kz=0.0))
+    assert sm.peak(last, 2, 2, 1) - no_z.peak(last, 2, 2, 1) == pytest.approx(2 * 20.0 * body)
+    assert sm.peak(last, 2, 2, 0) == no_z.peak(last, 2, 2, 0)
+    assert sm.chunks_peak([(last, 2)], [[(last.index, 2, 1)]]) == pytest.approx(sm.peak(last, 2, 2, 1))
+    t = sm.terms(last, 2, 2, 1)
+    assert est.base + est.alpha * t.weights + est.kp * t.kp_bytes + t.fixed_bytes == pytest.approx(sm.peak(last, 2, 2, 1))
+    act = np.array([5.0, 7.0, 11.0])
+    const, coef, _ = est.recompute_terms(act, 13.0, 3, 2, 4.0)
+    assert const == pytest.approx(est.per_sample(13.0 + act.sum(), 0.0, 3, 0.0, 2, 4.0))
+
+
+def test_memory_model_keeps_kz_and_the_probes_profiles(tmp_path):
+    mm = MemoryModel(base=1.0, alpha=4.0, Kp=20.0, Kw=-5.0, Kz=12.0, samples=[MemorySample(
+        start=1, end=3, has_embed=False, has_tail=False, weights_bytes=10, activation_bytes_per_sample=5,
+        batch=2, peak_bytes=100, microbatches=8, order="zb", held=4, past_input=1)])
+    back = MemoryModel.load(mm.save(tmp_path / "m.json"))
+    assert back.Kz == 12.0 and back.Kw == -5.0 and (back.samples[0].held, back.samples[0].past_input) == (4, 1)
+    assert "Kz 12.00" in MemoryEstimator.fitted(back).source

@@ -409,8 +409,9 @@ class Demo:
         text = self.p.run("calibrate memory (random spans, fresh processes)",
                           [*self.tp, "calibrate-memory", "--layers", str(ref_layers), "--model", self.cfg.model,
                            "--samples", str(self.cfg.memory_samples),
-                           # two spans with the tail and two without: Kw and the tail's Kwt each from two
-                           "--zb-samples", str(max(4, self.cfg.memory_samples // 4)), "--microbatch",
+                           # two spans with the tail (Kwt) and three without, one at each of the
+                           # probes' ZB-H1 positions (Kz; Kw is counted by the probes)
+                           "--zb-samples", str(max(5, self.cfg.memory_samples // 4)), "--microbatch",
                            f"{max(1, self.cfg.global_batch // 8)},{max(2, self.cfg.global_batch // 2)}",
                            "--threads", "1",
                            "--out", str(out)])

@@ -994,9 +994,16 @@ class MemorySample:
     order: str = "fb"
     """How the probe ran them: ``fb`` each forward then its full backward (one held at a time),
     ``gpipe`` every forward, then every full backward (all ``microbatches`` held at once: what
-    ``Kb`` is fitted on), ``zb`` each forward then its input gradient in turn, then every weight
-    gradient (all ``microbatches`` held at the last I, the others past their I: what ``Kw`` is
-    fitted on)."""
+    ``Kb`` is fitted on), ``zb`` one ZB-H1 stage's own order of F, I and W (what ``Kw`` and
+    ``Kz`` are fitted on)."""
+    held: int | None = None
+    """``zb``: micro-batches held at the peak of the probe's order (read off it); None: all
+    ``microbatches`` (files before it)."""
+    past_input: int | None = None
+    """``zb``: of those, the ones past their I; None: ``microbatches − 1`` (files before it)."""
+    kept_ratio: float | None = None
+    """``zb``: bytes a micro-batch keeps past its I over the bytes its graph saved (live tensors,
+    counted by the probe); None: not measured."""
 
 
 @dataclass(kw_only=True)
@@ -1048,6 +1055,12 @@ class MemoryModel:
     flowing through the layers). ``Kp`` is then what each held micro-batch keeps. Fitted from
     probes holding several micro-batches at once (order ``gpipe``); ``None`` (files without it):
     no such term, and ``Kp`` counts it once per held micro-batch."""
+    Kz: float | None = None
+    """Bytes per byte of a stage's embedding and layer activations (per sample) held once by a
+    device running a split backward with a micro-batch past its I at its peak: what the heap
+    keeps beyond the live tensors when I and W interleave with the forwards (the stashed
+    gradients freed by W out of order). Fitted with ``Kw`` on zero-bubble probes at several
+    positions; ``None`` (files without it): no such term."""
     format: str = f"torchpp.{MEMORY_KIND}/{MEMORY_VERSION}"
 
     @property
@@ -1082,7 +1095,11 @@ class MemoryModel:
                 tail_activation_bytes_per_sample=sr.int("tail_activation_bytes_per_sample", 0, min_value=0),
                 end_weights_bytes=sr.int("end_weights_bytes", 0, min_value=0),
                 microbatches=sr.int("microbatches", 1, min_value=1),
-                order=sr.str("order", "fb", choices=MEMORY_ORDERS)))
+                order=sr.str("order", "fb", choices=MEMORY_ORDERS),
+                held=None if sr.raw("held", None) is None else sr.int("held", min_value=1),
+                past_input=None if sr.raw("past_input", None) is None else sr.int("past_input", min_value=0),
+                kept_ratio=None if sr.raw("kept_ratio", None) is None else sr.float("kept_ratio", min_value=0.0,
+                                                                                     max_value=10.0)))
         r2 = r.raw("r2", None)
         return MemoryModel(base=r.float("base", min_value=0.0, max_value=V.MAX_BYTES),
                            alpha=r.float("alpha", min_value=0.0, max_value=1e6), Kp=r.float("Kp", min_value=0.0, max_value=1e6),
@@ -1094,7 +1111,8 @@ class MemoryModel:
                            Ke=None if r.raw("Ke", None) is None else r.float("Ke", min_value=0.0, max_value=1e6),
                            Kw=None if r.raw("Kw", None) is None else r.float("Kw", min_value=-1e6, max_value=1e6),
                            Kb=None if r.raw("Kb", None) is None else r.float("Kb", min_value=0.0, max_value=1e6),
-                           Kwt=None if r.raw("Kwt", None) is None else r.float("Kwt", min_value=-1e6, max_value=1e6))
+                           Kwt=None if r.raw("Kwt", None) is None else r.float("Kwt", min_value=-1e6, max_value=1e6),
+                           Kz=None if r.raw("Kz", None) is None else r.float("Kz", min_value=0.0, max_value=1e6))
 
     @staticmethod
     def load(path: str | os.PathLike) -> "MemoryModel":

@@ -3,7 +3,7 @@
 Both have the form of seed 000's model, extended for 1F1B and recomputation::
 
     peak = base + alpha·W + Ke·W_end + s·n·(Kp·A_kept + A_recomputed) + s·n_w·Kw·A_kept
-           + Kp·A_max_recomputed·s + Kb·A_body·s
+           + Kp·A_max_recomputed·s + Kb·A_body·s + [n_w ≥ 1]·Kz·A_body·s
 
 with W the stage's parameter bytes, s the samples of a micro-batch this device computes,
 n the micro-batches the stage holds at its peak (``schedules.in_flight``, read off its order), A_kept the activation bytes per sample of layers whose activations are kept, and
@@ -26,6 +26,9 @@ zero-bubble probes (0 where the file has none: priced as whole, an upper bound).
 has Kwt (fitted when zero-bubble probes with and without the tail were run), the tail's logits
 count with it instead: Kw·A_kept + (Kwt − Kw·Kt/Kp)·A_tail. A chunk holding the embedding has
 no input gradient: its whole backward waits for W and holds nothing more, so its n_w counts 0.
+A device with a micro-batch past its I at its peak holds ``Kz·s·A_body`` more, once: the heap
+beyond the live tensors when W frees the stashed gradients out of the order I made them in
+(fitted with Kw on zero-bubble probes at several pipeline positions; 0 where the file has none).
 
 A_body is the activation bytes per sample of the stage's embedding and layers (kept or
 recomputed, the tail's logits not included), and Kb what one backward adds while it runs (the
@@ -71,6 +74,13 @@ class MemoryEstimator:
     kwt: float | None = None
     """Factor of the tail's logits for each micro-batch held between its ``I`` and its ``W``;
     None: as ``kw`` weighs the rest of the kept activations (the tail's by ``kt / kp``)."""
+    kz: float = 0.0
+    """Factor of the embedding's and layers' activations held once by a device with a micro-batch
+    past its ``I`` at its peak (the heap beyond the live tensors); 0: no such term."""
+
+    def split_once(self, split, act_body):
+        """``kz`` times ``act_body`` where ``split`` (micro-batches past their I) is at least one."""
+        return self.kz * act_body * (np.asarray(split) > 0) if self.kz else 0.0
 
     @property
     def kw_tail_adjust(self) -> float:
@@ -106,10 +116,11 @@ class MemoryEstimator:
         ke = f", Ke {mm.Ke:.2f} (end weights)" if mm.Ke is not None else ""
         kw = f", Kw {mm.Kw:.2f} (between I and W)" if mm.Kw is not None else ""
         kw += f", Kwt {mm.Kwt:.2f} (tail between I and W)" if mm.Kwt is not None else ""
+        kw += f", Kz {mm.Kz:.2f} (split backward, once)" if mm.Kz is not None else ""
         kw += f", Kb {mm.Kb:.2f} (one backward)" if mm.Kb is not None else ""
         return MemoryEstimator(mm.base, mm.alpha, mm.Kp, f"fitted {source} (base {mm.base / 2**20:.0f} MiB, "
                                f"alpha {mm.alpha:.2f}, Kp {mm.Kp:.2f}{kt}{ke}{kw}{r2}{rt})", mm.process_bytes,
-                               mm.Kt, mm.Ke or 0.0, mm.Kw or 0.0, mm.Kb or 0.0, mm.Kwt)
+                               mm.Kt, mm.Ke or 0.0, mm.Kw or 0.0, mm.Kb or 0.0, mm.Kwt, mm.Kz or 0.0)
 
     def static(self, weights: float, end_weights: float = 0.0) -> float:
         """Bytes independent of the samples: the base, the weights (with gradients and optimizer
@@ -122,7 +133,8 @@ class MemoryEstimator:
         ``split`` between their I and their W (the tail's logits ``act_tail``, unweighted, priced
         there by ``kwt``), and one backward running over ``act_body``."""
         return (n * (self.kp * act_kept + act_recomputed) + self.kp * act_max_recomputed
-                + split * (self.kw * act_kept + self.kw_tail_adjust * act_tail) + self.kb * act_body)
+                + split * (self.kw * act_kept + self.kw_tail_adjust * act_tail) + self.kb * act_body
+                + self.split_once(split, act_body))
 
     def peak(self, weights: float, act_kept: float, act_recomputed: float, samples: float, n: int,
              act_max_recomputed: float = 0.0, end_weights: float = 0.0, split: int = 0, act_body: float = 0.0,
@@ -139,6 +151,6 @@ class MemoryEstimator:
         ``act_body`` term does not depend on the flags."""
         total = float(act_layers.sum()) + act_fixed
         const = (n * self.kp * total + split * (self.kw * total + self.kw_tail_adjust * act_tail)
-                 + self.kb * act_body)
+                 + self.kb * act_body + float(self.split_once(split, act_body)))
         amax = float(act_layers.max()) if len(act_layers) else 0.0
         return const, n * (1.0 - self.kp) * act_layers - split * self.kw * act_layers, self.kp * amax

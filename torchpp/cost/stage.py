@@ -351,7 +351,8 @@ class StageMemory:
         kept, rec, amax = float(a.kept), float(a.recomputed), float(a.largest_recomputed)
         held_w = samples * float(self.split_of(sp, split)) * (self.memory.kw * kept
                                                               + self.memory.kw_tail_adjust * float(a.tail))
-        running = samples * self.memory.kb * float(a.body)
+        running = samples * (self.memory.kb * float(a.body)
+                             + float(self.memory.split_once(self.split_of(sp, split), float(a.body))))
         return MemoryTerms(weights=float(self.weights(sp.lo, sp.hi)), kp_bytes=samples * (in_flight * kept + amax),
                            fixed_bytes=(samples * in_flight * rec + self.memory.ke * float(self.end_weights(sp)) + held_w
                                         + running),
@@ -388,7 +389,10 @@ class StageMemory:
                                                               0 if embed[c] or not w else w[0], 0.0, acts[c][1].tail)
                          for c, n, *w in prof if c in acts) for prof in held), default=0.0)
         largest = max(s * self.memory.per_sample(0.0, 0.0, 0, a.largest_recomputed, 0, a.body) for s, a in acts.values())
-        return float(static + worst + largest)
+        # the heap a split backward leaves (Kz): once, for the worst chunk with a micro-batch past its I
+        past = {c for prof in held for c, n, *w in prof if c in acts and not embed[c] and w and w[0] > 0}
+        heap = max((acts[c][0] * float(self.memory.split_once(1, float(acts[c][1].body))) for c in past), default=0.0)
+        return float(static + worst + largest + heap)
 
     def peak(self, span: Span | PlanStage, samples: float, in_flight: int, split: int = 0) -> float | np.ndarray:
         """Predicted peak bytes of a device computing ``samples`` samples of each micro-batch,

@@ -48,6 +48,13 @@ HELD_MICROBATCHES = 4
 PROBE_MICROBATCHES = 2
 """Micro-batches per probed step: from the second on, a backward runs beside the whole stage's
 gradients and adds its own into them, the regime of every pipeline rank with 2 or more."""
+ZB_PROBE_STAGES = 4
+"""The zero-bubble probes run one stage of a ZB-H1 pipeline this deep, over twice as many
+micro-batches (its steady state), as a rank of a 4-device plan does."""
+ZB_BODY_POSITIONS = (1, 3, 2)
+"""Positions the zero-bubble probes without the tail take in turn: their peaks hold one, three
+and two micro-batches past their I beside whole ones, so ``Kw`` (per such micro-batch) and ``Kz``
+(once) are told apart. A probe with the tail is the last stage."""
 
 
 def random_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, int]]:
@@ -118,13 +125,14 @@ def _refit_stats(mm: MemoryModel, extra: Sequence[MemorySample], pred: Sequence[
     return replace(mm, samples=samples, residuals=[float(r) for r in res], r2=r2, **coef)
 
 
-def held_bytes(mm: MemoryModel, s: MemorySample, kp: float, kb: float) -> float:
-    """``mm``'s peak of a sample holding all its ``microbatches`` at once, each keeping ``kp``
-    per byte of its embedding's and layers' activations, one running backward ``kb``."""
+def held_bytes(mm: MemoryModel, s: MemorySample, kp: float, kb: float, n: int | None = None) -> float:
+    """``mm``'s peak of a sample holding ``n`` (default all its ``microbatches``) at once, each
+    keeping ``kp`` per byte of its embedding's and layers' activations, one running backward ``kb``."""
     body = float(s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample)
     tail = float(s.tail_activation_bytes_per_sample)
+    n = s.microbatches if n is None else n
     return (mm.base + mm.alpha * s.weights_bytes + (mm.Ke or 0.0) * s.end_weights_bytes
-            + s.batch * (s.microbatches * (kp * body + mm.tail_factor * tail) + kb * body))
+            + s.batch * (n * (kp * body + mm.tail_factor * tail) + kb * body))
 
 
 def fit_held(mm: MemoryModel, held: Sequence[MemorySample]) -> MemoryModel:
@@ -141,56 +149,83 @@ def fit_held(mm: MemoryModel, held: Sequence[MemorySample]) -> MemoryModel:
     return _refit_stats(mm, held, pred, Kp=mm.Kp - kb, Kb=kb, Kt=mm.tail_factor if kt is None else kt)
 
 
-def split_bytes(mm: MemoryModel, s: MemorySample) -> tuple[float, float]:
-    """(bytes ``mm`` predicts without Kw, Kw's multiplier) of a zero-bubble sample at its peak,
-    the last micro-batch's I: all ``microbatches`` held, all but that one past their I (none for a
-    span holding the embedding, whose I computes nothing); kept activations weighted as Kp's (the
-    tail's by Kt/Kp)."""
-    body = float(s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample)
-    tail = float(s.tail_activation_bytes_per_sample)
-    ratio = mm.tail_factor / mm.Kp if mm.Kp > 0 else 1.0
-    return (held_bytes(mm, s, mm.Kp, mm.Kb or 0.0),
-            0.0 if s.has_embed else _past_input(s) * s.batch * (body + ratio * tail))
+def _held(s: MemorySample) -> int:
+    """Micro-batches a zero-bubble probe holds at its peak (read off its order by the probe)."""
+    return s.microbatches if s.held is None else s.held
 
 
 def _past_input(s: MemorySample) -> int:
-    """Micro-batches past their I at a zero-bubble probe's peak (``memory_probe._split_step``)."""
-    return max(0, s.microbatches - 1)
+    """Of those, the ones past their I (0 on a span holding the embedding: its I computes nothing)."""
+    if s.has_embed:
+        return 0
+    return max(0, s.microbatches - 1) if s.past_input is None else s.past_input
+
+
+def split_columns(mm: MemoryModel, s: MemorySample) -> tuple[float, float, float, float]:
+    """(bytes ``mm`` predicts with every held micro-batch whole, then the multipliers of ``Kw``,
+    ``Kz`` and ``Kwt``) of a zero-bubble sample at its peak: ``past_input`` micro-batches past their
+    I, each ``Kw`` per byte of its kept activations (the tail's weighted Kt / Kp) beyond a whole
+    one, or, with ``Kwt``, its layers' by ``Kw`` and its logits by ``Kwt``; ``Kz`` once per byte
+    of the span's activations where any is past its I."""
+    body = float(s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample)
+    tail = float(s.tail_activation_bytes_per_sample)
+    w = _past_input(s)
+    return (held_bytes(mm, s, mm.Kp, mm.Kb or 0.0, _held(s)), w * s.batch * body,
+            s.batch * body if w > 0 else 0.0, w * s.batch * tail)
 
 
 def fit_split(mm: MemoryModel, split: Sequence[MemorySample]) -> MemoryModel:
-    """``Kw`` by least squares on what the zero-bubble samples hold beyond ``mm``'s prediction
-    with all their micro-batches whole: negative, as the input pass frees each micro-batch's graph
-    and keeps only its linear layers' inputs and output gradients (``models.deferred``); at least
-    ``−Kp`` (a micro-batch past its I holds nothing). The tail's ``Kwt`` is at least ``1 − Kt``: a
-    tail micro-batch past its I holds the logits' gradient the lm_head's W reads, one copy of its
-    logits, while ``Kt`` (fitted one micro-batch at a time) counts the loss's transient copies too,
-    which the zero-bubble tail probes, holding several, see once. R² and residuals then over
-    every sample.
-    With samples both with and without the tail (neither holding the embedding), ``Kw`` is fitted
-    on those without and the tail's logits get their own ``Kwt`` from those with, given ``Kw``:
-    what a tail micro-batch holds between I and W is the logits' gradient and the loss's graph,
-    not a decoder layer's dozen branch gradients; and a tail probe holding two micro-batches
-    counts ``Kt`` (fitted one at a time, the loss's transient copies included) for each, so its
-    excess says little about the layers' ``Kw`` (one factor for both under-priced mid ranks)."""
-    rows = [split_bytes(mm, s) for s in split]
-    extra = np.array([float(s.peak_bytes) - r[0] for s, r in zip(split, rows)])
-    live = [s for s in split if not s.has_embed]
-    if {s.tail_activation_bytes_per_sample > 0 for s in live} == {True, False}:
-        cols = np.array([[0.0, 0.0] if s.has_embed else
-                          [_past_input(s) * s.batch * float(s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample),
-                           _past_input(s) * s.batch * float(s.tail_activation_bytes_per_sample)] for s in split])
-        body = np.array([not s.has_embed and s.tail_activation_bytes_per_sample == 0 for s in split])
-        x, y = cols[body, 0], extra[body]
-        kw = max(-mm.Kp, float(x @ y / (x @ x))) if float(x @ x) > 0 else 0.0
-        x, y = cols[~body, 1], extra[~body] - kw * cols[~body, 0]
-        kwt = max(1.0 - mm.tail_factor, float(x @ y / (x @ x))) if float(x @ x) > 0 else 0.0
-        pred = [r[0] + kw * c[0] + kwt * c[1] for r, c in zip(rows, cols)]
-        return _refit_stats(mm, split, pred, Kw=kw, Kwt=kwt)
-    x = np.array([r[1] for r in rows])
-    kw = max(-mm.Kp, float(x @ extra / (x @ x))) if float(x @ x) > 0 else None
-    pred = [r[0] + (kw or 0.0) * r[1] for r in rows]
-    return _refit_stats(mm, split, pred, Kw=kw)
+    """``Kw``, ``Kz`` and the tail's ``Kwt`` from the zero-bubble samples, on what they hold beyond
+    ``mm``'s prediction with all their held micro-batches whole. R² and residuals then over every
+    sample.
+
+    ``Kw`` is negative: the input pass frees a micro-batch's graph and keeps only its linear
+    layers' inputs and output gradients (``models.deferred``). Where the probes counted those live
+    bytes against the graph's (``kept_ratio``, median over the spans without the tail), ``Kw =
+    −(1 − ratio)·Kp``: a micro-batch past its I is priced at that share of a whole one. ``Kz``
+    (at least 0), the heap a split backward holds beyond the live tensors, is then fitted by
+    least squares: measured on this machine, a ZB-H1 stage at positions 1-3 of 4 peaked 8-49 MiB
+    above a GPipe probe holding as many whole micro-batches, though it holds fewer live bytes.
+    Fitting both from the RSS alone (older samples, without the ratio) is kept, bounded (Kw at
+    least ``−Kp``); two probes made that fit exact and unstable (Kw −27 of Kp 28 with Kz 53 on
+    ``qwen3-small``). ``Kwt`` is at least ``1 − Kt``: a tail micro-batch past its I holds the
+    logits' gradient the lm_head's W reads, one copy of its logits, while ``Kt`` (fitted one
+    micro-batch at a time) counts the loss's transient copies too. Without tail samples (or only
+    tail samples) the logits count in ``Kw``'s term weighted as ``Kt / Kp``."""
+    from scipy.optimize import lsq_linear
+
+    cols = np.array([split_columns(mm, s) for s in split])
+    extra = np.array([float(s.peak_bytes) for s in split]) - cols[:, 0]
+    has_tail = np.array([s.tail_activation_bytes_per_sample > 0 for s in split])
+    ratio_t = mm.tail_factor / mm.Kp if mm.Kp > 0 else 1.0
+    apart = bool(has_tail.any() and (~has_tail).any())
+    body = ~has_tail if apart else np.ones(len(split), bool)
+    x_w = cols[:, 1] + (0.0 if apart else ratio_t * cols[:, 3])
+    live = body & (cols[:, 1] + cols[:, 3] > 0)
+    if not live.any():
+        return _refit_stats(mm, split, list(cols[:, 0]), Kw=None)
+    kept = [s.kept_ratio for s, b, t in zip(split, live, has_tail) if b and not t and s.kept_ratio is not None]
+    if kept:
+        kw = -(1.0 - min(1.0, float(np.median(kept)))) * mm.Kp
+        x, y = cols[live, 2], extra[live] - kw * x_w[live]
+        kz = max(0.0, float(x @ y / (x @ x))) if float(x @ x) > 0 else None
+    else:
+        with_z = len({_past_input(s) for s, b in zip(split, live) if b}) >= 2
+        a = np.stack([x_w, cols[:, 2]], axis=1)[live] if with_z else x_w[live][:, None]
+        scale = np.abs(a).max(axis=0)
+        scale[scale == 0] = 1.0
+        res = lsq_linear(a / scale, extra[live],
+                         bounds=([-mm.Kp * scale[0]] + [0.0] * with_z, [np.inf] * (1 + with_z)))
+        kw = float(res.x[0] / scale[0])
+        kz = float(res.x[1] / scale[1]) if with_z else None
+    pred = cols[:, 0] + kw * x_w + (kz or 0.0) * cols[:, 2]
+    if not apart:
+        return _refit_stats(mm, split, list(pred), Kw=kw, Kz=kz)
+    t = has_tail & (cols[:, 3] > 0)
+    x, y = cols[t, 3], extra[t] - kw * cols[t, 1] - (kz or 0.0) * cols[t, 2]
+    kwt = max(1.0 - mm.tail_factor, float(x @ y / (x @ x))) if float(x @ x) > 0 else 0.0
+    pred = pred + kwt * cols[:, 3]
+    return _refit_stats(mm, split, list(pred), Kw=kw, Kwt=kwt, Kz=kz)
 
 
 KE_FRESH_GRADIENT = 1.0
@@ -231,13 +266,16 @@ def fit_full(samples: Sequence[MemorySample]) -> MemoryModel:
 
 
 def measure_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, batch: int, seq_len: int,
-                 timeout_s: float = 300.0, threads: int = 1, microbatches: int = 1, order: str = "fb"
-                 ) -> tuple[int, int]:
-    """Peak RSS increase (bytes) of one span, in a fresh Python process, and that process's RSS
-    before the span's model was built (``order``: the probe's, fb or zb)."""
+                 timeout_s: float = 300.0, threads: int = 1, microbatches: int = 1, order: str = "fb",
+                 zb_position: int = ZB_PROBE_STAGES - 1) -> dict:
+    """The probe's record of one span, run in a fresh Python process: ``peak_bytes`` (peak RSS
+    increase), ``base_rss_bytes`` (the process's RSS before the span's model was built) and, for
+    ``order`` zb, the ``held`` / ``past_input`` profile at its peak (stage ``zb_position`` of a
+    ``ZB_PROBE_STAGES``-stage ZB-H1 pipeline)."""
     cmd = [sys.executable, "-m", "torchpp.profiling.memory_probe", "--model", model, "--start", str(start),
            "--end", str(end), "--batch", str(batch), "--seq-len", str(seq_len), "--threads", str(threads),
-           "--microbatches", str(microbatches), "--order", order]
+           "--microbatches", str(microbatches), "--order", order, "--zb-stages", str(ZB_PROBE_STAGES),
+           "--zb-position", str(zb_position)]
     cmd += ["--embed"] * has_embed + ["--tail"] * has_tail
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     root = str(Path(__file__).resolve().parents[2])
@@ -248,8 +286,7 @@ def measure_span(model: str, start: int, end: int, has_embed: bool, has_tail: bo
         raise RuntimeError(f"span [{start}, {end}) did not finish within {timeout_s:.0f} s") from None
     if r.returncode != 0:
         raise RuntimeError(f"span [{start}, {end}) failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
-    rec = json.loads(r.stdout.strip().splitlines()[-1])
-    return int(rec["peak_bytes"]), int(rec.get("base_rss_bytes", 0))
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def split_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, int]]:
@@ -274,27 +311,36 @@ def calibrate(lf: LayersFile, model: str, *, samples: int, batch: int | Sequence
     """Spans take the micro-batch sizes in turn: with one size, weights and activations both
     grow with a span's length and the fit can hardly tell them apart; with several they can.
     Each probed step accumulates ``microbatches`` micro-batches, as a pipeline rank's does.
-    ``split_samples`` more spans run in the zero-bubble order (``memory_probe`` zb: F then I per
-    micro-batch, then all W, over ``microbatches``), from which ``Kw`` is fitted, and ``held_samples`` in the
-    GPipe order over ``HELD_MICROBATCHES``, from which ``Kb`` is."""
+    ``split_samples`` more spans run one ZB-H1 stage's order (``memory_probe`` zb, a stage of
+    ``ZB_PROBE_STAGES`` over twice as many micro-batches; the positions of ``ZB_BODY_POSITIONS``
+    in turn, the last for a span with the tail), from which ``Kw``, ``Kz`` and ``Kwt`` are
+    fitted, and ``held_samples`` in the GPipe order over ``HELD_MICROBATCHES``, from which ``Kb`` is."""
     seq = seq_len or lf.run.seq_len
     sizes = [batch] if isinstance(batch, int) else list(batch)
     probes = [(sp, "fb") for sp in random_spans(lf.model.num_layers, samples, seed)]
     probes += [(sp, "zb") for sp in split_spans(lf.model.num_layers, split_samples, seed)]
     probes += [(sp, "gpipe") for sp in held_spans(lf.model.num_layers, held_samples, seed)]
     rows = []
+    body_zb = 0
     for i, ((s, e), order) in enumerate(probes):
         # holding several micro-batches multiplies the activations: the smallest size keeps a
         # small host's probe within its memory
         batch = min(sizes) if order == "gpipe" else sizes[i % len(sizes)]
         w, a, he, ht, at = span_sums(lf, s, e)
-        mb = HELD_MICROBATCHES if order == "gpipe" else microbatches
-        peak, proc = measure_span(model, s, e, he, ht, batch, seq, timeout_s, threads, mb, order)
+        mb = {"gpipe": HELD_MICROBATCHES, "zb": 2 * ZB_PROBE_STAGES}.get(order, microbatches)
+        pos = ZB_PROBE_STAGES - 1
+        if order == "zb" and not ht:
+            pos, body_zb = ZB_BODY_POSITIONS[body_zb % len(ZB_BODY_POSITIONS)], body_zb + 1
+        rec = measure_span(model, s, e, he, ht, batch, seq, timeout_s, threads, mb, order, pos)
+        peak = int(rec["peak_bytes"])
         rows.append(MemorySample(start=s, end=e, has_embed=he, has_tail=ht, weights_bytes=w,
-                                 activation_bytes_per_sample=a, batch=batch, peak_bytes=peak, process_bytes=proc,
+                                 activation_bytes_per_sample=a, batch=batch, peak_bytes=peak,
+                                 process_bytes=int(rec.get("base_rss_bytes", 0)),
                                  tail_activation_bytes_per_sample=at, end_weights_bytes=end_weights(lf, s, e),
-                                 microbatches=mb, order=order))
-        how = {"zb": " (I/W order)", "gpipe": f" ({mb} held)"}.get(order, "")
+                                 microbatches=mb, order=order, held=rec.get("held"), past_input=rec.get("past_input"),
+                                 kept_ratio=rec.get("kept_ratio")))
+        how = {"zb": f" (ZB-H1 stage {pos + 1}/{ZB_PROBE_STAGES}: {rec.get('held')} held, {rec.get('past_input')} "
+                     "past I)", "gpipe": f" ({mb} held)"}.get(order, "")
         progress(f"  span {i + 1}/{len(probes)} [{s:>3}, {e:>3}){' +embed' if he else ''}{' +tail' if ht else ''} "
                  f"x {batch}{how}: "
                  f"weights {w / 2**20:8.1f} MiB, peak +{peak / 2**20:8.1f} MiB")

@@ -8,10 +8,11 @@ A fresh process per span keeps one span's allocator state out of the next span's
 
 Three orders: ``fb`` (each micro-batch's forward then its full backward, one held at a time),
 ``gpipe`` (every forward, then every full backward: all ``microbatches`` held at once, what the
-memory model's ``Kb`` is fitted on) and ``zb`` (a zero-bubble schedule's split backward: each
-micro-batch's forward then its input gradient ``I`` in turn, then every weight gradient ``W``,
-with the runtime's own ``backward_input`` / ``backward_weight``), whose peak is the last ``I``
-beside ``microbatches − 1`` micro-batches past their I: what the memory model's ``Kw`` is fitted on.
+memory model's ``Kb`` is fitted on) and ``zb`` (one stage of a ZB-H1 pipeline: the F, I and W
+order of ``--zb-position`` of ``--zb-stages``, read off ``schedules.position_order``, with the
+runtime's own ``backward_input`` / ``backward_weight``), whose peak holds ``held`` micro-batches,
+``past_input`` of them past their I (read off the same order): what the memory model's ``Kw``
+and ``Kz`` are fitted on.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import time
 PROBE_STEPS = 3
 ORDERS = ("fb", "gpipe", "zb")
 """``fb``: forward then full backward per micro-batch; ``gpipe``: all F, then every full backward
-(every micro-batch held at once); ``zb``: F then I per micro-batch, then all W."""
+(every micro-batch held at once); ``zb``: the F, I and W order of one ZB-H1 stage."""
 
 
 class PeakRSS:
@@ -60,7 +61,8 @@ class PeakRSS:
 
 
 def run_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, batch: int, seq_len: int,
-             threads: int = 1, steps: int = PROBE_STEPS, microbatches: int = 1, order: str = "fb") -> dict:
+             threads: int = 1, steps: int = PROBE_STEPS, microbatches: int = 1, order: str = "fb",
+             zb_stages: int = 2, zb_position: int = 1) -> dict:
     """The runtime's own stage (``build_stage``) and optimizer, trained ``steps`` times.
 
     One step is not enough: AdamW's moments only exist after the first ``step()``, so the first
@@ -86,14 +88,18 @@ def run_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, 
         raise ValueError(f"steps, microbatches: expected at least 1, got {steps}, {microbatches}")
     if order not in ORDERS:
         raise ValueError(f"order: expected one of {', '.join(ORDERS)}, got {order!r}")
+    if order == "zb" and not 0 <= zb_position < zb_stages:
+        raise ValueError(f"zb position {zb_position} outside the {zb_stages} stage(s)")
     vocab = int(cfg.vocab_size)
     gen = torch.Generator().manual_seed(0)
+    kept_ratio = None
     with PeakRSS() as rss:
         stage = build_stage(model, cfg, StageSpec(layers=(start, end), has_embed=has_embed, has_tail=has_tail))
         opt = make_optimizer("adamw", stage.parameters(), 1e-4, 0.0)
         for _ in range(steps):
             if order == "zb":
-                _split_step(stage, has_embed, has_tail, batch, seq_len, vocab, gen, microbatches)
+                kept_ratio = _split_step(stage, has_embed, has_tail, batch, seq_len, vocab, gen, microbatches,
+                                         zb_stages, zb_position)
             elif order == "gpipe":
                 for _x, out, grad in [_forward(stage, has_embed, has_tail, batch, seq_len, vocab, gen)
                                       for _mb in range(microbatches)]:
@@ -103,9 +109,13 @@ def run_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, 
                     _one_microbatch(stage, has_embed, has_tail, batch, seq_len, vocab, gen)
             opt.step()
             opt.zero_grad(set_to_none=True)
-    return {"start": start, "end": end, "has_embed": has_embed, "has_tail": has_tail, "batch": batch,
-            "steps": steps, "microbatches": microbatches, "order": order, "peak_bytes": int(rss.peak - rss.base),
-            "base_rss_bytes": int(rss.base)}
+    out = {"start": start, "end": end, "has_embed": has_embed, "has_tail": has_tail, "batch": batch,
+           "steps": steps, "microbatches": microbatches, "order": order, "peak_bytes": int(rss.peak - rss.base),
+           "base_rss_bytes": int(rss.base)}
+    if order == "zb":
+        out["held"], out["past_input"] = zb_peak_profile(zb_stages, zb_position, microbatches)
+        out["kept_ratio"] = kept_ratio
+    return out
 
 
 def _forward(stage, has_embed: bool, has_tail: bool, batch: int, seq_len: int, vocab: int, gen):
@@ -130,24 +140,64 @@ def _one_microbatch(stage, has_embed: bool, has_tail: bool, batch: int, seq_len:
 
 
 def _split_step(stage, has_embed: bool, has_tail: bool, batch: int, seq_len: int, vocab: int, gen,
-                microbatches: int) -> None:
-    """Each micro-batch's forward then its input gradient ``I``, in turn, then every weight
-    gradient ``W`` (the executor's ``backward_input`` / ``backward_weight``): the order of a
-    zero-bubble schedule's last stage, whose peak is the last ``I``, beside the micro-batches
-    already past theirs and waiting for W. A span holding the embedding has no input gradient:
-    all its micro-batches stay whole until their W."""
+                microbatches: int, zb_stages: int, zb_position: int) -> None:
+    """One step of a ZB-H1 stage at ``zb_position`` of ``zb_stages`` over ``microbatches``: its
+    own order of F, I and W (``schedules.position_order``, the order its rank runs), with the
+    executor's ``backward_input`` / ``backward_weight``. A span holding the embedding has no input
+    gradient: its micro-batches stay whole until their W. Returns the bytes the first micro-batch
+    keeps past its I over the bytes its graph saved (live tensors, counted by storage; None where
+    I keeps nothing)."""
+    from ..formats import placement_of
     from ..models.stages import backward_input, backward_weight
+    from ..schedules import position_order
+
+    import torch
 
     stage.defer_weight_gradients()
     weights = [p for p in stage.parameters() if p.requires_grad]
-    tasks = []
-    for _ in range(microbatches):
-        x, out, grad = _forward(stage, has_embed, has_tail, batch, seq_len, vocab, gen)
-        dx, task = backward_input(out, grad, x, weights, [])
-        tasks.append(task)
-        del x, out, grad, dx  # the input gradient is sent on and dropped
-    while tasks:
-        backward_weight(tasks.pop(0))
+    pl = placement_of("zb-h1", zb_stages, 1)
+    held, tasks = {}, {}
+    saved: dict[int, int] = {}
+
+    def count(t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(t, torch.nn.Parameter):
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    ratio = None
+    for kind, _chunk, mb in position_order("zb-h1", pl, pl.position[zb_position], microbatches):
+        if kind.value == "F":
+            with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t) if mb == 0 else _nothing():
+                held[mb] = _forward(stage, has_embed, has_tail, batch, seq_len, vocab, gen)
+        elif kind.value == "I":
+            x, out, grad = held.pop(mb)
+            _, tasks[mb] = backward_input(out, grad, x, weights, [])
+            del x, out, grad  # the input gradient is sent on and dropped
+            if mb == 0 and tasks[0].kept is not None and saved:
+                kept = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                        for d in tasks[0].kept for t in (d.x, d.dy)}
+                ratio = sum(kept.values()) / sum(saved.values())
+        elif kind.value == "W":
+            backward_weight(tasks.pop(mb))
+    if held or tasks:
+        raise RuntimeError(f"zb-h1 position {zb_position} of {zb_stages}: micro-batches {sorted({*held, *tasks})} "
+                           "were not finished by its order")
+    return ratio
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def zb_peak_profile(zb_stages: int, zb_position: int, microbatches: int) -> tuple[int, int]:
+    """(micro-batches held, of them past their I) at the peak of ``_split_step``'s order, read off
+    it as the planner reads a stage's (``schedules.in_flight``, ``split_in_flight``)."""
+    from ..schedules import in_flight, split_in_flight
+
+    return (in_flight("zb-h1", zb_stages, zb_position, microbatches),
+            split_in_flight("zb-h1", zb_stages, zb_position, microbatches))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,10 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=PROBE_STEPS)
     p.add_argument("--microbatches", type=int, default=1, help="micro-batches accumulated per step")
-    p.add_argument("--order", choices=ORDERS, default="fb", help="fb: F then B per micro-batch; gpipe: all F, all B; zb: all F, all I, all W")
+    p.add_argument("--order", choices=ORDERS, default="fb",
+                   help="fb: F then B per micro-batch; gpipe: all F, all B; zb: a ZB-H1 stage's own order")
+    p.add_argument("--zb-stages", type=int, default=2, help="zb: stages of the ZB-H1 pipeline")
+    p.add_argument("--zb-position", type=int, default=1, help="zb: the probed stage's position in it")
     a = p.parse_args(argv)
     print(json.dumps(run_span(a.model, a.start, a.end, a.embed, a.tail, a.batch, a.seq_len, a.threads, a.steps,
-                              a.microbatches, a.order)),
+                              a.microbatches, a.order, a.zb_stages, a.zb_position)),
           flush=True)
     return 0
 
