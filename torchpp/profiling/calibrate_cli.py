@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
           f"{'' if mm.Kt is None else f'Kt {mm.Kt:.3f} (tail), '}"
           f"{'' if mm.Kw is None else f'Kw {mm.Kw:.3f} (between I and W), '}"
           f"{'' if mm.Kwt is None else f'Kwt {mm.Kwt:.3f} (tail between I and W), '}"
+          f"{'' if mm.Kz is None else f'Kz {mm.Kz:.3f} (split backward, once), '}"
           f"{'' if mm.Kb is None else f'Kb {mm.Kb:.3f} (one backward), '}R² {mm.r2:.4f}, "
           f"max |residual| {max(abs(r) for r in mm.residuals) / 2**20:.1f} MiB; the runtime itself "
           f"{mm.process_bytes / 2**20:.0f} MiB per process")
