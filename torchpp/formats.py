@@ -385,8 +385,8 @@ class LayersFile:
     ``W`` by it. Optional: None (absent) = not measured (priced as 1)."""
     backward_split_layer_s: float | None = None
     """Seconds each decoder layer adds to one split backward call (``I + W``) beyond
-    ``backward_split_factor`` times the backward: ``W`` makes one autograd call per weight, a cost
-    per call rather than per sample. Measured with the factor at two batch sizes. Optional: None
+    ``backward_split_factor`` times the backward (the deferred weight products' bookkeeping,
+    ``models.deferred``), a cost per call rather than per sample. Measured with the factor at two batch sizes. Optional: None
     (absent) = not measured (priced as 0)."""
     format: str = f"torchpp.{LAYERS_KIND}/{LAYERS_VERSION}"
 

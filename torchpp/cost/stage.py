@@ -134,10 +134,11 @@ class StageTime:
     bwd_in0: float | np.ndarray = 0.0
     """Part of ``bwd0`` computing the input gradient, per call."""
     split: float = 1.0
-    """``I + W`` over ``B`` when the backward is split (two passes over the graph cost more than one)."""
+    """``I + W`` over ``B`` when the backward is split (measured: about 1 since W computes the linear
+    layers' weight products outside autograd)."""
     split_call: float | np.ndarray = 0.0
     """Seconds one split backward call (``I + W``) adds for the span's decoder layers beyond
-    ``split`` times ``B`` (``W`` makes one autograd call per weight), half in each."""
+    ``split`` times ``B`` (measured per layer and call), half in each."""
     whole: bool | np.ndarray = False
     """The span holds the embedding: its input takes no gradient, so ``I`` computes nothing and
     ``W`` runs the whole backward in one pass (``models.stages.backward_input``)."""

@@ -231,8 +231,8 @@ each other across runs with one pair per step: 0 to 10 ms per layer on one emula
 class SplitCost:
     """What a split backward (``I`` then ``W``) costs beyond one backward pass of the same forward:
     ``I + W = factor · B + layers · layer_s`` per call. The per-layer part is per call, not per
-    sample: ``W`` runs one autograd call per weight (each weight's gradient restarts from the node
-    where it branches off the input path), so it weighs most on small micro-batches."""
+    sample (what each layer's deferred weight products and their bookkeeping add,
+    ``models.deferred``), so it weighs most on small micro-batches."""
 
     factor: float
     layer_s: float
