@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from torchpp.cli import main
-from torchpp.formats import GB, Bandwidth, LayersFile, MemoryModel, Plan
+from torchpp.formats import Devices, GB, Bandwidth, LayersFile, MemoryModel, Plan
 from torchpp.cost import Links, MeasuredCost, MemoryEstimator, Profiles, stage_time
 from torchpp.planner.replan import call_gaps, fit_host, memory_terms, read_run
 from torchpp.trace.analyze import Event
@@ -391,6 +391,12 @@ def test_a_calibrated_memory_model_is_kept_and_written_beside_the_corrected_file
     assert s["memory"]["how"].startswith("kept (calibrated")
     back = MemoryModel.load(out / "memory_model.json")
     assert (back.base, back.alpha, back.Kp, back.Kw, back.Kwt, back.Kb) == (2e7, 4.0, 20.0, 9.0, 0.5, 5.0)
+    # the new plan is fitted within what is left of each device once the runtime is loaded, as
+    # `torchpp plan` fits one (the replan had given it the whole device)
+    devices = Devices.load(run_dir / "devices.json")
+    got = {d["host"]: d["budget_bytes"] for st in json.loads((out / "plan.json").read_text())["predicted"]["stages"]
+           for d in st["devices"]}
+    assert got and all(b == pytest.approx(devices.memory_bytes(h) - 1e8) for h, b in got.items())
     # without a calibration the analytic prior is refitted to the measured peaks, as before
     assert main(replan_args(run_dir)) == 0
     assert not json.loads((out / "replan_summary.json").read_text())["memory"]["how"].startswith("kept")

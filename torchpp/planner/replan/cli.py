@@ -87,8 +87,11 @@ def run(args: argparse.Namespace) -> int:
         memory.estimator = MemoryEstimator.fitted(model, str(written.memory_model))
     # the new plan is priced from the files just written, as `torchpp plan` would read them
     new_files = [LayersFile.load(p) for p in written.layers]
+    # devices.json holds whole devices: the runtime's own RSS is reserved as `torchpp plan` does (a
+    # plan's predicted budgets already are what was left)
+    budget = memory.estimator.budgets(old.budget) if old.devices is not None else old.budget
     costs = api.Costs(profiles=Profiles.from_layers(new_files, None, [str(p) for p in written.layers]),
-                      links=Links(bw, str(written.bandwidth)), hosts=old.hosts, budget=old.budget,
+                      links=Links(bw, str(written.bandwidth)), hosts=old.hosts, budget=budget,
                       memory=memory.estimator, devices=old.devices, optimizer_s_per_byte=opt or None,
                       sources=written.sources)
     old_pred, old_pred_src = _old_prediction(plan, old, args.bandwidth)
