@@ -386,8 +386,8 @@ class LayersFile:
     backward_split_layer_s: float | None = None
     """Seconds each decoder layer adds to one split backward call (``I + W``) beyond
     ``backward_split_factor`` times the backward (the deferred weight products' bookkeeping,
-    ``models.deferred``), a cost per call rather than per sample. Measured with the factor at two batch sizes. Optional: None
-    (absent) = not measured (priced as 0)."""
+    ``models.deferred``), a cost per call rather than per sample. Measured with the factor at two
+    batch sizes. Optional: None (absent) = not measured (priced as 0)."""
     format: str = f"torchpp.{LAYERS_KIND}/{LAYERS_VERSION}"
 
     def to_json(self) -> dict[str, Any]:
@@ -1059,7 +1059,7 @@ class MemoryModel:
     """Bytes per byte of a stage's embedding and layer activations (per sample) held once by a
     device running a split backward with a micro-batch past its I at its peak: what the heap
     keeps beyond the live tensors when I and W interleave with the forwards (the stashed
-    gradients freed by W out of order). Fitted with ``Kw`` on zero-bubble probes at several
+    gradients freed by W out of order). Fitted, given ``Kw``, on zero-bubble probes at several
     positions; ``None`` (files without it): no such term."""
     format: str = f"torchpp.{MEMORY_KIND}/{MEMORY_VERSION}"
 

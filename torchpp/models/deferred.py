@@ -40,9 +40,9 @@ class Deferred:
         dy = self.dy.reshape(-1, self.dy.shape[-1])
         x = self.x.reshape(-1, self.x.shape[-1])
         gw = (x.t().mm(dy) if self.conv1d else dy.t().mm(x)).to(self.weight.dtype)
-        _add_grad(self.weight, gw)
+        add_grad(self.weight, gw)
         if self.bias is not None and self.bias.requires_grad:
-            _add_grad(self.bias, dy.sum(0).to(self.bias.dtype))
+            add_grad(self.bias, dy.sum(0).to(self.bias.dtype))
 
 
 @dataclass(eq=False)
@@ -150,7 +150,8 @@ class collecting:
 
 
 @torch.no_grad()
-def _add_grad(p: nn.Parameter, g: torch.Tensor) -> None:
+def add_grad(p: nn.Parameter, g: torch.Tensor) -> None:
+    """Accumulate ``g`` into ``p.grad`` (set it where there is none yet)."""
     if p.grad is None:
         p.grad = g
     else:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .deferred import Deferred, collecting, defer_weight_gradients
+from .deferred import Deferred, add_grad, collecting, defer_weight_gradients
 from .presets import DTYPES, ModelSpecError, init_parameters, is_preset, resolve_model
 
 
@@ -633,12 +633,7 @@ def backward_weight(task: WeightTask) -> None:
     task.kept = None
 
 
-@torch.no_grad()
 def _accumulate(params: list[nn.Parameter], grads) -> None:
     for p, g in zip(params, grads):
-        if g is None:
-            continue
-        if p.grad is None:
-            p.grad = g.detach()
-        else:
-            p.grad += g
+        if g is not None:
+            add_grad(p, g.detach())

@@ -14,10 +14,10 @@ whichever stage holds the tail.
 
 Zero-bubble schedules hold each micro-batch between its input gradient (I) and its weight
 gradient (W) with less than its saved tensors (the input pass frees the graph and keeps the
-linear layers' inputs and output gradients, ``models.deferred``): ``split_samples`` spans run in
-the zero-bubble order of a last stage (F then I per micro-batch, then every W) and ``Kw``
-(negative) is fitted on what they hold beyond the model above with all their micro-batches
-whole (``cost.memory`` prices it).
+linear layers' inputs and output gradients, ``models.deferred``): ``split_samples`` spans each
+run one ZB-H1 stage's own order, which count that share of a micro-batch's bytes (``Kw``,
+negative), and ``Kz`` — the heap a split backward holds once beyond the live tensors — is fitted
+on what they hold beyond the model above (``cost.memory`` prices both).
 
 The spans above hold one micro-batch at a time, so ``Kp`` first measures what one micro-batch
 keeps plus what its backward adds while it runs. A pipeline rank holds several and runs one

@@ -151,6 +151,8 @@ def _split_step(stage, has_embed: bool, has_tail: bool, batch: int, seq_len: int
     from ..models.stages import backward_input, backward_weight
     from ..schedules import position_order
 
+    import contextlib
+
     import torch
 
     stage.defer_weight_gradients()
@@ -167,7 +169,7 @@ def _split_step(stage, has_embed: bool, has_tail: bool, batch: int, seq_len: int
     ratio = None
     for kind, _chunk, mb in position_order("zb-h1", pl, pl.position[zb_position], microbatches):
         if kind.value == "F":
-            with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t) if mb == 0 else _nothing():
+            with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t) if mb == 0 else contextlib.nullcontext():
                 held[mb] = _forward(stage, has_embed, has_tail, batch, seq_len, vocab, gen)
         elif kind.value == "I":
             x, out, grad = held.pop(mb)
@@ -183,12 +185,6 @@ def _split_step(stage, has_embed: bool, has_tail: bool, batch: int, seq_len: int
         raise RuntimeError(f"zb-h1 position {zb_position} of {zb_stages}: micro-batches {sorted({*held, *tasks})} "
                            "were not finished by its order")
     return ratio
-
-
-def _nothing():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def zb_peak_profile(zb_stages: int, zb_position: int, microbatches: int) -> tuple[int, int]:
