@@ -28,7 +28,7 @@ count with it instead: Kw·A_kept + (Kwt − Kw·Kt/Kp)·A_tail. A chunk holding
 no input gradient: its whole backward waits for W and holds nothing more, so its n_w counts 0.
 A device with a micro-batch past its I at its peak holds ``Kz·s·A_body`` more, once: the heap
 beyond the live tensors when W frees the stashed gradients out of the order I made them in
-(fitted with Kw on zero-bubble probes at several pipeline positions; 0 where the file has none).
+(fitted, given Kw, on zero-bubble probes at several pipeline positions; 0 where the file has none).
 
 A_body is the activation bytes per sample of the stage's embedding and layers (kept or
 recomputed, the tail's logits not included), and Kb what one backward adds while it runs (the

@@ -140,20 +140,20 @@ def _one_microbatch(stage, has_embed: bool, has_tail: bool, batch: int, seq_len:
 
 
 def _split_step(stage, has_embed: bool, has_tail: bool, batch: int, seq_len: int, vocab: int, gen,
-                microbatches: int, zb_stages: int, zb_position: int) -> None:
+                microbatches: int, zb_stages: int, zb_position: int) -> float | None:
     """One step of a ZB-H1 stage at ``zb_position`` of ``zb_stages`` over ``microbatches``: its
     own order of F, I and W (``schedules.position_order``, the order its rank runs), with the
     executor's ``backward_input`` / ``backward_weight``. A span holding the embedding has no input
     gradient: its micro-batches stay whole until their W. Returns the bytes the first micro-batch
     keeps past its I over the bytes its graph saved (live tensors, counted by storage; None where
     I keeps nothing)."""
-    from ..formats import placement_of
-    from ..models.stages import backward_input, backward_weight
-    from ..schedules import position_order
-
     import contextlib
 
     import torch
+
+    from ..formats import placement_of
+    from ..models.stages import backward_input, backward_weight
+    from ..schedules import position_order
 
     stage.defer_weight_gradients()
     weights = [p for p in stage.parameters() if p.requires_grad]
