@@ -12,6 +12,7 @@ import pytest
 from torchpp.cost import MemoryEstimator, Profiles, StageMemory
 from torchpp.schedules import held_profiles, split_in_flight
 from torchpp.formats import MemoryModel, MemorySample, placement_of
+from torchpp.profiling.calibrate import KE_FRESH_GRADIENT
 from torchpp.schedules import in_flight
 
 from test_memory_prediction import GLOBAL, MICRO, MODEL, SEQ, _layers_file, measured_memory
@@ -186,7 +187,7 @@ def test_tail_past_its_input_keeps_at_least_the_logits_gradient():
     transient copies per held micro-batch) give Kwt = 1 − Kt: the lm_head's W reads that gradient."""
     from torchpp.profiling.calibrate import fit
 
-    truth = dict(base=5e7, alpha=4.0, Kp=30.0, Kt=3.0, Kw=-12.0, Kwt=-2.9, Ke=1.0)
+    truth = dict(base=5e7, alpha=4.0, Kp=30.0, Kt=3.0, Kw=-12.0, Kwt=-2.9, Ke=KE_FRESH_GRADIENT)
     mm = fit(_tail_rows(truth, 8, 400_000, 4_000_000))
     assert mm.Kw == pytest.approx(-12.0, rel=1e-3) and mm.Kwt == pytest.approx(1.0 - mm.Kt, rel=1e-9)
 
@@ -197,7 +198,7 @@ def test_fit_gives_the_tails_logits_their_own_factor_between_i_and_w():
     (tail samples only on one side) cannot price them."""
     from torchpp.profiling.calibrate import fit
 
-    truth = dict(base=5e7, alpha=4.0, Kp=30.0, Kt=3.0, Kw=-12.0, Kwt=-1.5, Ke=1.0)
+    truth = dict(base=5e7, alpha=4.0, Kp=30.0, Kt=3.0, Kw=-12.0, Kwt=-1.5, Ke=KE_FRESH_GRADIENT)
     L, logits, end_w = 8, 400_000, 4_000_000
     rows = _tail_rows(truth, L, logits, end_w)
     mm = fit(rows)

@@ -320,3 +320,42 @@ def test_per_stage_statistics_count_every_chunk(runs):
     for r in steps:
         assert len(r["compute_s"]) == 4 and min(r["compute_s"]) > 0, r["compute_s"]
         assert len(r["comm_wait_s"]) == 4
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_lm_head_adds_its_weight_gradient_in_place(split, monkeypatch):
+    """From the second micro-batch on, the tail's lm_head adds its weight gradient into ``.grad``
+    in one product: no block of the lm_head's size is allocated during a micro-batch (plain
+    ``nn.Linear`` autograd allocates its fresh product there), with a full backward and with I
+    then W; the sum equals plain autograd's over the same micro-batches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    import torchpp.models.stages as stages_mod
+
+    cfg = load_config(MODEL)
+    spec = StageSpec(layers=(2, 4), has_embed=False, has_tail=True, num_stages=2)
+    grads, fresh = [], []
+    for in_place in (False, True):
+        st = build_stage(MODEL, cfg, spec, seed=3)
+        head = st.module.lm_head
+        if split:
+            st.defer_weight_gradients()
+        if not in_place:  # autograd's own linear: a fresh product, added by AccumulateGrad
+            monkeypatch.setattr(stages_mod, "project", lambda m, h: torch.nn.functional.linear(h, m.weight, m.bias))
+        torch.manual_seed(0)
+        count = 0
+        for mb in range(3):
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                x = torch.randn(2, 8, st.hidden_size, requires_grad=True)
+                out = st.forward(x, torch.randint(0, cfg.vocab_size, (2, 8)), 14)
+                if split:
+                    backward_weight(backward_input(out, None, x, st.parameters(), [])[1])
+                else:
+                    out.backward()
+            if mb:
+                count += sum(e.cpu_memory_usage == head.weight.grad.nbytes for e in prof.events())
+        monkeypatch.undo()
+        grads.append(head.weight.grad)
+        fresh.append(count)
+    assert fresh[0] >= 2 and fresh[1] == 0
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)

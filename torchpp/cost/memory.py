@@ -10,10 +10,10 @@ n the micro-batches the stage holds at its peak (``schedules.in_flight``, read o
 A_recomputed those of recomputed layers, which keep only their input (one tensor) per
 micro-batch plus, during backward, one layer's activations at a time. The tail's share of
 A_kept (its logits) counts with its own fitted factor Kt instead of Kp (``activations``).
-W_end is the parameter bytes of the stage's tail (the lm_head: one large tensor), whose fresh
-gradient is computed beside the accumulated one from the second micro-batch on; Ke prices it (0
-where the calibration file has none). The embedding adds its gradient in place
-(``models.embedding``) and holds nothing more.
+W_end is the parameter bytes of the stage's tail (the lm_head: one large tensor), Ke what it
+holds beyond its weights' alpha: 0 since the lm_head adds its weight gradient into ``.grad`` in one
+product (``models.deferred.project``), as the embedding adds its rows (``models.embedding``);
+files fitted before hold 1 (a fresh gradient beside the accumulated one) or none.
 
 n_w is the micro-batches held between their input gradient ``I`` and their weight gradient ``W``
 in a zero-bubble order (zb-h1, interleaved-zb, zbv; 0 for every other kind), at the step of the

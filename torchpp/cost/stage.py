@@ -324,9 +324,8 @@ class StageMemory:
 
     def end_weights(self, span: Span | PlanStage) -> float | np.ndarray:
         """Parameter bytes of the tail (the lm_head) where the span holds it, else 0: what the
-        memory model's ``Ke`` prices. The lm_head's weight gradient is computed whole for each
-        micro-batch beside the accumulated one; the embedding's is added in place
-        (``models.embedding``), so it holds nothing more."""
+        memory model's ``Ke`` prices (``cost.memory``): 0 in files fitted on a runtime that adds
+        the lm_head's weight gradient in place, as the embedding's (``models.embedding``)."""
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         pb = np.asarray(self.profiles.param_bytes, dtype=float)
         out = np.where(np.asarray(sp.hi) == len(pb), pb[-1], 0.0)

@@ -13,6 +13,10 @@ backward, a recomputed layer) the layer computes both gradients at once, as ``nn
 
 Weights of other modules (norms, embeddings) are small or off the input path: the input pass
 computes their gradients along with the input's.
+
+Wherever a patched layer computes its weight gradient (in ``W`` or at once), it adds it into the
+accumulated ``.grad`` in the same product (:func:`weight_gradient`); the tail's lm_head runs
+through :class:`_Linear` in every stage (:func:`project`) for that alone.
 """
 from __future__ import annotations
 
@@ -39,8 +43,9 @@ class Deferred:
         """Accumulate this call's weight (and bias) gradient into ``.grad``."""
         dy = self.dy.reshape(-1, self.dy.shape[-1])
         x = self.x.reshape(-1, self.x.shape[-1])
-        gw = (x.t().mm(dy) if self.conv1d else dy.t().mm(x)).to(self.weight.dtype)
-        add_grad(self.weight, gw)
+        gw = weight_gradient(self.weight, dy, x, self.conv1d)
+        if gw is not None:
+            add_grad(self.weight, gw)
         if self.bias is not None and self.bias.requires_grad:
             add_grad(self.bias, dy.sum(0).to(self.bias.dtype))
 
@@ -100,9 +105,34 @@ class _Linear(torch.autograd.Function):
             c.kept.append(Deferred(weight, bias if want_b else None, xc.detach(), dy.detach(), conv1d))
             return dx, None, None, None
         dy2, x2 = dy.reshape(-1, dy.shape[-1]), xc.reshape(-1, xc.shape[-1])
-        gw = ((x2.t().mm(dy2) if conv1d else dy2.t().mm(x2)).to(weight.dtype)) if want_w else None
+        gw = weight_gradient(weight, dy2, x2, conv1d) if want_w else None
         gb = dy2.sum(0).to(bias.dtype) if want_b else None
         return dx, gw, gb, None
+
+
+@torch.no_grad()
+def weight_gradient(weight: nn.Parameter, dy: torch.Tensor, x: torch.Tensor, conv1d: bool) -> torch.Tensor | None:
+    """``dW = dyᵀ · x`` (2-D ``dy`` and ``x``) added into ``weight.grad`` in one product where
+    there is one of the product's dtype (None returned: nothing left for autograd to add), else
+    returned. A pipeline rank accumulates over micro-batches anyway; the fresh product beside
+    the accumulated gradient is one more weight-sized block per call, which for an lm_head (25 MiB
+    on qwen3-homelab, 600 MiB on Qwen3-0.6B) fragmented the tail rank's heap and raised its
+    peak by 8-25 MiB at random steps."""
+    a, b = (x.t(), dy) if conv1d else (dy.t(), x)
+    g = weight.grad
+    if g is not None and g.dtype == a.dtype and not g.requires_grad:
+        g.addmm_(a, b)
+        return None
+    return a.mm(b).to(weight.dtype)
+
+
+def project(module: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """``module(h)`` for an output projection (the lm_head), its weight gradient added into
+    ``.grad`` in place (:func:`weight_gradient`) where the module is a plain ``nn.Linear``."""
+    if module in _patched or type(module) is not nn.Linear or not module.weight.requires_grad \
+            or not torch.is_grad_enabled():
+        return module(h)
+    return _Linear.apply(h, module.weight, module.bias, False)
 
 
 def defer_weight_gradients(module: nn.Module, enable: bool = True) -> int:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .deferred import Deferred, add_grad, collecting, defer_weight_gradients
+from .deferred import Deferred, add_grad, collecting, defer_weight_gradients, project
 from .presets import DTYPES, ModelSpecError, init_parameters, is_preset, resolve_model
 
 
@@ -272,7 +272,7 @@ class Stage:
         from .semantics import scale_logits
 
         h = _get(self.module, self.parts.norm)(h)
-        return scale_logits(self.cfg, _get(self.module, self.parts.lm_head)(h))
+        return scale_logits(self.cfg, project(_get(self.module, self.parts.lm_head), h))
 
     @staticmethod
     def loss(logits: torch.Tensor, labels: torch.Tensor, n_tokens: int) -> torch.Tensor:

@@ -228,12 +228,13 @@ def fit_split(mm: MemoryModel, split: Sequence[MemorySample]) -> MemoryModel:
     return _refit_stats(mm, split, list(pred), Kw=kw, Kwt=kwt, Kz=kz)
 
 
-KE_FRESH_GRADIENT = 1.0
-"""``Ke``: the lm_head's fresh weight gradient is one tensor its size, beside the accumulated one.
-Set, not fitted: every tail span has the same lm_head bytes, so a fitted Ke is that span kind's
-own intercept, told from Kt only by the tail spans' batch sizes; with the few spans a small
-host can afford the fit traded one for the other (Ke 3.0 with Kt 0.4, or Kt 0 outright, which
-priced a second held micro-batch's logits at nothing)."""
+KE_FRESH_GRADIENT = 0.0
+"""``Ke``: bytes per lm_head weight byte a tail holds beyond its accumulated gradient. 0: the
+lm_head adds each micro-batch's weight gradient into ``.grad`` in one product
+(``models.deferred.project``), as the embedding adds its rows, so no fresh gradient its size
+exists beside the accumulated one (files fitted before hold 1: that block). Set, not fitted:
+every tail span has the same lm_head bytes, so a fitted Ke is that span kind's own intercept,
+told from Kt only by the tail spans' batch sizes (Ke 3.0 with Kt 0.4 on a small host's few spans)."""
 
 
 def fit_full(samples: Sequence[MemorySample]) -> MemoryModel:
