@@ -20,9 +20,12 @@ measures in the same run, each strategy at its own best micro-batching:
 * the lower bound: all work (forward, backward, optimizer) over all capacity, weights within
   memory (the planner's LP, torchpp/planner/bound.py).
 
-Every trained plan runs 1 + 3 x ``--window`` steps: the first is warm-up, the rest three windows
-whose medians give the spread. Predicted vs measured step time (MAPE over the torchpp-run plans),
-per stage (forward/backward, from ``torchpp analyze``) and peak memory per rank. Then each trained
+Every trained plan is trained ``--repeats`` times (default 3), each a fresh run of 1 + 3 x
+``--window`` steps: the first is warm-up, the rest three windows; a run's step time is the median
+of its window medians, a plan's the median over its runs, whose range gives the spread (a
+baseline run once: over its windows). Predicted vs measured step time (MAPE over the torchpp-run
+plans), per stage (forward/backward, from ``torchpp analyze``, the first run) and peak memory per
+rank (the median over the runs: one run's peak RSS moves by 10-30 MiB with the heap's layout). Then each trained
 plan predicted again after one calibration run: from the files ``torchpp replan`` corrects with
 each *other* plan's timelines (every ordered pair; a plan's own run never predicts it). The load average
 is recorded next to every figure: the machine is shared. Writes ``results.json``, ``results.md``
@@ -73,15 +76,18 @@ class Row:
     memory_mib: list[dict] = field(default_factory=list)
     stage_errors: list[dict] = field(default_factory=list)
     peak_rss_mib: list[float] = field(default_factory=list)
+    runs_s: list[float] = field(default_factory=list)
+    """Each run's step time (the median of its window medians) where the plan ran several times."""
 
     @property
     def median_s(self) -> float | None:
-        return statistics.median(self.windows_s) if self.windows_s else None
+        xs = self.runs_s or self.windows_s
+        return statistics.median(xs) if xs else None
 
     @property
     def spread(self) -> float | None:
-        m = self.median_s
-        return (max(self.windows_s) - min(self.windows_s)) / m if m and len(self.windows_s) > 1 else None
+        m, xs = self.median_s, self.runs_s if len(self.runs_s) > 1 else self.windows_s
+        return (max(xs) - min(xs)) / m if m and len(xs) > 1 else None
 
     @property
     def error(self) -> float | None:
@@ -210,13 +216,28 @@ def run_workers(demo: Demo, kind: str, setup: dict[str, Any], tag: str) -> Row:
                peak_rss_mib=[r["peak_rss_bytes"] / 2**20 for r in ranks])
 
 
-def trained(demo: Demo, name: str, plan: Path, meas: Any, detail: str) -> Row:
-    """Train a plan through the demo's loop (traces, analyse) and turn it into a row."""
+def trained(demo: Demo, name: str, plan: Path, meas: Any, detail: str, repeats: int = 1) -> Row:
+    """Train a plan ``repeats`` times through the demo's loop (traces, analyse; the first run in
+    ``runs/<name>``, the others in ``runs/<name>_run<i>``) and turn them into a row."""
     before = load()
-    r: RunResult = demo.train(name, plan, meas)
+    res: list[RunResult] = [demo.train(name if i == 0 else f"{name}_run{i + 1}", plan, meas) for i in range(repeats)]
+    r = res[0]
     rep = json.loads((Path(r.report).parent / "report.json").read_text())
-    return Row(name=name, detail=detail, windows_s=r.windows, predicted_s=r.predicted_step_s,
-               load=f"{before} → {load()}", memory_mib=r.memory_mib, stage_errors=rep.get("stage_errors", []))
+    return Row(name=name, detail=detail, windows_s=[w for x in res for w in x.windows], predicted_s=r.predicted_step_s,
+               load=f"{before} → {load()}", memory_mib=median_memory([x.memory_mib for x in res]),
+               stage_errors=rep.get("stage_errors", []),
+               runs_s=[statistics.median(x.windows) for x in res] if repeats > 1 else [])
+
+
+def median_memory(runs: list[list[dict]]) -> list[dict]:
+    """Per rank: the prediction, the median of the runs' measured peaks (each run's kept in
+    ``measured_runs``) and the error against that median."""
+    out = []
+    for row in runs[0]:
+        got = [x["measured"] for rs in runs for x in rs if x["rank"] == row["rank"]]
+        m = statistics.median(got)
+        out.append({**row, "measured": m, "measured_runs": got, "error": (row["predicted"] - m) / m})
+    return out
 
 
 def costs_of(meas: Any) -> Any:
@@ -318,15 +339,15 @@ def run(demo: Demo, args: argparse.Namespace) -> dict:
     meas = demo.measure_and_plan()
     rows = [single_row(demo, meas)]
     even = demo.even_plan(meas.plan, meas)
-    rows.append(trained(demo, "even", even, meas, "torchpp 1F1B, even split"))
+    rows.append(trained(demo, "even", even, meas, "torchpp 1F1B, even split", args.repeats))
     rows += peer_rows(demo, args)
     rows += fsdp_rows(demo, args) if not args.skip_fsdp else [Row(name="fsdp", detail="FSDP2", note="skipped")]
-    rows.append(trained(demo, "plan", meas.plan, meas, "torchpp plan"))
+    rows.append(trained(demo, "plan", meas.plan, meas, "torchpp plan", args.repeats))
     bad = unbalanced_plan(demo, meas)
-    unb = trained(demo, "unbalanced", bad, meas, "plan's stages, fastest and slowest hosts swapped")
+    unb = trained(demo, "unbalanced", bad, meas, "plan's stages, fastest and slowest hosts swapped", args.repeats)
     rows.append(unb)
     replanned = demo.replan(_result_of(demo, "unbalanced", bad), meas)
-    rows.append(trained(demo, "replan", replanned, meas, "re-planned from the unbalanced run"))
+    rows.append(trained(demo, "replan", replanned, meas, "re-planned from the unbalanced run", args.repeats))
     runs = {"even": even, "plan": meas.plan, "unbalanced": bad, "replan": replanned}
     calibrated = cross_calibrated(demo, meas, runs, {r.name: r.median_s for r in rows if r.name in runs})
     from torchpp.formats import Plan
@@ -337,7 +358,7 @@ def run(demo: Demo, args: argparse.Namespace) -> dict:
         r.detail = r.detail + describe(demo, r.name)
     return {"mode": demo.hosts.mode, "hosts": demo.hosts.names, "config": asdict(demo.cfg), "rows": [
         {**asdict(r), "median_s": r.median_s, "spread": r.spread, "error": r.error} for r in rows + [bound]],
-            "calibrated": calibrated, "load_start": start_load, "load_end": load(), "seconds": time.monotonic() - t0,
+            "calibrated": calibrated, "repeats": args.repeats, "load_start": start_load, "load_end": load(), "seconds": time.monotonic() - t0,
             "plan_stages": [{"layers": s.layers, "hosts": [d.host for d in s.devices], "embed": s.has_embed,
                              "tail": s.has_tail} for s in plan.stages],
             "plan_microbatches": [plan.num_microbatches, plan.micro_batch_size]}
@@ -434,8 +455,10 @@ def report(summary: dict, out: Path) -> str:
     lines = [f"# bench_prove on {summary['mode']} ({', '.join(summary['hosts'])})", "",
              f"{summary['config']['model']}, seq {summary['config']['seq_len']}, global batch "
              f"{summary['config']['global_batch']}; {summary['load_start']} at the start, {summary['load_end']} at the "
-             f"end (2 cores, shared); {summary['seconds']:.0f} s in all. Median of 3 window medians; spread = "
-             "(slowest - fastest window) / median.", "",
+             f"end (2 cores, shared); {summary['seconds']:.0f} s in all. A run's step: the median of its 3 window "
+             f"medians; a torchpp plan: the median of its {summary.get('repeats', 1)} run(s), spread = (slowest - "
+             "fastest run) / median; a baseline (one run): spread over its windows. Peak memory: the median over "
+             "the runs (each run's in brackets).", "",
              "| strategy | what | median step (s) | spread | predicted (s) | error | vs plan | load during | note |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:
@@ -464,7 +487,9 @@ def report(summary: dict, out: Path) -> str:
     lines += ["## Per stage and per rank (torchpp runs)", ""]
     for r in summary["rows"]:
         if r["memory_mib"]:
-            mem = ", ".join(f"r{x['rank']} {x['predicted']:.0f}/{x['measured']:.0f} MiB ({100 * x['error']:+.0f}%)"
+            mem = ", ".join(f"r{x['rank']} {x['predicted']:.0f}/{x['measured']:.0f} MiB ({100 * x['error']:+.0f}%"
+                            + (" [" + ", ".join(f"{y:.0f}" for y in x["measured_runs"]) + "]"
+                               if len(x.get("measured_runs", [])) > 1 else "") + ")"
                             for x in r["memory_mib"])
             st = ", ".join(f"s{x['stage']} F {fmt(x['forward_error'] and 100 * x['forward_error'], '+.0f')}% "
                            f"B {fmt(x['backward_error'] and 100 * x['backward_error'], '+.0f')}%" for x in r["stage_errors"])
@@ -541,6 +566,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_prove")
     ap.add_argument("--work", type=Path, default=Path("out/bench_prove"), help="profiles, plans, traces, logs")
     ap.add_argument("--window", type=int, default=2, help="steps per window; 3 windows after one warm-up step")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each torchpp plan (fresh processes)")
     ap.add_argument("--fsdp-window", type=int, default=1, help="steps per FSDP2 window (its steps are slow)")
     ap.add_argument("--peer-schedules", default="1F1B,GPipe")
     ap.add_argument("--peer-microbatches", type=lambda t: [int(x) for x in t.split(",")], default=[8, 16])
