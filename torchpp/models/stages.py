@@ -437,16 +437,21 @@ def _bin_tensors(path: Path) -> dict[str, torch.Tensor]:
     return sd
 
 
-def read_tensors(directory: str | Path, names: list[str], aliases: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
-    """Read only ``names`` (falling back to ``aliases[name]``) from a safetensors checkpoint."""
+def read_tensors(directory: str | Path, names: list[str], aliases: dict[str, str] | None = None, *,
+                 index: dict[str, Path] | None = None, missing_ok: bool = False) -> dict[str, torch.Tensor]:
+    """Read only ``names`` (falling back to ``aliases[name]``) from a safetensors checkpoint whose
+    name -> file map is ``index`` (default: the directory's, :func:`safetensors_index`); a name
+    it lacks is an error, or left out with ``missing_ok``."""
     from safetensors import safe_open
 
-    index = safetensors_index(directory)
+    index = safetensors_index(directory) if index is None else index
     aliases = aliases or {}
     by_file: dict[Path, list[tuple[str, str]]] = {}
     for n in names:
         key = n if n in index else aliases.get(n)
         if key is None or key not in index:
+            if missing_ok:
+                continue
             raise ModelSpecError(f"{directory}: tensor {n!r} is missing from the checkpoint")
         by_file.setdefault(index[key], []).append((n, key))
     out: dict[str, torch.Tensor] = {}

@@ -659,26 +659,20 @@ def _replay(root: str | Path, steps: list[int], *, stage: Stage, optimizer: torc
     """Apply each logged update again: the logged gradients at the logged learning rates."""
     if not steps:
         return
-    from safetensors import safe_open
-
     params = dict(stage.named_parameters())
     aliases = {n: stage.source_name(n) for n in params if stage.source_name(n) != n}
     lrs = [g["lr"] for g in optimizer.param_groups]
     try:
         for s in steps:
             d = step_dir(root, s)
-            manifest, index = read_json(d / MANIFEST), read_json(d / GRADS_INDEX)["weight_map"]
-            by_file: dict[str, list[tuple[str, str]]] = {}
-            for n in params:  # a parameter the update gave no gradient is absent: the replay skips it too
-                key = n if n in index else aliases.get(n)
-                if key is not None and key in index:
-                    by_file.setdefault(index[key], []).append((n, key))
-            for n, p in params.items():
+            manifest = read_json(d / MANIFEST)
+            index = {k: d / v for k, v in read_json(d / GRADS_INDEX)["weight_map"].items()}
+            # a parameter the update gave no gradient is absent: the replay skips it too
+            grads = read_tensors(d, list(params), aliases, index=index, missing_ok=True)
+            for p in params.values():
                 p.grad = None
-            for f, pairs in by_file.items():
-                with safe_open(str(d / f), framework="pt") as h:
-                    for n, key in pairs:  # copied: a mapped file may be recycled in place later
-                        params[n].grad = h.get_tensor(key).to(params[n].dtype, copy=True)
+            for n, g in grads.items():  # copied: a mapped file may be recycled in place later
+                params[n].grad = g.to(params[n].dtype, copy=True)
             for g, lr in zip(optimizer.param_groups, manifest["lrs"]):
                 g["lr"] = lr
             optimizer.step()
