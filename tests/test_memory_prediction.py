@@ -70,7 +70,7 @@ def test_peak_memory_per_rank_within_ten_percent(tmp_path):
     from torchpp.profiling.calibrate import calibrate
 
     lf = _layers_file()
-    mm = calibrate(lf, MODEL, samples=7, held_samples=2, batch=[2, 8], seq_len=SEQ, timeout_s=120,
+    mm = calibrate(lf, MODEL, samples=7, split_samples=0, held_samples=2, batch=[2, 8], seq_len=SEQ, timeout_s=120,
                    progress=lambda *_: None)
     assert mm.Ke is not None and mm.Kt is not None and mm.Kb is not None
     plan = even_plan(lf.model, stages=2, hosts=["a", "b"], seq_len=SEQ, global_batch=GLOBAL,

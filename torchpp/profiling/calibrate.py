@@ -306,16 +306,23 @@ def held_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, in
     return spans[:count]
 
 
+def default_extra(samples: int, extra: int | None) -> int:
+    """Zero-bubble or held probes run beside ``samples`` one-at-a-time spans: ``extra``, or a quarter."""
+    return samples // 4 if extra is None else extra
+
+
 def calibrate(lf: LayersFile, model: str, *, samples: int, batch: int | Sequence[int], seq_len: int | None = None,
               seed: int = 0, timeout_s: float = 300.0, threads: int = 1, microbatches: int = PROBE_MICROBATCHES,
-              split_samples: int = 0, held_samples: int = 0, progress=print) -> MemoryModel:
+              split_samples: int | None = None, held_samples: int | None = None, progress=print) -> MemoryModel:
     """Spans take the micro-batch sizes in turn: with one size, weights and activations both
     grow with a span's length and the fit can hardly tell them apart; with several they can.
     Each probed step accumulates ``microbatches`` micro-batches, as a pipeline rank's does.
     ``split_samples`` more spans run one ZB-H1 stage's order (``memory_probe`` zb, a stage of
     ``ZB_PROBE_STAGES`` over twice as many micro-batches; the positions of ``ZB_BODY_POSITIONS``
     in turn, the last for a span with the tail), from which ``Kw``, ``Kz`` and ``Kwt`` are
-    fitted, and ``held_samples`` in the GPipe order over ``HELD_MICROBATCHES``, from which ``Kb`` is."""
+    fitted, and ``held_samples`` in the GPipe order over ``HELD_MICROBATCHES``, from which ``Kb`` is
+    (each by default a quarter of ``samples``, as ``torchpp calibrate-memory``; 0: none)."""
+    split_samples, held_samples = default_extra(samples, split_samples), default_extra(samples, held_samples)
     seq = seq_len or lf.run.seq_len
     sizes = [batch] if isinstance(batch, int) else list(batch)
     probes = [(sp, "fb") for sp in random_spans(lf.model.num_layers, samples, seed)]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .. import argtypes as T, validate as V
 from ..formats import FormatError, LayersFile
-from .calibrate import calibrate
+from .calibrate import calibrate, default_extra
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -14,7 +14,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="preset name or local checkpoint (the profiled model)")
     p.add_argument("--samples", type=T.int_in(3, 10_000), default=20, help="number of random spans")
     p.add_argument("--zb-samples", type=T.int_in(0, 10_000), default=None,
-                   help="more spans run in a zero-bubble order (all F, all I, all W) to fit Kw, the bytes a "
+                   help="more spans run in a ZB-H1 stage's own order of F, I and W to fit Kw, the bytes a "
                    "micro-batch holds between its I and its W (0: none, no Kw; default: a quarter of --samples)")
     p.add_argument("--held-samples", type=T.int_in(0, 10_000), default=None,
                    help="more spans holding several micro-batches at once (all F, then all B) to fit Kb, what "
@@ -50,8 +50,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--microbatch: expected an integer or a list such as 2,8, got {args.microbatch!r}") from None
     if min(batch) < 1:
         raise UsageError(f"--microbatch: expected sizes >= 1, got {args.microbatch!r}")
-    zb = args.samples // 4 if args.zb_samples is None else args.zb_samples
-    held = args.samples // 4 if args.held_samples is None else args.held_samples
+    zb, held = default_extra(args.samples, args.zb_samples), default_extra(args.samples, args.held_samples)
     print(f"calibrating memory of {args.model} on {lf.host}: {args.samples} span(s) + {zb} in I/W "
           f"order + {held} holding several micro-batches, micro-batch "
           f"{', '.join(map(str, batch))}")
