@@ -25,10 +25,10 @@ Every trained plan is trained ``--repeats`` times (default 3), each a fresh run 
 of its window medians, a plan's the median over its runs, whose range gives the spread (a
 baseline run once: over its windows). Predicted vs measured step time (MAPE over the torchpp-run
 plans), per stage (forward/backward, from ``torchpp analyze``, the first run) and peak memory per
-rank (the median over the runs: one run's peak RSS moves by 10-30 MiB with the heap's layout). Then each trained
-plan predicted again after one calibration run: from the files ``torchpp replan`` corrects with
-each *other* plan's timelines (every ordered pair; a plan's own run never predicts it). The load average
-is recorded next to every figure: the machine is shared. Writes ``results.json``, ``results.md``
+rank (the median over the runs: one run's peak RSS moves by 10-30 MiB with the heap's layout).
+Then each trained plan predicted again after one calibration run: from the files ``torchpp
+replan`` corrects with each *other* plan's timelines (every ordered pair; a plan's own run never
+predicts it). The load average is recorded next to every figure: the machine is shared. Writes ``results.json``, ``results.md``
 and ``step_times.png`` into ``--out`` (default benchmarks/results/bench_prove).
 
     sudo .venv/bin/python benchmarks/bench_prove.py [--window 2] [--peer-schedules 1F1B,GPipe]
@@ -220,7 +220,8 @@ def trained(demo: Demo, name: str, plan: Path, meas: Any, detail: str, repeats: 
     """Train a plan ``repeats`` times through the demo's loop (traces, analyse; the first run in
     ``runs/<name>``, the others in ``runs/<name>_run<i>``) and turn them into a row."""
     before = load()
-    res: list[RunResult] = [demo.train(name if i == 0 else f"{name}_run{i + 1}", plan, meas) for i in range(repeats)]
+    res: list[RunResult] = [demo.train(name if i == 0 else f"{name}_run{i + 1}", plan, meas)
+                            for i in range(repeats)]
     r = res[0]
     rep = json.loads((Path(r.report).parent / "report.json").read_text())
     return Row(name=name, detail=detail, windows_s=[w for x in res for w in x.windows], predicted_s=r.predicted_step_s,
@@ -358,7 +359,8 @@ def run(demo: Demo, args: argparse.Namespace) -> dict:
         r.detail = r.detail + describe(demo, r.name)
     return {"mode": demo.hosts.mode, "hosts": demo.hosts.names, "config": asdict(demo.cfg), "rows": [
         {**asdict(r), "median_s": r.median_s, "spread": r.spread, "error": r.error} for r in rows + [bound]],
-            "calibrated": calibrated, "repeats": args.repeats, "load_start": start_load, "load_end": load(), "seconds": time.monotonic() - t0,
+            "calibrated": calibrated, "repeats": args.repeats, "load_start": start_load, "load_end": load(),
+            "seconds": time.monotonic() - t0,
             "plan_stages": [{"layers": s.layers, "hosts": [d.host for d in s.devices], "embed": s.has_embed,
                              "tail": s.has_tail} for s in plan.stages],
             "plan_microbatches": [plan.num_microbatches, plan.micro_batch_size]}
