@@ -3,7 +3,7 @@
 Both have the form of seed 000's model, extended for 1F1B and recomputation::
 
     peak = base + alpha·W + Ke·W_end + s·n·(Kp·A_kept + A_recomputed) + s·n_w·Kw·A_kept
-           + Kp·A_max_recomputed·s + Kb·A_body·s + [n_w ≥ 1]·Kz·A_body·s
+           + Kp·A_max_recomputed·s + Kb·A_body·s + [n_w ≥ 1]·Kz·A_body·s + Kl·A_layer·s
 
 with W the stage's parameter bytes, s the samples of a micro-batch this device computes,
 n the micro-batches the stage holds at its peak (``schedules.in_flight``, read off its order), A_kept the activation bytes per sample of layers whose activations are kept, and
@@ -37,6 +37,12 @@ holds, where Kp is what each held micro-batch keeps. Fitted on probes holding se
 micro-batches at once (0 where the file has none: Kp then counts it with every held one, which
 over-priced a 2-stage first rank by 12-14%).
 
+A_layer is the activation bytes per sample of the stage's largest decoder layer, and Kl what the
+one layer whose forward or backward is running holds beyond what it keeps (its intermediate
+products): once per device, however many layers and micro-batches it holds (0 where the file
+has none: the intercept then took it at the probes' mean batch, and one-layer spans at a small
+batch were over-priced by 10-25%).
+
 The analytic model (no calibration file): base 0, alpha 4 (fp32 weights, gradients and the two
 AdamW moments), Kp ``activation_factor`` (default 16: a transformer layer keeps roughly that
 many tensors the size of its output for backward; calibrate-memory measures it instead).
@@ -51,6 +57,19 @@ from ..formats import MemoryModel
 
 ANALYTIC_ALPHA = 4.0
 ANALYTIC_KP = 16.0
+
+
+def describe(mm: MemoryModel) -> str:
+    """A fitted file's coefficients in words (what ``torchpp calibrate-memory`` prints and a plan
+    records as its memory model's source)."""
+    r2 = f", R² {mm.r2:.4f}" if mm.r2 == mm.r2 else ""
+    res = f", max |residual| {max(abs(r) for r in mm.residuals) / 2**20:.1f} MiB" if mm.residuals else ""
+    rt = f"; the runtime itself {mm.process_bytes / 2**20:.0f} MiB per device" if mm.process_bytes else ""
+    named = [("Kt", mm.Kt, "tail"), ("Ke", mm.Ke, "end weights"), ("Kw", mm.Kw, "between I and W"),
+             ("Kwt", mm.Kwt, "tail between I and W"), ("Kz", mm.Kz, "split backward, once"),
+             ("Kb", mm.Kb, "one backward"), ("Kl", mm.Kl, "one layer running")]
+    terms = "".join(f", {k} {v:.3f} ({what})" for k, v, what in named if v is not None)
+    return f"base {mm.base / 2**20:.1f} MiB, alpha {mm.alpha:.3f}, Kp {mm.Kp:.3f}{terms}{r2}{res}{rt}"
 
 
 @dataclass(frozen=True)
@@ -77,6 +96,9 @@ class MemoryEstimator:
     kz: float = 0.0
     """Factor of the embedding's and layers' activations held once by a device with a micro-batch
     past its ``I`` at its peak (the heap beyond the live tensors); 0: no such term."""
+    kl: float = 0.0
+    """Factor of the largest decoder layer's activations held once (the running layer's
+    intermediate products); 0: no such term."""
 
     def split_once(self, split, act_body):
         """``kz`` times ``act_body`` where ``split`` (micro-batches past their I) is at least one."""
@@ -110,17 +132,8 @@ class MemoryEstimator:
 
     @staticmethod
     def fitted(mm: MemoryModel, source: str = "memory_model.json") -> "MemoryEstimator":
-        r2 = f", R² {mm.r2:.3f}" if mm.r2 == mm.r2 else ""
-        rt = f"; {mm.process_bytes / 2**20:.0f} MiB runtime reserved per device" if mm.process_bytes else ""
-        kt = f", Kt {mm.Kt:.2f} (tail)" if mm.Kt is not None else ""
-        ke = f", Ke {mm.Ke:.2f} (end weights)" if mm.Ke is not None else ""
-        kw = f", Kw {mm.Kw:.2f} (between I and W)" if mm.Kw is not None else ""
-        kw += f", Kwt {mm.Kwt:.2f} (tail between I and W)" if mm.Kwt is not None else ""
-        kw += f", Kz {mm.Kz:.2f} (split backward, once)" if mm.Kz is not None else ""
-        kw += f", Kb {mm.Kb:.2f} (one backward)" if mm.Kb is not None else ""
-        return MemoryEstimator(mm.base, mm.alpha, mm.Kp, f"fitted {source} (base {mm.base / 2**20:.0f} MiB, "
-                               f"alpha {mm.alpha:.2f}, Kp {mm.Kp:.2f}{kt}{ke}{kw}{r2}{rt})", mm.process_bytes,
-                               mm.Kt, mm.Ke or 0.0, mm.Kw or 0.0, mm.Kb or 0.0, mm.Kwt, mm.Kz or 0.0)
+        return MemoryEstimator(mm.base, mm.alpha, mm.Kp, f"fitted {source} ({describe(mm)})", mm.process_bytes,
+                               mm.Kt, mm.Ke or 0.0, mm.Kw or 0.0, mm.Kb or 0.0, mm.Kwt, mm.Kz or 0.0, mm.Kl or 0.0)
 
     def static(self, weights: float, end_weights: float = 0.0) -> float:
         """Bytes independent of the samples: the base, the weights (with gradients and optimizer
@@ -128,29 +141,36 @@ class MemoryEstimator:
         return self.base + self.alpha * weights + self.ke * end_weights
 
     def per_sample(self, act_kept: float, act_recomputed: float, n: int, act_max_recomputed: float = 0.0,
-                   split: int = 0, act_body: float = 0.0, act_tail: float = 0.0) -> float:
+                   split: int = 0, act_body: float = 0.0, act_tail: float = 0.0, act_layer: float = 0.0) -> float:
         """Bytes per sample of one device's micro-batch share, ``n`` micro-batches held of which
         ``split`` between their I and their W (the tail's logits ``act_tail``, unweighted, priced
-        there by ``kwt``), and one backward running over ``act_body``."""
+        there by ``kwt``), one backward running over ``act_body`` and one layer of ``act_layer``."""
         return (n * (self.kp * act_kept + act_recomputed) + self.kp * act_max_recomputed
-                + split * (self.kw * act_kept + self.kw_tail_adjust * act_tail) + self.kb * act_body
+                + split * (self.kw * act_kept + self.kw_tail_adjust * act_tail) + self.once(act_body, act_layer)
                 + self.split_once(split, act_body))
+
+    def once(self, act_body: float, act_layer: float):
+        """What a device holds once per sample of its micro-batch share, however many micro-batches
+        it holds: the running backward's share of ``act_body`` and the running layer's of ``act_layer``."""
+        return self.kb * act_body + self.kl * act_layer
 
     def peak(self, weights: float, act_kept: float, act_recomputed: float, samples: float, n: int,
              act_max_recomputed: float = 0.0, end_weights: float = 0.0, split: int = 0, act_body: float = 0.0,
-             act_tail: float = 0.0) -> float:
+             act_tail: float = 0.0, act_layer: float = 0.0) -> float:
         return (self.static(weights, end_weights)
-                + samples * self.per_sample(act_kept, act_recomputed, n, act_max_recomputed, split, act_body, act_tail))
+                + samples * self.per_sample(act_kept, act_recomputed, n, act_max_recomputed, split, act_body, act_tail,
+                                            act_layer))
 
     def recompute_terms(self, act_layers: np.ndarray, act_fixed: float, n: int, split: int = 0,
-                        act_body: float = 0.0, act_tail: float = 0.0) -> tuple[float, np.ndarray, float]:
+                        act_body: float = 0.0, act_tail: float = 0.0, act_layer: float = 0.0
+                        ) -> tuple[float, np.ndarray, float]:
         """``per_sample`` as a linear form in the recompute flags r_l and y = max_l r_l (the
         recompute MILP's constraint): ``const + Σ_l r_l · coef_l + y · coef_y`` for layers of
         activation bytes ``act_layers`` and never-recomputed bytes ``act_fixed`` (embed, tail);
         a recomputed layer keeps nothing between I and W either; the running backward's
-        ``act_body`` term does not depend on the flags."""
+        ``act_body`` and running layer's ``act_layer`` terms do not depend on the flags."""
         total = float(act_layers.sum()) + act_fixed
         const = (n * self.kp * total + split * (self.kw * total + self.kw_tail_adjust * act_tail)
-                 + self.kb * act_body + float(self.split_once(split, act_body)))
+                 + self.once(act_body, act_layer) + float(self.split_once(split, act_body)))
         amax = float(act_layers.max()) if len(act_layers) else 0.0
         return const, n * (1.0 - self.kp) * act_layers - split * self.kw * act_layers, self.kp * amax

@@ -282,6 +282,8 @@ class StageActivations:
     """The embedding's and layers' bytes, kept or recomputed, unweighted (what ``Kb`` prices)."""
     tail: float | np.ndarray = 0.0
     """The tail's logits bytes, unweighted, where the span holds it (what ``Kwt`` prices)."""
+    layer: float | np.ndarray = 0.0
+    """The largest decoder layer's bytes, unweighted (what ``Kl`` prices)."""
 
 
 @dataclass(frozen=True)
@@ -307,6 +309,7 @@ class StageMemory:
         self.acts = BlockSums(memory.activations(profiles.act_bytes))
         self.raw_acts = BlockSums(np.asarray(profiles.act_bytes, dtype=float))
         self._largest: BlockMax | None = None
+        self._layer: BlockMax | None = None
 
     @property
     def largest(self) -> BlockMax:
@@ -314,13 +317,24 @@ class StageMemory:
             self._largest = BlockMax(self.profiles.act_bytes)
         return self._largest
 
+    @property
+    def largest_layer(self) -> BlockMax:
+        """Range maxima over the decoder layers only (the embedding and tail count 0)."""
+        if self._layer is None:
+            acts = np.array(self.profiles.act_bytes, dtype=float)
+            acts[0] = acts[-1] = 0.0
+            self._layer = BlockMax(acts)
+        return self._layer
+
     def activations(self, span: Span | PlanStage) -> StageActivations:
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         rec = self.acts.over(sp.runs)
         tail = np.where(np.asarray(sp.hi) == len(self.profiles.act_bytes), float(self.profiles.act_bytes[-1]), 0.0)
         body = self.raw_acts(sp.lo, sp.hi) - tail
-        return StageActivations(self.acts(sp.lo, sp.hi) - rec, rec, self.largest.over(sp.runs),
-                                float(body) if np.ndim(body) == 0 else body, float(tail) if np.ndim(tail) == 0 else tail)
+        layer = self.largest_layer(sp.lo, sp.hi)
+        scalar = lambda x: float(x) if np.ndim(x) == 0 else x  # noqa: E731
+        return StageActivations(self.acts(sp.lo, sp.hi) - rec, rec, self.largest.over(sp.runs), scalar(body),
+                                scalar(tail), scalar(layer))
 
     def end_weights(self, span: Span | PlanStage) -> float | np.ndarray:
         """Parameter bytes of the tail (the lm_head) where the span holds it, else 0: what the
@@ -345,13 +359,13 @@ class StageMemory:
         """The peak of a device as a linear form in the memory model's coefficients (what
         re-planning refits them by): ``base + alpha·weights + kp·kp_bytes + fixed_bytes``; the
         micro-batches between I and W (``split``) count in ``fixed_bytes`` with the model's Kw, the
-        running backward with its Kb."""
+        running backward and layer with its Kb and Kl."""
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         a = self.activations(sp)  # the tail's logits weighted by Kt / Kp
         kept, rec, amax = float(a.kept), float(a.recomputed), float(a.largest_recomputed)
         held_w = samples * float(self.split_of(sp, split)) * (self.memory.kw * kept
                                                               + self.memory.kw_tail_adjust * float(a.tail))
-        running = samples * (self.memory.kb * float(a.body)
+        running = samples * (self.memory.once(float(a.body), float(a.layer))
                              + float(self.memory.split_once(self.split_of(sp, split), float(a.body))))
         return MemoryTerms(weights=float(self.weights(sp.lo, sp.hi)), kp_bytes=samples * (in_flight * kept + amax),
                            fixed_bytes=(samples * in_flight * rec + self.memory.ke * float(self.end_weights(sp)) + held_w
@@ -364,7 +378,7 @@ class StageMemory:
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         a = self.activations(sp)
         return self.memory.per_sample(a.kept, a.recomputed, in_flight, a.largest_recomputed, self.split_of(sp, split),
-                                      a.body, a.tail)
+                                      a.body, a.tail, a.layer)
 
     def static(self, span: Span | PlanStage) -> float | np.ndarray:
         """Bytes independent of the samples: the base and the weights' (with gradients, optimizer state)."""
@@ -388,7 +402,8 @@ class StageMemory:
         worst = max((sum(acts[c][0] * self.memory.per_sample(acts[c][1].kept, acts[c][1].recomputed, n, 0.0,
                                                               0 if embed[c] or not w else w[0], 0.0, acts[c][1].tail)
                          for c, n, *w in prof if c in acts) for prof in held), default=0.0)
-        largest = max(s * self.memory.per_sample(0.0, 0.0, 0, a.largest_recomputed, 0, a.body) for s, a in acts.values())
+        largest = max(s * self.memory.per_sample(0.0, 0.0, 0, a.largest_recomputed, 0, a.body, 0.0, a.layer)
+                      for s, a in acts.values())
         # the heap a split backward leaves (Kz): once, for the worst chunk with a micro-batch past its I
         past = {c for prof in held for c, n, *w in prof if c in acts and not embed[c] and w and w[0] > 0}
         heap = max((acts[c][0] * float(self.memory.split_once(1, float(acts[c][1].body))) for c in past), default=0.0)
@@ -400,4 +415,5 @@ class StageMemory:
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         a = self.activations(sp)
         return self.memory.peak(self.weights(sp.lo, sp.hi), a.kept, a.recomputed, samples, in_flight,
-                                a.largest_recomputed, self.end_weights(sp), self.split_of(sp, split), a.body, a.tail)
+                                a.largest_recomputed, self.end_weights(sp), self.split_of(sp, split), a.body, a.tail,
+                                a.layer)

@@ -54,7 +54,8 @@ def choose_recompute(pb: "Problem", t: "Tables", hosts: Sequence[int], cut: tupl
     A_fixed = float(t.mem.activations(Span.of_cut(c, c2, t.L, recompute=True)).kept)  # embed / tail outputs
     whole = Span.of_cut(c, c2, t.L)
     acts = t.mem.activations(whole)
-    terms = pb.memory.recompute_terms(A_l, A_fixed, n, int(t.mem.split_of(whole, w)), float(acts.body), float(acts.tail))
+    terms = pb.memory.recompute_terms(A_l, A_fixed, n, int(t.mem.split_of(whole, w)), float(acts.body),
+                                      float(acts.tail), float(acts.layer))
     tau = [float(t.tau[(h, 0)][c, c2]) for h in hosts]
     f = [layer_forward(pb.profiles, nm, c, c2) for nm in names]
     for _ in range(4):

@@ -24,6 +24,13 @@ keeps plus what its backward adds while it runs. A pipeline rank holds several a
 backward at a time: ``held_samples`` spans run every forward, then every backward
 (``memory_probe`` gpipe, ``HELD_MICROBATCHES`` held at once), and ``Kb``, the running backward's
 share, is fitted on what they hold below ``n`` times the first ``Kp``; ``Kp`` keeps the rest.
+
+What the one running layer holds beyond what it keeps (its intermediate products) is held once
+whatever the span's length: ``Kl`` per byte of the largest layer's activations, fitted beside
+``Kp`` (the spans take several micro-batch sizes, so it is told from the intercept). The fit
+weighs each span by the inverse of its peak: a planner needs each stage within a few percent,
+and unweighted least squares fits the largest spans' bytes at the small ones' expense (a
+one-layer span at batch 4 was over-priced by 12%, its probes' figures 106 MiB against 85).
 """
 from __future__ import annotations
 
@@ -96,6 +103,12 @@ def span_sums(lf: LayersFile, start: int, end: int) -> tuple[int, int, bool, boo
             int(lf.tail.activation_bytes_per_sample) if has_tail else 0)
 
 
+def layer_activation(lf: LayersFile, start: int, end: int) -> int:
+    """Activation bytes per sample of the largest decoder layer of [start, end): what ``Kl``
+    multiplies (``cost.stage.StageActivations.layer``)."""
+    return int(max((b.activation_bytes_per_sample for b in lf.layers[start:end]), default=0))
+
+
 def end_weights(lf: LayersFile, start: int, end: int) -> int:
     """Parameter bytes of the tail when a stage of layers [start, end) holds it (end = N), else
     0: what ``Ke`` multiplies (``cost.stage.StageMemory.end_weights``)."""
@@ -132,7 +145,8 @@ def held_bytes(mm: MemoryModel, s: MemorySample, kp: float, kb: float, n: int | 
     tail = float(s.tail_activation_bytes_per_sample)
     n = s.microbatches if n is None else n
     return (mm.base + mm.alpha * s.weights_bytes + (mm.Ke or 0.0) * s.end_weights_bytes
-            + s.batch * (n * (kp * body + mm.tail_factor * tail) + kb * body))
+            + s.batch * (n * (kp * body + mm.tail_factor * tail) + kb * body
+                         + (mm.Kl or 0.0) * s.layer_activation_bytes_per_sample))
 
 
 def fit_held(mm: MemoryModel, held: Sequence[MemorySample]) -> MemoryModel:
@@ -238,24 +252,30 @@ told from Kt only by the tail spans' batch sizes (Ke 3.0 with Kt 0.4 on a small 
 
 
 def fit_full(samples: Sequence[MemorySample]) -> MemoryModel:
-    """NNLS fit of base, alpha, Kp and, when spans with and without the tail are both present,
-    the tail's own factor Kt, with ``Ke`` set (:data:`KE_FRESH_GRADIENT`) where a span holds the
-    tail. Columns are scaled so their magnitudes do not matter."""
+    """NNLS fit of base, alpha, Kp, the running layer's Kl where the spans took two or more
+    micro-batch sizes (with one, its column is the intercept's) and, when spans with and without
+    the tail are both present, the tail's own factor Kt, with ``Ke`` set (:data:`KE_FRESH_GRADIENT`)
+    where a span holds the tail. Each row is weighted by the inverse of its peak (relative
+    errors); columns are scaled so their magnitudes do not matter."""
     from scipy.optimize import nnls
 
     tails = {s.tail_activation_bytes_per_sample > 0 for s in samples}
     with_kt = tails == {True, False} and len(samples) >= 5
+    with_kl = (len({s.batch for s in samples}) >= 2 and len(samples) >= 5 + with_kt
+               and all(s.layer_activation_bytes_per_sample > 0 for s in samples))
     ke = KE_FRESH_GRADIENT if any(s.end_weights_bytes > 0 for s in samples) else None
     rows = []
     for s in samples:
         body = (s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample) * s.batch
         tail = s.tail_activation_bytes_per_sample * s.batch
-        rows.append([1.0, s.weights_bytes, body, tail] if with_kt else [1.0, s.weights_bytes, body + tail])
+        rows.append([1.0, s.weights_bytes, *([body, tail] if with_kt else [body + tail]),
+                     *([s.batch * s.layer_activation_bytes_per_sample] if with_kl else [])])
     A = np.array(rows, dtype=float)
     fixed = np.array([(ke or 0.0) * s.end_weights_bytes for s in samples], dtype=float)
     y = np.array([float(s.peak_bytes) for s in samples]) - fixed
     scale = np.where(np.abs(A).max(axis=0) > 0, np.abs(A).max(axis=0), 1.0)
-    coef, _ = nnls(A / scale, y)
+    weight = 1.0 / np.maximum(np.array([float(s.peak_bytes) for s in samples]), 1.0)
+    coef, _ = nnls(A / scale * weight[:, None], y * weight)
     coef = coef / scale
     y, pred = y + fixed, A @ coef + fixed
     res = y - pred
@@ -263,7 +283,8 @@ def fit_full(samples: Sequence[MemorySample]) -> MemoryModel:
     r2 = 1.0 - float((res ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan")
     out = [MemorySample(**{**s.__dict__, "predicted_bytes": float(p)}) for s, p in zip(samples, pred)]
     return MemoryModel(base=float(coef[0]), alpha=float(coef[1]), Kp=float(coef[2]), r2=r2,
-                       residuals=[float(r) for r in res], samples=out, Kt=float(coef[3]) if with_kt else None, Ke=ke)
+                       residuals=[float(r) for r in res], samples=out, Kt=float(coef[3]) if with_kt else None, Ke=ke,
+                       Kl=float(coef[-1]) if with_kl else None)
 
 
 def measure_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, batch: int, seq_len: int,
@@ -346,7 +367,8 @@ def calibrate(lf: LayersFile, model: str, *, samples: int, batch: int | Sequence
                                  process_bytes=int(rec.get("base_rss_bytes", 0)),
                                  tail_activation_bytes_per_sample=at, end_weights_bytes=end_weights(lf, s, e),
                                  microbatches=mb, order=order, held=rec.get("held"), past_input=rec.get("past_input"),
-                                 kept_ratio=rec.get("kept_ratio")))
+                                 kept_ratio=rec.get("kept_ratio"),
+                                 layer_activation_bytes_per_sample=layer_activation(lf, s, e)))
         how = {"zb": f" (ZB-H1 stage {pos + 1}/{ZB_PROBE_STAGES}: {rec.get('held')} held, {rec.get('past_input')} "
                      "past I)", "gpipe": f" ({mb} held)"}.get(order, "")
         progress(f"  span {i + 1}/{len(probes)} [{s:>3}, {e:>3}){' +embed' if he else ''}{' +tail' if ht else ''} "

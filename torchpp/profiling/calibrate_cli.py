@@ -6,6 +6,7 @@ from pathlib import Path
 
 from .. import argtypes as T, validate as V
 from ..formats import FormatError, LayersFile
+from ..cost.memory import describe
 from .calibrate import calibrate, default_extra
 
 
@@ -57,12 +58,5 @@ def run(args: argparse.Namespace) -> int:
     mm = calibrate(lf, args.model, samples=args.samples, batch=batch, seq_len=args.seq_len, seed=args.seed,
                    timeout_s=args.timeout, threads=args.threads, split_samples=zb, held_samples=held)
     mm.save(args.out)
-    print(f"wrote {args.out}: base {mm.base / 2**20:.1f} MiB, alpha {mm.alpha:.3f}, Kp {mm.Kp:.3f}, "
-          f"{'' if mm.Kt is None else f'Kt {mm.Kt:.3f} (tail), '}"
-          f"{'' if mm.Kw is None else f'Kw {mm.Kw:.3f} (between I and W), '}"
-          f"{'' if mm.Kwt is None else f'Kwt {mm.Kwt:.3f} (tail between I and W), '}"
-          f"{'' if mm.Kz is None else f'Kz {mm.Kz:.3f} (split backward, once), '}"
-          f"{'' if mm.Kb is None else f'Kb {mm.Kb:.3f} (one backward), '}R² {mm.r2:.4f}, "
-          f"max |residual| {max(abs(r) for r in mm.residuals) / 2**20:.1f} MiB; the runtime itself "
-          f"{mm.process_bytes / 2**20:.0f} MiB per process")
+    print(f"wrote {args.out}: {describe(mm)}")
     return 0

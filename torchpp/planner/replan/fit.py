@@ -308,9 +308,10 @@ def refit_memory(plan: Plan, profiles: Profiles, peaks: Mapping[int, int], prior
                      microbatch=plan.micro_batch_size, host="measured ranks",
                      Kt=None if prior.kt is None or prior.kp <= 0 else float(kp) * prior.kt / prior.kp,
                      # the terms the fit takes as given stay (subtracted from y by ``StageMemory.terms``):
-                     # the lm_head's (Ke), between I and W (Kw, Kz), the running backward (Kb), and the
-                     # runtime's own RSS, reserved from every budget
+                     # the lm_head's (Ke), between I and W (Kw, Kz), the running backward and layer (Kb,
+                     # Kl), and the runtime's own RSS, reserved from every budget
                      Ke=prior.ke or None, Kw=prior.kw or None, Kb=prior.kb or None, Kwt=prior.kwt, Kz=prior.kz or None,
+                     Kl=prior.kl or None,
                      process_bytes=prior.process)
     return mm, how
 
