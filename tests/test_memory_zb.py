@@ -100,7 +100,10 @@ def test_zero_bubble_peak_per_rank_within_ten_percent(tmp_path):
     from torchpp.profiling.calibrate import calibrate
 
     lf, plan, profiles = _plan("zb-h1")
-    mm = calibrate(lf, MODEL, samples=8, batch=[2, 8], seq_len=SEQ, timeout_s=120, split_samples=3, held_samples=2,
+    # 12 spans: with 8, four calibrations priced the tail rank +1% to +10% (one at the limit: the
+    # intercept, Kt and the running layer's Kl trade on few spans), with 12 three read +1% to +6%;
+    # the runs themselves move by ±4%
+    mm = calibrate(lf, MODEL, samples=12, batch=[2, 8], seq_len=SEQ, timeout_s=120, split_samples=3, held_samples=2,
                    progress=lambda *_: None)
     assert mm.Kw is not None and -mm.Kp < mm.Kw < 0  # the input pass frees the graph
     mem = measured_memory(tmp_path, plan, profiles, mm)
