@@ -34,6 +34,39 @@ def _layers_file():
     return lf
 
 
+def two_stage_plan():
+    """The layers file, its profiles on hosts a and b, and an even 2-stage plan over them."""
+    from torchpp.cost import Profiles
+    from torchpp.planner.simple import even_plan
+
+    lf = _layers_file()
+    profiles = Profiles.from_layers([replace(lf, host="a"), replace(lf, host="b")])
+    plan = even_plan(lf.model, stages=2, hosts=["a", "b"], seq_len=SEQ, global_batch=GLOBAL,
+                     num_microbatches=GLOBAL // MICRO)
+    return lf, profiles, plan
+
+
+def assert_priced_once(coef: str, term) -> None:
+    """A coefficient held once per device (``coef`` of ``MemoryEstimator``, times ``term`` of a
+    stage's activations per sample) adds ``s · coef · term`` to every stage's peak, whatever the
+    micro-batches it holds and those past their I, in ``peak``, ``chunks_peak`` (one chunk) and
+    ``terms`` (what re-planning refits by) alike."""
+    from torchpp.cost import MemoryEstimator, StageMemory
+
+    _, profiles, plan = two_stage_plan()
+    est = MemoryEstimator(1e8, 4.0, 20.0, "test", kt=2.0, ke=1.0)
+    mem, with_c = StageMemory(profiles, est), StageMemory(profiles, replace(est, **{coef: 15.0}))
+    for st in plan.stages:
+        s = st.device(st.devices[0].rank).samples
+        x = float(term(mem.activations(st)))
+        assert x > 0
+        for n in (1, 2, 5):
+            for split in (0, 1):
+                assert with_c.peak(st, s, n, split) - mem.peak(st, s, n, split) == pytest.approx(s * 15.0 * x)
+            assert with_c.chunks_peak([(st, s)], [[(st.index, n)]]) == pytest.approx(with_c.peak(st, s, n))
+            assert with_c.terms(st, s, n).fixed_bytes - mem.terms(st, s, n).fixed_bytes == pytest.approx(s * 15.0 * x)
+
+
 def _run(cmd: list[str], timeout: float) -> str:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}

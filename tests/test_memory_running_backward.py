@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from torchpp.cost import MemoryEstimator, Profiles, StageMemory
+from torchpp.cost import MemoryEstimator
 from torchpp.formats import MemorySample
 from torchpp.profiling.calibrate import KE_FRESH_GRADIENT, fit
 
-from test_memory_prediction import GLOBAL, MICRO, SEQ, _layers_file
+from test_memory_prediction import assert_priced_once
 
 
 def _sample(start, end, body, tail, batch, w, order="fb", n=2, end_w=0):
@@ -50,23 +50,9 @@ def test_priced_once_per_device_by_every_consumer():
     the recompute MILP's constant carries it."""
     import numpy as np
 
-    from torchpp.planner.simple import even_plan
-
-    lf = _layers_file()
-    profiles = Profiles.from_layers([replace(lf, host="a"), replace(lf, host="b")])
-    plan = even_plan(lf.model, stages=2, hosts=["a", "b"], seq_len=SEQ, global_batch=GLOBAL,
-                     num_microbatches=GLOBAL // MICRO)
+    assert_priced_once("kb", lambda a: a.body)
     est = MemoryEstimator(1e8, 4.0, 20.0, "test", kt=2.0, ke=1.0)
     with_kb = replace(est, kb=15.0)
-    for st in plan.stages:
-        s = st.device(st.devices[0].rank).samples
-        body = float(StageMemory(profiles, est).activations(st).body)
-        assert body > 0
-        for n in (1, 2, 5):
-            assert (StageMemory(profiles, with_kb).peak(st, s, n) - StageMemory(profiles, est).peak(st, s, n)
-                    == pytest.approx(s * 15.0 * body))
-            assert StageMemory(profiles, with_kb).chunks_peak([(st, s)], [[(st.index, n)]]) == pytest.approx(
-                StageMemory(profiles, with_kb).peak(st, s, n))
     acts = np.array([5.0, 7.0])
     assert with_kb.recompute_terms(acts, 3.0, 2, 0, 11.0)[0] - est.recompute_terms(acts, 3.0, 2, 0, 11.0)[0] == \
         pytest.approx(15.0 * 11.0)

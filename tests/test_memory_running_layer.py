@@ -8,12 +8,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from torchpp.cost import MemoryEstimator, Profiles, StageMemory
+from torchpp.cost import MemoryEstimator, StageMemory
 from torchpp.cost.memory import describe
 from torchpp.formats import MemoryModel, MemorySample
 from torchpp.profiling.calibrate import fit, layer_activation
 
-from test_memory_prediction import GLOBAL, MICRO, SEQ, _layers_file
+from test_memory_prediction import assert_priced_once, two_stage_plan
 
 TRUTH = dict(base=30e6, alpha=3.5, kp=25.0, kt=3.0, kl=22.0)
 LAYER = 10_000  # bytes per sample of every decoder layer's output
@@ -72,27 +72,13 @@ def test_priced_once_per_device_by_every_consumer():
     """peak(n) − peak(Kl = 0, n) = s · Kl · (the stage's largest decoder layer) for every n, not
     its embedding's or tail's; one chunk's chunks_peak is peak; the recompute MILP's constant
     carries it."""
-    from torchpp.planner.simple import even_plan
-
-    lf = _layers_file()
-    profiles = Profiles.from_layers([replace(lf, host="a"), replace(lf, host="b")])
-    plan = even_plan(lf.model, stages=2, hosts=["a", "b"], seq_len=SEQ, global_batch=GLOBAL,
-                     num_microbatches=GLOBAL // MICRO)
+    lf, profiles, plan = two_stage_plan()
+    for st in plan.stages:
+        assert StageMemory(profiles, MemoryEstimator.analytic()).activations(st).layer == layer_activation(
+            lf, *st.layers) > 0
+    assert_priced_once("kl", lambda a: a.layer)
     est = MemoryEstimator(1e8, 4.0, 20.0, "test", kt=2.0, kb=3.0)
     with_kl = replace(est, kl=15.0)
-    for st in plan.stages:
-        s = st.device(st.devices[0].rank).samples
-        layer = float(StageMemory(profiles, est).activations(st).layer)
-        assert layer == layer_activation(lf, *st.layers) > 0
-        for n in (1, 2, 5):
-            for split in (0, 1):
-                assert (StageMemory(profiles, with_kl).peak(st, s, n, split)
-                        - StageMemory(profiles, est).peak(st, s, n, split) == pytest.approx(s * 15.0 * layer))
-            assert StageMemory(profiles, with_kl).chunks_peak([(st, s)], [[(st.index, n)]]) == pytest.approx(
-                StageMemory(profiles, with_kl).peak(st, s, n))
-            terms = StageMemory(profiles, with_kl).terms(st, s, n)
-            assert terms.fixed_bytes - StageMemory(profiles, est).terms(st, s, n).fixed_bytes == pytest.approx(
-                s * 15.0 * layer)
     acts = np.array([5.0, 7.0])
     assert (with_kl.recompute_terms(acts, 3.0, 2, 0, 11.0, 0.0, 7.0)[0]
             - est.recompute_terms(acts, 3.0, 2, 0, 11.0, 0.0, 7.0)[0] == pytest.approx(15.0 * 7.0))
