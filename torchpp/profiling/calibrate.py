@@ -272,9 +272,10 @@ def fit_full(samples: Sequence[MemorySample]) -> MemoryModel:
                      *([s.batch * s.layer_activation_bytes_per_sample] if with_kl else [])])
     A = np.array(rows, dtype=float)
     fixed = np.array([(ke or 0.0) * s.end_weights_bytes for s in samples], dtype=float)
-    y = np.array([float(s.peak_bytes) for s in samples]) - fixed
+    peaks = np.array([float(s.peak_bytes) for s in samples])
+    y = peaks - fixed
     scale = np.where(np.abs(A).max(axis=0) > 0, np.abs(A).max(axis=0), 1.0)
-    weight = 1.0 / np.maximum(np.array([float(s.peak_bytes) for s in samples]), 1.0)
+    weight = 1.0 / np.maximum(peaks, 1.0)
     coef, _ = nnls(A / scale * weight[:, None], y * weight)
     coef = coef / scale
     y, pred = y + fixed, A @ coef + fixed
