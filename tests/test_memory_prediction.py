@@ -34,7 +34,7 @@ def _layers_file():
     return lf
 
 
-def two_stage_plan():
+def two_stage_plan(schedule: str = "1f1b"):
     """The layers file, its profiles on hosts a and b, and an even 2-stage plan over them."""
     from torchpp.cost import Profiles
     from torchpp.planner.simple import even_plan
@@ -42,7 +42,7 @@ def two_stage_plan():
     lf = _layers_file()
     profiles = Profiles.from_layers([replace(lf, host="a"), replace(lf, host="b")])
     plan = even_plan(lf.model, stages=2, hosts=["a", "b"], seq_len=SEQ, global_batch=GLOBAL,
-                     num_microbatches=GLOBAL // MICRO)
+                     num_microbatches=GLOBAL // MICRO, schedule=schedule)
     return lf, profiles, plan
 
 
@@ -98,17 +98,12 @@ def measured_memory(tmp_path: Path, plan, profiles, mm) -> dict:
 
 @pytest.mark.timeout(420)
 def test_peak_memory_per_rank_within_ten_percent(tmp_path):
-    from torchpp.cost import Profiles
-    from torchpp.planner.simple import even_plan
     from torchpp.profiling.calibrate import calibrate
 
-    lf = _layers_file()
+    lf, profiles, plan = two_stage_plan()
     mm = calibrate(lf, MODEL, samples=7, split_samples=0, held_samples=2, batch=[2, 8], seq_len=SEQ, timeout_s=120,
                    progress=lambda *_: None)
     assert mm.Ke is not None and mm.Kt is not None and mm.Kb is not None
-    plan = even_plan(lf.model, stages=2, hosts=["a", "b"], seq_len=SEQ, global_batch=GLOBAL,
-                     num_microbatches=GLOBAL // MICRO)
-    profiles = Profiles.from_layers([replace(lf, host="a"), replace(lf, host="b")])
     mem = measured_memory(tmp_path, plan, profiles, mm)
     errors = {r: v["error"] for r, v in mem.items()}
     assert set(errors) == {"0", "1"} and all(abs(e) <= 0.10 for e in errors.values()), mem

@@ -15,7 +15,7 @@ from torchpp.formats import MemoryModel, MemorySample, placement_of
 from torchpp.profiling.calibrate import KE_FRESH_GRADIENT
 from torchpp.schedules import in_flight
 
-from test_memory_prediction import GLOBAL, MICRO, MODEL, SEQ, _layers_file, measured_memory
+from test_memory_prediction import MODEL, SEQ, measured_memory, two_stage_plan
 
 
 def test_split_count_read_off_the_order():
@@ -31,15 +31,6 @@ def test_split_count_read_off_the_order():
     assert max(w for p in profs for _, _, w in p) >= 1 and all(0 <= w <= n for p in profs for _, n, w in p)
 
 
-def _plan(schedule: str):
-    from torchpp.planner.simple import even_plan
-
-    lf = _layers_file()
-    plan = even_plan(lf.model, stages=2, hosts=["a", "b"], seq_len=SEQ, global_batch=GLOBAL,
-                     num_microbatches=GLOBAL // MICRO, schedule=schedule)
-    return lf, plan, Profiles.from_layers([replace(lf, host="a"), replace(lf, host="b")])
-
-
 def test_term_in_closed_form_and_1f1b_unchanged():
     """peak(Kw) − peak(Kw = 0) = s · n_w · Kw · A_kept on the stage without the embedding, 0 on
     the one holding it (its I computes nothing); 1F1B's prediction does not move with Kw."""
@@ -47,14 +38,14 @@ def test_term_in_closed_form_and_1f1b_unchanged():
 
     est = MemoryEstimator(1e8, 4.0, 20.0, "test", kt=2.0, ke=1.0)
     with_kw = replace(est, kw=3.0)
-    lf, plan, profiles = _plan("zb-h1")
+    lf, profiles, plan = two_stage_plan("zb-h1")
     assert device_memory(plan, profiles, with_kw)[0] == device_memory(plan, profiles, est)[0]
     last = plan.stages[1]
     s = last.device(1).samples
     kept = float(StageMemory(profiles, est).activations(last).kept)
     extra = device_memory(plan, profiles, with_kw)[1] - device_memory(plan, profiles, est)[1]
     assert extra == pytest.approx(s * 1 * 3.0 * kept)
-    _, plan1, _ = _plan("1f1b")
+    _, _, plan1 = two_stage_plan("1f1b")
     assert device_memory(plan1, profiles, with_kw) == device_memory(plan1, profiles, est)
 
 
@@ -99,7 +90,7 @@ def test_zero_bubble_peak_per_rank_within_ten_percent(tmp_path):
     and each rank's measured peak (read by ``torchpp analyze`` off the traces) is within 10%."""
     from torchpp.profiling.calibrate import calibrate
 
-    lf, plan, profiles = _plan("zb-h1")
+    lf, profiles, plan = two_stage_plan("zb-h1")
     # 12 spans: with 8, four calibrations priced the tail rank +1% to +10% (one at the limit: the
     # intercept, Kt and the running layer's Kl trade on few spans), with 12 three read +1% to +6%;
     # the runs themselves move by ±4%
@@ -228,7 +219,7 @@ def test_kwt_is_kept_by_the_file_and_priced_alike_by_stage_memory(tmp_path):
     assert back.Kwt == 0.5
     est = MemoryEstimator.fitted(back)
     assert "Kwt 0.50" in est.source
-    lf, plan, profiles = _plan("zb-h1")
+    lf, profiles, plan = two_stage_plan("zb-h1")
     sm = StageMemory(profiles, est)
     tail = plan.stages[-1]
     base = StageMemory(profiles, replace(est, kwt=None))
@@ -275,7 +266,7 @@ def test_fit_tells_the_split_heap_from_the_micro_batches_past_input(counted):
     # priced once, where a micro-batch is past its I: one chunk's peak, the chunked path and the
     # recompute MILP's linear form agree
     est = MemoryEstimator.fitted(mm)
-    lf, plan, profiles = _plan("zb-h1")
+    lf, profiles, plan = two_stage_plan("zb-h1")
     sm = StageMemory(profiles, est)
     last = plan.stages[1]
     body = float(sm.activations(last).body)
