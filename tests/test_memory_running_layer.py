@@ -60,7 +60,7 @@ def test_without_it_a_one_layer_span_at_a_small_batch_is_over_priced():
     spans = [replace(s, peak_bytes=_peak(s)) for s in SPANS]
     without = fit([replace(s, layer_activation_bytes_per_sample=0) for s in spans])
     assert without.Kl is None
-    small = replace(_sample(9, 10, 0, 4))
+    small = _sample(9, 10, 0, 4)
     small = replace(small, peak_bytes=_peak(small))
     price = lambda mm: MemoryEstimator.fitted(mm).peak(  # noqa: E731
         small.weights_bytes, LAYER, 0.0, 4, 1, act_body=LAYER, act_layer=LAYER)
