@@ -28,8 +28,11 @@ plans), per stage (forward/backward, from ``torchpp analyze``, the first run) an
 rank (the median over the runs: one run's peak RSS moves by 10-30 MiB with the heap's layout).
 Then each trained plan predicted again after one calibration run: from the files ``torchpp
 replan`` corrects with each *other* plan's timelines (every ordered pair; a plan's own run never
-predicts it). The load average is recorded next to every figure: the machine is shared. Writes ``results.json``, ``results.md``
-and ``step_times.png`` into ``--out`` (default benchmarks/results/bench_prove).
+predicts it). The load average is recorded next to every figure: the machine is shared; so is
+how long a fixed workload took on it before each plan's runs against before the profile
+(:class:`MachineSpeed`), a run whose every host went slower than profiled then shows why.
+Writes ``results.json``, ``results.md`` and ``step_times.png`` into ``--out`` (default
+benchmarks/results/bench_prove).
 
     sudo .venv/bin/python benchmarks/bench_prove.py [--window 2] [--peer-schedules 1F1B,GPipe]
 """
@@ -63,6 +66,41 @@ def load() -> str:
     return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
+class MachineSpeed:
+    """Seconds per step of a fixed workload (the model cut to two layers: forward, backward and
+    loss at ``batch`` × seq, one thread), timed in this process, outside every host's quota, while
+    no host runs: before the profile and before each training run. The hosts share this machine
+    with whatever else it runs; a run whose every host went faster or slower than profiled shows
+    it here, and the report prints each run's speed beside its error."""
+
+    def __init__(self, model: str, seq_len: int, batch: int = 4, seconds: float = 3.0):
+        import torch
+
+        from torchpp.models.presets import build_model
+
+        self.torch, self.seconds = torch, seconds
+        self.model = build_model(model, num_layers=2)
+        vocab = int(self.model.config.vocab_size)
+        self.ids = torch.randint(0, vocab, (batch, seq_len), generator=torch.Generator().manual_seed(0))
+        self.at_profile: float | None = None
+
+    def __call__(self) -> float:
+        torch = self.torch
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        times: list[float] = []
+        try:
+            end = time.monotonic() + self.seconds
+            while time.monotonic() < end or len(times) < 5:
+                t = time.perf_counter()
+                self.model(input_ids=self.ids, labels=self.ids).loss.backward()
+                times.append(time.perf_counter() - t)
+                self.model.zero_grad(set_to_none=True)
+        finally:
+            torch.set_num_threads(threads)
+        return statistics.median(times[1:])
+
+
 @dataclass
 class Row:
     """One strategy's figures: measured windows (or why it did not run) and the prediction."""
@@ -78,6 +116,8 @@ class Row:
     peak_rss_mib: list[float] = field(default_factory=list)
     runs_s: list[float] = field(default_factory=list)
     """Each run's step time (the median of its window medians) where the plan ran several times."""
+    machine_s: list[float] = field(default_factory=list)
+    """:class:`MachineSpeed` before each of its runs."""
 
     @property
     def median_s(self) -> float | None:
@@ -216,18 +256,24 @@ def run_workers(demo: Demo, kind: str, setup: dict[str, Any], tag: str) -> Row:
                peak_rss_mib=[r["peak_rss_bytes"] / 2**20 for r in ranks])
 
 
-def trained(demo: Demo, name: str, plan: Path, meas: Any, detail: str, repeats: int = 1) -> Row:
+def trained(demo: Demo, name: str, plan: Path, meas: Any, detail: str, repeats: int = 1,
+            speed: MachineSpeed | None = None) -> Row:
     """Train a plan ``repeats`` times through the demo's loop (traces, analyse; the first run in
-    ``runs/<name>``, the others in ``runs/<name>_run<i>``) and turn them into a row."""
+    ``runs/<name>``, the others in ``runs/<name>_run<i>``) and turn them into a row; ``speed``
+    timed before each run."""
     before = load()
-    res: list[RunResult] = [demo.train(name if i == 0 else f"{name}_run{i + 1}", plan, meas)
-                            for i in range(repeats)]
+    res: list[RunResult] = []
+    machine: list[float] = []
+    for i in range(repeats):
+        if speed is not None:
+            machine.append(speed())
+        res.append(demo.train(name if i == 0 else f"{name}_run{i + 1}", plan, meas))
     r = res[0]
     rep = json.loads((Path(r.report).parent / "report.json").read_text())
     return Row(name=name, detail=detail, windows_s=[w for x in res for w in x.windows], predicted_s=r.predicted_step_s,
                load=f"{before} → {load()}", memory_mib=median_memory([x.memory_mib for x in res]),
                stage_errors=rep.get("stage_errors", []),
-               runs_s=[statistics.median(x.windows) for x in res] if repeats > 1 else [])
+               runs_s=[statistics.median(x.windows) for x in res] if repeats > 1 else [], machine_s=machine)
 
 
 def median_memory(runs: list[list[dict]]) -> list[dict]:
@@ -337,18 +383,21 @@ def fsdp_unlimited(demo: Demo, args: argparse.Namespace, n: int) -> Row:
 def run(demo: Demo, args: argparse.Namespace) -> dict:
     """Every strategy of the module docstring, in one run on the same hosts."""
     t0, start_load = time.monotonic(), load()
+    speed = MachineSpeed(demo.cfg.model, demo.cfg.seq_len)
+    speed.at_profile = speed()
     meas = demo.measure_and_plan()
     rows = [single_row(demo, meas)]
     even = demo.even_plan(meas.plan, meas)
-    rows.append(trained(demo, "even", even, meas, "torchpp 1F1B, even split", args.repeats))
+    rows.append(trained(demo, "even", even, meas, "torchpp 1F1B, even split", args.repeats, speed))
     rows += peer_rows(demo, args)
     rows += fsdp_rows(demo, args) if not args.skip_fsdp else [Row(name="fsdp", detail="FSDP2", note="skipped")]
-    rows.append(trained(demo, "plan", meas.plan, meas, "torchpp plan", args.repeats))
+    rows.append(trained(demo, "plan", meas.plan, meas, "torchpp plan", args.repeats, speed))
     bad = unbalanced_plan(demo, meas)
-    unb = trained(demo, "unbalanced", bad, meas, "plan's stages, fastest and slowest hosts swapped", args.repeats)
+    unb = trained(demo, "unbalanced", bad, meas, "plan's stages, fastest and slowest hosts swapped", args.repeats,
+                  speed)
     rows.append(unb)
     replanned = demo.replan(_result_of(demo, "unbalanced", bad), meas)
-    rows.append(trained(demo, "replan", replanned, meas, "re-planned from the unbalanced run", args.repeats))
+    rows.append(trained(demo, "replan", replanned, meas, "re-planned from the unbalanced run", args.repeats, speed))
     runs = {"even": even, "plan": meas.plan, "unbalanced": bad, "replan": replanned}
     calibrated = cross_calibrated(demo, meas, runs, {r.name: r.median_s for r in rows if r.name in runs})
     from torchpp.formats import Plan
@@ -359,7 +408,8 @@ def run(demo: Demo, args: argparse.Namespace) -> dict:
         r.detail = r.detail + describe(demo, r.name)
     return {"mode": demo.hosts.mode, "hosts": demo.hosts.names, "config": asdict(demo.cfg), "rows": [
         {**asdict(r), "median_s": r.median_s, "spread": r.spread, "error": r.error} for r in rows + [bound]],
-            "calibrated": calibrated, "repeats": args.repeats, "load_start": start_load, "load_end": load(),
+            "calibrated": calibrated, "repeats": args.repeats, "machine_at_profile_s": speed.at_profile,
+            "load_start": start_load, "load_end": load(),
             "seconds": time.monotonic() - t0,
             "plan_stages": [{"layers": s.layers, "hosts": [d.host for d in s.devices], "embed": s.has_embed,
                              "tail": s.has_tail} for s in plan.stages],
@@ -434,17 +484,34 @@ def verdicts(summary: dict) -> dict[str, Any]:
     ratio = lambda a, b: a / b if a and b else None  # noqa: E731
     runs = [r for r in summary["rows"] if r["name"] in ("even", "plan", "unbalanced", "replan") and r["error"] is not None]
     mem = [abs(x["error"]) for r in runs for x in r["memory_mib"]]
+    machine_errors = [e for e in (machine_error(summary, r) for r in runs) if e is not None]
     return {"plan_vs_even": ratio(med("even"), plan), "plan_vs_peer": ratio(peer and peer["median_s"], plan),
             "peer_best": peer and peer["name"], "plan_vs_fsdp": ratio(fsdp and fsdp["median_s"], plan),
             "fsdp_best": fsdp and fsdp["name"],
             "fsdp_note": next((r["note"] for r in reversed(summary["rows"]) if r["name"].startswith("fsdp")), ""),
             "plan_vs_bound": ratio(plan, rows["bound"]["predicted_s"]),
             "mape": statistics.fmean(abs(r["error"]) for r in runs) if runs else None, "mape_plans": len(runs),
+            "mape_machine": statistics.fmean(abs(e) for e in machine_errors) if machine_errors else None,
+            "machine_slowdown": [machine_slowdown(summary, r) for r in runs],
             "mape_calibrated": (statistics.fmean(abs(c["error"]) for c in summary.get("calibrated", []))
                                 if summary.get("calibrated") else None),
             "calibrated_plans": len({c["plan"] for c in summary.get("calibrated", [])}),
             "memory_max": max(mem) if mem else None, "memory_mean": statistics.fmean(mem) if mem else None,
             "replan_vs_best": ratio(med("replan"), best)}
+
+
+def machine_slowdown(summary: dict, row: dict) -> float | None:
+    """How much longer :class:`MachineSpeed`'s step took before the row's runs (their median)
+    than before the profile: 1.10 = the machine itself ran 10% slower."""
+    ref, xs = summary.get("machine_at_profile_s"), row.get("machine_s") or []
+    return statistics.median(xs) / ref if ref and xs else None
+
+
+def machine_error(summary: dict, row: dict) -> float | None:
+    """The row's prediction scaled by :func:`machine_slowdown`, against its median: the error
+    left where the machine's own drift since the profile is taken out (a diagnostic, not a target)."""
+    k, m = machine_slowdown(summary, row), row.get("median_s")
+    return (row["predicted_s"] * k - m) / m if k and m and row.get("predicted_s") else None
 
 
 def fmt(x: float | None, spec: str = ".3f", none: str = "–") -> str:
@@ -461,15 +528,16 @@ def report(summary: dict, out: Path) -> str:
              f"medians; a torchpp plan: the median of its {summary.get('repeats', 1)} run(s), spread = (slowest - "
              "fastest run) / median; a baseline (one run): spread over its windows. Peak memory: the median over "
              "the runs (each run's in brackets).", "",
-             "| strategy | what | median step (s) | spread | predicted (s) | error | vs plan | load during | note |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| strategy | what | median step (s) | spread | predicted (s) | error | vs plan | machine vs profile | "
+             "load during | note |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:
         vs = fmt(r["median_s"] / plan, ".2f") + "x" if r["median_s"] and plan else (
             fmt(r["predicted_s"] / plan, ".2f") + "x (pred.)" if r["predicted_s"] and plan else "–")
         lines.append(f"| {r['name']} | {r['detail']} | {fmt(r['median_s'])} | {fmt(r['spread'] and 100 * r['spread'], '.0f')}"
                      f"{'%' if r['spread'] is not None else ''} | {fmt(r['predicted_s'])} | "
                      f"{fmt(r['error'] and 100 * r['error'], '+.1f')}{'%' if r['error'] is not None else ''} | {vs} | "
-                     f"{r['load']} | {r['note']} |")
+                     f"{machine_cell(summary, r)} | {r['load']} | {r['note']} |")
     lines += ["", "## Targets", "", *target_lines(v), ""]
     if summary.get("calibrated"):
         lines += ["## Predicted after one calibration run", "",
@@ -506,6 +574,12 @@ def report(summary: dict, out: Path) -> str:
     return text
 
 
+def machine_cell(summary: dict, row: dict) -> str:
+    """``+7% slower`` style: the machine before the row's runs against before the profile."""
+    k = machine_slowdown(summary, row)
+    return "–" if k is None else f"{100 * abs(k - 1):.0f}% {'slower' if k >= 1 else 'faster'}"
+
+
 def target_lines(v: dict) -> list[str]:
     t = TARGETS
     ok = lambda good: "met" if good else "MISSED"  # noqa: E731
@@ -524,6 +598,10 @@ def target_lines(v: dict) -> list[str]:
                    f"(target > 1: {ok(v['plan_vs_fsdp'] > 1)})")
     out.append(f"- step-time MAPE over {v['mape_plans']} plans: {pct(v['mape'])} (target ≤ 5% over ≥ 4: "
                f"{ok(v['mape'] is not None and v['mape'] <= t['mape'] and v['mape_plans'] >= 4)})")
+    if v.get("mape_machine") is not None:
+        out.append(f"- (diagnostic, not a target) step-time MAPE with each prediction scaled by how much slower the "
+                   f"machine itself ran a fixed workload before that plan's runs than before the profile: "
+                   f"{pct(v['mape_machine'])}")
     if v.get("mape_calibrated") is not None:
         out.append(f"- step-time MAPE after one calibration run (each of {v['calibrated_plans']} plans predicted from "
                    f"`torchpp replan`'s files fitted on each other plan's run): {pct(v['mape_calibrated'])} "
