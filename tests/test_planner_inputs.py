@@ -137,8 +137,9 @@ def test_memory_fit_separates_the_tail_factor(tmp_path):
     assert MemoryModel.load(tmp_path / "mm.json").Kt == pytest.approx(kt)
     est = MemoryEstimator.fitted(mm)
     acts = est.activations(np.array([1.0, 2.0, 2.0, 10.0]))
-    assert list(acts) == pytest.approx([1.0, 2.0, 2.0, 10.0 * kt / kp])
-    kept = float(est.activations(np.array([1e4, 3e5])).sum())  # a decoder layer and the tail
+    # the embedding's output counts 0 (the first layer keeps it as its input), the tail's by Kt / Kp
+    assert list(acts) == pytest.approx([0.0, 2.0, 2.0, 10.0 * kt / kp])
+    kept = float(est.activations(np.array([5e3, 1e4, 3e5])).sum())  # the embedding, a decoder layer and the tail
     assert est.peak(1e6, kept, 0.0, 4, 1) == pytest.approx(base + alpha * 1e6 + 4 * (kp * 1e4 + kt * 3e5))
     # without tail spans there is nothing to tell Kt apart: one factor, as before
     assert fit([r for r in rows if not r.has_tail]).Kt is None
@@ -151,7 +152,7 @@ def test_random_spans_distinct_and_sums():
     assert sum(e == 8 for _, e in spans) >= 3  # a third end with the tail, for Kt
     assert sum(e == 8 for _, e in random_spans(8, 4, seed=2)) >= 2
     lf = layers_file("a", num_layers=4, layer_param_bytes=[1, 2, 3, 4], embed_param_bytes=100, tail_param_bytes=1000)
-    assert span_sums(lf, 0, 2)[:3] == (103, 3 * 64, True)
+    assert span_sums(lf, 0, 2)[:3] == (103, 2 * 64, True)  # the embedding's output is the first layer's input
     assert span_sums(lf, 3, 4) == (1004, 2 * 64, False, True, 64)
 
 

@@ -979,6 +979,8 @@ class MemorySample:
     has_tail: bool
     weights_bytes: int
     activation_bytes_per_sample: int
+    """The span's blocks' output bytes per sample as the memory model counts them (the embedding's
+    0: ``cost.memory.held_activation_bytes``; files written before counted it)."""
     batch: int
     peak_bytes: int
     predicted_bytes: float = 0.0

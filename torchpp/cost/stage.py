@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence, Union
 import numpy as np
 
 from ..formats import PlanStage
+from .memory import held_activation_bytes
 
 if TYPE_CHECKING:
     from .memory import MemoryEstimator
@@ -279,7 +280,8 @@ class StageActivations:
     recomputed: float | np.ndarray
     largest_recomputed: float | np.ndarray
     body: float | np.ndarray = 0.0
-    """The embedding's and layers' bytes, kept or recomputed, unweighted (what ``Kb`` prices)."""
+    """The layers' bytes, kept or recomputed, unweighted (what ``Kb`` prices; the embedding's
+    output counts 0: ``cost.memory.held_activation_bytes``)."""
     tail: float | np.ndarray = 0.0
     """The tail's logits bytes, unweighted, where the span holds it (what ``Kwt`` prices)."""
     layer: float | np.ndarray = 0.0
@@ -307,7 +309,7 @@ class StageMemory:
         self.profiles, self.memory = profiles, memory
         self.weights = BlockSums(profiles.param_bytes)
         self.acts = BlockSums(memory.activations(profiles.act_bytes))
-        self.raw_acts = BlockSums(np.asarray(profiles.act_bytes, dtype=float))
+        self.raw_acts = BlockSums(held_activation_bytes(profiles.act_bytes))
         self._largest: BlockMax | None = None
         self._layer: BlockMax | None = None
 

@@ -48,6 +48,7 @@ import numpy as np
 
 from ..formats import LayersFile, MemoryModel, MemorySample
 from ..cost import BlockSums, stage_blocks
+from ..cost.memory import held_activation_bytes
 
 HELD_MICROBATCHES = 4
 """Micro-batches the ``gpipe`` probes hold at once (three more than the others: Kb's lever)."""
@@ -92,12 +93,12 @@ def random_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, 
 
 
 def span_sums(lf: LayersFile, start: int, end: int) -> tuple[int, int, bool, bool, int]:
-    """Σweights, Σactivation-per-sample, embed?, tail? and the tail's activation of a stage
-    holding layers [start, end)."""
+    """Σweights, Σactivation-per-sample (as the memory model counts it: the embedding's output
+    0), embed?, tail? and the tail's activation of a stage holding layers [start, end)."""
     has_embed, has_tail = start == 0, end == lf.model.num_layers
     blocks = [lf.embed, *lf.layers, lf.tail]
     params = BlockSums([lf.embed_param_bytes, *[b.param_bytes for b in lf.layers], lf.tail_param_bytes])
-    acts = BlockSums([b.activation_bytes_per_sample for b in blocks])
+    acts = BlockSums(held_activation_bytes([b.activation_bytes_per_sample for b in blocks]))
     lo, hi = stage_blocks((start, end), has_embed, has_tail)
     return (int(params(lo, hi)), int(acts(lo, hi)), has_embed, has_tail,
             int(lf.tail.activation_bytes_per_sample) if has_tail else 0)
