@@ -102,7 +102,7 @@ class MemoryEstimator:
     """Factor of the kept activations of each micro-batch held between its ``I`` and its ``W``
     (zero-bubble schedules); 0: no such term."""
     kb: float = 0.0
-    """Factor of the embedding's and layers' activations held once, by the running backward; 0: no such term."""
+    """Factor of the layers' activations held once, by the running backward; 0: no such term."""
     kwt: float | None = None
     """Factor of the tail's logits for each micro-batch held between its ``I`` and its ``W``;
     None: as ``kw`` weighs the rest of the kept activations (the tail's by ``kt / kp``)."""
