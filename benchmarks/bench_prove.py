@@ -20,9 +20,10 @@ measures in the same run, each strategy at its own best micro-batching:
 * the lower bound: all work (forward, backward, optimizer) over all capacity, weights within
   memory (the planner's LP, torchpp/planner/bound.py).
 
-Every trained plan is trained ``--repeats`` times (default 3), each a fresh run of 1 + 3 x
-``--window`` steps: the first is warm-up, the rest three windows; a run's step time is the median
-of its window medians, a plan's the median over its runs, whose range gives the spread (a
+Every trained plan is trained ``--repeats`` times (default 3), one run of each per round (the
+machine's speed drifts over the bench's minutes; rounds spread that over every plan alike), each a
+fresh run of 1 + 3 x ``--window`` steps: the first is warm-up, the rest three windows; a run's
+step time is the median of its window medians, a plan's the median over its runs, whose range gives the spread (a
 baseline run once: over its windows). Predicted vs measured step time (MAPE over the torchpp-run
 plans), per stage (forward/backward, from ``torchpp analyze``, the first run) and peak memory per
 rank (the median over the runs: one run's peak RSS moves by 10-30 MiB with the heap's layout).
@@ -256,24 +257,34 @@ def run_workers(demo: Demo, kind: str, setup: dict[str, Any], tag: str) -> Row:
                peak_rss_mib=[r["peak_rss_bytes"] / 2**20 for r in ranks])
 
 
-def trained(demo: Demo, name: str, plan: Path, meas: Any, detail: str, repeats: int = 1,
-            speed: MachineSpeed | None = None) -> Row:
-    """Train a plan ``repeats`` times through the demo's loop (traces, analyse; the first run in
-    ``runs/<name>``, the others in ``runs/<name>_run<i>``) and turn them into a row; ``speed``
-    timed before each run."""
-    before = load()
-    res: list[RunResult] = []
-    machine: list[float] = []
-    for i in range(repeats):
+@dataclass
+class Trained:
+    """A torchpp plan's runs so far (they are taken in rounds, see :func:`run`)."""
+
+    name: str
+    plan: Path
+    detail: str
+    results: list[RunResult] = field(default_factory=list)
+    machine_s: list[float] = field(default_factory=list)
+    before: str = ""
+
+    def train(self, demo: Demo, meas: Any, speed: MachineSpeed | None) -> None:
+        """One more run (traces, analyse; the first in ``runs/<name>``, the others in
+        ``runs/<name>_run<i>``), with ``speed`` timed just before it."""
+        self.before = self.before or load()
         if speed is not None:
-            machine.append(speed())
-        res.append(demo.train(name if i == 0 else f"{name}_run{i + 1}", plan, meas))
-    r = res[0]
-    rep = json.loads((Path(r.report).parent / "report.json").read_text())
-    return Row(name=name, detail=detail, windows_s=[w for x in res for w in x.windows], predicted_s=r.predicted_step_s,
-               load=f"{before} → {load()}", memory_mib=median_memory([x.memory_mib for x in res]),
-               stage_errors=rep.get("stage_errors", []),
-               runs_s=[statistics.median(x.windows) for x in res] if repeats > 1 else [], machine_s=machine)
+            self.machine_s.append(speed())
+        i = len(self.results)
+        self.results.append(demo.train(self.name if i == 0 else f"{self.name}_run{i + 1}", self.plan, meas))
+
+    def row(self) -> Row:
+        res, r = self.results, self.results[0]
+        rep = json.loads((Path(r.report).parent / "report.json").read_text())
+        return Row(name=self.name, detail=self.detail, windows_s=[w for x in res for w in x.windows],
+                   predicted_s=r.predicted_step_s, load=f"{self.before} → {load()}",
+                   memory_mib=median_memory([x.memory_mib for x in res]), stage_errors=rep.get("stage_errors", []),
+                   runs_s=[statistics.median(x.windows) for x in res] if len(res) > 1 else [],
+                   machine_s=self.machine_s)
 
 
 def median_memory(runs: list[list[dict]]) -> list[dict]:
@@ -381,7 +392,10 @@ def fsdp_unlimited(demo: Demo, args: argparse.Namespace, n: int) -> Row:
 
 
 def run(demo: Demo, args: argparse.Namespace) -> dict:
-    """Every strategy of the module docstring, in one run on the same hosts."""
+    """Every strategy of the module docstring, in one run on the same hosts. The torchpp plans are
+    trained in rounds, one run of each per round (even, plan, unbalanced, then the re-plan once the
+    first unbalanced run has given it), so a machine whose speed drifts over the bench's minutes
+    weighs on every plan's median alike instead of on whichever ran last."""
     t0, start_load = time.monotonic(), load()
     demo.p.total += 3 * (4 * args.repeats - 3)  # four plans trained `repeats` times (the demo counts three, once)
     speed = MachineSpeed(demo.cfg.model, demo.cfg.seq_len)
@@ -389,16 +403,21 @@ def run(demo: Demo, args: argparse.Namespace) -> dict:
     meas = demo.measure_and_plan()
     rows = [single_row(demo, meas)]
     even = demo.even_plan(meas.plan, meas)
-    rows.append(trained(demo, "even", even, meas, "torchpp 1F1B, even split", args.repeats, speed))
-    rows += peer_rows(demo, args)
-    rows += fsdp_rows(demo, args) if not args.skip_fsdp else [Row(name="fsdp", detail="FSDP2", note="skipped")]
-    rows.append(trained(demo, "plan", meas.plan, meas, "torchpp plan", args.repeats, speed))
     bad = unbalanced_plan(demo, meas)
-    unb = trained(demo, "unbalanced", bad, meas, "plan's stages, fastest and slowest hosts swapped", args.repeats,
-                  speed)
-    rows.append(unb)
+    plans = {n: Trained(n, p, d) for n, p, d in (
+        ("even", even, "torchpp 1F1B, even split"), ("plan", meas.plan, "torchpp plan"),
+        ("unbalanced", bad, "plan's stages, fastest and slowest hosts swapped"))}
+    for t in plans.values():
+        t.train(demo, meas, speed)
     replanned = demo.replan(_result_of(demo, "unbalanced", bad), meas)
-    rows.append(trained(demo, "replan", replanned, meas, "re-planned from the unbalanced run", args.repeats, speed))
+    plans["replan"] = Trained("replan", replanned, "re-planned from the unbalanced run")
+    plans["replan"].train(demo, meas, speed)
+    baselines = peer_rows(demo, args)
+    baselines += fsdp_rows(demo, args) if not args.skip_fsdp else [Row(name="fsdp", detail="FSDP2", note="skipped")]
+    for _ in range(args.repeats - 1):
+        for t in plans.values():
+            t.train(demo, meas, speed)
+    rows += [plans["even"].row(), *baselines, *(plans[n].row() for n in ("plan", "unbalanced", "replan"))]
     runs = {"even": even, "plan": meas.plan, "unbalanced": bad, "replan": replanned}
     calibrated = cross_calibrated(demo, meas, runs, {r.name: r.median_s for r in rows if r.name in runs})
     from torchpp.formats import Plan
@@ -485,14 +504,12 @@ def verdicts(summary: dict) -> dict[str, Any]:
     ratio = lambda a, b: a / b if a and b else None  # noqa: E731
     runs = [r for r in summary["rows"] if r["name"] in ("even", "plan", "unbalanced", "replan") and r["error"] is not None]
     mem = [abs(x["error"]) for r in runs for x in r["memory_mib"]]
-    machine_errors = [e for e in (machine_error(summary, r) for r in runs) if e is not None]
     return {"plan_vs_even": ratio(med("even"), plan), "plan_vs_peer": ratio(peer and peer["median_s"], plan),
             "peer_best": peer and peer["name"], "plan_vs_fsdp": ratio(fsdp and fsdp["median_s"], plan),
             "fsdp_best": fsdp and fsdp["name"],
             "fsdp_note": next((r["note"] for r in reversed(summary["rows"]) if r["name"].startswith("fsdp")), ""),
             "plan_vs_bound": ratio(plan, rows["bound"]["predicted_s"]),
             "mape": statistics.fmean(abs(r["error"]) for r in runs) if runs else None, "mape_plans": len(runs),
-            "mape_machine": statistics.fmean(abs(e) for e in machine_errors) if machine_errors else None,
             "machine_slowdown": [machine_slowdown(summary, r) for r in runs],
             "mape_calibrated": (statistics.fmean(abs(c["error"]) for c in summary.get("calibrated", []))
                                 if summary.get("calibrated") else None),
@@ -506,13 +523,6 @@ def machine_slowdown(summary: dict, row: dict) -> float | None:
     than before the profile: 1.10 = the machine itself ran 10% slower."""
     ref, xs = summary.get("machine_at_profile_s"), row.get("machine_s") or []
     return statistics.median(xs) / ref if ref and xs else None
-
-
-def machine_error(summary: dict, row: dict) -> float | None:
-    """The row's prediction scaled by :func:`machine_slowdown`, against its median: the error
-    left where the machine's own drift since the profile is taken out (a diagnostic, not a target)."""
-    k, m = machine_slowdown(summary, row), row.get("median_s")
-    return (row["predicted_s"] * k - m) / m if k and m and row.get("predicted_s") else None
 
 
 def fmt(x: float | None, spec: str = ".3f", none: str = "–") -> str:
@@ -599,10 +609,6 @@ def target_lines(v: dict) -> list[str]:
                    f"(target > 1: {ok(v['plan_vs_fsdp'] > 1)})")
     out.append(f"- step-time MAPE over {v['mape_plans']} plans: {pct(v['mape'])} (target ≤ 5% over ≥ 4: "
                f"{ok(v['mape'] is not None and v['mape'] <= t['mape'] and v['mape_plans'] >= 4)})")
-    if v.get("mape_machine") is not None:
-        out.append(f"- (diagnostic, not a target) step-time MAPE with each prediction scaled by how much slower the "
-                   f"machine itself ran a fixed workload before that plan's runs than before the profile: "
-                   f"{pct(v['mape_machine'])}")
     if v.get("mape_calibrated") is not None:
         out.append(f"- step-time MAPE after one calibration run (each of {v['calibrated_plans']} plans predicted from "
                    f"`torchpp replan`'s files fitted on each other plan's run): {pct(v['mape_calibrated'])} "
