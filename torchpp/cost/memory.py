@@ -107,7 +107,7 @@ class MemoryEstimator:
     """Factor of the tail's logits for each micro-batch held between its ``I`` and its ``W``;
     None: as ``kw`` weighs the rest of the kept activations (the tail's by ``kt / kp``)."""
     kz: float = 0.0
-    """Factor of the embedding's and layers' activations held once by a device with a micro-batch
+    """Factor of the layers' activations held once by a device with a micro-batch
     past its ``I`` at its peak (the heap beyond the live tensors); 0: no such term."""
     kl: float = 0.0
     """Factor of the largest decoder layer's activations held once (the running layer's

@@ -141,7 +141,7 @@ def _refit_stats(mm: MemoryModel, extra: Sequence[MemorySample], pred: Sequence[
 
 def held_bytes(mm: MemoryModel, s: MemorySample, kp: float, kb: float, n: int | None = None) -> float:
     """``mm``'s peak of a sample holding ``n`` (default all its ``microbatches``) at once, each
-    keeping ``kp`` per byte of its embedding's and layers' activations, one running backward ``kb``."""
+    keeping ``kp`` per byte of its layers' activations, one running backward ``kb``."""
     body = float(s.activation_bytes_per_sample - s.tail_activation_bytes_per_sample)
     tail = float(s.tail_activation_bytes_per_sample)
     n = s.microbatches if n is None else n
