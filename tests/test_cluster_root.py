@@ -132,13 +132,13 @@ def quota_speed_ratio(quota: float, seconds: float = 1.5, rounds: int = 3) -> tu
 
 
 def test_cpu_quota_quarter_core(clean):
-    """Under a 0.25-core quota a CPU-bound loop gets 0.2-0.3 of a core and runs at 0.17-0.3 of its
-    unthrottled speed. The speed's floor is below the share's: in a full-suite run the loop got
-    exactly 0.250 of a core yet ran at 0.192 of its speed, each CPU-second slower after every
-    throttle (its caches gone cold), which is the machine's, not the quota's."""
+    """Under a 0.25-core quota a CPU-bound loop gets 0.2-0.3 of a core, and runs no faster than
+    0.3 of its unthrottled speed. The speed has no floor here: how much work each throttled
+    CPU-second does is the machine's (caches gone cold after every throttle; CI read 0.156 and
+    0.192 at a share of 0.248-0.250), not the quota's, whose contract is the share."""
     ratio, share = quota_speed_ratio(0.25)
     assert 0.2 <= share <= 0.3, f"the loop got {share:.2f} of a core under a 0.25 quota"
-    assert 0.17 <= ratio <= 0.3, f"throttled/unthrottled speed {ratio:.3f} (CPU share {share:.3f}), expected 0.17..0.3"
+    assert ratio <= 0.3, f"throttled/unthrottled speed {ratio:.3f} (CPU share {share:.3f}): the quota did not slow it"
 
 
 SHARE = """
