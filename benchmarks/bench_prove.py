@@ -119,6 +119,10 @@ class Row:
     """Each run's step time (the median of its window medians) where the plan ran several times."""
     machine_s: list[float] = field(default_factory=list)
     """:class:`MachineSpeed` before each of its runs."""
+    now_errors: list[float] = field(default_factory=list)
+    """Each run's error when predicted at the speed its hosts' speed checks read just before it."""
+    speed_now: list[dict] = field(default_factory=list)
+    """Each run's speed checks: per host, measured / profiled seconds per layer."""
 
     @property
     def median_s(self) -> float | None:
@@ -134,6 +138,11 @@ class Row:
     def error(self) -> float | None:
         m = self.median_s
         return (self.predicted_s - m) / m if m and self.predicted_s is not None else None
+
+    @property
+    def error_now(self) -> float | None:
+        """The median over the runs of each run's error at launch (its own speed checks)."""
+        return statistics.median(self.now_errors) if self.now_errors else None
 
 
 # ----------------------------------------------------------------------------- workers (inside a host)
@@ -280,11 +289,13 @@ class Trained:
     def row(self) -> Row:
         res, r = self.results, self.results[0]
         rep = json.loads((Path(r.report).parent / "report.json").read_text())
+        medians = [statistics.median(x.windows) for x in res]
         return Row(name=self.name, detail=self.detail, windows_s=[w for x in res for w in x.windows],
                    predicted_s=r.predicted_step_s, load=f"{self.before} → {load()}",
                    memory_mib=median_memory([x.memory_mib for x in res]), stage_errors=rep.get("stage_errors", []),
-                   runs_s=[statistics.median(x.windows) for x in res] if len(res) > 1 else [],
-                   machine_s=self.machine_s)
+                   runs_s=medians if len(res) > 1 else [], machine_s=self.machine_s,
+                   now_errors=[(x.predicted_now_s - m) / m for x, m in zip(res, medians) if x.predicted_now_s],
+                   speed_now=[x.speed_now for x in res if x.speed_now])
 
 
 def median_memory(runs: list[list[dict]]) -> list[dict]:
@@ -397,7 +408,7 @@ def run(demo: Demo, args: argparse.Namespace) -> dict:
     first unbalanced run has given it), so a machine whose speed drifts over the bench's minutes
     weighs on every plan's median alike instead of on whichever ran last."""
     t0, start_load = time.monotonic(), load()
-    demo.p.total += 3 * (4 * args.repeats - 3)  # four plans trained `repeats` times (the demo counts three, once)
+    demo.p.total += demo.steps_per_run * (4 * args.repeats - 3)  # four plans `repeats` times (the demo counts three once)
     speed = MachineSpeed(demo.cfg.model, demo.cfg.seq_len)
     speed.at_profile = speed()
     meas = demo.measure_and_plan()
@@ -427,7 +438,8 @@ def run(demo: Demo, args: argparse.Namespace) -> dict:
     for r in rows:
         r.detail = r.detail + describe(demo, r.name)
     return {"mode": demo.hosts.mode, "hosts": demo.hosts.names, "config": asdict(demo.cfg), "rows": [
-        {**asdict(r), "median_s": r.median_s, "spread": r.spread, "error": r.error} for r in rows + [bound]],
+        {**asdict(r), "median_s": r.median_s, "spread": r.spread, "error": r.error, "error_now": r.error_now}
+        for r in rows + [bound]],
             "calibrated": calibrated, "repeats": args.repeats, "machine_at_profile_s": speed.at_profile,
             "load_start": start_load, "load_end": load(),
             "seconds": time.monotonic() - t0,
@@ -510,6 +522,8 @@ def verdicts(summary: dict) -> dict[str, Any]:
             "fsdp_note": next((r["note"] for r in reversed(summary["rows"]) if r["name"].startswith("fsdp")), ""),
             "plan_vs_bound": ratio(plan, rows["bound"]["predicted_s"]),
             "mape": statistics.fmean(abs(r["error"]) for r in runs) if runs else None, "mape_plans": len(runs),
+            "mape_now": (statistics.fmean(abs(r["error_now"]) for r in now) if (now := [
+                r for r in runs if r.get("error_now") is not None]) else None), "mape_now_plans": len(now),
             "machine_slowdown": [machine_slowdown(summary, r) for r in runs],
             "mape_calibrated": (statistics.fmean(abs(c["error"]) for c in summary.get("calibrated", []))
                                 if summary.get("calibrated") else None),
@@ -539,15 +553,17 @@ def report(summary: dict, out: Path) -> str:
              f"medians; a torchpp plan: the median of its {summary.get('repeats', 1)} run(s), spread = (slowest - "
              "fastest run) / median; a baseline (one run): spread over its windows. Peak memory: the median over "
              "the runs (each run's in brackets).", "",
-             "| strategy | what | median step (s) | spread | predicted (s) | error | vs plan | machine vs profile | "
-             "load during | note |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| strategy | what | median step (s) | spread | predicted (s) | error | error at launch | vs plan | "
+             "machine vs profile | load during | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:
         vs = fmt(r["median_s"] / plan, ".2f") + "x" if r["median_s"] and plan else (
             fmt(r["predicted_s"] / plan, ".2f") + "x (pred.)" if r["predicted_s"] and plan else "–")
         lines.append(f"| {r['name']} | {r['detail']} | {fmt(r['median_s'])} | {fmt(r['spread'] and 100 * r['spread'], '.0f')}"
                      f"{'%' if r['spread'] is not None else ''} | {fmt(r['predicted_s'])} | "
-                     f"{fmt(r['error'] and 100 * r['error'], '+.1f')}{'%' if r['error'] is not None else ''} | {vs} | "
+                     f"{fmt(r['error'] and 100 * r['error'], '+.1f')}{'%' if r['error'] is not None else ''} | "
+                     f"{fmt(r.get('error_now') and 100 * r['error_now'], '+.1f')}"
+                     f"{'%' if r.get('error_now') is not None else ''} | {vs} | "
                      f"{machine_cell(summary, r)} | {r['load']} | {r['note']} |")
     lines += ["", "## Targets", "", *target_lines(v), ""]
     if summary.get("calibrated"):
@@ -575,6 +591,10 @@ def report(summary: dict, out: Path) -> str:
             st = ", ".join(f"s{x['stage']} F {fmt(x['forward_error'] and 100 * x['forward_error'], '+.0f')}% "
                            f"B {fmt(x['backward_error'] and 100 * x['backward_error'], '+.0f')}%" for x in r["stage_errors"])
             lines.append(f"- {r['name']}: peak memory predicted/measured {mem}; stage compute error {st or '–'}")
+            if r.get("speed_now"):
+                hosts = list(r["speed_now"][0])
+                lines.append(f"  - speed checks before its runs (measured / profiled, run by run): " + ", ".join(
+                    f"{h} " + "/".join(f"{x.get(h, float('nan')):.2f}" for x in r["speed_now"]) for h in hosts))
         elif r["peak_rss_mib"]:
             lines.append(f"- {r['name']}: peak RSS per rank " + ", ".join(f"{x:.0f}" for x in r["peak_rss_mib"]) + " MiB")
     text = "\n".join(lines)
@@ -609,6 +629,10 @@ def target_lines(v: dict) -> list[str]:
                    f"(target > 1: {ok(v['plan_vs_fsdp'] > 1)})")
     out.append(f"- step-time MAPE over {v['mape_plans']} plans: {pct(v['mape'])} (target ≤ 5% over ≥ 4: "
                f"{ok(v['mape'] is not None and v['mape'] <= t['mape'] and v['mape_plans'] >= 4)})")
+    if v.get("mape_now") is not None:
+        out.append(f"- step-time MAPE at launch (each run predicted at the speed its hosts' `torchpp speed-check` read "
+                   f"just before it), over {v['mape_now_plans']} plans: {pct(v['mape_now'])} (target ≤ 5% over ≥ 4: "
+                   f"{ok(v['mape_now'] <= t['mape'] and v['mape_now_plans'] >= 4)})")
     if v.get("mape_calibrated") is not None:
         out.append(f"- step-time MAPE after one calibration run (each of {v['calibrated_plans']} plans predicted from "
                    f"`torchpp replan`'s files fitted on each other plan's run): {pct(v['mape_calibrated'])} "
@@ -660,6 +684,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fsdp-microbatches", type=lambda t: [int(x) for x in t.split(",")], default=[1, 4],
                     help="micro-batches per host's share of the batch, each tried")
     ap.add_argument("--skip-fsdp", action="store_true")
+    ap.add_argument("--no-speed-check", action="store_true", help="no `torchpp speed-check` before each torchpp run "
+                    "(then no prediction at launch)")
     ap.add_argument("--local", action="store_true", help="local processes instead of the emulated cluster")
     ap.add_argument("--worker", choices=["peer", "fsdp"], default=None, help=argparse.SUPPRESS)
     ap.add_argument("--setup", default=None, help=argparse.SUPPRESS)
@@ -673,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.worker:
         worker(a.worker, json.loads(a.setup), a.result_dir, a.tag)
         return 0
-    cfg = DemoConfig(steps=1 + 3 * a.window)
+    cfg = DemoConfig(steps=1 + 3 * a.window, speed_check=not a.no_speed_check)
     a.work.mkdir(parents=True, exist_ok=True)
     try:
         with demo_hosts(cfg, a.work, a.local, 2) as demo:

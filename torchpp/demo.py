@@ -58,6 +58,10 @@ class DemoConfig:
     timeout_s: float = 900.0
     compare: str = "even,pp,dp,single"
     """Baselines the planner prices next to its plan, each at its own best micro-batching."""
+    speed_check: bool = False
+    """Before each training run, every host times its profiled layers again (``torchpp speed-check``,
+    all hosts at once as profiled) and the run is also predicted at the speed the hosts have then
+    (``predicted_now_s``). Needs ``capacity_layers``: the check re-runs those few layers."""
     capacity_layers: int | None = 2
     """Profile the whole model on the first host only and this many layers on every host (for
     their speeds): hosts that cannot hold the model cannot profile it either. None: every host
@@ -258,12 +262,22 @@ class RunResult:
     trace_dir: str
     memory_mib: list[dict] = field(default_factory=list)
     """Per rank with a prediction: predicted and measured peak MiB of its stage, and the error."""
+    predicted_now_s: float | None = None
+    """The prediction at the speed each host had just before the run (its speed check), if checked."""
+    speed_now: dict[str, float] = field(default_factory=dict)
+    """Each host's speed check just before the run: measured / profiled seconds per layer."""
 
     @property
     def error(self) -> float | None:
         if self.predicted_step_s is None:
             return None
         return (self.predicted_step_s - self.measured_step_s) / self.measured_step_s
+
+    @property
+    def error_now(self) -> float | None:
+        if self.predicted_now_s is None:
+            return None
+        return (self.predicted_now_s - self.measured_step_s) / self.measured_step_s
 
     @property
     def windows(self) -> list[float]:
@@ -280,6 +294,12 @@ class RunResult:
     def memory_error(self) -> float | None:
         """The worst rank's relative error of predicted against measured peak memory."""
         return max((x["error"] for x in self.memory_mib), key=abs, default=None)
+
+
+def predicted_step(simulate_output: str) -> float | None:
+    """The step time ``torchpp simulate plan`` printed."""
+    return next((float(x.split()[3]) for x in simulate_output.splitlines() if x.startswith("predicted step time")),
+                None)
 
 
 def window_medians(steps: Sequence[float], n: int = 3) -> list[float]:
@@ -343,8 +363,13 @@ def run_verdict(run_json: Path, text: str) -> str:
 class Demo:
     def __init__(self, cfg: DemoConfig, out: Path, hosts: Hosts):
         self.cfg, self.out, self.hosts = cfg, out, hosts
-        self.p = Progress(total=16, log_dir=out / "logs")
+        self.p = Progress(total=16 + 3 * (self.steps_per_run - 3), log_dir=out / "logs")
         self.tp = [PY, "-m", "torchpp"]
+
+    @property
+    def steps_per_run(self) -> int:
+        """Numbered steps of one training run: predict, train, analyse (and the speed check, priced)."""
+        return 5 if self.cfg.speed_check and self.cfg.capacity_layers is not None else 3
 
     def path(self, *parts: str) -> Path:
         return self.out.joinpath(*parts)
@@ -491,12 +516,20 @@ class Demo:
         shutil.rmtree(d, ignore_errors=True)  # an earlier demo's logs and traces must not mix into this run's
         d.mkdir(parents=True, exist_ok=True)
         pred = d / "predicted.json"
-        text = self.p.run(f"{name}: predict (simulate the plan's action lists)",
-                          [*self.tp, "simulate", "plan", str(plan), "--bandwidth", str(m.bandwidth), "--layers",
-                           *map(str, m.files), "--capacities", str(m.capacities), "--comm", "links", "--trace",
-                           str(pred)])
-        predicted = next((float(x.split()[3]) for x in text.splitlines() if x.startswith("predicted step time")),
-                         None)
+        price = [*self.tp, "simulate", "plan", str(plan), "--bandwidth", str(m.bandwidth), "--layers",
+                 *map(str, m.files), "--capacities", str(m.capacities), "--comm", "links"]
+        text = self.p.run(f"{name}: predict (simulate the plan's action lists)", [*price, "--trace", str(pred)])
+        predicted = predicted_step(text)
+        checks = self.speed_check(d / "speed") if c.speed_check and c.capacity_layers is not None else []
+        predicted_now, speed_now = None, {}
+        if checks:
+            from .formats import speed_ratios
+
+            speed_now = speed_ratios(checks)
+            text = self.p.run(f"{name}: predict at the hosts' speed now",
+                              [*price, "--speed-check", *map(str, checks), "--trace", str(d / "predicted_now.json")])
+            predicted_now = predicted_step(text)
+            self.p.note(next(x for x in text.splitlines() if x.startswith("speed check")))
         traces, logs = d / "traces", d / "logs"
         trace_steps = ",".join(str(s) for s in range(2, c.steps + 1))
         argv = ["-m", "torchpp.train", "--plan", str(plan), "--model", c.model, "--data", "synthetic", "--steps",
@@ -512,7 +545,18 @@ class Demo:
         self.p.note("\n".join([x for x in text.splitlines() if not x.startswith("$")][:2]))
         return RunResult(name=name, plan=str(plan), measured_step_s=statistics.median(steps),
                          predicted_step_s=predicted, steps_s=steps, report=str(report / "report.md"),
-                         trace_dir=str(traces), memory_mib=memory_rows(report / "report.json"))
+                         trace_dir=str(traces), memory_mib=memory_rows(report / "report.json"),
+                         predicted_now_s=predicted_now, speed_now=speed_now)
+
+    def speed_check(self, d: Path) -> list[Path]:
+        """Every host times its profiled layers again, all at once (as their speed files were taken)."""
+        d.mkdir(parents=True, exist_ok=True)
+        hosts, q = self.path("hosts"), shlex.quote
+        shell = (f"exec {q(PY)} -m torchpp speed-check --reference {q(str(hosts))}/speed_\"$HOST\".json "
+                 f"--out {q(str(d))}/speed_check_\"$HOST\".json --quiet")
+        self.p.run(f"speed check of {len(self.hosts.names)} hosts (their profiled layers again)",
+                   self.hosts.each_host(shell, d / "logs"))
+        return [d / f"speed_check_{h}.json" for h in self.hosts.names]
 
     def replan(self, res: RunResult, m: Measured) -> Path:
         d = self.path("replan")

@@ -964,6 +964,70 @@ def _host_rates(r: Reader, key: str, capacity: Mapping[str, float], zero: bool =
     return {h: (m.float(h, min_value=0.0, max_value=1e3) if zero else m.float(h, positive=True)) for h in m.data}
 
 
+SPEED_CHECK_KIND, SPEED_CHECK_VERSION = "speed_check", 1
+
+
+@dataclass(kw_only=True)
+class SpeedCheck:
+    """speed_check_<host>.json (``torchpp speed-check``): how fast a host runs now against its profile.
+
+    The same decoder layers at the same batch sizes, timed again; ``ratio`` = measured / profiled
+    seconds of forward + backward per layer at the largest batch (median over the layers, as
+    capacities are read). A host that got slower than profiled (a Pi that throttles when hot, a
+    machine shared with other work) reads above 1, and ``simulate plan --speed-check`` prices a
+    plan at the speed the hosts have now."""
+
+    host: str
+    reference: str
+    """The layers file the host's speed is compared against (its own profile)."""
+    batch: int
+    profiled_s: list[float]
+    """Forward + backward seconds of each decoder layer at ``batch`` samples, from the reference."""
+    measured_s: list[float]
+    ratio: float
+    iters: int
+    format: str = f"torchpp.{SPEED_CHECK_KIND}/{SPEED_CHECK_VERSION}"
+
+    def to_json(self) -> dict[str, Any]:
+        d = to_dict(self)
+        return {"format": d.pop("format"), **d}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return write_json(path, self.to_json())
+
+    @staticmethod
+    def parse(data: Any, source: str) -> "SpeedCheck":
+        check_format(data, source, SPEED_CHECK_KIND, [SPEED_CHECK_VERSION])
+        r = Reader(data, source)
+        sc = SpeedCheck(host=V_host(r, "host"), reference=r.str("reference"), batch=r.int("batch", min_value=1),
+                        profiled_s=r.floats("profiled_s"), measured_s=r.floats("measured_s"),
+                        ratio=r.float("ratio", positive=True, max_value=1e3), iters=r.int("iters", min_value=1))
+        if not sc.profiled_s or len(sc.measured_s) != len(sc.profiled_s):
+            raise r.fail("measured_s", f"one time per profiled layer ({len(sc.profiled_s)}, at least 1)",
+                         len(sc.measured_s))
+        for key in ("profiled_s", "measured_s"):
+            for i, v in enumerate(getattr(sc, key)):
+                if v <= 0:
+                    raise r.fail(f"{key}[{i}]", "a measured time > 0", v)
+        return sc
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "SpeedCheck":
+        return _load(path, SpeedCheck.parse)
+
+
+def speed_ratios(paths: Iterable[str | os.PathLike]) -> dict[str, float]:
+    """``{host: ratio}`` of speed-check files; a host checked twice is an error naming both files."""
+    out: dict[str, float] = {}
+    seen: dict[str, str] = {}
+    for p in paths:
+        sc = SpeedCheck.load(p)
+        if sc.host in seen:
+            raise FormatError(str(p), "host", f"a host not already checked by {seen[sc.host]}", sc.host)
+        seen[sc.host], out[sc.host] = str(p), sc.ratio
+    return out
+
+
 MEMORY_KIND, MEMORY_VERSION = "memory_model", 1
 MEMORY_ORDERS = ("fb", "gpipe", "zb")
 """Probe orders of a memory sample (``MemorySample.order``); optional fields keep version 1."""

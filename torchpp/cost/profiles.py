@@ -209,6 +209,30 @@ class Profiles:
             self.call[h] = self.capacity_call(h)
             self.origin[h] = f"{cap.ref_host} table / capacity {c:.3g}"
 
+    def layer_seconds(self, host: str, batch: int) -> np.ndarray:
+        """Forward + backward seconds of each decoder layer on ``host`` for one call of ``batch``
+        samples: what capacities and speed checks compare hosts and runs by."""
+        return (self.fwd0[host] + batch * self.fwd[host] + self.bwd0[host] + batch * self.bwd[host])[1:-1]
+
+    def at_speed(self, ratios: Mapping[str, float]) -> None:
+        """Every time of each host in ``ratios`` (a speed check's measured / profiled) multiplied by
+        its ratio: the model priced at the speed its hosts have now rather than when profiled.
+        Figures a host would take from another's (the reference table scaled by capacity) are
+        made its own first, so one host's ratio never reaches another."""
+        hosts = list(ratios)
+        self.ensure(hosts)
+        own = {h: (self.optimizer_rate(h)[0], self.backward_split_layer_s(h), self.backward_split_factor(h))
+               for h in hosts}
+        for h, r in ratios.items():
+            if not r > 0:
+                raise ValueError(f"speed ratio of host {h!r}: expected a number > 0, got {r!r}")
+            opt, split_layer, split = own[h]
+            self.fwd[h], self.bwd[h] = self.fwd[h] * r, self.bwd[h] * r
+            self.fwd0[h], self.bwd0[h] = self.fwd0[h] * r, self.bwd0[h] * r
+            self.call[h] = self.call.get(h, 0.0) * r
+            self.optim[h], self.split_layer[h], self.split_factor[h] = opt * r, split_layer * r, split
+            self.origin[h] = f"{self.origin.get(h, 'its table')} x {r:.3g} (speed check)"
+
     def capacity_call(self, host: str) -> float:
         """Runtime seconds per call of a host without a layers file: its own, measured on it by
         ``torchpp profile``'s call probe and carried in capacities.json, else the reference

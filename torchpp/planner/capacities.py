@@ -30,13 +30,10 @@ def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequ
         raise FormatError("--ref-host", "ref_host", f"one of the measured hosts ({', '.join(prof.fwd)})", ref_host)
     batch = next(lf.run.batch for lf in files if lf.host == ref_host)
 
-    def layer_times(h: str):  # forward + backward of each decoder layer on the reference host's batch
-        return (prof.fwd0[h] + batch * prof.fwd[h] + prof.bwd0[h] + batch * prof.bwd[h])[1:-1]
-
-    ref = layer_times(ref_host)
+    ref = prof.layer_seconds(ref_host, batch)  # on the reference host's batch
     capacity, tables = {}, {}
     for lf in files:
-        mine = layer_times(lf.host)
+        mine = prof.layer_seconds(lf.host, batch)
         capacity[lf.host] = float(statistics.median(float(r / m) for r, m in zip(ref, mine)))
         bl = [lf.embed, *lf.layers, lf.tail]
         tables[lf.host] = HostTable(batch=lf.run.batch, forward_time_s=[b.forward_time_s for b in bl],

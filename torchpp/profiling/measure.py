@@ -48,6 +48,9 @@ class ProfileConfig:
     """eager or sdpa, as ``torchpp.train --attn-implementation`` (default: the one training picks)."""
     fit_batches: tuple[int, ...] = ()
     """Smaller batch sizes also measured, to fit each block's per-call time (``*_fixed_s``)."""
+    extras: bool = True
+    """Also time the optimizer step and the split backward (False: the blocks only, what a speed
+    check compares)."""
 
     def __post_init__(self) -> None:
         self.fit_batches = tuple(sorted({int(b) for b in self.fit_batches if b != self.batch}))
@@ -133,8 +136,8 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
                     progress(phase + tag, k + 1, n, st.wall_s)
     finally:
         rss_hook.remove()
-    opt_s, opt_bytes = measure_optimizer(model, pc, timer)
-    split = measure_backward_split(cfg, pc)
+    opt_s, opt_bytes = measure_optimizer(model, pc, timer) if pc.extras else ([], 1)
+    split = measure_backward_split(cfg, pc) if pc.extras else None
     steps = by_batch[pc.batch]
     if trace is not None:
         write_trace(trace, steps, pc)
@@ -167,8 +170,8 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
         embed=block(EMBED, None), tail=block(TAIL, None),
         layers=[block(n, i) for i, n in enumerate(names[1:-1])],
         step_time_s=statistics.fmean(walls), peak_rss_bytes=peak, step_samples_s=walls,
-        optimizer_s_per_byte=statistics.fmean(opt_s) / opt_bytes,
-        backward_split_factor=split.factor, backward_split_layer_s=split.layer_s,
+        optimizer_s_per_byte=statistics.fmean(opt_s) / opt_bytes if opt_s else None,
+        backward_split_factor=split.factor if split else None, backward_split_layer_s=split.layer_s if split else None,
     )
 
 

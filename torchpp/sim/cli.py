@@ -134,6 +134,9 @@ def _configure_plans(sub) -> None:
     pl.add_argument("--bandwidth", type=T.existing_path, required=True)
     pl.add_argument("--layers", type=T.existing_path, nargs="+", required=True, help="layers_<host>.json files")
     pl.add_argument("--capacities", type=T.existing_path, default=None, help="capacities.json for hosts without a layers file")
+    pl.add_argument("--speed-check", type=T.existing_path, nargs="+", default=None, metavar="SPEED_CHECK_JSON",
+                    help="speed_check_<host>.json files (`torchpp speed-check`): price each checked host at the "
+                    "speed it has now, its profiled times times its measured / profiled ratio")
     pl.add_argument("--comm", choices=["shared", "links"], default="shared",
                     help="shared: one prioritised channel per rank; links: contention-free (the planner's pricing)")
     pl.add_argument("--congestion", action="store_true")
@@ -261,14 +264,17 @@ def cmd_all(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ..formats import Plan, file_hash, write_json
+    from ..formats import Plan, file_hash, speed_ratios, write_json
     from ..schedules import build
     from .engine import SimOptions, simulate
     from .measured import measured_cost
     from .trace import predicted_trace, recompute_of
 
     plan = Plan.load(args.plan)
-    cost, bytes_of = measured_cost(plan, args.layers, args.bandwidth, args.capacities)
+    speed = speed_ratios(args.speed_check) if args.speed_check else None
+    cost, bytes_of = measured_cost(plan, args.layers, args.bandwidth, args.capacities, speed)
+    if speed:
+        print("speed check (measured / profiled): " + ", ".join(f"{h} x{r:.3f}" for h, r in speed.items()))
     opts = SimOptions(comm=args.comm, priorities=_priorities(args), congestion=args.congestion,
                       recv_capacity=args.recv_capacity, fwd_impact=args.fwd_impact, bwd_impact=args.bwd_impact)
     res = simulate(build(plan), cost, opts)

@@ -5,7 +5,7 @@ import os
 from typing import Callable, Mapping, Sequence
 
 from ..cost import Links, MeasuredCost, Profiles
-from ..formats import Bandwidth, Capacities, LayersFile, Plan
+from ..formats import Bandwidth, Capacities, FormatError, LayersFile, Plan
 from ..schedules import Action, Kind, build
 from .replay import Timeline, replay
 
@@ -19,13 +19,22 @@ def price(plan: Plan, profiles: Profiles, links: Links | Bandwidth,
 
 
 def measured_cost(plan: Plan, layers: Sequence[str | os.PathLike], bandwidth: str | os.PathLike,
-                  capacities: str | os.PathLike | None = None
+                  capacities: str | os.PathLike | None = None, speed: Mapping[str, float] | None = None
                   ) -> tuple[MeasuredCost, Callable[[int, Action], dict]]:
-    """The CostModel for ``plan`` and a function giving each action's trace args (bytes, peer, recompute)."""
+    """The CostModel for ``plan`` and a function giving each action's trace args (bytes, peer, recompute);
+    with ``speed`` (speed checks' ratios per host) each checked host priced at the speed it has now."""
     files = [LayersFile.load(p) for p in layers]
     caps = Capacities.load(capacities) if capacities is not None else None
     prof = Profiles.from_layers(files, caps, sources=[str(p) for p in layers],
                                 capacities_source=str(capacities or "capacities.json"))
+    if speed:
+        hosts = {d.host for s in plan.stages for d in s.devices}
+        unknown = sorted(set(speed) - hosts)
+        if unknown:
+            raise FormatError("--speed-check", "host", f"a host of the plan ({', '.join(sorted(hosts))})",
+                              ", ".join(unknown))
+        prof.ensure(sorted(hosts))  # every host priced before any is scaled (none inherits another's ratio)
+        prof.at_speed(speed)
     cost = MeasuredCost(plan, prof, Links(Bandwidth.load(bandwidth), str(bandwidth)))
 
     def bytes_of(rank: int, a: Action) -> float:
