@@ -74,6 +74,31 @@ def test_windows_and_the_closing_lines():
     assert "a layers [0,2) + embedding; b layers [2,4) + lm_head" in line and "4 micro-batches of 2" in line
 
 
+def test_the_closing_table_shows_the_prediction_at_launch(tmp_path):
+    """With speed checks, each run's prediction at launch and its error sit beside the profile's,
+    and the hosts' ratios are said under the table; without, the table has no such column."""
+    from torchpp.demo import DemoConfig, RunResult, summary_lines
+    from torchpp.formats import ModelInfo
+    from torchpp.planner.simple import even_plan
+
+    info = ModelInfo(name="m", source="preset", num_layers=4, hidden_size=8, vocab_size=16, tied_embeddings=False)
+    p = even_plan(info, stages=2, hosts=["a", "b"], seq_len=8, global_batch=8, num_microbatches=4)
+    p.save(tmp_path / "plan.json")
+
+    def run(name, now=None, speed=None):
+        return RunResult(name=name, plan=str(tmp_path / "plan.json"), measured_step_s=2.0, predicted_step_s=1.8,
+                         steps_s=[2.0, 2.0, 2.0], report="", trace_dir="", predicted_now_s=now, speed_now=speed or {})
+
+    lines = summary_lines(DemoConfig(), "m", ["a", "b"], [run("plan", 2.1, {"a": 1.12, "b": 0.97})], [], p)
+    head = next(x for x in lines if x.startswith("| run |"))
+    row = next(x for x in lines if x.startswith("| plan |"))
+    assert "| error | at launch (error) |" in head and len(head.split("|")) == len(row.split("|"))
+    assert "| 1.800 | -10.0% | 2.100 (+5.0%) |" in row
+    assert lines[-1].startswith("at launch:") and "plan: a x1.12, b x0.97" in lines[-1]
+    plain = summary_lines(DemoConfig(), "m", ["a", "b"], [run("plan")], [], p)
+    assert not any("at launch" in x for x in plain)
+
+
 def test_step_times_are_the_last_runs_only(tmp_path):
     """The trainer appends to metrics.jsonl: an earlier run's steps in the same file are left out."""
     from torchpp.demo import measured_step_times

@@ -17,7 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 VERBS: dict[str, tuple[str, str]] = {
     "profile": ("torchpp.profiling.cli", "measure per-block forward/backward times and bytes on this host"),
     "plan": ("torchpp.planner.cli", "make plan.json (even/dp/pp split, or the optimising planner)"),
-    "speed-check": ("torchpp.profiling.speed_check", "time this host's profiled layers again: how much slower it runs now"),
+    "speed-check": ("torchpp.profiling.speed_check_cli", "time this host's profiled layers again: how much slower it runs now"),
     "capacities": ("torchpp.planner.capacities", "per-host speed relative to a reference host, from layers files"),
     "bandwidth parse": ("torchpp.planner.bandwidth", "iperf3-style links CSV to bandwidth.json"),
     "calibrate-memory": ("torchpp.profiling.calibrate_cli", "fit the memory model from random spans' peak RSS"),

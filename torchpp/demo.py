@@ -620,30 +620,38 @@ def summary_lines(cfg: DemoConfig, mode: str, hosts: Sequence[str], results: Seq
                   baselines: Sequence[Baseline], plan: "Plan") -> list[str]:
     """The closing table: each baseline, the plan, the re-plan and the lower bound, then why."""
     ref = next(r.measured_step_s for r in results if r.name == "plan")
+    now = any(r.predicted_now_s is not None for r in results)
+    at, dash = (" at launch (error) |", " – |") if now else ("", "")
     lines = [f"# torchpp demo ({mode}: {', '.join(hosts)})", "",
              f"{cfg.model}, seq {cfg.seq_len}, global batch {cfg.global_batch}; measured = median of rank 0's step "
              f"times after the first ({cfg.steps - 1} steps), spread = (slowest - fastest of 3 windows) / median; "
              "every strategy at its own best micro-batching", "",
-             "| run | micro-batches | measured step (s) | spread | predicted (s) | error | step / plan's | "
-             "peak memory error (worst rank) |", "|---|---|---|---|---|---|---|---|"]
+             "| run | micro-batches | measured step (s) | spread | predicted (s) | error |" + at + " step / plan's | "
+             "peak memory error (worst rank) |", "|---|---|---|---|---|---|" + "---|" * bool(now) + "---|---|"]
     for b in baselines:
         pred = f"{b.predicted_step_s:.3f}" if b.predicted_step_s is not None else "does not fit"
         meas = b.note or ("not run" if b.fits else "does not fit")
         vs = f"{b.predicted_step_s / ref:.2f}x (predicted)" if b.predicted_step_s else "–"
-        lines.append(f"| {b.name} | – | {meas} | – | {pred} | – | {vs} | {b.memory} |")
+        lines.append(f"| {b.name} | – | {meas} | – | {pred} | – |{dash} {vs} | {b.memory} |")
     for r in results:
         p = _plan_of(r)
         pred = f"{r.predicted_step_s:.3f}" if r.predicted_step_s is not None else "–"
         err = f"{100 * r.error:+.1f}%" if r.error is not None else "–"
         me = r.memory_error
         mem = f"{100 * me:+.1f}% ({len(r.memory_mib)} rank(s))" if me is not None else "–"
+        cell = (f" {r.predicted_now_s:.3f} ({100 * r.error_now:+.1f}%) |" if r.predicted_now_s is not None else dash)
         lines.append(f"| {r.name} | {p.num_microbatches} x {p.micro_batch_size} | {r.measured_step_s:.3f} | "
-                     f"{100 * r.spread:.0f}% | {pred} | {err} | {r.measured_step_s / ref:.2f}x | {mem} |")
+                     f"{100 * r.spread:.0f}% | {pred} | {err} |{cell} {r.measured_step_s / ref:.2f}x | {mem} |")
     bound = (plan.predicted or {}).get("lower_bound_s")
     if bound:
-        lines.append(f"| lower bound (all work incl. the optimizer over all capacity) | – | – | – | {bound:.3f} | – | "
-                     f"{bound / ref:.2f}x | – |")
-    return lines + ["", "why: " + why_line(plan, baselines)]
+        lines.append(f"| lower bound (all work incl. the optimizer over all capacity) | – | – | – | {bound:.3f} | – |"
+                     f"{dash} {bound / ref:.2f}x | – |")
+    out = lines + ["", "why: " + why_line(plan, baselines)]
+    if now:
+        out.append("at launch: predicted at the speed each host's `torchpp speed-check` read just before the run ("
+                   + "; ".join(f"{r.name}: " + ", ".join(f"{h} x{x:.2f}" for h, x in r.speed_now.items())
+                               for r in results if r.speed_now) + ")")
+    return out
 
 
 def _plan_of(r: RunResult) -> "Plan":
@@ -681,6 +689,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help=f"preset (default {DemoConfig.model})")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 6)")
     p.add_argument("--quick", action="store_true", help="a small, fast run (tiny model, 3 steps)")
+    p.add_argument("--speed-check", action=argparse.BooleanOptionalAction, default=None,
+                   help="time every host's profiled layers again before each run and predict the run at that speed "
+                   "too (`torchpp speed-check`; default: on for the homelab scenario)")
     p.set_defaults(func=run)
 
 
@@ -699,6 +710,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--hosts: expected at least 1, got {args.hosts}")
     if args.cluster is not None:
         cfg.cluster = str(args.cluster)
+    if args.speed_check is not None:
+        if args.speed_check and cfg.capacity_layers is None:
+            raise UsageError("--speed-check: needs a scenario whose hosts profile a few layers for their speed "
+                             "(homelab); this one profiles the whole model on every host")
+        cfg.speed_check = args.speed_check
     try:
         with demo_hosts(cfg, args.out, args.local, args.hosts) as demo:
             demo.main()

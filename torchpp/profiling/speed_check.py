@@ -1,4 +1,4 @@
-"""`torchpp speed-check`: time a host's profiled layers again, just before a run.
+"""Speed checks: a host's profiled layers timed again, just before a run (`torchpp speed-check`).
 
 A plan is priced from a profile taken minutes or days before it runs; a host that has since got
 slower (a Raspberry Pi throttling at 80 °C, a laptop on battery, a machine shared with other work)
@@ -11,13 +11,9 @@ contention.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
-from pathlib import Path
 
 from ..formats import LayersFile, SpeedCheck
-from .. import argtypes as T
 
 
 def compare(reference: LayersFile, measured: LayersFile, reference_source: str) -> SpeedCheck:
@@ -45,34 +41,3 @@ def check_speed(reference: LayersFile, reference_source: str, iters: int | None 
                        warmup=run.warmup if warmup is None else warmup, threads=run.threads, host=reference.host,
                        num_layers=model.num_layers, seed=run.seed, extras=False)
     return compare(reference, measure_layers(pc), reference_source)
-
-
-def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--reference", required=True, type=T.existing_path,
-                   help="this host's layers file from `torchpp profile` (a few layers are enough: the "
-                   "check takes as long as that profile did without its call probe)")
-    p.add_argument("--out", type=T.out_file, default=None, help="file to write (default speed_check_<host>.json)")
-    p.add_argument("--iters", type=T.int_in(1, 100_000), default=None, help="counted steps (default: the reference's)")
-    p.add_argument("--warmup", type=T.int_in(0, 100_000), default=None, help="uncounted steps (default: the reference's)")
-    p.add_argument("--quiet", action="store_true", help="no summary line")
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    from ..errors import UsageError
-    from ..models.presets import ModelSpecError
-
-    ref = LayersFile.load(args.reference)
-    if ref.model.source == "path" and not Path(ref.model.name).is_dir():
-        raise UsageError(f"{args.reference}: model.name: expected the checkpoint directory it was profiled from, "
-                         f"{ref.model.name!r} is not one here")
-    try:
-        sc = check_speed(ref, str(args.reference), args.iters, args.warmup)
-    except (ValueError, ModelSpecError) as e:
-        raise UsageError(f"{args.reference}: {e}") from None
-    out = sc.save(args.out or f"speed_check_{sc.host}.json")
-    if not args.quiet:
-        word = "slower" if sc.ratio >= 1 else "faster"
-        print(f"{sc.host}: {abs(sc.ratio - 1) * 100:.1f}% {word} than profiled (x{sc.ratio:.3f} per decoder layer at "
-              f"batch {sc.batch}, {len(sc.profiled_s)} layer(s), {sc.iters} steps); wrote {out}", file=sys.stdout)
-    return 0
