@@ -104,16 +104,18 @@ def test_simulate_plan_with_speed_checks_equals_slower_profiles(tmp_path, capsys
     assert now != pytest.approx(predicted(paths)[0], rel=1e-3)
 
 
-def test_a_speed_check_of_a_host_not_in_the_plan_is_named(tmp_path):
+def test_a_speed_check_of_a_host_not_in_the_plan_is_named(tmp_path, capsys):
     files = [lf("a"), lf("b"), lf("c")]
     plan_of(files, ["a", "b", "c"]).save(tmp_path / "plan.json")
     paths = [f.save(tmp_path / f"layers_{f.host}.json") for f in files]
     uniform_links(["a", "b", "c"], 1e7).save(tmp_path / "bw.json")
     p = SpeedCheck(host="zz", reference="x", batch=4, profiled_s=[1.0], measured_s=[1.0], ratio=1.0,
                    iters=1).save(tmp_path / "speed_check_zz.json")
-    with pytest.raises(FormatError, match=r"--speed-check.*host.*a host of the plan"):
-        main(["simulate", "plan", str(tmp_path / "plan.json"), "--bandwidth", str(tmp_path / "bw.json"),
-              "--layers", *map(str, paths), "--trace", str(tmp_path / "t.json"), "--speed-check", str(p)])
+    rc = main(["simulate", "plan", str(tmp_path / "plan.json"), "--bandwidth", str(tmp_path / "bw.json"),
+               "--layers", *map(str, paths), "--trace", str(tmp_path / "t.json"), "--speed-check", str(p)])
+    assert rc == 2
+    assert "--speed-check: field 'host': expected a host of the plan (a, b, c), got 'zz'" in capsys.readouterr().err
+    assert not (tmp_path / "t.json").exists()
 
 
 @pytest.mark.parametrize("edit, field", [
