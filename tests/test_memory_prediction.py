@@ -104,9 +104,23 @@ def _run(cmd: list[str], timeout: float) -> str:
     return r.stdout
 
 
-def measured_memory(tmp_path: Path, plan, profiles, mm) -> dict:
-    """``plan`` priced with ``mm``, trained by two fresh processes, and ``torchpp analyze``'s
-    predicted and measured peak per rank (report.json's ``memory``)."""
+def measured_memory(tmp_path: Path, plan, profiles, mm, runs: int = 3) -> dict:
+    """``plan`` priced with ``mm``, trained ``runs`` times by two fresh processes, and ``torchpp
+    analyze``'s predicted peak per rank against the median of the runs' measured peaks. One run's
+    peak moves with the heap's layout (126 against 118 MiB for the same rank and plan, seconds
+    apart), which on a 120 MiB rank is several percent; the median is what the benchmarks compare."""
+    import statistics
+
+    reports = [_measured_once(tmp_path / f"run{i}", plan, profiles, mm) for i in range(runs)]
+    out = {}
+    for r, v in reports[0].items():
+        peak = statistics.median(x[r]["measured_peak_bytes"] for x in reports)
+        out[r] = {**v, "measured_peak_bytes": peak, "measured_runs": [x[r]["measured_peak_bytes"] for x in reports],
+                  "error": (v["predicted_peak_bytes"] - peak) / peak}
+    return out
+
+
+def _measured_once(tmp_path: Path, plan, profiles, mm) -> dict:
     from torchpp.cost import Links, MemoryEstimator
     from torchpp.planner import api
     from torchpp.planner.synthetic import uniform_links
@@ -114,6 +128,7 @@ def measured_memory(tmp_path: Path, plan, profiles, mm) -> dict:
     pb = SimpleNamespace(profiles=profiles, links=Links(uniform_links(["a", "b"])), memory=MemoryEstimator.fitted(mm),
                          optimizer_s_per_byte=0.0)
     api.price(plan, pb, {"a": 1e12, "b": 1e12})
+    tmp_path.mkdir(parents=True, exist_ok=True)
     plan.save(tmp_path / "plan.json")
     traces = tmp_path / "traces"
     _run([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node", "2", "-m",
