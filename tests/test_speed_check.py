@@ -44,6 +44,11 @@ def test_compare_reads_the_slowdown_layer_by_layer():
     assert [m / p for m, p in zip(sc.measured_s, sc.profiled_s)] == pytest.approx([1.3] * L)
 
 
+def test_a_check_of_another_model_slice_is_refused():
+    with pytest.raises(ValueError, match=r"speed_pi3.json: the check measured synthetic \(3 layer"):
+        speed_check.compare(lf("pi3"), layers_file("pi3", num_layers=3, batch=4), "speed_pi3.json")
+
+
 def test_a_host_at_ratio_r_is_priced_as_its_profile_r_times_slower():
     files = [lf("a"), lf("b"), lf("c")]
     plan = plan_of(files, ["a", "b", "c"])

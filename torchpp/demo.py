@@ -691,7 +691,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="a small, fast run (tiny model, 3 steps)")
     p.add_argument("--speed-check", action=argparse.BooleanOptionalAction, default=None,
                    help="time every host's profiled layers again before each run and predict the run at that speed "
-                   "too (`torchpp speed-check`; default: on for the homelab scenario)")
+                   "too (`torchpp speed-check`; off by default: it adds about two minutes to the homelab scenario)")
     p.set_defaults(func=run)
 
 

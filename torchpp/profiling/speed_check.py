@@ -20,6 +20,11 @@ def compare(reference: LayersFile, measured: LayersFile, reference_source: str) 
     """``measured`` against ``reference`` at the reference's largest batch, layer by layer."""
     from ..cost import Profiles
 
+    if (measured.model.name, measured.model.num_layers, measured.run.seq_len) != (
+            reference.model.name, reference.model.num_layers, reference.run.seq_len):
+        raise ValueError(f"{reference_source}: the check measured {measured.model.name} ({measured.model.num_layers} "
+                         f"layer(s), seq {measured.run.seq_len}), not what the reference profiled "
+                         f"({reference.model.name}, {reference.model.num_layers}, seq {reference.run.seq_len})")
     batch = reference.run.batch
     prof = Profiles.from_layers([reference], sources=[reference_source])
     before = prof.layer_seconds(reference.host, batch)
