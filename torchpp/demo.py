@@ -367,9 +367,14 @@ class Demo:
         self.tp = [PY, "-m", "torchpp"]
 
     @property
+    def checks_speed(self) -> bool:
+        """Whether each run is preceded by a speed check (it re-runs the hosts' few profiled layers)."""
+        return self.cfg.speed_check and self.cfg.capacity_layers is not None
+
+    @property
     def steps_per_run(self) -> int:
         """Numbered steps of one training run: predict, train, analyse (and the speed check, priced)."""
-        return 5 if self.cfg.speed_check and self.cfg.capacity_layers is not None else 3
+        return 5 if self.checks_speed else 3
 
     def path(self, *parts: str) -> Path:
         return self.out.joinpath(*parts)
@@ -520,7 +525,7 @@ class Demo:
                  *map(str, m.files), "--capacities", str(m.capacities), "--comm", "links"]
         text = self.p.run(f"{name}: predict (simulate the plan's action lists)", [*price, "--trace", str(pred)])
         predicted = predicted_step(text)
-        checks = self.speed_check(d / "speed") if c.speed_check and c.capacity_layers is not None else []
+        checks = self.speed_check(d / "speed") if self.checks_speed else []
         predicted_now, speed_now = None, {}
         if checks:
             from .formats import speed_ratios
