@@ -445,7 +445,8 @@ def run(demo: Demo, args: argparse.Namespace) -> dict:
             "seconds": time.monotonic() - t0,
             "plan_stages": [{"layers": s.layers, "hosts": [d.host for d in s.devices], "embed": s.has_embed,
                              "tail": s.has_tail} for s in plan.stages],
-            "plan_microbatches": [plan.num_microbatches, plan.micro_batch_size]}
+            "plan_microbatches": [plan.num_microbatches, plan.micro_batch_size],
+            "gap_to_bound": plan.predicted.get("gap_to_bound")}
 
 
 def cross_calibrated(demo: Demo, meas: Any, runs: dict[str, Path], measured: dict[str, float | None]) -> list[dict]:
@@ -520,7 +521,7 @@ def verdicts(summary: dict) -> dict[str, Any]:
             "peer_best": peer and peer["name"], "plan_vs_fsdp": ratio(fsdp and fsdp["median_s"], plan),
             "fsdp_best": fsdp and fsdp["name"],
             "fsdp_note": next((r["note"] for r in reversed(summary["rows"]) if r["name"].startswith("fsdp")), ""),
-            "plan_vs_bound": ratio(plan, rows["bound"]["predicted_s"]),
+            "plan_vs_bound": ratio(plan, rows["bound"]["predicted_s"]), "gap_to_bound": summary.get("gap_to_bound"),
             "mape": statistics.fmean(abs(r["error"]) for r in runs) if runs else None, "mape_plans": len(runs),
             "mape_now": (statistics.fmean(abs(r["error_now"]) for r in now) if (now := [
                 r for r in runs if r.get("error_now") is not None]) else None), "mape_now_plans": len(now),
@@ -622,6 +623,11 @@ def target_lines(v: dict) -> list[str]:
                    f"{ok(v[key] is not None and v[key] >= want)})")
     out.append(f"- plan / lower bound: {fmt(v['plan_vs_bound'], '.2f')} (target ≤ {t['plan_vs_bound']}: "
                f"{ok(v['plan_vs_bound'] is not None and v['plan_vs_bound'] <= t['plan_vs_bound'])})")
+    if v.get("gap_to_bound"):
+        from torchpp.planner.gap import Gap
+
+        out.append(f"  - the plan's predicted step above the bound (each part taken out of the same replay in turn): "
+                   f"{Gap(**v['gap_to_bound']).line()}")
     if v["plan_vs_fsdp"] is None:
         out.append(f"- plan faster than sharded DP (FSDP2): FSDP2 could not run here: {v['fsdp_note']}")
     else:

@@ -55,6 +55,7 @@ def check_artefacts(out: Path, hosts: list[str]) -> dict:
     table = (out / "summary.md").read_text()
     assert "| even |" in table and "| plan |" in table and "| replan |" in table
     assert "| lower bound (all work incl. the optimizer over all capacity) |" in table and "\nwhy: " in table
+    assert "\nabove the bound (predicted; each part taken out of the same replay in turn): " in table
     assert [b["name"].split()[0] for b in summary["baselines"]] == ["single", "dp"]
     assert summary["lower_bound_s"] > 0
     return summary

@@ -207,6 +207,10 @@ def test_plan_command_writes_every_output_and_prediction_is_the_replay(measured,
     b = plan.predicted["bubble"]
     assert b["real"] == pytest.approx(b["ideal"] + b["imbalance"] + b["communication"] + b["recompute"])
     assert plan.predicted["ratio_to_lower_bound"] >= 1.0
+    gap = plan.predicted["gap_to_bound"]
+    assert gap["step_s"] == pytest.approx(step) and gap["bound_s"] == plan.predicted["lower_bound_s"]
+    assert sum(v for k, v in gap.items() if k != "step_s") == pytest.approx(step)
+    assert "gap to the bound" in (out / "summary.txt").read_text()
     text = capsys.readouterr().out
     for name in ("even", "dp", "pp", "chosen"):
         assert name in text

@@ -652,6 +652,12 @@ def summary_lines(cfg: DemoConfig, mode: str, hosts: Sequence[str], results: Seq
         lines.append(f"| lower bound (all work incl. the optimizer over all capacity) | – | – | – | {bound:.3f} | – |"
                      f"{dash} {bound / ref:.2f}x | – |")
     out = lines + ["", "why: " + why_line(plan, baselines)]
+    gap = (plan.predicted or {}).get("gap_to_bound")
+    if gap:
+        from .planner.gap import Gap
+
+        out.append("above the bound (predicted; each part taken out of the same replay in turn): "
+                   + Gap(**gap).line())
     if now:
         out.append("at launch: predicted at the speed each host's `torchpp speed-check` read just before the run ("
                    + "; ".join(f"{r.name}: " + ", ".join(f"{h} x{x:.2f}" for h, x in r.speed_now.items())

@@ -4,14 +4,14 @@ Below both the planner and the simulator: it imports only ``torchpp.formats``,
 ``torchpp.schedules`` and numpy.
 """
 from .actions import MeasuredCost
-from .links import Links
+from .links import FreeLinks, Links
 from .memory import ANALYTIC_ALPHA, ANALYTIC_KP, MemoryEstimator
 from .profiles import Profiles
 from .stage import (BlockMax, BlockSums, MemoryTerms, Span, StageMemory, StageTime, block_time, boundary_bytes,
                     layer_forward, layer_forward_calls, model_time, recompute_runs, stage_blocks, stage_time,
                     stage_weights)
 
-__all__ = ["ANALYTIC_ALPHA", "ANALYTIC_KP", "BlockMax", "BlockSums", "Links", "MeasuredCost", "MemoryEstimator",
-           "MemoryTerms", "Profiles", "Span", "StageMemory", "StageTime", "block_time", "boundary_bytes",
+__all__ = ["ANALYTIC_ALPHA", "ANALYTIC_KP", "BlockMax", "BlockSums", "FreeLinks", "Links", "MeasuredCost",
+           "MemoryEstimator", "MemoryTerms", "Profiles", "Span", "StageMemory", "StageTime", "block_time", "boundary_bytes",
            "layer_forward", "layer_forward_calls", "model_time", "recompute_runs", "stage_blocks", "stage_time",
            "stage_weights"]

@@ -8,6 +8,7 @@ own table; a host with only a capacity uses the reference host's table divided b
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -232,6 +233,18 @@ class Profiles:
             self.call[h] = self.call.get(h, 0.0) * r
             self.optim[h], self.split_layer[h], self.split_factor[h] = opt * r, split_layer * r, split
             self.origin[h] = f"{self.origin.get(h, 'its table')} x {r:.3g} (speed check)"
+
+    def per_sample_only(self, hosts: Iterable[str]) -> "Profiles":
+        """A copy of these profiles with every per-call cost of ``hosts`` taken out (blocks' fixed
+        seconds per call, the runtime's per call, a split backward's per layer and call): what
+        the work would cost if calls were free, as the lower bound counts it."""
+        hosts = list(hosts)
+        self.ensure(hosts)
+        out = copy.deepcopy(self)
+        for h in hosts:
+            out.fwd0[h], out.bwd0[h] = np.zeros_like(self.fwd0[h]), np.zeros_like(self.bwd0[h])
+            out.call[h], out.split_layer[h] = 0.0, 0.0
+        return out
 
     def capacity_call(self, host: str) -> float:
         """Runtime seconds per call of a host without a layers file: its own, measured on it by

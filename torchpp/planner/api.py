@@ -308,7 +308,8 @@ def _meta(res: Any, chosen: Plan, pb: Any, options: PlanOptions, compare: list[d
                    "num_microbatches": chosen.num_microbatches, "devices": chosen.world_size,
                    "idle": [h for h in hosts if h not in {d.host for s in chosen.stages for d in s.devices}]},
         "predicted": {k: chosen.predicted[k] for k in ("step_time_s", "throughput_samples_per_s", "lower_bound_s",
-                                                       "ratio_to_lower_bound", "bubble", "optimizer")},
+                                                       "ratio_to_lower_bound", "gap_to_bound", "bubble",
+                                                       "optimizer") if k in chosen.predicted},
         "compare": compare, "inputs": chosen.inputs, **(extra or {}),
     }
 

@@ -27,6 +27,7 @@ from ..sim.measured import price
 from ..sim.trace import recompute_of, timeline_events
 from ..trace.analyze import analyze
 from .bound import lower_bound
+from .gap import Gap, gap_to_bound
 from .search import fmt_bytes
 
 
@@ -77,6 +78,8 @@ def predict(plan: Plan, profiles: Profiles, links: Links, memory: MemoryEstimato
     pred = {
         "step_time_s": step, "throughput_samples_per_s": plan.global_batch / step,
         "lower_bound_s": lb, "ratio_to_lower_bound": step / lb,
+        "gap_to_bound": gap_to_bound(plan, profiles, links, lb, optimizer_s_per_byte).as_dict()
+        if math.isfinite(lb) else None,
         "bubble": bubble,
         "memory_model": memory.source,
         "memory_bytes_per_rank": {str(r): int(v) for r, v in sorted(mem.items())},
@@ -134,6 +137,8 @@ def summary_text(plan: Plan, meta: dict[str, Any], compare: Sequence[dict] = ())
         f"({p.get('throughput_samples_per_s', float('nan')):.4g} samples/s), priced by replaying the action lists",
         f"lower bound (all work over all capacity, weights within memory) {p.get('lower_bound_s', float('nan')):.4g} s, "
         f"ratio {p.get('ratio_to_lower_bound', float('nan')):.3f}",
+        *([f"gap to the bound (each part taken out of the same replay in turn): {Gap(**p['gap_to_bound']).line()}"]
+          if p.get("gap_to_bound") else []),
         f"memory: {p.get('memory_model', '')}",
         *([f"optimizer step: {p['optimizer']}"] if p.get("optimizer") else []),
         "",
