@@ -20,7 +20,7 @@ measures in the same run, each strategy at its own best micro-batching:
 * the lower bound: all work (forward, backward, optimizer) over all capacity, weights within
   memory (the planner's LP, torchpp/planner/bound.py).
 
-Every trained plan is trained ``--repeats`` times (default 3), one run of each per round (the
+Every trained plan is trained ``--repeats`` times (default 5), one run of each per round (the
 machine's speed drifts over the bench's minutes; rounds spread that over every plan alike), each a
 fresh run of 1 + 3 x ``--window`` steps: the first is warm-up, the rest three windows; a run's
 step time is the median of its window medians, a plan's the median over its runs, whose range gives the spread (a
@@ -683,7 +683,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_prove")
     ap.add_argument("--work", type=Path, default=Path("out/bench_prove"), help="profiles, plans, traces, logs")
     ap.add_argument("--window", type=int, default=2, help="steps per window; 3 windows after one warm-up step")
-    ap.add_argument("--repeats", type=int, default=3, help="runs of each torchpp plan (fresh processes)")
+    ap.add_argument("--repeats", type=int, default=5, help="runs of each torchpp plan (fresh processes): one run "
+                    "of a plan moves by ~10%% with the machine, the median of 5 by about half that")
     ap.add_argument("--fsdp-window", type=int, default=1, help="steps per FSDP2 window (its steps are slow)")
     ap.add_argument("--peer-schedules", default="1F1B,GPipe")
     ap.add_argument("--peer-microbatches", type=lambda t: [int(x) for x in t.split(",")], default=[8, 16])

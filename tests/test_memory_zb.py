@@ -33,20 +33,24 @@ def test_split_count_read_off_the_order():
 
 def test_term_in_closed_form_and_1f1b_unchanged():
     """peak(Kw) − peak(Kw = 0) = s · n_w · Kw · A_kept on the stage without the embedding, 0 on
-    the one holding it (its I computes nothing); 1F1B's prediction does not move with Kw."""
+    the one holding it (its I computes nothing); 1F1B's prediction does not move with Kw. With
+    Kw < 0 (as fitted: a micro-batch past its I holds less) the peak is the step holding two
+    micro-batches, one past its I; every state of the order is priced, so with Kw > 0 it is the
+    step with both past their I."""
     from torchpp.planner.report import device_memory
 
     est = MemoryEstimator(1e8, 4.0, 20.0, "test", kt=2.0, ke=1.0)
-    with_kw = replace(est, kw=3.0)
     lf, profiles, plan = two_stage_plan("zb-h1")
-    assert device_memory(plan, profiles, with_kw)[0] == device_memory(plan, profiles, est)[0]
     last = plan.stages[1]
     s = last.device(1).samples
     kept = float(StageMemory(profiles, est).activations(last).kept)
-    extra = device_memory(plan, profiles, with_kw)[1] - device_memory(plan, profiles, est)[1]
-    assert extra == pytest.approx(s * 1 * 3.0 * kept)
+    for kw, past in ((-3.0, 1), (3.0, 2)):
+        with_kw = replace(est, kw=kw)
+        assert device_memory(plan, profiles, with_kw)[0] == device_memory(plan, profiles, est)[0]
+        extra = device_memory(plan, profiles, with_kw)[1] - device_memory(plan, profiles, est)[1]
+        assert extra == pytest.approx(s * past * kw * kept)
     _, _, plan1 = two_stage_plan("1f1b")
-    assert device_memory(plan1, profiles, with_kw) == device_memory(plan1, profiles, est)
+    assert device_memory(plan1, profiles, replace(est, kw=3.0)) == device_memory(plan1, profiles, est)
 
 
 def test_memory_model_keeps_kw_and_old_files_load(tmp_path):
@@ -288,3 +292,33 @@ def test_memory_model_keeps_kz_and_the_probes_profiles(tmp_path):
     back = MemoryModel.load(mm.save(tmp_path / "m.json"))
     assert back.Kz == 12.0 and back.Kw == -5.0 and (back.samples[0].held, back.samples[0].past_input) == (4, 1)
     assert "Kz 12.00" in MemoryEstimator.fitted(back).source
+
+
+def test_the_heap_a_w_leaves_is_priced_only_after_the_first_w():
+    """Kz (the heap a W leaves) is charged at a state only once a W has run: with as many
+    micro-batches as stages the last stage of ZB-H1 holds the most before its first W (F0 I0 F1
+    I1 W0 W1: two held, one past I, no W yet), so its peak is the larger of that state without Kz
+    and the states after W0 with it; with twice as many the steady state returns to two held, one
+    past I, after a W, and pays Kz there."""
+    from torchpp.planner.report import device_memory
+    from torchpp.planner.simple import even_plan
+    from torchpp.schedules import peak_states
+
+    assert (2, 1, False) in peak_states("zb-h1", 2, 1, 2) and (2, 1, True) not in peak_states("zb-h1", 2, 1, 2)
+    assert (2, 1, True) in peak_states("zb-h1", 2, 1, 4)
+    assert all(not w and not a for _, w, a in peak_states("1f1b", 3, 1, 6))
+    lf, profiles, _ = two_stage_plan("zb-h1")
+    est = MemoryEstimator(1e8, 4.0, 20.0, "test", kt=2.0, ke=1.0, kw=-3.0, kz=15.0)
+    mem = StageMemory(profiles, est)
+    for m, states in ((2, [(2, 1, False), (1, 1, True)]), (4, [(2, 1, True)])):
+        plan = even_plan(lf.model, stages=2, hosts=["a", "b"], seq_len=SEQ, global_batch=4 * m, num_microbatches=m,
+                         schedule="zb-h1")
+        last = plan.stages[1]
+        want = max(float(mem.peak(last, 4, n, w, heap)) for n, w, heap in states)
+        assert device_memory(plan, profiles, est)[1] == pytest.approx(want)
+    without = device_memory(even_plan(lf.model, stages=2, hosts=["a", "b"], seq_len=SEQ, global_batch=8,
+                                      num_microbatches=2, schedule="zb-h1"), profiles, replace(est, kz=0.0))[1]
+    with_kz = device_memory(even_plan(lf.model, stages=2, hosts=["a", "b"], seq_len=SEQ, global_batch=8,
+                                      num_microbatches=2, schedule="zb-h1"), profiles, est)[1]
+    body = float(mem.activations(plan.stages[1]).body)
+    assert with_kz - without < 4 * 15.0 * body  # the m = p peak does not pay the whole heap

@@ -305,6 +305,33 @@ def split_in_flight(schedule: str, num_stages: int, stage: int, num_microbatches
     return min(w for n, w in steps if n == top)
 
 
+PeakState = tuple[int, int, bool]
+"""(micro-batches held, of them between their I and their W, whether a W ran before) at one step
+of a one-chunk stage's order."""
+
+
+@functools.lru_cache(maxsize=65536)
+def peak_states(schedule: str, num_stages: int, stage: int, num_microbatches: int) -> tuple[PeakState, ...]:
+    """Every distinct state a one-chunk stage passes through, read off its order: its memory
+    peaks at one of them (``cost.StageMemory.peak_over`` prices each and keeps the largest).
+
+    Whether a W ran before matters: the heap a W leaves when it frees the gradients I set aside
+    (the memory model's Kz) exists only after the first W. With as many micro-batches as stages
+    (ZB-H1, n = p) a stage holds the most micro-batches before any W: [2, 7) of qwen3-homelab at 8
+    samples, 4 of 4 held, peaked at 365 MiB with 4 micro-batches against 424 MiB with 8, whose
+    steady state comes back to that count after W's. Schedules without a split backward have no
+    W: their states are (held, 0, False), the largest being :func:`in_flight`."""
+    pl = placement_of(schedule, num_stages, 1)
+    order = position_order(schedule, pl, pl.position[stage], num_microbatches)
+    most: dict[tuple[int, bool], int] = {}  # (past I, after a W) -> most held: a held micro-batch only adds
+    after_w = False
+    for (kind, _, _), h in zip(order, held_split(order)):
+        after_w = after_w or kind == Kind.BACKWARD_WEIGHT
+        n, w = map(sum, zip((0, 0), *h.values()))
+        most[(w, after_w)] = max(n, most.get((w, after_w), 0))
+    return tuple(sorted((n, w, a) for (w, a), n in most.items()))
+
+
 Profile = tuple[tuple[int, int, int], ...]
 """(chunk, micro-batches held, of them between their I and their W) of each chunk at one step."""
 

@@ -29,6 +29,11 @@ no input gradient: its whole backward waits for W and holds nothing more, so its
 A device with a micro-batch past its I at its peak holds ``Kz·s·A_body`` more, once: the heap
 beyond the live tensors when W frees the stashed gradients out of the order I made them in
 (fitted, given Kw, on zero-bubble probes at several pipeline positions; 0 where the file has none).
+That heap exists only once a W has run: a one-chunk stage is priced at every state of its order
+(``schedules.peak_states``: held, past I, whether a W ran before) and the largest is its peak, so
+a ZB-H1 stage with as many micro-batches as stages, which holds the most before its first W, is
+not charged Kz there (it over-priced such stages by 10–12%; several chunks still take Kz whenever
+one is past its I).
 
 A_body is the activation bytes per sample of the stage's layers (kept or recomputed, the tail's
 logits not included; the embedding's output counts in no term: the first layer keeps it as its
@@ -113,9 +118,10 @@ class MemoryEstimator:
     """Factor of the largest decoder layer's activations held once (the running layer's
     intermediate products); 0: no such term."""
 
-    def split_once(self, split, act_body):
-        """``kz`` times ``act_body`` where ``split`` (micro-batches past their I) is at least one."""
-        return self.kz * act_body * (np.asarray(split) > 0) if self.kz else 0.0
+    def split_once(self, split, act_body, heap: bool = True):
+        """``kz`` times ``act_body`` where ``split`` (micro-batches past their I) is at least one and,
+        with ``heap`` False, none where no W has run yet (``schedules.peak_states``)."""
+        return self.kz * act_body * (np.asarray(split) > 0) if self.kz and heap else 0.0
 
     @property
     def kw_tail_adjust(self) -> float:
@@ -155,13 +161,14 @@ class MemoryEstimator:
         return self.base + self.alpha * weights + self.ke * end_weights
 
     def per_sample(self, act_kept: float, act_recomputed: float, n: int, act_max_recomputed: float = 0.0,
-                   split: int = 0, act_body: float = 0.0, act_tail: float = 0.0, act_layer: float = 0.0) -> float:
+                   split: int = 0, act_body: float = 0.0, act_tail: float = 0.0, act_layer: float = 0.0,
+                   heap: bool = True) -> float:
         """Bytes per sample of one device's micro-batch share, ``n`` micro-batches held of which
         ``split`` between their I and their W (the tail's logits ``act_tail``, unweighted, priced
         there by ``kwt``), one backward running over ``act_body`` and one layer of ``act_layer``."""
         return (n * (self.kp * act_kept + act_recomputed) + self.kp * act_max_recomputed
                 + split * (self.kw * act_kept + self.kw_tail_adjust * act_tail) + self.once(act_body, act_layer)
-                + self.split_once(split, act_body))
+                + self.split_once(split, act_body, heap))
 
     def once(self, act_body: float, act_layer: float):
         """What a device holds once per sample of its micro-batch share, however many micro-batches
@@ -170,13 +177,13 @@ class MemoryEstimator:
 
     def peak(self, weights: float, act_kept: float, act_recomputed: float, samples: float, n: int,
              act_max_recomputed: float = 0.0, end_weights: float = 0.0, split: int = 0, act_body: float = 0.0,
-             act_tail: float = 0.0, act_layer: float = 0.0) -> float:
+             act_tail: float = 0.0, act_layer: float = 0.0, heap: bool = True) -> float:
         return (self.static(weights, end_weights)
                 + samples * self.per_sample(act_kept, act_recomputed, n, act_max_recomputed, split, act_body, act_tail,
-                                            act_layer))
+                                            act_layer, heap))
 
     def recompute_terms(self, act_layers: np.ndarray, act_fixed: float, n: int, split: int = 0,
-                        act_body: float = 0.0, act_tail: float = 0.0, act_layer: float = 0.0
+                        act_body: float = 0.0, act_tail: float = 0.0, act_layer: float = 0.0, heap: bool = True
                         ) -> tuple[float, np.ndarray, float]:
         """``per_sample`` as a linear form in the recompute flags r_l and y = max_l r_l (the
         recompute MILP's constraint): ``const + Σ_l r_l · coef_l + y · coef_y`` for layers of
@@ -185,6 +192,6 @@ class MemoryEstimator:
         ``act_body`` and running layer's ``act_layer`` terms do not depend on the flags."""
         total = float(act_layers.sum()) + act_fixed
         const = (n * self.kp * total + split * (self.kw * total + self.kw_tail_adjust * act_tail)
-                 + self.once(act_body, act_layer) + float(self.split_once(split, act_body)))
+                 + self.once(act_body, act_layer) + float(self.split_once(split, act_body, heap)))
         amax = float(act_layers.max()) if len(act_layers) else 0.0
         return const, n * (1.0 - self.kp) * act_layers - split * self.kw * act_layers, self.kp * amax

@@ -10,12 +10,14 @@ through the same arithmetic, so the planner's tables equal the scalar accessor e
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence, Union
 
 import numpy as np
 
 from ..formats import PlanStage
+from ..schedules import PeakState
 from .memory import held_activation_bytes
 
 if TYPE_CHECKING:
@@ -357,7 +359,8 @@ class StageMemory:
         ``I`` computes nothing: the whole backward waits for ``W`` and holds no more)."""
         return np.where(np.asarray(sp.lo) == 0, 0, split) if np.ndim(sp.lo) else (0 if sp.lo == 0 else split)
 
-    def terms(self, span: Span | PlanStage, samples: float, in_flight: int, split: int = 0) -> MemoryTerms:
+    def terms(self, span: Span | PlanStage, samples: float, in_flight: int, split: int = 0, heap: bool = True
+              ) -> MemoryTerms:
         """The peak of a device as a linear form in the memory model's coefficients (what
         re-planning refits them by): ``base + alpha·weights + kp·kp_bytes + fixed_bytes``; the
         micro-batches between I and W (``split``) count in ``fixed_bytes`` with the model's Kw, the
@@ -368,19 +371,32 @@ class StageMemory:
         held_w = samples * float(self.split_of(sp, split)) * (self.memory.kw * kept
                                                               + self.memory.kw_tail_adjust * float(a.tail))
         running = samples * (self.memory.once(float(a.body), float(a.layer))
-                             + float(self.memory.split_once(self.split_of(sp, split), float(a.body))))
+                             + float(self.memory.split_once(self.split_of(sp, split), float(a.body), heap)))
         return MemoryTerms(weights=float(self.weights(sp.lo, sp.hi)), kp_bytes=samples * (in_flight * kept + amax),
                            fixed_bytes=(samples * in_flight * rec + self.memory.ke * float(self.end_weights(sp)) + held_w
                                         + running),
                            kept_per_sample=kept)
 
-    def per_sample(self, span: Span | PlanStage, in_flight: int, split: int = 0) -> float | np.ndarray:
+    def per_sample(self, span: Span | PlanStage, in_flight: int, split: int = 0, heap: bool = True
+                   ) -> float | np.ndarray:
         """Bytes per sample of one device's share of a micro-batch, ``in_flight`` micro-batches held,
-        ``split`` of them between their I and their W."""
+        ``split`` of them between their I and their W (``heap``: a W ran before)."""
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         a = self.activations(sp)
         return self.memory.per_sample(a.kept, a.recomputed, in_flight, a.largest_recomputed, self.split_of(sp, split),
-                                      a.body, a.tail, a.layer)
+                                      a.body, a.tail, a.layer, heap)
+
+    def peak_per_sample(self, span: Span | PlanStage, states: Sequence[PeakState]) -> float | np.ndarray:
+        """Bytes per sample at the worst of a one-chunk stage's ``states`` (``schedules.peak_states``;
+        elementwise for a vector of spans): the weights do not depend on the state, so the worst
+        per sample is the worst peak."""
+        sp = span if isinstance(span, Span) else Span.of_stage(span)
+        return functools.reduce(np.maximum, (self.per_sample(sp, n, w, heap) for n, w, heap in states))
+
+    def peak_over(self, span: Span | PlanStage, samples: float, states: Sequence[PeakState]) -> float | np.ndarray:
+        """Predicted peak bytes of a one-chunk stage: its worst state (:meth:`peak_per_sample`)."""
+        sp = span if isinstance(span, Span) else Span.of_stage(span)
+        return self.static(sp) + samples * self.peak_per_sample(sp, states)
 
     def static(self, span: Span | PlanStage) -> float | np.ndarray:
         """Bytes independent of the samples: the base and the weights' (with gradients, optimizer state)."""
@@ -411,11 +427,13 @@ class StageMemory:
         heap = max((acts[c][0] * float(self.memory.split_once(1, float(acts[c][1].body))) for c in past), default=0.0)
         return float(static + worst + largest + heap)
 
-    def peak(self, span: Span | PlanStage, samples: float, in_flight: int, split: int = 0) -> float | np.ndarray:
+    def peak(self, span: Span | PlanStage, samples: float, in_flight: int, split: int = 0,
+             heap: bool = True) -> float | np.ndarray:
         """Predicted peak bytes of a device computing ``samples`` samples of each micro-batch,
-        ``in_flight`` micro-batches held, ``split`` of them between their I and their W."""
+        ``in_flight`` micro-batches held, ``split`` of them between their I and their W (``heap``:
+        a W ran before)."""
         sp = span if isinstance(span, Span) else Span.of_stage(span)
         a = self.activations(sp)
         return self.memory.peak(self.weights(sp.lo, sp.hi), a.kept, a.recomputed, samples, in_flight,
                                 a.largest_recomputed, self.end_weights(sp), self.split_of(sp, split), a.body, a.tail,
-                                a.layer)
+                                a.layer, heap)

@@ -22,12 +22,14 @@ from ..cost import Span, layer_forward, stage_time
 from .allocate import allocate
 
 if TYPE_CHECKING:
+    from ..schedules import PeakState
     from .search import Problem, Tables
 
 
-def choose_recompute(pb: "Problem", t: "Tables", hosts: Sequence[int], cut: tuple[int, int], b: int, n: int,
-                     w: int = 0) -> tuple[list[bool], list[int]] | None:
-    """(recompute flag per layer, samples per device) minimising the stage time; None if nothing fits."""
+def choose_recompute(pb: "Problem", t: "Tables", hosts: Sequence[int], cut: tuple[int, int], b: int,
+                     states: Sequence["PeakState"]) -> tuple[list[bool], list[int]] | None:
+    """(recompute flag per layer, samples per device) minimising the stage time; None if nothing fits.
+    ``states``: the stage's order's (``schedules.peak_states``); every one must fit."""
     c, c2 = cut
     names = [pb.hosts[h] for h in hosts]
     budget = [pb.budget[nm] - float(t.static[c, c2]) for nm in names]
@@ -35,7 +37,7 @@ def choose_recompute(pb: "Problem", t: "Tables", hosts: Sequence[int], cut: tupl
 
     def alloc(flags):
         span = Span.of_cut(c, c2, t.L, flags)
-        ps = max(float(t.mem.per_sample(span, n, w)), 1e-30)  # Kp may be 0 in a fitted model
+        ps = max(float(t.mem.peak_per_sample(span, states)), 1e-30)  # Kp may be 0 in a fitted model
         caps = [max(0.0, bu) / ps for bu in budget]
         secs = [float(stage_time(pb.profiles, nm, span).per_sample) for nm in names]
         return allocate(b, secs, caps)
@@ -54,8 +56,8 @@ def choose_recompute(pb: "Problem", t: "Tables", hosts: Sequence[int], cut: tupl
     A_fixed = float(t.mem.activations(Span.of_cut(c, c2, t.L, recompute=True)).kept)  # embed / tail outputs
     whole = Span.of_cut(c, c2, t.L)
     acts = t.mem.activations(whole)
-    terms = pb.memory.recompute_terms(A_l, A_fixed, n, int(t.mem.split_of(whole, w)), float(acts.body),
-                                      float(acts.tail), float(acts.layer))
+    terms = [pb.memory.recompute_terms(A_l, A_fixed, n, int(t.mem.split_of(whole, w)), float(acts.body),
+                                       float(acts.tail), float(acts.layer), heap) for n, w, heap in states]
     tau = [float(t.tau[(h, 0)][c, c2]) for h in hosts]
     f = [layer_forward(pb.profiles, nm, c, c2) for nm in names]
     for _ in range(4):
@@ -69,11 +71,11 @@ def choose_recompute(pb: "Problem", t: "Tables", hosts: Sequence[int], cut: tupl
     return flags, samples
 
 
-def _milp(terms: tuple[float, np.ndarray, float], tau, f, budget, samples) -> list[bool] | None:
+def _milp(terms: Sequence[tuple[float, np.ndarray, float]], tau, f, budget, samples) -> list[bool] | None:
     """Variables [r_0..r_{nl-1}, y, z]; minimise z. ``terms``: the memory per sample as a linear
-    form in the flags (``MemoryEstimator.recompute_terms``)."""
-    const_ps, coef_l, coef_y = terms
-    nl, k = len(coef_l), len(tau)
+    form in the flags (``MemoryEstimator.recompute_terms``), one per state of the stage's order;
+    each must fit every device's budget."""
+    nl, k = len(terms[0][1]), len(tau)
     nv = nl + 2
     rows, lo, hi = [], [], []
     scale_t = max(max(s * t for s, t in zip(samples, tau)), 1e-12)
@@ -84,13 +86,14 @@ def _milp(terms: tuple[float, np.ndarray, float], tau, f, budget, samples) -> li
         row[:nl] = s * f[d] / scale_t
         row[nl + 1] = -1.0
         rows.append(row); lo.append(-np.inf); hi.append(-s * tau[d] / scale_t)
-        # memory: s·(const + Σ r·coef_l + y·coef_y) ≤ budget
+        # memory, at every state: s·(const + Σ r·coef_l + y·coef_y) ≤ budget
         scale_m = max(abs(budget[d]), 1.0)
-        row = np.zeros(nv)
-        row[:nl] = s * coef_l / scale_m
-        row[nl] = s * coef_y / scale_m
-        const = s * const_ps
-        rows.append(row); lo.append(-np.inf); hi.append((budget[d] - const) / scale_m)
+        for const_ps, coef_l, coef_y in terms:
+            row = np.zeros(nv)
+            row[:nl] = s * coef_l / scale_m
+            row[nl] = s * coef_y / scale_m
+            const = s * const_ps
+            rows.append(row); lo.append(-np.inf); hi.append((budget[d] - const) / scale_m)
     for l in range(nl):  # y ≥ r_l
         row = np.zeros(nv)
         row[l], row[nl] = 1.0, -1.0

@@ -22,7 +22,7 @@ from ..formats import Plan, file_hash, write_json
 from ..schedules import Kind
 from ..sim.replay import Timeline
 from ..cost import Links, MemoryEstimator, Profiles, StageMemory, stage_time
-from ..schedules import SPLIT_BACKWARD, in_flight, rank_profiles, split_in_flight
+from ..schedules import SPLIT_BACKWARD, peak_states, rank_profiles
 from ..sim.measured import price
 from ..sim.trace import recompute_of, timeline_events
 from ..trace.analyze import analyze
@@ -40,9 +40,8 @@ def device_memory(plan: Plan, profiles: Profiles, memory: MemoryEstimator) -> di
         chunks = plan.stages_of_rank(r)
         if len(chunks) == 1:
             s = chunks[0]
-            n = in_flight(plan.schedule, plan.num_stages, s.index, plan.num_microbatches)
-            w = split_in_flight(plan.schedule, plan.num_stages, s.index, plan.num_microbatches)
-            out[r] = float(mem.peak(s, s.device(r).samples, n, w))
+            states = peak_states(plan.schedule, plan.num_stages, s.index, plan.num_microbatches)
+            out[r] = float(mem.peak_over(s, s.device(r).samples, states))
             continue
         shared = profiles.tied_bytes if chunks[0].has_embed and chunks[-1].has_tail else 0.0
         out[r] = mem.chunks_peak([(c, c.device(r).samples) for c in chunks], rank_profiles(plan, r), shared)

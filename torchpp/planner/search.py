@@ -38,7 +38,7 @@ import numpy as np
 from ..formats import Plan, PlanDevice, PlanStage
 from .allocate import waterfill
 from ..cost import Links, MemoryEstimator, Profiles, Span, StageMemory, boundary_bytes, stage_time, stage_weights
-from ..schedules import in_flight, split_in_flight
+from ..schedules import PeakState, in_flight, peak_states, split_in_flight
 from ..sim.measured import price
 from .recompute import choose_recompute
 
@@ -131,13 +131,13 @@ class Tables:
         self._cap: dict[tuple[int, int, int, int], np.ndarray] = {}
         self._rec: dict[tuple, tuple[list[bool], list[int]] | None] = {}
 
-    def recompute(self, hosts: Sequence[int], cut: tuple[int, int], b: int, n: int, w: int = 0
+    def recompute(self, hosts: Sequence[int], cut: tuple[int, int], b: int, states: tuple[PeakState, ...]
                   ) -> tuple[list[bool], list[int]] | None:
         """``choose_recompute`` of a stage, kept: the local search and the schedule kinds build the
         same stage many times, and its MILP is the dearest step of building a plan."""
-        key = (tuple(hosts), cut, b, n, w)
+        key = (tuple(hosts), cut, b, states)
         if key not in self._rec:
-            self._rec[key] = choose_recompute(self.pb, self, hosts, cut, b, n, w)
+            self._rec[key] = choose_recompute(self.pb, self, hosts, cut, b, states)
         got = self._rec[key]
         return None if got is None else (list(got[0]), list(got[1]))
 
@@ -252,7 +252,10 @@ def stage_cost(pb: Problem, group: Sequence[str], next_group: Sequence[str] | No
 def suffix_in_flight(schedule: str, stages_after: int, m: int) -> tuple[int, int]:
     """Micro-batches in flight on a stage the DP knows only by the number of stages after it, and
     of them those between their I and their W: stage 0 of ``stages_after + 1`` (1F1B, GPipe and
-    ZB-H1 depend on nothing else)."""
+    ZB-H1 depend on nothing else). The DP prices that state with the heap a W leaves (Kz) even
+    where the order reaches it before its first W: an upper bound, as the rounding of the fast
+    DP; a plan is built, and its recomputation chosen, at every state of its orders
+    (``schedules.peak_states``)."""
     return in_flight(schedule, stages_after + 1, 0, m), split_in_flight(schedule, stages_after + 1, 0, m)
 
 
@@ -385,12 +388,12 @@ def build_plan(pb: Problem, t: Tables, order: Sequence[int], stages: list[StageC
         hosts = [order[x] for x in range(a, i)]
         c, c2 = st.cut
         try:
-            n, w = in_flight(pb.schedule, S, s, m), split_in_flight(pb.schedule, S, s, m)
+            states = peak_states(pb.schedule, S, s, m)
         except ValueError:  # the kind's order cannot run m micro-batches on S stages (zb-h1's rounds)
             return None
         names = [pb.hosts[h] for h in hosts]
         layers = list(range(c, c2))
-        rec = t.recompute(hosts, (c, c2), b, n, w)
+        rec = t.recompute(hosts, (c, c2), b, states)
         if rec is None:
             return None
         flags, samples = rec

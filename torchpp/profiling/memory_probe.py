@@ -189,7 +189,9 @@ def _split_step(stage, has_embed: bool, has_tail: bool, batch: int, seq_len: int
 
 def zb_peak_profile(zb_stages: int, zb_position: int, microbatches: int) -> tuple[int, int]:
     """(micro-batches held, of them past their I) at the peak of ``_split_step``'s order, read off
-    it as the planner reads a stage's (``schedules.in_flight``, ``split_in_flight``)."""
+    it as the planner reads a stage's (``schedules.in_flight``, ``split_in_flight``). Calibration
+    runs twice as many micro-batches as stages, whose steady state comes back to that profile after
+    a W: the Kz it fits is the heap a W leaves (``schedules.peak_states``)."""
     from ..schedules import in_flight, split_in_flight
 
     return (in_flight("zb-h1", zb_stages, zb_position, microbatches),

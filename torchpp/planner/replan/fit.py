@@ -17,7 +17,7 @@ import numpy as np
 from ...formats import Bandwidth, MemoryModel, MemorySample, Plan
 from ...cost import (MemoryEstimator, Profiles, Span, StageMemory, block_time, layer_forward_calls, model_time,
                      recompute_runs, stage_blocks, stage_time)
-from ...schedules import rank_profiles
+from ...schedules import peak_states, rank_profiles
 from .read import Measurements, Transfer
 
 if TYPE_CHECKING:
@@ -242,7 +242,8 @@ def memory_terms(plan: Plan, profiles: Profiles, rank: int, memory: MemoryEstima
     chunk; a rank holding several chunks (``StageMemory.chunks_peak``) holds all their weights (the
     tied weight once), the activations of the worst moment of its order (``schedules.rank_profiles``,
     the worst as ``memory`` weighs them; those between their I and W priced with its Kw, which the
-    refit keeps) and the largest recomputed layer of any chunk. With
+    refit keeps) and the largest recomputed layer of any chunk; a one-chunk rank at the worst state
+    of its order (``schedules.peak_states``), as ``StageMemory.peak_over`` prices it. With
     several chunks, samples x in-flight is the sum over the chunks held at that moment and A the
     kept bytes per sample averaged over them.
     """
@@ -261,8 +262,17 @@ def memory_terms(plan: Plan, profiles: Profiles, rank: int, memory: MemoryEstima
             kp, fixed, sn = kp + t.kp_bytes - none[i].kp_bytes, fixed + t.fixed_bytes, sn + s * n
         return kp, fixed, sn
 
-    profs = [[p for p in prof if p[0] in chunks] for prof in rank_profiles(plan, rank)] or [[]]
-    kp, fixed, sn = max((held(p) for p in profs), key=lambda h: memory.kp * h[0] + h[1])
+    if len(chunks) == 1:  # every state of its order, the heap a W leaves only after the first W
+        (i, (c, s)), = chunks.items()
+
+        def state(n: int, w: int, heap: bool) -> tuple[float, float, int]:
+            t = sm.terms(c, s, n, w, heap)
+            return t.kp_bytes - none[i].kp_bytes, t.fixed_bytes, s * n
+
+        cands = [state(*x) for x in peak_states(plan.schedule, plan.num_stages, c.index, plan.num_microbatches)]
+    else:
+        cands = [held([p for p in prof if p[0] in chunks]) for prof in rank_profiles(plan, rank)] or [held([])]
+    kp, fixed, sn = max(cands, key=lambda h: memory.kp * h[0] + h[1])
     largest = max(t.kp_bytes for t in none.values())
     if len(chunks) == 1:
         (i, (_, s)), = chunks.items()
