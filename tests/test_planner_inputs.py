@@ -12,28 +12,53 @@ from torchpp.cost import MemoryEstimator, Profiles
 from torchpp.planner.synthetic import layers_file
 
 
-def test_capacity_is_median_ratio_and_tables_kept(tmp_path):
+def test_capacity_is_the_ratio_of_totals_and_tables_kept(tmp_path):
+    """Every block both hosts measured (embedding, layers, tail), forward + backward, summed: the
+    reference's total over the host's."""
     ref = layers_file("ref", num_layers=3, layer_fwd_s=[1.0, 1.0, 1.0])
-    fast = layers_file("fast", num_layers=3, layer_fwd_s=[0.5, 0.25, 0.5])  # ratios 2, 4, 2 -> median 2
+    fast = layers_file("fast", num_layers=3, layer_fwd_s=[0.5, 0.25, 0.5])  # embedding and tail as ref's
     for lf in (ref, fast):
         lf.save(tmp_path / f"layers_{lf.host}.json")
     assert main(["capacities", "--inputs", str(tmp_path / "layers_ref.json"), str(tmp_path / "layers_fast.json"),
                  "--ref-host", "ref", "--out", str(tmp_path / "cap.json")]) == 0
     cap = Capacities.load(tmp_path / "cap.json")
-    assert cap.capacity == {"ref": 1.0, "fast": pytest.approx(2.0)}
+    ends = 3 * 0.1 + 3 * 0.5  # embedding and tail, forward + twice that backward, on both
+    assert cap.capacity == {"ref": 1.0, "fast": pytest.approx((ends + 3 * 3.0) / (ends + 3 * 1.25))}
     assert cap.tables["fast"].forward_time_s[1:4] == pytest.approx([0.5, 0.25, 0.5])
     assert cap == compute_capacities([ref, fast], "ref")
-    # a profile built from capacities alone prices "fast" from its own table, not ref / 2
+    # a profile built from capacities alone prices "fast" from its own table, not ref / capacity
     prof = Profiles.from_layers([ref], cap)
     assert prof.table("fast")[0][2] == pytest.approx(0.25 / ref.run.batch)
 
 
+def test_capacity_weighs_every_batch_size_both_measured():
+    """A host as fast as the reference at batch 4 but twice as slow at batch 1: the totals over both
+    sizes, (3 + 6) / (6 + 6); a size only one of them measured is left out."""
+    ref, slow = layers_file("ref", num_layers=1), layers_file("slow", num_layers=1)
+    for b in (ref.embed, ref.tail, slow.embed, slow.tail):
+        b.batch_times_s = []
+    ref.layers[0].batch_times_s = [[1.0, 1.0, 2.0], [4.0, 2.0, 4.0], [8.0, 3.0, 6.0]]
+    slow.layers[0].batch_times_s = [[1.0, 2.0, 4.0], [4.0, 2.0, 4.0]]
+    ends = 3 * 0.1 + 3 * 0.5  # embedding and tail at the run's batch, alike on both
+    assert compute_capacities([ref, slow], "ref").capacity["slow"] == pytest.approx((ends + 3 + 6) / (ends + 6 + 6))
+
+
+def test_capacity_needs_a_block_and_size_the_reference_measured():
+    ref, other = layers_file("ref", num_layers=1), layers_file("other", num_layers=1)
+    for lf, n in ((ref, 1.0), (other, 2.0)):
+        for b in (lf.embed, lf.layers[0], lf.tail):
+            b.batch_times_s = [[n, b.forward_time_s, b.backward_time_s]]
+    with pytest.raises(FormatError, match="layers_other.json"):
+        compute_capacities([ref, other], "ref")
+
+
 def test_capacity_counts_the_backward_too():
-    """A host as fast as the reference forward but three times slower backward is slower overall:
-    capacity (1 + 2) / (1 + 6), not the forward's 1."""
+    """A host as fast as the reference forward but three times slower backward in its layers is
+    slower overall: (ends + 3·(1 + 2)) / (ends + 3·(1 + 6)), not the forward's 1."""
     ref = layers_file("ref", num_layers=3, layer_fwd_s=1.0, layer_bwd_s=2.0)
     odd = layers_file("odd", num_layers=3, layer_fwd_s=1.0, layer_bwd_s=6.0)
-    assert compute_capacities([ref, odd], "ref").capacity["odd"] == pytest.approx(3 / 7)
+    ends = 3 * 0.1 + 3 * 0.5
+    assert compute_capacities([ref, odd], "ref").capacity["odd"] == pytest.approx((ends + 9) / (ends + 21))
 
 
 def test_capacities_seed_form_and_errors(tmp_path):

@@ -1,12 +1,18 @@
 """`torchpp capacities`: per-host speed relative to a reference host (seed 000 step 2).
 
-``capacity[h]`` = median over decoder layers of (reference forward + backward time / h's forward +
-backward time), both per sample at the reference host's batch. Forward and backward together:
-on a host with a small CPU quota a forward pass of a few quota periods is bimodal (whether it
-straddles one more period boundary decides), while the backward, twice as long, is steady; over
-six homelab profiles the forward alone put pi3 at 0.286-0.418 of the laptop (quota ratio 0.357),
-forward + backward at 0.316-0.378. Every measured host's own block table is kept too: the planner prices a host from
-its own table where it has one and from the scaled reference table only where it does not.
+``capacity[h]`` = the reference host's seconds over h's, forward + backward, summed over every block
+both files measured (embedding, decoder layers, tail) at every batch size both measured
+(``batch_times_s``; the run's batch where a file has one size). One ratio of totals, not a median of
+per-layer ratios: on a host under a small CPU quota each span is off by whether a quota period's
+pause falls inside it, an error of roughly fixed seconds, so the long spans and their sum are the
+steadiest figure, and they weigh each block as a step does. On the demo's homelab profile the
+median of two layers' ratios at batch 8 put pi3 at 0.319 of the laptop, the totals at 0.342 (its
+quota ratio is 0.357); the even split, which puts the tail and 16 micro-batches of 2 on pi3, was
+priced +11.6% against its run with the first and +4.8% with the second (the plan −0.1%, the
+re-plan −1.2%, from +1.5% and +2.5%). Forward and backward together: a forward pass of a few
+quota periods is bimodal, the backward, twice as long, steadier. Every measured host's own block
+table is kept too: the planner prices a host from its own table where it has one and from the
+scaled reference table only where it does not.
 Each file's ``call_overhead_s`` (the runtime's seconds per compute call, measured by the profile's
 call probe on that host) is carried too: a host priced from capacities keeps its own.
 Each host's measured optimizer rate (``optimizer_s_per_byte``) travels with it the same way.
@@ -14,7 +20,6 @@ Each host's measured optimizer rate (``optimizer_s_per_byte``) travels with it t
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 from typing import Sequence
 
@@ -23,18 +28,35 @@ from ..cost import Profiles
 from .. import argtypes as T
 
 
+def block_seconds(lf: LayersFile) -> dict[tuple[str, int], float]:
+    """(block name, batch) -> forward + backward seconds of one call, for every block and batch size
+    the file measured."""
+    out = {}
+    for b in (lf.embed, *lf.layers, lf.tail):
+        rows = b.batch_times_s or [[lf.run.batch, b.forward_time_s, b.backward_time_s]]
+        for n, fw, bw in rows:
+            out[(b.name, int(n))] = fw + bw
+    return out
+
+
+def speed_ratio(ref: dict[tuple[str, int], float], mine: dict[tuple[str, int], float], source: str) -> float:
+    """The reference's seconds over ``mine`` on the (block, batch) pairs both measured."""
+    both = sorted(set(ref) & set(mine))
+    if not both:
+        raise FormatError(source, "layers", "a block measured at a batch size the reference host measured too "
+                          f"(it has {sorted(mine)[:4]}..., the reference {sorted(ref)[:4]}...)")
+    return float(sum(ref[k] for k in both) / sum(mine[k] for k in both))
+
+
 def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequence[str] | None = None) -> Capacities:
     sources = list(sources) if sources is not None else [f"layers_{f.host}.json" for f in files]
     prof = Profiles.from_layers(files, sources=sources)  # checks that all files describe one model
     if ref_host not in prof.fwd:
         raise FormatError("--ref-host", "ref_host", f"one of the measured hosts ({', '.join(prof.fwd)})", ref_host)
-    batch = next(lf.run.batch for lf in files if lf.host == ref_host)
-
-    ref = prof.layer_seconds(ref_host, batch)  # on the reference host's batch
+    ref = block_seconds(next(lf for lf in files if lf.host == ref_host))
     capacity, tables = {}, {}
-    for lf in files:
-        mine = prof.layer_seconds(lf.host, batch)
-        capacity[lf.host] = float(statistics.median(float(r / m) for r, m in zip(ref, mine)))
+    for lf, src in zip(files, sources):
+        capacity[lf.host] = speed_ratio(ref, block_seconds(lf), src)
         bl = [lf.embed, *lf.layers, lf.tail]
         tables[lf.host] = HostTable(batch=lf.run.batch, forward_time_s=[b.forward_time_s for b in bl],
                                     backward_time_s=[b.backward_time_s for b in bl],
