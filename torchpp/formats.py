@@ -886,7 +886,8 @@ class HostTable:
 class Capacities:
     """capacities.json (seed 000 step 2): speed of each host relative to ``ref_host``.
 
-    ``capacity[h]`` = median over layers of ref forward time / h's forward time. ``tables`` keeps
+    ``capacity[h]`` = ref's forward + backward seconds over h's, summed over every block and batch
+    size both profiled (``torchpp capacities``; seed 000 took a median over layers). ``tables`` keeps
     every measured host's own per-block times, which beat a scaled reference where they exist.
     """
 

@@ -144,7 +144,8 @@ def _configure_plans(sub) -> None:
     pl.add_argument("--fwd-impact", type=T.float_in(0.0, 1.0), default=0.0)
     pl.add_argument("--bwd-impact", type=T.float_in(0.0, 1.0), default=0.0)
     _add_priorities(pl)
-    pl.add_argument("--trace", type=T.out_file, default=Path("predicted_trace.json"))
+    pl.add_argument("--trace", type=T.out_file, default=None,
+                    help="predicted trace (default: predicted_trace.json beside the plan)")
     pl.add_argument("--gantt", type=T.out_file, default=None)
     pl.set_defaults(func=cmd_plan)
 
@@ -156,7 +157,8 @@ def _configure_plans(sub) -> None:
     tp.add_argument("--tp", type=int, default=1, help="devices per plan rank (tensor parallelism)")
     tp.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     tp.add_argument("--full", action="store_true", help="simulate every rank (default: one replica if uniform)")
-    tp.add_argument("--trace", type=Path, default=Path("predicted_trace.json"))
+    tp.add_argument("--trace", type=T.out_file, default=None,
+                    help="predicted trace (default: predicted_trace.json beside the plan)")
     tp.set_defaults(func=cmd_topology)
 
     c = sub.add_parser("check-reference", help="replay seed 002 reference cases (CSV) in seed002 mode")
@@ -283,7 +285,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _print_utilisation(res)
     trace = predicted_trace(plan, res.timeline, bytes_of=bytes_of, recompute_of=recompute_of(plan, cost.p),
                             metadata={"plan": str(args.plan), "plan_hash": file_hash(args.plan), "comm": args.comm, "step_time_s": res.makespan})
-    print(f"trace: {write_json(args.trace, trace)}")
+    print(f"trace: {write_json(args.trace or args.plan.parent / 'predicted_trace.json', trace)}")
     if args.gantt is not None:
         from .gantt import plot_gantt
 
@@ -308,7 +310,7 @@ def cmd_topology(args: argparse.Namespace) -> int:
           f"{plan.world_size} ranks × tp {args.tp}; {'one replica shown' if fast else 'every rank'})")
     trace = predicted_trace(shown, res.timeline, metadata={"plan": str(args.plan), "topology": str(args.topology),
                                                            "step_time_s": res.makespan, "replica_only": fast})
-    print(f"trace: {write_json(args.trace, trace)}")
+    print(f"trace: {write_json(args.trace or args.plan.parent / 'predicted_trace.json', trace)}")
     return 0
 
 
