@@ -46,6 +46,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-group", type=T.int_in(1, V.MAX_STAGES), default=8)
     p.add_argument("--compare", default=None, help="e.g. even,dp,pp: price these too (corrected costs)")
     p.add_argument("--no-memory-refit", action="store_true", help="keep the memory model even if peaks were traced")
+    p.add_argument("--any-size", action="store_true",
+                   help="let the micro-batch size change for any predicted gain (default: only for a gain beyond "
+                        "the corrected costs' error on the traced run, which they were fitted at)")
     p.set_defaults(func=run)
 
 
@@ -101,13 +104,50 @@ def run(args: argparse.Namespace) -> int:
     print(f"old plan: measured {meas.step_time_s:.4g} s, predicted "
           + (f"{old_pred:.4g} s" if old_pred is not None else "(none)")
           + f", re-priced with corrected costs {repriced:.4g} s")
-    result = api.plan(costs, _options(args, plan), progress=print,
-                      extra_meta={"replan": {"from_plan": plan_src, "traces": str(args.traces)}})
+    meta = {"replan": {"from_plan": plan_src, "traces": str(args.traces)}}
+    result = api.plan(costs, _options(args, plan), progress=print, extra_meta=meta)
+    batch = args.global_batch or plan.global_batch
+    if (not args.any_size and args.micro_batch_sizes is None and batch % plan.micro_batch_size == 0
+            and result.plan.micro_batch_size != plan.micro_batch_size):
+        result = _size_on_evidence(args, plan, costs, result, meas.step_time_s, repriced, meta)
     api.write(result, args.out_dir)
     print(api.written_text(args.out_dir), end="")
     add_new_plan(summary, plan, result.plan, old.all_hosts)
+    summary["size_choice"] = meta["replan"].get("size_choice")
     _write_summary(args.out_dir, summary)
     return 0
+
+
+def _size_on_evidence(args: argparse.Namespace, plan: Plan, costs, result, measured_s: float, repriced_s: float,
+                      meta: dict):
+    """The free search's plan, or the best at the run's micro-batch size where the other size's
+    predicted gain is inside the corrected costs' error on the run (:mod:`.size`)."""
+    from dataclasses import replace
+
+    from .. import api
+    from ..search import InfeasibleError
+    from .size import choose_size
+
+    same: list = []
+
+    def same_size() -> float | None:
+        try:
+            same.append(api.plan(costs, replace(_options(args, plan), micro_batch_sizes=[plan.micro_batch_size]),
+                                 extra_meta=meta))
+        except InfeasibleError:
+            return None
+        return float(same[0].plan.predicted["step_time_s"])
+
+    choice = choose_size(plan.micro_batch_size, measured_s, repriced_s, float(result.plan.predicted["step_time_s"]),
+                         same_size)
+    meta["replan"]["size_choice"] = choice.line(result.plan.micro_batch_size)
+    print(meta["replan"]["size_choice"])
+    if not choice.kept:
+        return result
+    kept = same[0]
+    kept.meta.setdefault("replan", {})["size"] = {"kept": plan.micro_batch_size, "other": result.plan.micro_batch_size,
+                                   "other_gain": choice.gain, "margin": choice.margin}
+    return kept
 
 
 def _old_prediction(plan: Plan, old: OldCosts, bandwidth: Path | None) -> tuple[float | None, str]:

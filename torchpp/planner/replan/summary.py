@@ -49,7 +49,8 @@ def summary_text(s: dict[str, Any]) -> str:
              f"old plan re-priced with the corrected costs: {o['repriced_step_time_s']:.4g} s "
              f"({100 * o['repriced_error']:+.1f}% vs measured)",
              f"new plan predicted: {s['new_plan']['predicted_step_time_s']:.4g} s; predicted gain "
-             f"{100 * s['predicted_gain']:+.1f}% throughput over the old plan (both with the corrected costs)", "",
+             f"{100 * s['predicted_gain']:+.1f}% throughput over the old plan (both with the corrected costs)",
+             *([s["size_choice"]] if s.get("size_choice") else []), "",
              f"per host (measured / predicted compute; capacity relative to {s['capacity_ref_host']}):",
              f"  {'host':<14} {'layers':<12} {'timings':>7} {'factor':>7} {'fwd':>6} {'bwd':>6} {'fit rms':>8} "
              f"{'capacity old -> new':>20}  {'ms/call':>7}  layers old -> new  work share old -> new"]

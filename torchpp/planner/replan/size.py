@@ -1,0 +1,48 @@
+"""Whether a re-plan may change the micro-batch size: only on evidence.
+
+The corrected costs are fitted on one run at one micro-batch size. At that size they are checked
+against the run itself; at another they rest on carrying the fit (its split of each call into a
+per-call and a per-sample part) to a size nobody measured. So a new size must win by more than the
+corrected costs miss the run they were fitted on; otherwise the best plan at the measured size is
+kept. On bench_prove run 31 the re-plan moved from 8 × 4 to 4 × 8 for a predicted 0.3% (the
+corrected costs missed the run by 5.7%) and measured 6% slower than the 8 × 4 plan.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class SizeChoice:
+    """The measured size's best against the search's best at another size."""
+
+    measured_size: int
+    kept: bool
+    """True: the best plan at the measured size is kept."""
+    margin: float
+    """What another size must win by: the corrected costs' relative error on the measured run."""
+    gain: float | None
+    """Predicted gain of the other size's best over the measured size's best (None: none fits)."""
+
+    def line(self, other_size: int) -> str:
+        if self.gain is None:
+            return (f"micro-batch size {other_size}: no plan at the run's size {self.measured_size} fits the "
+                    "corrected costs, so the size changes")
+        verb = "kept" if self.kept else "changed"
+        how = "inside" if self.kept else "beyond"
+        return (f"micro-batch size {verb}: the best plan at {other_size} samples is predicted {100 * self.gain:.1f}% faster "
+                f"than the best at the run's {self.measured_size}, {how} the corrected costs' "
+                f"{100 * self.margin:.1f}% error on the run they were fitted to")
+
+
+def choose_size(measured_size: int, measured_s: float, repriced_s: float, free_step_s: float,
+                same_size_step_s: Callable[[], float | None]) -> SizeChoice:
+    """Keep ``measured_size`` unless the free search's plan (``free_step_s``) beats the best plan at
+    that size by more than ``|repriced − measured| / measured``."""
+    margin = abs(repriced_s - measured_s) / measured_s
+    same = same_size_step_s()
+    if same is None:
+        return SizeChoice(measured_size, kept=False, margin=margin, gain=None)
+    gain = same / free_step_s - 1.0
+    return SizeChoice(measured_size, kept=gain <= margin, margin=margin, gain=gain)
