@@ -128,25 +128,19 @@ def _size_on_evidence(args: argparse.Namespace, plan: Plan, costs, result, measu
     from ..search import InfeasibleError
     from .size import choose_size
 
-    same: list = []
-
-    def same_size() -> float | None:
-        try:
-            same.append(api.plan(costs, replace(_options(args, plan), micro_batch_sizes=[plan.micro_batch_size]),
-                                 extra_meta=meta))
-        except InfeasibleError:
-            return None
-        return float(same[0].plan.predicted["step_time_s"])
-
+    try:
+        kept = api.plan(costs, replace(_options(args, plan), micro_batch_sizes=[plan.micro_batch_size]),
+                        extra_meta=meta)
+    except InfeasibleError:
+        kept = None
     choice = choose_size(plan.micro_batch_size, measured_s, repriced_s, float(result.plan.predicted["step_time_s"]),
-                         same_size)
+                         None if kept is None else float(kept.plan.predicted["step_time_s"]))
     meta["replan"]["size_choice"] = choice.line(result.plan.micro_batch_size)
     print(meta["replan"]["size_choice"])
-    if not choice.kept:
+    if kept is None or not choice.kept:
         return result
-    kept = same[0]
     kept.meta.setdefault("replan", {})["size"] = {"kept": plan.micro_batch_size, "other": result.plan.micro_batch_size,
-                                   "other_gain": choice.gain, "margin": choice.margin}
+                                                  "other_gain": choice.gain, "margin": choice.margin}
     return kept
 
 

@@ -10,7 +10,6 @@ corrected costs missed the run by 5.7%) and measured 6% slower than the 8 × 4 p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -37,11 +36,11 @@ class SizeChoice:
 
 
 def choose_size(measured_size: int, measured_s: float, repriced_s: float, free_step_s: float,
-                same_size_step_s: Callable[[], float | None]) -> SizeChoice:
+                same_size_step_s: float | None) -> SizeChoice:
     """Keep ``measured_size`` unless the free search's plan (``free_step_s``) beats the best plan at
-    that size by more than ``|repriced − measured| / measured``."""
+    that size (``same_size_step_s``; None: none fits) by more than ``|repriced − measured| / measured``."""
     margin = abs(repriced_s - measured_s) / measured_s
-    same = same_size_step_s()
+    same = same_size_step_s
     if same is None:
         return SizeChoice(measured_size, kept=False, margin=margin, gain=None)
     gain = same / free_step_s - 1.0
