@@ -446,7 +446,9 @@ def run(demo: Demo, args: argparse.Namespace) -> dict:
             "plan_stages": [{"layers": s.layers, "hosts": [d.host for d in s.devices], "embed": s.has_embed,
                              "tail": s.has_tail} for s in plan.stages],
             "plan_microbatches": [plan.num_microbatches, plan.micro_batch_size],
-            "gap_to_bound": plan.predicted.get("gap_to_bound")}
+            "gap_to_bound": plan.predicted.get("gap_to_bound"),
+            "capacities": {k: v for k, v in json.loads(meas.capacities.read_text()).items()
+                           if k in ("capacity", "rounds")}}
 
 
 def cross_calibrated(demo: Demo, meas: Any, runs: dict[str, Path], measured: dict[str, float | None]) -> list[dict]:
@@ -566,6 +568,13 @@ def report(summary: dict, out: Path) -> str:
                      f"{fmt(r.get('error_now') and 100 * r['error_now'], '+.1f')}"
                      f"{'%' if r.get('error_now') is not None else ''} | {vs} | "
                      f"{machine_cell(summary, r)} | {r['load']} | {r['note']} |")
+    cap = summary.get("capacities") or {}
+    if cap.get("capacity"):
+        rounds = cap.get("rounds") or []
+        lines += ["", "Capacities (of the first host" + (f"; the median of {len(rounds)} rounds of speed profiles, "
+                  "each round's shown after it" if rounds else "") + "): " + ", ".join(
+                      f"{h} {c:.3f}" + (" (" + "/".join(fmt(r.get(h), ".3f") for r in rounds) + ")" if rounds else "")
+                      for h, c in cap["capacity"].items()) + "."]
     lines += ["", "## Targets", "", *target_lines(v), ""]
     if summary.get("calibrated"):
         lines += ["## Predicted after one calibration run", "",

@@ -61,6 +61,60 @@ def test_capacity_counts_the_backward_too():
     assert compute_capacities([ref, odd], "ref").capacity["odd"] == pytest.approx((ends + 9) / (ends + 21))
 
 
+def _scaled(host, k, num_layers=2):
+    """A host whose every block takes ``k`` times layers_file's default."""
+    return layers_file(host, num_layers=num_layers, speed=1 / k)
+
+
+def test_capacity_is_the_median_of_rounds_and_one_slow_reference_is_outvoted(tmp_path):
+    """Three rounds of profiles taken together: in the second the reference ran 1.4x slow on its own,
+    which alone would put every host 1.4x faster; the median of the rounds keeps each host's speed.
+    A round's ratios are taken within it, so a load that slowed every host of a round cancels."""
+    rounds = [[_scaled("ref", 1.0), _scaled("pi", 2.0), _scaled("pi3", 3.0)],
+              [_scaled("ref", 1.4), _scaled("pi", 2.1), _scaled("pi3", 2.9)],
+              [_scaled("ref", 1.5), _scaled("pi", 3.0), _scaled("pi3", 4.5)]]  # all slowed alike: cancels
+    paths = []
+    for i, fs in enumerate(rounds):
+        paths.append([])
+        for lf in fs:
+            lf.save(f := tmp_path / f"r{i}_{lf.host}.json")
+            paths[-1].append(str(f))
+    assert main(["capacities", *(a for g in paths for a in ("--inputs", *g)), "--ref-host", "ref",
+                 "--out", str(tmp_path / "cap.json")]) == 0
+    cap = Capacities.load(tmp_path / "cap.json")
+    assert cap.capacity == {"ref": 1.0, "pi": pytest.approx(0.5), "pi3": pytest.approx(1 / 3)}
+    assert [r["pi"] for r in cap.rounds] == pytest.approx([0.5, 1.4 / 2.1, 0.5])
+    assert cap == Capacities.load(cap.save(tmp_path / "again.json"))
+    # one round alone: no rounds recorded, the file as before
+    one = compute_capacities(rounds[0], "ref")
+    assert one.rounds == [] and "rounds" not in one.to_json()
+
+
+def test_capacity_rounds_errors(tmp_path):
+    first = [_scaled("ref", 1.0), _scaled("pi", 2.0)]
+    with pytest.raises(FormatError, match="reference host 'ref'"):
+        compute_capacities(first, "ref", again=[([_scaled("pi", 2.0)], ["b_pi.json"])])
+    with pytest.raises(FormatError, match="b_new.json.*first round"):
+        compute_capacities(first, "ref", again=[([_scaled("ref", 1.0), _scaled("new", 2.0)], ["b_ref.json", "b_new.json"])])
+    with pytest.raises(FormatError, match="b_pi2.json.*already in this round"):
+        compute_capacities(first, "ref", again=[([_scaled("ref", 1.0), _scaled("pi", 2.0), _scaled("pi", 2.0)],
+                                                 ["b_ref.json", "b_pi.json", "b_pi2.json"])])
+    other = _scaled("pi", 2.0)
+    other.run.seq_len += 1
+    with pytest.raises(FormatError, match="b_pi.json.*run.seq_len"):
+        compute_capacities(first, "ref", again=[([_scaled("ref", 1.0), other], ["b_ref.json", "b_pi.json"])])
+    # a round may profile fewer layers than the first (the same blocks are compared)
+    cap = compute_capacities(first, "ref", again=[([_scaled("ref", 1.0, 1), _scaled("pi", 2.0, 1)], ["a", "b"])])
+    assert cap.capacity["pi"] == pytest.approx(0.5)
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps({**cap.to_json(), "rounds": [{"ref": 1.0, "zz": 0.5}]}))
+    with pytest.raises(FormatError, match=r"rounds\[0\]\.zz"):
+        Capacities.load(f)
+    f.write_text(json.dumps({**cap.to_json(), "rounds": [{"ref": 1.0, "pi": -0.5}]}))
+    with pytest.raises(FormatError, match=r"rounds\[0\]\.pi"):
+        Capacities.load(f)
+
+
 def test_capacities_seed_form_and_errors(tmp_path):
     f = tmp_path / "capacities.json"
     f.write_text(json.dumps({"ref_host": "cpu1", "capacity": {"cpu1": 1.0, "cpu2": 0.8}}))

@@ -66,6 +66,12 @@ class DemoConfig:
     """Profile the whole model on the first host only and this many layers on every host (for
     their speeds): hosts that cannot hold the model cannot profile it either. None: every host
     profiles the whole model."""
+    speed_rounds: int = 3
+    """With ``capacity_layers``: rounds of speed profiles, all hosts at once in each, whose median
+    gives each host's capacity (``torchpp capacities`` with ``--inputs`` per round). The first
+    host's speed divides every capacity, and one profile of it under a passing load moved them all
+    by ~20%; three rounds outvote one. Round 2 is the first host's whole-model profile with the
+    others repeating theirs; each further round is one more step of ~40 s."""
 
     @staticmethod
     def quick() -> "DemoConfig":
@@ -363,13 +369,20 @@ def run_verdict(run_json: Path, text: str) -> str:
 class Demo:
     def __init__(self, cfg: DemoConfig, out: Path, hosts: Hosts):
         self.cfg, self.out, self.hosts = cfg, out, hosts
-        self.p = Progress(total=16 + 3 * (self.steps_per_run - 3), log_dir=out / "logs")
+        self.p = Progress(total=16 + 3 * (self.steps_per_run - 3) + len(self.extra_rounds), log_dir=out / "logs")
         self.tp = [PY, "-m", "torchpp"]
 
     @property
     def checks_speed(self) -> bool:
         """Whether each run is preceded by a speed check (it re-runs the hosts' few profiled layers)."""
         return self.cfg.speed_check and self.cfg.capacity_layers is not None
+
+    @property
+    def extra_rounds(self) -> list[str]:
+        """File prefixes of the speed rounds after the profile's two (one step each)."""
+        if self.cfg.capacity_layers is None:
+            return []
+        return [f"again{k}" for k in range(3, self.cfg.speed_rounds + 1)]
 
     @property
     def steps_per_run(self) -> int:
@@ -380,42 +393,53 @@ class Demo:
         return self.out.joinpath(*parts)
 
     # --- measure
-    def profile(self) -> tuple[list[Path], list[Path]]:
-        """Layers files for the plan and the files capacities are computed from. With
+    def profile(self) -> tuple[list[Path], list[list[Path]]]:
+        """Layers files for the plan and the rounds of files capacities are computed from. With
         ``capacity_layers``, hosts that cannot hold the whole model are not asked to: the first
         host profiles it all, and every host its first ``capacity_layers`` layers, which give
-        each host's speed relative to the first."""
+        each host's speed relative to the first, in ``speed_rounds`` rounds."""
         c, d = self.cfg, self.path("hosts")
         d.mkdir(parents=True, exist_ok=True)
         q = shlex.quote(str(d))
         cmd = (f"{shlex.quote(PY)} -m torchpp profile --model {c.model} --seq-len {c.seq_len} "
                f"--batch {c.profile_batches} --iters {c.profile_iters} --warmup 1 --threads 1 --quiet --host \"$HOST\"")
+        names = self.hosts.names
         if c.capacity_layers is None:
             shell = f"exec {cmd} --out {q}/layers_\"$HOST\".json"
         else:
             # speeds first, every host at once (the ratios under one load); then the first host profiles the
             # whole model while the others repeat theirs, so it sees the contention a training step will
-            ref = shlex.quote(self.hosts.names[0])
+            ref = shlex.quote(names[0])
             speed = f"{cmd} --layers {c.capacity_layers} --out {q}/speed_\"$HOST\".json"
             again = f"{cmd} --layers {c.capacity_layers} --no-call-probe --out {q}/busy_\"$HOST\".json"
             shell = (f"{speed} || exit 1; if [ \"$HOST\" = {ref} ]; then exec {cmd} --out {q}/layers_\"$HOST\".json; "
                      f"else exec {again}; fi")
         argv = self.hosts.each_host(shell, self.path("logs", "profile"))
         what = "" if c.capacity_layers is None else f"; the others their first {c.capacity_layers} layers"
-        self.p.run(f"profile {len(self.hosts.names)} hosts ({c.model}, batch {c.profile_batches}{what})", argv)
+        self.p.run(f"profile {len(names)} hosts ({c.model}, batch {c.profile_batches}{what})", argv)
+        for k, prefix in enumerate(self.extra_rounds, start=3):
+            shell = f"exec {cmd} --layers {c.capacity_layers} --no-call-probe --out {q}/{prefix}_\"$HOST\".json"
+            self.p.run(f"speed round {k} of {c.speed_rounds}: {len(names)} hosts at once, their first "
+                       f"{c.capacity_layers} layers", self.hosts.each_host(shell, self.path("logs", prefix)))
         if c.capacity_layers is None:
-            files = speed = [d / f"layers_{h}.json" for h in self.hosts.names]
+            files = [d / f"layers_{h}.json" for h in names]
+            rounds = [files]
         else:
-            files, speed = [d / f"layers_{self.hosts.names[0]}.json"], [d / f"speed_{h}.json" for h in self.hosts.names]
-        missing = [str(f) for f in {*files, *speed} if not f.exists()]
+            files = [d / f"layers_{names[0]}.json"]
+            rounds = [[d / f"speed_{h}.json" for h in names]]
+            if c.speed_rounds >= 2:
+                rounds.append([*files, *(d / f"busy_{h}.json" for h in names[1:])])
+            rounds += [[d / f"{prefix}_{h}.json" for h in names] for prefix in self.extra_rounds]
+        missing = [str(f) for f in {*files, *(f for r in rounds for f in r)} if not f.exists()]
         if missing:
             raise DemoError(f"profile wrote no {', '.join(sorted(missing))}")
-        return files, speed
+        return files, rounds
 
-    def capacities(self, files: list[Path]) -> Path:
+    def capacities(self, rounds: list[list[Path]]) -> Path:
         out = self.path("capacities.json")
-        text = self.p.run("capacities", [*self.tp, "capacities", "--inputs", *map(str, files), "--ref-host",
-                                         self.hosts.names[0], "--out", str(out)])
+        text = self.p.run("capacities" + (f" (median of {len(rounds)} rounds)" if len(rounds) > 1 else ""),
+                          [*self.tp, "capacities", *(a for r in rounds for a in ("--inputs", *map(str, r))),
+                           "--ref-host", self.hosts.names[0], "--out", str(out)])
         self.p.note("\n".join(x for x in text.splitlines() if "capacity" in x))
         if self.cfg.capacity_layers is not None:
             # per-host tables of a few layers do not describe the whole model; keep the speeds, which
@@ -504,6 +528,7 @@ class Demo:
         c, plan = self.cfg, self.path("single", "plan.json")
         plan.parent.mkdir(parents=True, exist_ok=True)
         self.p.total += 2
+        self.p.note(f"2 more steps: the planner says {host} alone does not fit, so a real run confirms it")
         self.p.run(f"single device ({host}): the whole model", [
             *self.tp, "plan", "--strategy", "dp", "--devices", "1", "--hosts", host, "--model", c.model,
             "--global-batch", str(c.global_batch), "--microbatches", str(microbatches), "--seq-len", str(c.seq_len),
@@ -578,8 +603,8 @@ class Demo:
         c = self.cfg
         print(f"torchpp demo: {c.model}, seq {c.seq_len}, global batch {c.global_batch}, on {self.hosts.mode} "
               f"({', '.join(self.hosts.names)}); outputs in {self.out}", flush=True)
-        files, speed = self.profile()
-        cap = self.capacities(speed)
+        files, rounds = self.profile()
+        cap = self.capacities(rounds)
         bw = self.bandwidth()
         mem = self.memory(files[0])
         devices = self.path("devices.json")
@@ -703,6 +728,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speed-check", action=argparse.BooleanOptionalAction, default=None,
                    help="time every host's profiled layers again before each run and predict the run at that speed "
                    "too (`torchpp speed-check`; off by default: it adds about two minutes to the homelab scenario)")
+    p.add_argument("--speed-rounds", type=int, default=None,
+                   help=f"rounds of speed profiles whose median gives each host's capacity (default "
+                   f"{DemoConfig.speed_rounds}; homelab: each round past two adds about 40 s)")
     p.set_defaults(func=run)
 
 
@@ -726,6 +754,10 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--speed-check: needs a scenario whose hosts profile a few layers for their speed "
                              "(homelab); this one profiles the whole model on every host")
         cfg.speed_check = args.speed_check
+    if args.speed_rounds is not None:
+        if args.speed_rounds < 1:
+            raise UsageError(f"--speed-rounds: expected at least 1, got {args.speed_rounds}")
+        cfg.speed_rounds = args.speed_rounds
     try:
         with demo_hosts(cfg, args.out, args.local, args.hosts) as demo:
             demo.main()

@@ -904,11 +904,14 @@ class Capacities:
     """Per measured host: its layers file's ``backward_split_factor`` (hosts not measured absent)."""
     backward_split_layer_s: dict[str, float] = field(default_factory=dict)
     """Per measured host: its layers file's ``backward_split_layer_s`` (hosts not measured absent)."""
+    rounds: list[dict[str, float]] = field(default_factory=list)
+    """Each round's capacities where profiles were taken in several rounds (``capacity`` is the
+    median of a host's rounds); optional, empty for one round."""
     format: str = f"torchpp.{CAPACITIES_KIND}/{CAPACITIES_VERSION}"
 
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)
-        for key in ("optimizer_s_per_byte", "backward_split_factor", "backward_split_layer_s"):
+        for key in ("optimizer_s_per_byte", "backward_split_factor", "backward_split_layer_s", "rounds"):
             if not d[key]:
                 d.pop(key)
         return {"format": d.pop("format"), **d}
@@ -949,11 +952,23 @@ class Capacities:
         return Capacities(ref_host=ref, capacity=capacity, tables=tables, call_overhead_s=call,
                           optimizer_s_per_byte=_host_rates(r, "optimizer_s_per_byte", capacity),
                           backward_split_factor=_host_rates(r, "backward_split_factor", capacity),
-                          backward_split_layer_s=_host_rates(r, "backward_split_layer_s", capacity, zero=True))
+                          backward_split_layer_s=_host_rates(r, "backward_split_layer_s", capacity, zero=True),
+                          rounds=_capacity_rounds(r, capacity))
 
     @staticmethod
     def load(path: str | os.PathLike) -> "Capacities":
         return _load(path, Capacities.parse)
+
+
+def _capacity_rounds(r: Reader, capacity: Mapping[str, float]) -> list[dict[str, float]]:
+    """The optional ``rounds``: a list of ``{host: capacity > 0}`` over hosts of ``capacity``."""
+    out = []
+    for row in r.objs("rounds", []):
+        for h in row.data:
+            if h not in capacity:
+                raise row.fail(h, f"a host of 'capacity' ({', '.join(sorted(capacity))})", h)
+        out.append({h: row.float(h, positive=True, max_value=1e6) for h in row.data})
+    return out
 
 
 def _host_rates(r: Reader, key: str, capacity: Mapping[str, float], zero: bool = False) -> dict[str, float]:

@@ -16,10 +16,19 @@ scaled reference table only where it does not.
 Each file's ``call_overhead_s`` (the runtime's seconds per compute call, measured by the profile's
 call probe on that host) is carried too: a host priced from capacities keeps its own.
 Each host's measured optimizer rate (``optimizer_s_per_byte``) travels with it the same way.
+
+Profiles taken together can be given again as further rounds (``--inputs`` repeated): each round's
+ratios are taken within the round, so a load that slowed every host at once cancels, and a host's
+capacity is the median of its rounds. The reference host divides every capacity, so one profile of
+it taken while something slowed it alone moves them all: on the demo's homelab one 2-layer profile
+of the laptop read 29% slower than its whole-model profile a minute later on the same blocks, every
+Pi's capacity came out ~20% high and the runs missed their prediction by 19.6%. With three rounds
+one such profile is outvoted. The first round's files give the tables, call overhead and rates.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 from pathlib import Path
 from typing import Sequence
 
@@ -48,15 +57,50 @@ def speed_ratio(ref: dict[tuple[str, int], float], mine: dict[tuple[str, int], f
     return float(sum(ref[k] for k in both) / sum(mine[k] for k in both))
 
 
-def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequence[str] | None = None) -> Capacities:
+def round_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequence[str]) -> dict[str, float]:
+    """One round's ratios: each host's seconds against the reference's in the same round."""
+    refs = [lf for lf in files if lf.host == ref_host]
+    if not refs:
+        raise FormatError(", ".join(sources), "host", f"the reference host {ref_host!r} among a round's files "
+                          "(each --inputs is one round of profiles taken together)",
+                          ", ".join(lf.host for lf in files))
+    ref = block_seconds(refs[0])
+    return {lf.host: speed_ratio(ref, block_seconds(lf), src) for lf, src in zip(files, sources)}
+
+
+def _check_round(files: Sequence[LayersFile], sources: Sequence[str], first: LayersFile, src0: str,
+                 hosts: dict[str, float]) -> None:
+    """A further round: the first round's model (its first layers may be fewer), each host once, no new host."""
+    seen: dict[str, str] = {}
+    for lf, src in zip(files, sources):
+        for key in ("name", "hidden_size", "vocab_size", "tied_embeddings", "dtype", "autocast"):
+            if getattr(lf.model, key) != getattr(first.model, key):
+                raise FormatError(src, f"model.{key}", f"{getattr(first.model, key)!r} as in {src0}",
+                                  getattr(lf.model, key))
+        if lf.run.seq_len != first.run.seq_len:
+            raise FormatError(src, "run.seq_len", f"{first.run.seq_len} as in {src0}", lf.run.seq_len)
+        if lf.host in seen:
+            raise FormatError(src, "host", f"a host not already in this round ({seen[lf.host]})", lf.host)
+        if lf.host not in hosts:
+            raise FormatError(src, "host", f"a host of the first round ({', '.join(hosts)})", lf.host)
+        seen[lf.host] = src
+
+
+def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequence[str] | None = None,
+                       again: Sequence[tuple[Sequence[LayersFile], Sequence[str]]] = ()) -> Capacities:
+    """``files``: one round of profiles; ``again``: further rounds ((files, sources) each), of the
+    first round's hosts. A host's capacity is the median of its rounds' ratios."""
     sources = list(sources) if sources is not None else [f"layers_{f.host}.json" for f in files]
     prof = Profiles.from_layers(files, sources=sources)  # checks that all files describe one model
     if ref_host not in prof.fwd:
         raise FormatError("--ref-host", "ref_host", f"one of the measured hosts ({', '.join(prof.fwd)})", ref_host)
-    ref = block_seconds(next(lf for lf in files if lf.host == ref_host))
-    capacity, tables = {}, {}
-    for lf, src in zip(files, sources):
-        capacity[lf.host] = speed_ratio(ref, block_seconds(lf), src)
+    rounds = [round_capacities(files, ref_host, sources)]
+    for fs, srcs in again:
+        _check_round(fs, srcs, files[0], sources[0], rounds[0])
+        rounds.append(round_capacities(fs, ref_host, srcs))
+    capacity = {h: float(statistics.median(r[h] for r in rounds if h in r)) for h in rounds[0]}
+    tables = {}
+    for lf in files:
         bl = [lf.embed, *lf.layers, lf.tail]
         tables[lf.host] = HostTable(batch=lf.run.batch, forward_time_s=[b.forward_time_s for b in bl],
                                     backward_time_s=[b.backward_time_s for b in bl],
@@ -68,19 +112,23 @@ def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequ
     split = {lf.host: lf.backward_split_factor for lf in files if lf.backward_split_factor is not None}
     split_layer = {lf.host: lf.backward_split_layer_s for lf in files if lf.backward_split_layer_s is not None}
     return Capacities(ref_host=ref_host, capacity=capacity, tables=tables, call_overhead_s=call,
-                      optimizer_s_per_byte=opt, backward_split_factor=split, backward_split_layer_s=split_layer)
+                      optimizer_s_per_byte=opt, backward_split_factor=split, backward_split_layer_s=split_layer,
+                      rounds=rounds if len(rounds) > 1 else [])
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--inputs", nargs="+", required=True, type=T.existing_path, help="layers_<host>.json files")
+    p.add_argument("--inputs", nargs="+", required=True, action="append", type=T.existing_path,
+                   help="layers_<host>.json files taken together; repeat --inputs for further rounds (each with "
+                        "the reference host): a host's capacity is the median of its rounds")
     p.add_argument("--ref-host", required=True, type=T.host, help="host whose speed is 1.0")
     p.add_argument("--out", type=T.out_file, default=Path("capacities.json"))
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    files = [LayersFile.load(p) for p in args.inputs]
-    cap = compute_capacities(files, args.ref_host, [str(p) for p in args.inputs])
+    first, *more = [[(LayersFile.load(p), str(p)) for p in group] for group in args.inputs]
+    cap = compute_capacities([f for f, _ in first], args.ref_host, [s for _, s in first],
+                             again=[([f for f, _ in g], [s for _, s in g]) for g in more])
     cap.save(args.out)
     print(f"wrote {args.out} (reference {cap.ref_host})")
     for h, c in sorted(cap.capacity.items(), key=lambda kv: -kv[1]):
@@ -90,5 +138,7 @@ def run(args: argparse.Namespace) -> int:
               + (f", optimizer step {opt * 1e9:.3g} s/GB" if opt else "")
               + (f", split backward {split:.2f} x" if split else "")
               + (f" + {cap.backward_split_layer_s[h] * 1e3:.2f} ms per layer and call"
-                 if cap.backward_split_layer_s.get(h) else ""))
+                 if cap.backward_split_layer_s.get(h) else "")
+              + (" (rounds " + "/".join(f"{r[h]:.3f}" if h in r else "-" for r in cap.rounds) + ")"
+                 if cap.rounds else ""))
     return 0
