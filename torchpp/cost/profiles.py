@@ -18,6 +18,17 @@ from ..formats import Capacities, FormatError, HostTable, LayersFile, ModelInfo,
 from .stage import boundary_bytes, stage_weights
 
 
+def check_same_model(lf: LayersFile, src: str, first: LayersFile, src0: str, same_layers: bool = True) -> None:
+    """``lf`` profiles ``first``'s model at its sequence length (``same_layers=False``: maybe only its
+    first layers); else a FormatError naming ``src`` and the field."""
+    keys = ("name", "num_layers", "hidden_size", "vocab_size", "tied_embeddings", "dtype", "autocast")
+    for key in keys if same_layers else tuple(k for k in keys if k != "num_layers"):
+        if getattr(lf.model, key) != getattr(first.model, key):
+            raise FormatError(src, f"model.{key}", f"{getattr(first.model, key)!r} as in {src0}", getattr(lf.model, key))
+    if lf.run.seq_len != first.run.seq_len:
+        raise FormatError(src, "run.seq_len", f"{first.run.seq_len} as in {src0}", lf.run.seq_len)
+
+
 @dataclass
 class Profiles:
     """Per-host, per-block seconds per sample and per-block bytes of one model.
@@ -134,12 +145,7 @@ class Profiles:
         sources = list(sources) if sources is not None else [f"layers_{lf.host}.json" for lf in layers]
         first, src0 = layers[0], sources[0]
         for lf, src in zip(layers[1:], sources[1:]):
-            for key in ("name", "num_layers", "hidden_size", "vocab_size", "tied_embeddings", "dtype", "autocast"):
-                if getattr(lf.model, key) != getattr(first.model, key):
-                    raise FormatError(src, f"model.{key}", f"{getattr(first.model, key)!r} as in {src0}",
-                                      getattr(lf.model, key))
-            if lf.run.seq_len != first.run.seq_len:
-                raise FormatError(src, "run.seq_len", f"{first.run.seq_len} as in {src0}", lf.run.seq_len)
+            check_same_model(lf, src, first, src0)
         blocks = [first.embed, *first.layers, first.tail]
         param = np.array([first.embed_param_bytes, *[b.param_bytes for b in first.layers], first.tail_param_bytes],
                          dtype=float)

@@ -34,6 +34,7 @@ from typing import Sequence
 
 from ..formats import Capacities, FormatError, HostTable, LayersFile
 from ..cost import Profiles
+from ..cost.profiles import check_same_model
 from .. import argtypes as T
 
 
@@ -73,12 +74,7 @@ def _check_round(files: Sequence[LayersFile], sources: Sequence[str], first: Lay
     """A further round: the first round's model (its first layers may be fewer), each host once, no new host."""
     seen: dict[str, str] = {}
     for lf, src in zip(files, sources):
-        for key in ("name", "hidden_size", "vocab_size", "tied_embeddings", "dtype", "autocast"):
-            if getattr(lf.model, key) != getattr(first.model, key):
-                raise FormatError(src, f"model.{key}", f"{getattr(first.model, key)!r} as in {src0}",
-                                  getattr(lf.model, key))
-        if lf.run.seq_len != first.run.seq_len:
-            raise FormatError(src, "run.seq_len", f"{first.run.seq_len} as in {src0}", lf.run.seq_len)
+        check_same_model(lf, src, first, src0, same_layers=False)
         if lf.host in seen:
             raise FormatError(src, "host", f"a host not already in this round ({seen[lf.host]})", lf.host)
         if lf.host not in hosts:
