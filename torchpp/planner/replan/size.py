@@ -40,8 +40,7 @@ def choose_size(measured_size: int, measured_s: float, repriced_s: float, free_s
     """Keep ``measured_size`` unless the free search's plan (``free_step_s``) beats the best plan at
     that size (``same_size_step_s``; None: none fits) by more than ``|repriced − measured| / measured``."""
     margin = abs(repriced_s - measured_s) / measured_s
-    same = same_size_step_s
-    if same is None:
+    if same_size_step_s is None:
         return SizeChoice(measured_size, kept=False, margin=margin, gain=None)
-    gain = same / free_step_s - 1.0
+    gain = same_size_step_s / free_step_s - 1.0
     return SizeChoice(measured_size, kept=gain <= margin, margin=margin, gain=gain)
