@@ -1,0 +1,88 @@
+"""bandwidth.json: measured link throughput and latency."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from .. import validate as V
+from .base import FormatError, Reader, _load, check_format, to_dict, write_json
+
+
+# --- owned by the planner ---
+BANDWIDTH_KIND, BANDWIDTH_VERSION = "bandwidth", 1
+
+
+def _is_link_key(k: Any) -> bool:
+    return isinstance(k, str) and k.count("|") == 1 and "" not in k.split("|")
+
+
+@dataclass(kw_only=True)
+class Bandwidth:
+    """bandwidth.json: directed link rates ``"src|dst" -> bytes/s`` (and optional latency).
+
+    Also reads seed 000's ``bandwidth_matrix.json`` (a bare ``{"src|dst": bytes_per_sec}`` map).
+    """
+
+    bytes_per_sec: dict[str, float]
+    latency_s: dict[str, float] = field(default_factory=dict)
+    source: str = ""
+    """Where the numbers came from (an iperf3 CSV, ``torchpp bandwidth probe``, an estimate)."""
+    format: str = f"torchpp.{BANDWIDTH_KIND}/{BANDWIDTH_VERSION}"
+
+    @staticmethod
+    def key(src: str, dst: str) -> str:
+        return f"{src}|{dst}"
+
+    def has(self, src: str, dst: str) -> bool:
+        return self.key(src, dst) in self.bytes_per_sec
+
+    def rate(self, src: str, dst: str) -> float:
+        k = self.key(src, dst)
+        if k not in self.bytes_per_sec:
+            raise KeyError(f"bandwidth: no link {k!r} (known: {', '.join(sorted(self.bytes_per_sec)) or 'none'})")
+        return self.bytes_per_sec[k]
+
+    def latency(self, src: str, dst: str) -> float:
+        return self.latency_s.get(self.key(src, dst), 0.0)
+
+    def hosts(self) -> list[str]:
+        return sorted({h for k in self.bytes_per_sec for h in k.split("|")})
+
+    def missing_links(self, hosts: Iterable[str]) -> list[str]:
+        """Directed links between distinct ``hosts`` that have no rate."""
+        hs = list(hosts)
+        return [self.key(a, b) for a in hs for b in hs if a != b and not self.has(a, b)]
+
+    def to_json(self) -> dict[str, Any]:
+        d = to_dict(self)
+        return {"format": d.pop("format"), **d}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        data = self.to_json()
+        Bandwidth.parse(data, f"{path} (being written)")
+        return write_json(path, data)
+
+    @staticmethod
+    def parse(data: Any, source: str) -> "Bandwidth":
+        if isinstance(data, Mapping) and "format" not in data and data and all(_is_link_key(k) for k in data):
+            data = {"format": f"torchpp.{BANDWIDTH_KIND}/{BANDWIDTH_VERSION}", "bytes_per_sec": dict(data),
+                    "source": "seed bandwidth_matrix.json"}
+        check_format(data, source, BANDWIDTH_KIND, [BANDWIDTH_VERSION])
+        r = Reader(data, source)
+        rates, lats = r.obj("bytes_per_sec"), r.obj("latency_s", {})
+        for sub, name, positive in ((rates, "bytes_per_sec", True), (lats, "latency_s", False)):
+            for k in sub.data:
+                try:
+                    V.link_key(k, f"{name}.{k}")
+                except ValueError as e:
+                    raise FormatError(source, f"{name}.{k}", str(e).partition(": expected ")[2] or str(e)) from None
+                sub.float(k, positive=positive, min_value=None if positive else 0.0,
+                          max_value=V.MAX_RATE if positive else V.MAX_SECONDS)
+        return Bandwidth(bytes_per_sec={k: float(v) for k, v in rates.data.items()},
+                         latency_s={k: float(v) for k, v in lats.data.items()}, source=r.str("source", ""))
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "Bandwidth":
+        return _load(path, Bandwidth.parse)
