@@ -33,8 +33,9 @@ def _tensors() -> dict[str, torch.Tensor]:
 
 def test_tensor_files_are_safetensors(tmp_path):
     ts = _tensors()
-    size = tensor_files.write(tmp_path / "a.safetensors", ts, {"format": "pt", "k": "v"})
-    assert size == (tmp_path / "a.safetensors").stat().st_size
+    written = tensor_files.write(tmp_path / "a.safetensors", ts, {"format": "pt", "k": "v"})
+    assert written.size == (tmp_path / "a.safetensors").stat().st_size
+    assert written == tensor_files.digest_of(tmp_path / "a.safetensors")  # hashed from memory = the file's bytes
     back = load_file(tmp_path / "a.safetensors")
     assert set(back) == set(ts)
     for k, t in ts.items():

@@ -413,6 +413,9 @@ def safetensors_index(directory: str | Path) -> dict[str, Path]:
             wm = json.loads(idx.read_text()).get("weight_map")
             if not isinstance(wm, dict):
                 raise ModelSpecError(f"{idx}: field 'weight_map': expected an object name -> file")
+            for k, v in wm.items():  # nothing outside the model directory is ever read
+                if not isinstance(v, str) or not v or "\0" in v or Path(v).is_absolute() or ".." in Path(v).parts:
+                    raise ModelSpecError(f"{idx}: field 'weight_map.{k}': expected a file inside {d}, got {v!r}")
             return {k: d / v for k, v in wm.items()}
     single = d / "model.safetensors"
     if single.is_file():

@@ -9,7 +9,10 @@ Layout of ``<dir>/step_<N>/`` (N = optimizer steps done):
   ``<param name>::<state key>``, so a resumed run may even use another split.
 - ``rng-rank<R>.pt``: each rank's torch RNG state.
 - ``manifest.json``: written last, after every rank's files are in place. A step directory
-  without it is incomplete and ignored.
+  without it is incomplete and ignored. It names every file with its size and digest
+  (``digests``, hashed while the file was written); loading reads each file a rank needs back
+  against it first, so a flipped byte or a cut file is found, never trained on. Index entries
+  must be plain file names of the step directory (nothing outside it is ever read).
 
 A checkpoint is *full* (the files above) or a *gradient log* (``kind: "gradients"``): the
 gradients step N's update applied (``grads-stage<S>.safetensors``, after all-reduce and
@@ -28,6 +31,11 @@ power cut never leaves a manifest over lost data (and a small host's memory limi
 clean cached pages without writing them). A stage's files are written by the
 lowest rank of its group on each host, and each host's lowest rank writes the index and the
 manifest, so a run on hosts without a shared file system can still resume.
+
+A write that fails (a full disk: ENOSPC) fails on every rank at once with one line, and the
+step's partial directory is removed. Resuming tries the newest checkpoint every rank has; one
+that is damaged (a digest, size or format that does not match) is reported in one line and set
+aside (renamed ``step_<N>.damaged``), and the one before is tried, until one loads on every rank.
 
 Before the first step the directory is checked (a directory, writable, room for one
 checkpoint) so a bad path fails at once rather than at the first write, and what a killed
@@ -53,6 +61,7 @@ import torch.distributed as dist
 from ..formats import file_hash, read_json, write_json
 from ..models.stages import Stage, StageSet, read_tensors
 from . import tensor_files
+from .exchange import DisagreementError
 
 MANIFEST = "manifest.json"
 RECYCLE = ".recycle"
@@ -72,6 +81,14 @@ OPTIMIZER_STATES = {"adamw": 2, "sgd": 0}
 
 class CheckpointDirError(ValueError):
     """The checkpoint directory cannot hold a checkpoint (a file in the way, not writable, full)."""
+
+
+class CheckpointWriteError(DisagreementError):
+    """Writing a checkpoint failed on some rank (the same one line on every rank; exit 2)."""
+
+
+class CheckpointDamaged(ValueError):
+    """A checkpoint's manifest, index or file does not hold what it should (one line naming it)."""
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -109,10 +126,12 @@ def _save_safetensors(path: Path, tensors: dict[str, torch.Tensor], meta: dict[s
     _atomic(path, lambda tmp: save_file(clean, tmp, metadata=meta or {"format": "pt"}))
 
 
-def _write_tensors(root: str | Path, path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    """``tensor_files.write`` under a temporary name, renamed when complete."""
+def _write_tensors(root: str | Path, path: Path, tensors: dict[str, torch.Tensor]) -> tensor_files.FileDigest:
+    """``tensor_files.write`` under a temporary name, renamed when complete; the file's digest."""
     reuse = _recycled(root, path.name)
-    _atomic(path, lambda tmp: tensor_files.write(tmp, tensors, reuse=reuse, durable=True))
+    out: list[tensor_files.FileDigest] = []
+    _atomic(path, lambda tmp: out.append(tensor_files.write(tmp, tensors, reuse=reuse, durable=True)))
+    return out[0]
 
 
 @dataclass(frozen=True)
@@ -200,21 +219,69 @@ def gradient_snapshot(step: int, *, roles: Roles, stage: Stage | StageSet, grads
 
 def write_files(root: str | Path, snap: Snapshot, rank: int) -> dict[str, Any]:
     """Write this rank's files of ``snap`` (each atomically, into the pages of a retired
-    checkpoint's file when there is one); returns its part of the index."""
+    checkpoint's file when there is one); returns its part of the index, with each file's digest.
+    A failed write (a full disk) is returned as the part's ``error`` (one line), not raised: every
+    rank must learn of it in :func:`finalize`, or the others would wait for this one."""
     d = step_dir(root, snap.step)
-    d.mkdir(parents=True, exist_ok=True)
-    mine: dict[str, Any] = {"chunks": [], "kind": snap.kind, "lrs": list(snap.lrs)}
-    for c, params in snap.params.items():
-        if snap.kind == GRADIENTS:
-            _write_tensors(root, d / f"grads-stage{c}.safetensors", params)
-            mine["chunks"].append({"stage": c, "grads": sorted(params)})
-            continue
-        _write_tensors(root, d / f"model-stage{c}.safetensors", params)
-        _write_tensors(root, d / f"optim-stage{c}.safetensors", snap.optim[c])
-        mine["chunks"].append({"stage": c, "params": sorted(params), "optim": sorted(snap.optim[c])})
-    _atomic(d / f"rng-rank{rank}.pt", lambda tmp: torch.save(snap.rng, tmp), durable=True)
-    _fsync(d)  # the renames too: the manifest that follows may name only files on the disk
+    mine: dict[str, Any] = {"chunks": [], "kind": snap.kind, "lrs": list(snap.lrs), "digests": {}}
+    digests = mine["digests"]
+    name = ""
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        for c, params in snap.params.items():
+            if snap.kind == GRADIENTS:
+                name = f"grads-stage{c}.safetensors"
+                digests[name] = _write_tensors(root, d / name, params).to_json()
+                mine["chunks"].append({"stage": c, "grads": sorted(params)})
+                continue
+            name = f"model-stage{c}.safetensors"
+            digests[name] = _write_tensors(root, d / name, params).to_json()
+            name = f"optim-stage{c}.safetensors"
+            digests[name] = _write_tensors(root, d / name, snap.optim[c]).to_json()
+            mine["chunks"].append({"stage": c, "params": sorted(params), "optim": sorted(snap.optim[c])})
+        name = f"rng-rank{rank}.pt"
+        _atomic(d / name, lambda tmp: torch.save(snap.rng, tmp), durable=True)
+        digests[name] = tensor_files.digest_of(d / name).to_json()
+        _fsync(d)  # the renames too: the manifest that follows may name only files on the disk
+    except OSError as e:
+        mine["error"] = _write_failure(root, snap.step, rank, d / name if name else d, e)
     return mine
+
+
+def _write_failure(root: str | Path, step: int, rank: int, path: Path, e: OSError) -> str:
+    """One line for a checkpoint write that failed (a full disk says how much is free)."""
+    import errno
+
+    why = e.strerror or str(e)
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            why += f" ({shutil.disk_usage(root).free / 1e6:,.1f} MB free)"
+        except OSError:
+            pass
+    return f"--checkpoint-dir {root}: writing checkpoint step {step} failed on rank {rank} at {path.name}: {why}"
+
+
+def _agree_written(root: str | Path, step: int, error: str | None, *, writes_manifest: bool, group: Any) -> None:
+    """Collective: :func:`_fail_step` on every rank when any rank's write of ``step`` failed."""
+    from .exchange import all_gather_json
+
+    every = all_gather_json(error or "", group=group) if (dist.is_initialized()
+                                                          and dist.get_world_size(group) > 1) else [error or ""]
+    _fail_step(root, step, next((e for e in every if e), None), writes_manifest=writes_manifest)
+
+
+def _fail_step(root: str | Path, step: int, error: str | None, *, writes_manifest: bool) -> None:
+    """With an ``error`` (every rank holds the same one): remove step ``step``'s partial directory
+    (the newest complete checkpoint stays) and raise :class:`CheckpointWriteError`."""
+    if error is None:
+        return
+    d = step_dir(root, step)
+    if writes_manifest:
+        shutil.rmtree(d, ignore_errors=True)
+    steps = [s for s in complete_steps(root) if s != step]
+    newest = f"the newest complete checkpoint is step {steps[-1]}" if steps else "no complete checkpoint is left"
+    raise CheckpointWriteError(f"{error}; the partial {d.name} was removed, {newest}: free space and run again "
+                               "with --resume")
 
 
 def finalize(root: str | Path, step: int, mine: dict[str, Any], *, roles: Roles, stage: Stage,
@@ -226,13 +293,18 @@ def finalize(root: str | Path, step: int, mine: dict[str, Any], *, roles: Roles,
     d = step_dir(root, step)
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     parts = all_gather_json(mine, group=group)  # also the barrier: every rank's files are in place
+    _fail_step(root, step, next((p["error"] for p in parts if p.get("error")), None),
+               writes_manifest=roles.writes_manifest)
+    error = None
     if roles.writes_manifest:
-        _write_index_and_manifest(d, step, parts, stage, world, info)
-    if keep > 0:
-        if world > 1:
-            dist.barrier(group=group)  # every host's manifest is written: older checkpoints are no longer needed
-        if roles.writes_manifest:
-            prune(root, keep, recycle_keep)
+        try:
+            _write_index_and_manifest(d, step, parts, stage, world, info)
+        except OSError as e:
+            error = _write_failure(root, step, dist.get_rank() if dist.is_initialized() else 0, d / MANIFEST, e)
+    # every host's manifest is written (older checkpoints are no longer needed), or none is
+    _agree_written(root, step, error, writes_manifest=roles.writes_manifest, group=group)
+    if keep > 0 and roles.writes_manifest:
+        prune(root, keep, recycle_keep)
     return d if roles.writes_manifest else None
 
 
@@ -438,7 +510,7 @@ def _write_index_and_manifest(d: Path, step: int, parts: list[dict[str, Any]], s
         write_json(d / GRADS_INDEX, {"metadata": {"step": step}, "weight_map": grads_map})
         _write_manifest(d, {"format": LOG_FORMAT, "kind": GRADIENTS, "step": step, "after": step - 1,
                             "lrs": parts[0]["lrs"], "files": sorted(set(grads_map.values())),
-                            "world_size": world, **info})
+                            "world_size": world, **info, "digests": _digests(d, parts, [GRADS_INDEX])})
         return
     weight_map, optim_map = {}, {}
     for part in (chunk for rank in parts for chunk in rank["chunks"]):
@@ -452,7 +524,15 @@ def _write_index_and_manifest(d: Path, step: int, parts: list[dict[str, Any]], s
     write_json(d / "optim.safetensors.index.json", {"metadata": {"step": step}, "weight_map": optim_map})
     files = sorted(set(weight_map.values()) | set(optim_map.values()))
     _write_manifest(d, {"format": CKPT_FORMAT, "kind": FULL, "step": step, "files": files, "world_size": world,
-                        **info})
+                        **info, "digests": _digests(d, parts, ["config.json", "model.safetensors.index.json",
+                                                               "optim.safetensors.index.json"])})
+
+
+def _digests(d: Path, parts: list[dict[str, Any]], own: list[str]) -> dict[str, Any]:
+    """Every rank's files' digests and those of the files the manifest writer just wrote."""
+    out = {name: dig for part in parts for name, dig in part.get("digests", {}).items()}
+    out.update({name: tensor_files.digest_of(d / name).to_json() for name in own})
+    return dict(sorted(out.items()))
 
 
 def _write_manifest(d: Path, manifest: dict[str, Any]) -> None:
@@ -625,34 +705,163 @@ def check_dir(root: str | Path, need_bytes: int) -> None:
                                  f"{need_bytes / 1e6:,.1f} MB")
 
 
-def latest_local(root: str | Path) -> int:
-    """The highest step with a complete checkpoint in ``root`` (-1 when none)."""
-    steps = complete_steps(root)
+def latest_local(root: str | Path, below: int | None = None) -> int:
+    """The highest step (under ``below`` when given) with a complete checkpoint in ``root`` (-1 when none)."""
+    steps = [s for s in complete_steps(root) if below is None or s < below]
     return steps[-1] if steps else -1
 
 
-def agree_on_step(root: str | Path) -> int:
-    """The newest step every rank can load (-1 when any rank has none)."""
-    step = torch.tensor([latest_local(root)], dtype=torch.int64)
+def agree_on_step(root: str | Path, below: int | None = None) -> int:
+    """The newest step (under ``below`` when given) every rank can load (-1 when any rank has none)."""
+    step = torch.tensor([latest_local(root, below)], dtype=torch.int64)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(step, op=dist.ReduceOp.MIN)
     return int(step)
+
+
+class CheckpointLoadError(DisagreementError):
+    """No checkpoint left to resume from loads on every rank (the same line on every rank; exit 2)."""
+
+
+def _plain(name: Any, where: Path) -> str:
+    """``name`` when it is a file of the step directory itself (no path, no ``..``)."""
+    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise CheckpointDamaged(f"{where}: names {name!r}, not a file of its own directory")
+    return name
+
+
+class _StepFiles:
+    """One step directory's files as its manifest describes them: each file is checked against
+    its size and digest the first time it is read (none are in a checkpoint written before
+    digests: those files are only read)."""
+
+    def __init__(self, d: Path):
+        self.d = d
+        try:
+            self.manifest = read_json(d / MANIFEST)
+            digests = self.manifest.get("digests")
+            self.digests = (None if digests is None else
+                            {_plain(k, d / MANIFEST): tensor_files.FileDigest.from_json(v) for k, v in digests.items()})
+        except (ValueError, AttributeError) as e:
+            raise CheckpointDamaged(f"{d / MANIFEST}: {str(e).splitlines()[0][:200]}") from None
+        self._verified: set[str] = set()
+
+    def path(self, name: str, where: Path | None = None) -> Path:
+        """The file ``name`` of the step, verified."""
+        p = self.d / _plain(name, where or self.d / MANIFEST)
+        if name in self._verified:
+            return p
+        if self.digests is not None:
+            if name not in self.digests:
+                raise CheckpointDamaged(f"{p}: not in the manifest's digests")
+            try:
+                tensor_files.verify(p, self.digests[name])
+            except tensor_files.DamagedFileError as e:
+                raise CheckpointDamaged(str(e)) from None
+        elif not p.is_file():
+            raise CheckpointDamaged(f"{p}: missing")
+        self._verified.add(name)
+        return p
+
+    def has(self, name: str) -> bool:
+        return (self.d / name).is_file() or bool(self.digests and name in self.digests)
+
+    def index(self, name: str, wanted) -> dict[str, Path]:
+        """Index ``name``'s key -> file map; the files holding keys for which ``wanted(key)`` is
+        true are verified (the others belong to other ranks)."""
+        p = self.path(name)
+        try:
+            wm = read_json(p).get("weight_map")
+        except (ValueError, AttributeError) as e:
+            raise CheckpointDamaged(f"{p}: {str(e).splitlines()[0][:200]}") from None
+        if not isinstance(wm, dict):
+            raise CheckpointDamaged(f"{p}: field 'weight_map': expected an object name -> file")
+        out = {k: self.d / _plain(v, p) for k, v in wm.items()}
+        for f in sorted({wm[k] for k in wm if wanted(k)}):
+            self.path(f, p)
+        return out
 
 
 @torch.no_grad()
 def load(root: str | Path, step: int, *, rank: int, stage: Stage, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Load this rank's parameters, optimizer state and RNG from step ``step`` (a gradient log:
     its chain's full checkpoint, then each logged update replayed); returns the manifest, with
-    ``replayed`` the number of updates replayed."""
+    ``replayed`` the number of updates replayed. Every file read is verified first; anything
+    wrong with the checkpoint is a :class:`CheckpointDamaged` naming the file."""
+    from safetensors import SafetensorError
+
     chain = _chain(_kinds(root), step)
     if chain is None:
-        raise FileNotFoundError(f"{step_dir(root, step)}: no complete checkpoint chain ends at step {step}")
-    _load_full(root, chain[0], stage=stage, optimizer=optimizer)
-    _replay(root, chain[1:], stage=stage, optimizer=optimizer)
-    rng = step_dir(root, step) / f"rng-rank{rank}.pt"
-    if rng.is_file():
-        torch.set_rng_state(torch.load(rng, weights_only=True))
-    return {**read_json(step_dir(root, step) / MANIFEST), "replayed": len(chain) - 1}
+        raise CheckpointDamaged(f"{step_dir(root, step)}: no complete checkpoint chain ends at step {step}")
+    try:
+        _load_full(root, chain[0], stage=stage, optimizer=optimizer)
+        _replay(root, chain[1:], stage=stage, optimizer=optimizer)
+        files = _StepFiles(step_dir(root, step))
+        if files.has(f"rng-rank{rank}.pt"):  # a rank of a larger world than the checkpoint's has none
+            torch.set_rng_state(torch.load(files.path(f"rng-rank{rank}.pt"), weights_only=True))
+    except CheckpointDamaged:
+        raise
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
+        text = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise CheckpointDamaged(f"{step_dir(root, step)}: cannot be loaded: {text}") from None
+    return {**files.manifest, "replayed": len(chain) - 1}
+
+
+def set_aside(d: Path) -> Path | None:
+    """Rename a damaged step directory out of the checkpoints (``<name>.damaged``, numbered when
+    taken); None when another host did it first."""
+    target = d.with_name(d.name + ".damaged")
+    n = 1
+    while target.exists():
+        n += 1
+        target = d.with_name(f"{d.name}.damaged{n}")
+    try:
+        os.replace(d, target)
+    except OSError:
+        return None
+    return target
+
+
+def resume_intact(root: str | Path, step: int, *, rank: int, roles: Roles, stage: Stage,
+                  optimizer: torch.optim.Optimizer, report) -> tuple[int, dict[str, Any]]:
+    """Collective: load the newest checkpoint, from ``step`` down, that loads on every rank; returns
+    its step and manifest. Each damaged one is reported (``report``, one line) and set aside by
+    each host's manifest writer; every rank tries the same steps in the same order. None left:
+    :class:`CheckpointLoadError` on every rank (a partly loaded stage is no fresh start)."""
+    first = None
+    while step > 0:
+        try:
+            return step, _agreed_load(root, step, rank=rank, stage=stage, optimizer=optimizer)
+        except CheckpointDamaged as e:
+            why = str(e)
+        first = first or why
+        d = step_dir(root, step)
+        if roles.writes_manifest:
+            set_aside(d)
+        nxt = agree_on_step(root, below=step)
+        report(f"checkpoint {d} is damaged: {why}; set aside as {d.name}.damaged"
+               + (f", trying step {nxt}" if nxt > 0 else ""))
+        step = nxt
+    raise CheckpointLoadError(f"--checkpoint-dir {root}: no intact checkpoint to resume from ({first}); "
+                              "start without --resume (or with another --checkpoint-dir)")
+
+
+def _agreed_load(root: str | Path, step: int, *, rank: int, stage: Stage,
+                 optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Collective: :func:`load` on every rank; :class:`CheckpointDamaged` on every rank (naming the
+    first rank's problem) when it failed on any."""
+    from .exchange import all_gather_json
+
+    try:
+        manifest, err = load(root, step, rank=rank, stage=stage, optimizer=optimizer), ""
+    except CheckpointDamaged as e:
+        manifest, err = {}, str(e)
+    every = all_gather_json(err) if dist.is_initialized() and dist.get_world_size() > 1 else [err]
+    bad = [(r, e) for r, e in enumerate(every) if e]
+    if bad:
+        r, e = bad[0]
+        raise CheckpointDamaged(e if len(every) == 1 else f"rank {r}: {e}")
+    return manifest
 
 
 def _replay(root: str | Path, steps: list[int], *, stage: Stage, optimizer: torch.optim.Optimizer) -> None:
@@ -662,11 +871,13 @@ def _replay(root: str | Path, steps: list[int], *, stage: Stage, optimizer: torc
     params = dict(stage.named_parameters())
     aliases = {n: stage.source_name(n) for n in params if stage.source_name(n) != n}
     lrs = [g["lr"] for g in optimizer.param_groups]
+    mine = set(params) | set(aliases.values())
     try:
         for s in steps:
-            d = step_dir(root, s)
-            manifest = read_json(d / MANIFEST)
-            index = {k: d / v for k, v in read_json(d / GRADS_INDEX)["weight_map"].items()}
+            files = _StepFiles(step_dir(root, s))
+            manifest = files.manifest
+            index = files.index(GRADS_INDEX, mine.__contains__)
+            d = files.d
             # a parameter the update gave no gradient is absent: the replay skips it too
             grads = read_tensors(d, list(params), aliases, index=index, missing_ok=True)
             for p in params.values():
@@ -683,13 +894,18 @@ def _replay(root: str | Path, steps: list[int], *, stage: Stage, optimizer: torc
 
 
 def _load_full(root: str | Path, step: int, *, stage: Stage, optimizer: torch.optim.Optimizer) -> None:
-    d = step_dir(root, step)
+    files = _StepFiles(step_dir(root, step))
+    d = files.d
     params = dict(stage.named_parameters())
     aliases = {n: stage.source_name(n) for n in params if stage.source_name(n) != n}
-    tensors = read_tensors(d, list(params), aliases)
+    mine = set(params) | set(aliases.values())
+    index = files.index("model.safetensors.index.json", mine.__contains__)
+    # every file is verified before the first parameter changes
+    optim_paths = files.index("optim.safetensors.index.json", lambda k: k.split("::", 1)[0] in mine)
+    optim_index = {k: p.name for k, p in optim_paths.items()}
+    tensors = read_tensors(d, list(params), aliases, index=index)
     for n, p in params.items():
         p.copy_(tensors[n].to(p.dtype))
-    optim_index = read_json(d / "optim.safetensors.index.json")["weight_map"]
     state: dict[int, dict[str, Any]] = {}
     order = [p for group in optimizer.param_groups for p in group["params"]]
     names = {id(p): n for n, p in stage.named_parameters()}

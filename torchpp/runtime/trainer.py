@@ -476,7 +476,7 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
         log.print(f"torchpp.train: note: the plan keeps pure {plan.model.dtype} weights and optimizer state (no fp32 "
                   "master weights); plan with --dtype bfloat16 for mixed precision")
     if start > 0:
-        _resume(cfg, start, log, rank=rank, stage=stage, optimizer=optimizer)
+        start = _resume(cfg, start, log, g, rank=rank, roles=roles, stage=stage, optimizer=optimizer)
     logs = cfg.checkpoint_dir is not None and cfg.full_every > 1
     stepper = SteppedOptimizer(optimizer, params, cfg.optim_settings(), counts_stage=chunks[0].devices[0].rank == rank,
                                skip=stage.tied_copy_parameter(), done_steps=start, keep_grads=logs and roles.writes_stage)
@@ -589,16 +589,20 @@ def _build_chunks(prep: Prepared, plan: Plan, chunks: list[int], seed: int) -> S
                         autocast=plan.model.autocast)
 
 
-def _resume(cfg: TrainConfig, start: int, log: _Log, *, rank: int, stage, optimizer) -> None:
-    """Load checkpoint ``start`` under this plan's split (tensors by HF name) and say so."""
+def _resume(cfg: TrainConfig, start: int, log: _Log, g: Any, *, rank: int, roles: ckpt.Roles, stage,
+            optimizer) -> int:
+    """Load the newest intact checkpoint from ``start`` down under this plan's split (tensors by
+    HF name) and say so; returns its step."""
     t_load = time.perf_counter()
-    manifest = ckpt.load(cfg.checkpoint_dir, start, rank=rank, stage=stage, optimizer=optimizer)
+    start, manifest = g("loading the checkpoint with all ranks", ckpt.resume_intact, cfg.checkpoint_dir, start,
+                        rank=rank, roles=roles, stage=stage, optimizer=optimizer, report=log.print)
     replayed = manifest["replayed"]
     log.print(f"resumed from {ckpt.step_dir(cfg.checkpoint_dir, start)} (step {start}"
               + (f": {replayed} logged update(s) replayed on step {start - replayed}'s checkpoint)" if replayed else ")"))
     log.event({"event": "resume", "from_step": start, "replayed_updates": replayed,
                "restart_count": _env_int("TORCHELASTIC_RESTART_COUNT", 0),
                "load_s": time.perf_counter() - t_load, "time": time.time()})
+    return start
 
 
 def _checkpoint(ss: _Session, step: int) -> None:
