@@ -275,6 +275,11 @@ class _Log:
         if self.on:
             print(text, flush=True)
 
+    def note(self, text: str) -> None:
+        """A line that must not be missed (also a ``note`` record in metrics.jsonl)."""
+        self.print(text)
+        self.event({"event": "note", "message": text, "time": time.time()})
+
     def event(self, record: dict[str, Any]) -> None:
         if self.dir is not None:
             with open(self.dir / "metrics.jsonl", "a") as f:
@@ -595,7 +600,7 @@ def _resume(cfg: TrainConfig, start: int, log: _Log, g: Any, *, rank: int, roles
     HF name) and say so; returns its step."""
     t_load = time.perf_counter()
     start, manifest = g("loading the checkpoint with all ranks", ckpt.resume_intact, cfg.checkpoint_dir, start,
-                        rank=rank, roles=roles, stage=stage, optimizer=optimizer, report=log.print)
+                        rank=rank, roles=roles, stage=stage, optimizer=optimizer, report=log.note)
     replayed = manifest["replayed"]
     log.print(f"resumed from {ckpt.step_dir(cfg.checkpoint_dir, start)} (step {start}"
               + (f": {replayed} logged update(s) replayed on step {start - replayed}'s checkpoint)" if replayed else ")"))
