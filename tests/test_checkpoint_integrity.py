@@ -127,3 +127,24 @@ def test_no_intact_checkpoint_is_one_error_on_every_rank(tmp_path):
     assert out[0] == out[1] and out[0]["error"].startswith(f"--checkpoint-dir {ck}: no intact checkpoint to resume "
                                                            "from ("), out
     assert "model.safetensors.index.json" in out[0]["error"]
+
+
+def test_outputs_are_never_written_through_a_symbolic_link(tmp_path, capsys):
+    from test_analyze import events, write_trace
+    from torchpp.cli import main
+    from torchpp.validate import open_output
+
+    (tmp_path / "tr").mkdir()
+    write_trace(tmp_path / "tr" / "timeline_step1_all.json", events([1.0, 1.5], [2.0, 3.0], 4))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine\n")
+    (tmp_path / "rep").mkdir()
+    (tmp_path / "rep" / "report.md").symlink_to(victim)
+    assert main(["analyze", str(tmp_path / "tr"), "--out", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "report.md' is a symbolic link" in err[0], err
+    assert victim.read_text() == "mine\n" and not (tmp_path / "rep" / "report.json").exists()
+    (tmp_path / "metrics.jsonl").symlink_to(victim)
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        open_output(tmp_path / "metrics.jsonl", "a")
+    assert victim.read_text() == "mine\n"

@@ -127,12 +127,31 @@ def shares(values: list[float], what: str) -> None:
 
 
 def output_file(path: str | os.PathLike, what: str = "output") -> Path:
-    """A file torchpp may create or replace: not a directory, no file among its parents."""
+    """A file torchpp may create or replace: not a directory, no file among its parents, not a
+    symbolic link (writing through one would change a file elsewhere)."""
     p = Path(path)
+    if p.is_symlink():
+        raise ValueError(f"{what}: {str(p)!r} is a symbolic link (to {os.readlink(p)!r}); torchpp never writes "
+                         "through one: remove it or choose another path")
     if p.is_dir():
         raise ValueError(f"{what}: expected a file name, got the directory {str(p)!r}")
     _no_file_above(p, what)
     return p
+
+
+def open_output(path: str | os.PathLike, mode: str = "w", what: str = "output", **kwargs):
+    """``open(path, mode)`` for writing or appending, refusing a symbolic link at ``path`` (checked
+    by :func:`output_file`, and by ``O_NOFOLLOW`` when the file is opened, so a link planted in
+    between is refused too)."""
+    p = output_file(path, what)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if "a" in mode else os.O_TRUNC)
+    try:
+        fd = os.open(p, flags, 0o666)
+    except OSError as e:
+        if os.path.islink(p):
+            raise ValueError(f"{what}: {str(p)!r} is a symbolic link; torchpp never writes through one") from None
+        raise
+    return os.fdopen(fd, mode, **kwargs)
 
 
 def output_dir(path: str | os.PathLike, what: str = "output directory") -> Path:

@@ -282,7 +282,9 @@ class _Log:
 
     def event(self, record: dict[str, Any]) -> None:
         if self.dir is not None:
-            with open(self.dir / "metrics.jsonl", "a") as f:
+            from ..validate import open_output
+
+            with open_output(self.dir / "metrics.jsonl", "a", "--log-dir") as f:
                 f.write(json.dumps(record) + "\n")
 
     def scalars(self, step: int, values: dict[str, float]) -> None:

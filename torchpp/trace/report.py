@@ -136,7 +136,10 @@ def write_markdown(rep: dict[str, Any], path: Path) -> None:
             pm = f"{v['predicted_peak_bytes'] / 2**20:.1f}" if v["predicted_peak_bytes"] else "–"
             er = f"{100 * v['error']:+.1f}%" if v["error"] is not None else "–"
             lines.append(f"| {r} | {mm} | {pm} | {er} |")
-    path.write_text("\n".join(lines) + "\n")
+    from ..validate import open_output
+
+    with open_output(path, "w", "--out") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 def write_stage_chart(rep: dict[str, Any], path: Path) -> None:
@@ -169,6 +172,10 @@ def write_stage_chart(rep: dict[str, Any], path: Path) -> None:
 def run_analyze(trace_dir: Path, out: Path, plan: Plan | None = None, predicted: Path | None = None) -> dict[str, Any]:
     from .gantt import bars_from_events, rank_names, save_gantt
 
+    from ..validate import output_file
+
+    for name in ("report.json", "report.md", "gantt.png", "stages.png"):  # before any work: no link written through
+        output_file(out / name, "--out")
     rep = build_report(trace_dir, plan, predicted)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "report.json", rep)
