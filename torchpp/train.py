@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --checkpoint-every 1: a full checkpoint every N steps and a log of the step's gradients "
                         "(a third of AdamW's bytes, replayed on resume) between them; 1: every checkpoint full "
                         "(default 10)")
+    p.add_argument("--output-dir", type=Path, default=None,
+                   help="checkpoints (step_<N>/) and the trained model (final/) unless --checkpoint-dir is given "
+                        "(default: runs/<plan stem>/ beside the plan, as HF Trainer's output_dir)")
+    p.add_argument("--no-output", action="store_true", help="save nothing (no default --output-dir)")
+    p.add_argument("--accept-changes", action="store_true",
+                   help="resume even from a checkpoint trained with other data, tokenizer, model or optimizer settings")
     p.add_argument("--heartbeat-dir", type=Path, default=None, help="each rank notes its last step here (elastic)")
     p.add_argument("--elastic-log", type=Path, default=None, help="the elastic driver's decisions (JSON lines)")
     return p
@@ -113,13 +119,14 @@ def main(argv: list[str] | None = None) -> int:
                           text_column=args.text_column, export_dir=args.export_dir,
                           torch_profiler=args.torch_profiler, checkpoint_background=args.checkpoint_background,
                           full_checkpoint_every=args.full_checkpoint_every,
-                          heartbeat_dir=args.heartbeat_dir, elastic_log=args.elastic_log)
+                          heartbeat_dir=args.heartbeat_dir, elastic_log=args.elastic_log,
+                          output_dir=_output_dir(args), accept_changes=args.accept_changes)
         prepared = prepare(cfg, world_from_env()[1])
     except (FormatError, ModelSpecError, DataError, ValueError) as e:
         print(f"torchpp.train: rank {rank}: error: {e}", file=sys.stderr, flush=True)
         return 2
     try:
-        train(cfg, prepared)
+        summary = train(cfg, prepared)
     except DisagreementError as e:
         print(f"torchpp.train: rank {rank}: error: {e}", file=sys.stderr, flush=True)
         sys.stdout.flush()
@@ -131,7 +138,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"torchpp.train: rank {rank}: interrupted", file=sys.stderr, flush=True)
         os._exit(130)
+    if summary.stopped_by:
+        sys.stdout.flush()
+        return 128 + summary.stopped_by if summary.stopped_by > 0 else 1
     return 0
+
+
+def _output_dir(args: argparse.Namespace) -> Path | None:
+    """``--output-dir``, or by default ``runs/<plan stem>/`` beside the plan (none with --no-output)."""
+    from .runtime.safekeeping import default_output_dir
+
+    if args.no_output:
+        return None
+    return args.output_dir if args.output_dir is not None else default_output_dir(args.plan)
 
 
 if __name__ == "__main__":

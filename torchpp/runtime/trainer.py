@@ -102,8 +102,18 @@ class TrainConfig:
     torch_profiler: bool = False
     """Also record the traced steps with torch.profiler (``torch_step<N>_rank<R>.json`` in ``trace_dir``),
     on the same wall clock as torchpp's traces (``torchpp.trace.kineto.merge_kineto``)."""
+    output_dir: Path | None = None
+    """Where checkpoints (``step_<N>/``) and the final model (``final/``) go when ``checkpoint_dir``
+    is not given (it becomes ``checkpoint_dir``). ``torchpp.train`` defaults it to
+    ``runs/<plan stem>/`` beside the plan (``safekeeping.default_output_dir``; ``--no-output``:
+    none); None here saves nothing unless ``checkpoint_dir`` is given."""
+    accept_changes: bool = False
+    """Resume even when the checkpoint was trained with other data, tokenizer, model or optimizer
+    settings (each difference is still printed)."""
 
     def __post_init__(self) -> None:
+        if self.checkpoint_dir is None and self.output_dir is not None:
+            self.checkpoint_dir = self.output_dir
         if self.steps < 1:
             raise ValueError(f"--steps: expected a positive number of optimizer steps, got {self.steps}")
         if not self.lr > 0:
@@ -183,6 +193,8 @@ class TrainSummary:
     """Seconds from the first step's start to the last checkpoint's end (set-up and export excluded)."""
     steps_cpu_s: float = 0.0
     """CPU seconds this process (every thread) spent in that time."""
+    stopped_by: int = 0
+    """The signal (SIGTERM, SIGINT) that stopped the run at a step boundary before ``steps``; 0: none."""
 
 
 def prepare(cfg: TrainConfig, world_size: int) -> Prepared:
@@ -393,19 +405,26 @@ def _data_id(data: str, budget: int = 64 << 20) -> str:
 
 def _prepare_checkpoints(cfg: TrainConfig, roles: ckpt.Roles, stage: Any) -> int:
     """Check the checkpoint directory on every rank, clean what a killed write left, and agree on
-    the step to resume from (0: none). One error on every rank when any rank's directory is unusable."""
+    the step to resume from (0: none). One error on every rank when any rank's directory is unusable
+    (or holds another run's checkpoints and the run does not resume)."""
+    from .safekeeping import ResumeError, check_fresh_start
+
     stage_bytes = ckpt.checkpoint_bytes(stage, cfg.optimizer) if roles.writes_stage else 0
     per_stage = {int(s): int(b) for s, b in all_gather_json([roles.stage, stage_bytes]) if b}
     need = sum(per_stage.values()) + (1 << 20)  # rng states, config and indexes
     problem = None
+    resumes = cfg.resume or _env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0
     try:
         ckpt.check_dir(cfg.checkpoint_dir, need)
+        check_fresh_start(cfg.checkpoint_dir, resumes)
         if roles.writes_manifest:
-            ckpt.clean_leftovers(cfg.checkpoint_dir)
-    except (ckpt.CheckpointDirError, OSError) as e:
+            for d in ckpt.clean_leftovers(cfg.checkpoint_dir):
+                if d.is_dir() or d.name.startswith("step_"):
+                    print(f"torchpp.train: removed {d}: a checkpoint whose write did not finish", flush=True)
+    except (ckpt.CheckpointDirError, ResumeError, OSError) as e:
         problem = str(e)
     require_no_errors(problem)  # also the barrier: nobody writes before every host is clean
-    if not (cfg.resume or _env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0):
+    if not resumes:
         return 0
     return max(0, ckpt.agree_on_step(cfg.checkpoint_dir))
 
@@ -435,6 +454,12 @@ class _Session:
     start: int
     last_checkpoint: int = -1
     """The newest step this run checkpointed (or resumed from): a gradient log must follow it."""
+    fp: dict[str, str] = field(default_factory=dict)
+    """The run's :func:`fingerprint` (every rank agreed on it); checkpoints record its settings."""
+    stop: Any = None
+    """``safekeeping.StopRequest``: a signal asked this rank to stop at the next step boundary."""
+    stopping: bool = False
+    """Some rank was asked to stop: every rank checkpoints this step and leaves the loop."""
 
 
 def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummary:
@@ -446,12 +471,28 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
     ss.log.event({"event": "start", "world_size": world, "plan": str(cfg.plan), "plan_hash": prep.plan_hash,
                   "model": prep.model, "start_step": ss.start,
                   "rank0_params": sum(p.numel() for p in ss.stage.parameters())})
+    if cfg.checkpoint_dir is not None:
+        ss.log.print(f"torchpp.train: outputs in {cfg.checkpoint_dir}/ (checkpoints step_<N>/"
+                     + (f", the trained model {cfg.export_to}/" if cfg.export_to else "") + ")")
     summary = TrainSummary(rank=rank, start_step=ss.start, steps_done=ss.start)
     elastic_hooks.heartbeat(cfg.heartbeat_dir, rank, ss.start)
     t0, cpu0 = time.perf_counter(), time.process_time()
-    for step in range(ss.start + 1, cfg.steps + 1):
-        _train_step(ss, step, summary)
-    _last_checkpoint(ss)
+    from .safekeeping import StopRequest
+
+    ss.stop = StopRequest(rank=rank).install()
+    try:
+        for step in range(ss.start + 1, cfg.steps + 1):
+            _train_step(ss, step, summary)
+            if ss.stopping:
+                summary.stopped_by = ss.stop.signum or -1
+                break
+        _last_checkpoint(ss)
+    finally:
+        ss.stop.restore()
+    if ss.stopping:
+        ss.log.note(f"torchpp.train: stopped at step {summary.steps_done} of {cfg.steps} by a signal"
+                    + (f"; resume with --resume (checkpoint {ckpt.step_dir(cfg.checkpoint_dir, summary.steps_done)})"
+                       if cfg.checkpoint_dir is not None else " (no checkpoint: no --output-dir)"))
     summary.steps_wall_s, summary.steps_cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
     _finish(ss, summary)
     return summary
@@ -466,7 +507,8 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
     comm = Comm(rank, cfg.timeout_s, boundaries=plan.num_stages - 1, samples=plan.micro_batch_size)
     g = lambda what, fn, *a, **kw: guarded(rank, what, cfg.timeout_s, fn, *a, **kw)  # noqa: E731
     # the first collective: ranks started with different plans or options must stop here, before any write
-    g("comparing plan, model, data and options with all ranks", require_agreement, fingerprint(cfg, prep))
+    fp = fingerprint(cfg, prep)
+    g("comparing plan, model, data and options with all ranks", require_agreement, fp)
     g("creating the all-reduce groups", comm.make_groups, schedule)
     hosts = g("exchanging host names with all ranks", all_gather_json, socket.gethostname())
     roles = _roles(plan, rank, hosts)
@@ -483,7 +525,7 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
         log.print(f"torchpp.train: note: the plan keeps pure {plan.model.dtype} weights and optimizer state (no fp32 "
                   "master weights); plan with --dtype bfloat16 for mixed precision")
     if start > 0:
-        start = _resume(cfg, start, log, g, rank=rank, roles=roles, stage=stage, optimizer=optimizer)
+        start = _resume(cfg, start, log, g, rank=rank, roles=roles, stage=stage, optimizer=optimizer, fp=fp)
     logs = cfg.checkpoint_dir is not None and cfg.full_every > 1
     stepper = SteppedOptimizer(optimizer, params, cfg.optim_settings(), counts_stage=chunks[0].devices[0].rank == rank,
                                skip=stage.tied_copy_parameter(), done_steps=start, keep_grads=logs and roles.writes_stage)
@@ -500,7 +542,7 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
     return _Session(cfg=cfg, prep=prep, rank=rank, world=world, g=g, hosts=hosts, roles=roles, stage=stage,
                     optimizer=optimizer, stepper=stepper, executor=executor, evaluator=evaluator, source=source,
                     eval_source=eval_source, log=log, decisions=decisions, saver=saver, start=start,
-                    last_checkpoint=start if start > 0 else -1)
+                    last_checkpoint=start if start > 0 else -1, fp=fp)
 
 
 def _train_step(ss: _Session, step: int, summary: TrainSummary) -> None:
@@ -517,7 +559,8 @@ def _train_step(ss: _Session, step: int, summary: TrainSummary) -> None:
         res = ss.executor.step(ids, n_tokens)
     waited, cpu = (ss.saver.waited_s - waited0, ss.saver.cpu_s - cpu0) if ss.saver is not None else (0.0, 0.0)
     stats = g(f"step {step}: statistics all-reduce with all ranks", _reduce_stats, res,
-              {c.index: len(c.devices) for c in chunks}, S, waited, cpu)
+              {c.index: len(c.devices) for c in chunks}, S, waited, cpu, stop=ss.stop is not None and ss.stop.requested)
+    ss.stopping = bool(stats[-1] > 0) and step < cfg.steps  # a signal on any rank: all stop after this step
     dt = time.perf_counter() - t0
     if rec is not None:
         summary.traces += _finish_trace(ss, step, rec)
@@ -528,7 +571,7 @@ def _train_step(ss: _Session, step: int, summary: TrainSummary) -> None:
     _report_step(ss.log, step, cfg.steps, stats, S, dt, plan.global_batch * plan.seq_len, extra,
                  background=ss.saver is not None)
     if cfg.checkpoint_dir is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-                                           or step == cfg.steps):
+                                           or step == cfg.steps or ss.stopping):
         _checkpoint(ss, step)
     elastic_hooks.heartbeat(cfg.heartbeat_dir, rank, step)
 
@@ -597,12 +640,19 @@ def _build_chunks(prep: Prepared, plan: Plan, chunks: list[int], seed: int) -> S
 
 
 def _resume(cfg: TrainConfig, start: int, log: _Log, g: Any, *, rank: int, roles: ckpt.Roles, stage,
-            optimizer) -> int:
+            optimizer, fp: dict[str, str]) -> int:
     """Load the newest intact checkpoint from ``start`` down under this plan's split (tensors by
-    HF name) and say so; returns its step."""
+    HF name) and say so; returns its step. One that continues another training (other data,
+    model, optimizer settings) or lies beyond ``--steps`` is refused on every rank."""
+    from .safekeeping import check_resume, settings
+
     t_load = time.perf_counter()
     start, manifest = g("loading the checkpoint with all ranks", ckpt.resume_intact, cfg.checkpoint_dir, start,
                         rank=rank, roles=roles, stage=stage, optimizer=optimizer, report=log.note)
+    changed = check_resume(cfg.checkpoint_dir, start, manifest, settings(fp), steps=cfg.steps,
+                           accept_changes=cfg.accept_changes)
+    if changed:
+        log.note(f"torchpp.train: resuming step {start} under changed settings (--accept-changes): {'; '.join(changed)}")
     replayed = manifest["replayed"]
     log.print(f"resumed from {ckpt.step_dir(cfg.checkpoint_dir, start)} (step {start}"
               + (f": {replayed} logged update(s) replayed on step {start - replayed}'s checkpoint)" if replayed else ")"))
@@ -616,8 +666,10 @@ def _checkpoint(ss: _Session, step: int) -> None:
     """Write checkpoint ``step`` (full, or a gradient log on top of the previous step's) now, or
     start writing it in the background."""
     cfg, prep, g, saver = ss.cfg, ss.prep, ss.g, ss.saver
+    from .safekeeping import settings
+
     info = {"plan": str(cfg.plan), "plan_hash": prep.plan_hash, "model": prep.model, "seed": cfg.seed,
-            "optimizer": cfg.optimizer, "lr": cfg.lr}
+            "optimizer": cfg.optimizer, "lr": cfg.lr, "settings": settings(ss.fp)}
     grads = None
     if cfg.full_every > 1:
         kept = ss.stepper.take_grads() if ss.stepper.keep_grads else {}
@@ -720,14 +772,15 @@ def _report_step(log: _Log, step: int, steps: int, stats: torch.Tensor, S: int, 
 
 
 def _reduce_stats(res: StepResult, groups: dict[int, int], num_stages: int,
-                  checkpoint_wait_s: float = 0.0, checkpoint_cpu_s: float = 0.0) -> torch.Tensor:
+                  checkpoint_wait_s: float = 0.0, checkpoint_cpu_s: float = 0.0, stop: bool = False) -> torch.Tensor:
     """[global loss, mean compute s per stage..., mean comm-wait s per stage..., mean wait for the
     background checkpoint writer per stage..., mean writer CPU s per stage...] on every rank.
 
     ``groups``: each chunk this rank holds (the first names it) and its group's size. Compute and
     waits go to the chunk whose action they were; the writer's figures, which are the rank's, to
-    its first chunk."""
-    v = torch.zeros(1 + 4 * num_stages, dtype=torch.float64)
+    its first chunk. The last element counts the ranks a signal asked to stop (``stop``)."""
+    v = torch.zeros(2 + 4 * num_stages, dtype=torch.float64)
+    v[-1] = float(stop)
     v[0] = res.loss
     first = next(iter(groups))
     per_chunk = res.chunk_compute_s or {first: res.compute_s}
