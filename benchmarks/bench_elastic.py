@@ -193,7 +193,7 @@ def cluster_checkpoint_cost(demo, plan: Path, steps: int, rounds: int, keep: int
             d = demo.path("checkpoint_cost", f"{name}{i}")
             shutil.rmtree(d, ignore_errors=True)
             argv = ["-m", "torchpp.train", "--plan", str(plan), "--data", "synthetic", "--steps", str(steps),
-                    "--threads", "1", "--seed", "0", "--log-dir", str(d / "logs"), "--timeout-s", "300"]
+                    "--threads", "1", "--seed", "0", "--log-dir", str(d / "logs"), "--timeout-s", "300", "--no-output"]
             if extra:
                 argv += ["--checkpoint-every", "1", "--keep-checkpoints", str(keep), "--checkpoint-dir", str(d / "ck")]
                 argv += ["--checkpoint-background"] if extra.get("checkpoint_background") else []

@@ -73,7 +73,7 @@ def train_argv(args: argparse.Namespace, plan: Path, trace_dir: Path, log_dir: P
     return [*head, "-m", "torchpp.train", "--plan", str(plan), "--model", args.model, "--layers", str(args.layers),
             "--data", "synthetic", "--steps", str(args.steps), "--threads", "1", "--timeout-s", str(args.timeout),
             "--trace-dir", str(trace_dir), "--trace-steps", ",".join(str(s) for s in range(2, args.steps + 1)),
-            "--log-dir", str(log_dir)]
+            "--log-dir", str(log_dir), "--no-output"]
 
 
 def metric_step_times(log_dir: Path) -> dict[int, float]:

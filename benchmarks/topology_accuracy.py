@@ -123,7 +123,8 @@ def measure(args: argparse.Namespace, cfg: ClusterConfig, work: Path) -> dict:
     t = time.monotonic()
     on_hosts(cfg, [PY, "-m", "torchpp.train", "--plan", str(plan), "--model", args.model, "--data", "synthetic",
                    "--steps", str(args.steps), "--threads", "1", "--seed", "0", "--log-dir", str(work / "train"),
-                   "--trace-dir", str(work / "traces"), "--trace-steps", str(args.steps), "--timeout-s", "300"],
+                   "--trace-dir", str(work / "traces"), "--trace-steps", str(args.steps), "--timeout-s", "300",
+                   "--no-output"],
              work / "logs" / "train", plan=plan)
     steps = measured_step_times(work / "train")
     rows = [json.loads(x) for x in (work / "train" / "metrics.jsonl").read_text().splitlines() if x.strip()]

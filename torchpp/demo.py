@@ -534,7 +534,7 @@ class Demo:
             "--global-batch", str(c.global_batch), "--microbatches", str(microbatches), "--seq-len", str(c.seq_len),
             "--out", str(plan)])
         argv = ["-m", "torchpp.train", "--plan", str(plan), "--model", c.model, "--data", "synthetic", "--steps", "2",
-                "--threads", "1", "--seed", "0", "--timeout-s", "120"]
+                "--threads", "1", "--seed", "0", "--timeout-s", "120", "--no-output"]
         text = self.p.run(f"single device ({host}): train it (the planner says it does not fit)",
                           self.hosts.ranks(plan, argv, self.path("single", "hosts")), timeout=300, allow_failure=True)
         self.p.note(ran := run_verdict(self.path("single", "hosts", "run.json"), text))
@@ -564,7 +564,7 @@ class Demo:
         trace_steps = ",".join(str(s) for s in range(2, c.steps + 1))
         argv = ["-m", "torchpp.train", "--plan", str(plan), "--model", c.model, "--data", "synthetic", "--steps",
                 str(c.steps), "--threads", "1", "--seed", "0", "--trace-dir", str(traces), "--trace-steps",
-                trace_steps, "--log-dir", str(logs), "--timeout-s", "300"]
+                trace_steps, "--log-dir", str(logs), "--timeout-s", "300", "--no-output"]
         self.p.run(f"{name}: train {c.steps} steps with traces", self.hosts.ranks(plan, argv, d / "hosts"),
                    timeout=c.timeout_s)
         steps = measured_step_times(logs)
