@@ -100,3 +100,42 @@ def test_sigterm_checkpoints_at_the_step_boundary_and_resuming_equals_an_unstopp
     want, got = _weights(ref, k + 2), _weights(out, k + 2)
     assert set(want) == set(got) and all(torch.equal(want[n], got[n]) for n in want)
     assert (out / "final" / "config.json").is_file()
+
+
+def test_output_problem_names_the_flag_and_creates_usable_directories(tmp_path):
+    from torchpp.runtime.safekeeping import output_problem
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert output_problem({"--export-dir": tmp_path / "e" / "f", "--log-dir": None}) is None
+    assert (tmp_path / "e" / "f").is_dir()
+    assert "--trace-dir" in output_problem({"--trace-dir": blocker / "t"})
+
+
+def test_an_unwritable_export_dir_is_one_line_on_every_rank_before_any_step(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    plan = write_plan(tmp_path / "plan.json")
+    procs = launch(["--plan", str(plan), "--steps", "2", "--threads", "1", "--timeout-s", "900",
+                    "--export-dir", str(blocker / "model")], world=2)
+    for rank, (code, out, err) in enumerate(wait_ranks(procs, timeout_s=200)):
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert code == 2 and len(lines) == 1 and lines[0].startswith(f"torchpp.train: rank {rank}: error: "), err
+        assert "--export-dir" in lines[0] and str(blocker) in lines[0], err
+        assert "step " not in out, out
+
+
+def test_resuming_another_models_checkpoint_is_one_line_on_every_rank(tmp_path):
+    from test_checkpoint_integrity import _train
+    from torchpp.runtime.launch import RankPool
+
+    ck = tmp_path / "ck"
+    tiny = write_plan(tmp_path / "tiny.json")
+    llama = write_plan(tmp_path / "llama.json", model="llama-tiny")
+    with RankPool(2, threads=1) as pool:
+        pool.run(_train, dict(plan=tiny, steps=1, threads=1, timeout_s=60.0, output_dir=ck), timeout_s=300,
+                 pg_timeout_s=60)
+        out = pool.run(_train, dict(plan=llama, model="llama-tiny", steps=2, threads=1, timeout_s=60.0, output_dir=ck,
+                                    resume=True, accept_changes=True), timeout_s=300, pg_timeout_s=60)
+    assert out[0] == out[1] and out[0]["error"].startswith(f"--checkpoint-dir {ck}: step 1 holds another model ("), out
+    assert ckpt.complete_steps(ck) == [1]  # refused, not set aside as damaged

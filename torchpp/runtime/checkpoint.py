@@ -823,15 +823,19 @@ def set_aside(d: Path) -> Path | None:
 
 
 def resume_intact(root: str | Path, step: int, *, rank: int, roles: Roles, stage: Stage,
-                  optimizer: torch.optim.Optimizer, report) -> tuple[int, dict[str, Any]]:
+                  optimizer: torch.optim.Optimizer, report, check=None) -> tuple[int, dict[str, Any]]:
     """Collective: load the newest checkpoint, from ``step`` down, that loads on every rank; returns
     its step and manifest. Each damaged one is reported (``report``, one line) and set aside by
     each host's manifest writer; every rank tries the same steps in the same order. None left:
-    :class:`CheckpointLoadError` on every rank (a partly loaded stage is no fresh start)."""
+    :class:`CheckpointLoadError` on every rank (a partly loaded stage is no fresh start).
+
+    ``check(step, manifest, config)`` (the HF config dict of the model the checkpoint holds) runs
+    before anything is loaded; what it raises as a :class:`DisagreementError` (this run must
+    not continue that checkpoint) is raised on every rank."""
     first = None
     while step > 0:
         try:
-            return step, _agreed_load(root, step, rank=rank, stage=stage, optimizer=optimizer)
+            return step, _agreed_load(root, step, rank=rank, stage=stage, optimizer=optimizer, check=check)
         except CheckpointDamaged as e:
             why = str(e)
         first = first or why
@@ -846,21 +850,46 @@ def resume_intact(root: str | Path, step: int, *, rank: int, roles: Roles, stage
                               "start without --resume (or with another --checkpoint-dir)")
 
 
+def model_config(root: str | Path, step: int) -> dict[str, Any]:
+    """The HF config (``config.json``) of the model checkpoint ``step`` holds (a gradient log's is
+    its chain's full checkpoint's)."""
+    chain = _chain(_kinds(root), step)
+    if chain is None:
+        raise CheckpointDamaged(f"{step_dir(root, step)}: no complete checkpoint chain ends at step {step}")
+    path = _StepFiles(step_dir(root, chain[0])).path("config.json")
+    try:
+        data = read_json(path)
+    except ValueError as e:
+        raise CheckpointDamaged(f"{path}: {str(e).splitlines()[0][:200]}") from None
+    if not isinstance(data, dict):
+        raise CheckpointDamaged(f"{path}: expected a JSON object")
+    return data
+
+
 def _agreed_load(root: str | Path, step: int, *, rank: int, stage: Stage,
-                 optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Collective: :func:`load` on every rank; :class:`CheckpointDamaged` on every rank (naming the
-    first rank's problem) when it failed on any."""
+                 optimizer: torch.optim.Optimizer, check=None) -> dict[str, Any]:
+    """Collective: ``check``, then :func:`load`, on every rank; what ``check`` refused (a
+    :class:`DisagreementError`) or :class:`CheckpointDamaged` on every rank (naming the first
+    rank's problem) when either failed on any."""
     from .exchange import all_gather_json
 
+    manifest, err = {}, ["", ""]
     try:
-        manifest, err = load(root, step, rank=rank, stage=stage, optimizer=optimizer), ""
+        if check is not None:
+            check(step, _StepFiles(step_dir(root, step)).manifest, model_config(root, step))
+        manifest = load(root, step, rank=rank, stage=stage, optimizer=optimizer)
     except CheckpointDamaged as e:
-        manifest, err = {}, str(e)
+        err = ["damaged", str(e)]
+    except DisagreementError as e:
+        err = ["refused", str(e)]
     every = all_gather_json(err) if dist.is_initialized() and dist.get_world_size() > 1 else [err]
-    bad = [(r, e) for r, e in enumerate(every) if e]
-    if bad:
-        r, e = bad[0]
-        raise CheckpointDamaged(e if len(every) == 1 else f"rank {r}: {e}")
+    for kind in ("refused", "damaged"):
+        bad = [(r, e) for r, (k, e) in enumerate(every) if k == kind]
+        if bad and kind == "refused":
+            raise DisagreementError(bad[0][1])
+        if bad:
+            r, e = bad[0]
+            raise CheckpointDamaged(e if len(every) == 1 else f"rank {r}: {e}")
     return manifest
 
 

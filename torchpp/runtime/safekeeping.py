@@ -115,3 +115,43 @@ def check_fresh_start(root: Path, resume: bool) -> None:
     if steps:
         raise ResumeError(f"--checkpoint-dir {root}: holds another run's checkpoints (up to step {steps[-1]}): "
                           "pass --resume to continue it, or choose another --output-dir/--checkpoint-dir")
+
+
+MODEL_SHAPE = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings", "n_embd", "n_layer", "n_head")
+"""Config fields that decide the tensors' shapes: a checkpoint of another model never loads."""
+
+
+def check_same_model(root: Path, step: int, then: dict[str, Any], now: dict[str, Any]) -> None:
+    """Raise :class:`ResumeError` when checkpoint ``step`` holds a model of other shapes than the
+    one this run builds (``--accept-changes`` cannot change that: its tensors do not fit)."""
+    diffs = [f"{k} {then.get(k)} -> {now.get(k)}" for k in MODEL_SHAPE
+             if (k in then or k in now) and then.get(k) != now.get(k)]
+    if diffs:
+        raise ResumeError(f"--checkpoint-dir {root}: step {step} holds another model ({'; '.join(diffs)}): resume "
+                          "with that model, or start in another --output-dir")
+
+
+def output_problem(dirs: dict[str, Path | None]) -> str | None:
+    """Create each output directory (``--flag`` -> path) and write a probe into it; the first
+    problem as one line (None: all usable). Checked on every rank before the first step, so an
+    unwritable ``--export-dir`` fails at once, not after training."""
+    import os
+    import tempfile
+
+    from ..validate import output_dir
+
+    for flag, d in dirs.items():
+        if d is None:
+            continue
+        try:
+            output_dir(d, flag)
+            Path(d).mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(dir=d, prefix=".writable-", suffix=".probe")
+            os.close(fd)
+            os.unlink(probe)
+        except ValueError as e:
+            return str(e)
+        except OSError as e:
+            return f"{flag} {d}: not writable: {e.strerror or e}"
+    return None

@@ -144,6 +144,8 @@ class TrainConfig:
                              f"{self.eval_batches}")
         if self.eval_every and not (self.eval_data or self.eval_fraction):
             raise ValueError("--eval-every: expected --eval-fraction or --eval-data to say what to evaluate on")
+        if not 0 <= self.eval_fraction < 1:
+            raise ValueError(f"--eval-fraction: expected a fraction in [0, 1), got {self.eval_fraction}")
         if self.eval_data and self.eval_fraction:
             raise ValueError("--eval-data and --eval-fraction: expected one of them, not both")
 
@@ -507,8 +509,13 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
     comm = Comm(rank, cfg.timeout_s, boundaries=plan.num_stages - 1, samples=plan.micro_batch_size)
     g = lambda what, fn, *a, **kw: guarded(rank, what, cfg.timeout_s, fn, *a, **kw)  # noqa: E731
     # the first collective: ranks started with different plans or options must stop here, before any write
+    from .safekeeping import output_problem
+
     fp = fingerprint(cfg, prep)
+    problem = output_problem({"--export-dir": cfg.export_to, "--log-dir": cfg.log_dir if rank == 0 else None,
+                              "--trace-dir": cfg.trace_dir})
     g("comparing plan, model, data and options with all ranks", require_agreement, fp)
+    g("checking the output directories with all ranks", require_no_errors, problem)
     g("creating the all-reduce groups", comm.make_groups, schedule)
     hosts = g("exchanging host names with all ranks", all_gather_json, socket.gethostname())
     roles = _roles(plan, rank, hosts)
@@ -644,13 +651,18 @@ def _resume(cfg: TrainConfig, start: int, log: _Log, g: Any, *, rank: int, roles
     """Load the newest intact checkpoint from ``start`` down under this plan's split (tensors by
     HF name) and say so; returns its step. One that continues another training (other data,
     model, optimizer settings) or lies beyond ``--steps`` is refused on every rank."""
-    from .safekeeping import check_resume, settings
+    from .safekeeping import check_resume, check_same_model, settings
+
+    changed: list[str] = []
+
+    def check(step: int, manifest: dict[str, Any], config: dict[str, Any]) -> None:
+        check_same_model(cfg.checkpoint_dir, step, config, stage.cfg.to_diff_dict())  # as config.json holds it
+        changed[:] = check_resume(cfg.checkpoint_dir, step, manifest, settings(fp), steps=cfg.steps,
+                                  accept_changes=cfg.accept_changes)
 
     t_load = time.perf_counter()
     start, manifest = g("loading the checkpoint with all ranks", ckpt.resume_intact, cfg.checkpoint_dir, start,
-                        rank=rank, roles=roles, stage=stage, optimizer=optimizer, report=log.note)
-    changed = check_resume(cfg.checkpoint_dir, start, manifest, settings(fp), steps=cfg.steps,
-                           accept_changes=cfg.accept_changes)
+                        rank=rank, roles=roles, stage=stage, optimizer=optimizer, report=log.note, check=check)
     if changed:
         log.note(f"torchpp.train: resuming step {start} under changed settings (--accept-changes): {'; '.join(changed)}")
     replayed = manifest["replayed"]
