@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if argv is None:  # a rank process: it ends when its launcher does (a call from Python is not one)
+        from .runtime.lifecycle import die_with_parent
+
+        die_with_parent()
     from .data import DataError
     from .formats import FormatError
     from .models.presets import ModelSpecError

@@ -132,15 +132,22 @@ def check_same_model(root: Path, step: int, then: dict[str, Any], now: dict[str,
                           "with that model, or start in another --output-dir")
 
 
-def output_problem(dirs: dict[str, Path | None]) -> str | None:
+def output_problem(dirs: dict[str, Path | None], checkpoint_dir: Path | None = None) -> str | None:
     """Create each output directory (``--flag`` -> path) and write a probe into it; the first
     problem as one line (None: all usable). Checked on every rank before the first step, so an
-    unwritable ``--export-dir`` fails at once, not after training."""
+    unwritable ``--export-dir`` fails at once, not after training. ``checkpoint_dir`` (which
+    holds the default export directory) is checked first, as ``checkpoint.check_dir`` says it."""
     import os
     import tempfile
 
     from ..validate import output_dir
+    from .checkpoint import CheckpointDirError, check_dir
 
+    if checkpoint_dir is not None:
+        try:
+            check_dir(checkpoint_dir, 0)
+        except CheckpointDirError as e:
+            return str(e)
     for flag, d in dirs.items():
         if d is None:
             continue

@@ -338,8 +338,11 @@ def train(cfg: TrainConfig, prepared: Prepared | None = None) -> TrainSummary:
     retain_freed_memory()  # before the stage's first allocation
     prep = prepared or prepare(cfg, world)
     torch.set_num_threads(cfg.threads or default_threads())
-    created = guarded(rank, f"joining the world of {world} rank(s)", cfg.timeout_s, init_world, rank, world,
-                      cfg.timeout_s)
+    from .lifecycle import bounded
+
+    with bounded(f"joining the world of {world} rank(s)", cfg.timeout_s + 5, rank):  # torch's own wait may not end
+        created = guarded(rank, f"joining the world of {world} rank(s)", cfg.timeout_s, init_world, rank, world,
+                          cfg.timeout_s)
     try:
         return _run(cfg, prep, rank, world)
     finally:
@@ -513,7 +516,7 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
 
     fp = fingerprint(cfg, prep)
     problem = output_problem({"--export-dir": cfg.export_to, "--log-dir": cfg.log_dir if rank == 0 else None,
-                              "--trace-dir": cfg.trace_dir})
+                              "--trace-dir": cfg.trace_dir}, cfg.checkpoint_dir)
     g("comparing plan, model, data and options with all ranks", require_agreement, fp)
     g("checking the output directories with all ranks", require_no_errors, problem)
     g("creating the all-reduce groups", comm.make_groups, schedule)

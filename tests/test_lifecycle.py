@@ -1,0 +1,96 @@
+"""Ranks die with their launcher: whatever ends torchrun or `torchpp run --elastic` (SIGTERM,
+SIGKILL, SIGINT), no rank outlives it by more than --timeout-s; a foreign program holding the
+rendezvous port is one line on every rank within --timeout-s, not a wait without end."""
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from test_runtime_failures import ROOT, _env, write_plan
+from torchpp.runtime.launch import free_port, popen_ranks, wait_ranks
+
+TIMEOUT_S = 20
+
+
+def _stepped(log_dir: Path) -> bool:
+    try:
+        return '"step"' in (log_dir / "metrics.jsonl").read_text()
+    except OSError:
+        return False
+
+
+def _ranks_of(launcher: psutil.Process) -> list[psutil.Process]:
+    return [p for p in launcher.children(recursive=True) if "torchpp.train" in " ".join(p.cmdline())]
+
+
+def _kill_and_look_for_survivors(cmd: list[str], logs: Path, sig: int, tmp_path: Path) -> None:
+    with open(tmp_path / "launcher.log", "w") as out:
+        launcher = subprocess.Popen(cmd, env=_env(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not _stepped(logs) and time.monotonic() < deadline and launcher.poll() is None:
+            time.sleep(0.3)
+        assert _stepped(logs), (tmp_path / "launcher.log").read_text()[-3000:]
+        ranks = _ranks_of(psutil.Process(launcher.pid))
+        assert len(ranks) == 2, ranks
+        launcher.send_signal(sig)
+        launcher.wait(60)
+        gone, alive = psutil.wait_procs(ranks, timeout=TIMEOUT_S + 30)
+        assert not alive, f"ranks {[p.pid for p in alive]} outlived their launcher"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+def _train_args(plan: Path, logs: Path) -> list[str]:
+    return ["--plan", str(plan), "--steps", "100000", "--threads", "1", "--timeout-s", str(TIMEOUT_S),
+            "--log-dir", str(logs)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_ranks_die_with_torchrun(tmp_path, sig):
+    plan = write_plan(tmp_path / "plan.json")
+    logs = tmp_path / "logs"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+           "-m", "torchpp.train", *_train_args(plan, logs), "--no-output"]
+    _kill_and_look_for_survivors(cmd, logs, sig, tmp_path)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_ranks_die_with_the_torchpp_run_driver(tmp_path, sig):
+    """The driver `--elastic` runs (re-planning needs measurement files; starting and stopping ranks does not)."""
+    plan = write_plan(tmp_path / "plan.json")
+    logs = tmp_path / "logs"
+    cmd = [sys.executable, "-m", "torchpp.cli", "run", "--plan", str(plan), "--checkpoint-dir",
+           str(tmp_path / "ck"), "--work-dir", str(tmp_path / "work"), "--timeout-s", "120", "--",
+           *_train_args(plan, logs)]
+    _kill_and_look_for_survivors(cmd, logs, sig, tmp_path)
+
+
+def test_a_foreign_program_on_the_rendezvous_port_is_one_line_on_every_rank(tmp_path):
+    plan = write_plan(tmp_path / "plan.json")
+    foreign = socket.socket()
+    foreign.bind(("127.0.0.1", 0))
+    foreign.listen(16)  # accepts connections, never answers
+    port = foreign.getsockname()[1]
+    try:
+        procs = popen_ranks([sys.executable, "-m", "torchpp.train", "--plan", str(plan), "--steps", "1", "--threads",
+                             "1", "--timeout-s", str(TIMEOUT_S), "--no-output"], 2,
+                            env=_env(), per_rank=lambda r: {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        t0 = time.monotonic()
+        results = wait_ranks(procs, timeout_s=TIMEOUT_S + 120)
+    finally:
+        foreign.close()
+    assert time.monotonic() - t0 < TIMEOUT_S + 100
+    for rank, (code, _, err) in enumerate(results):
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert code != 0 and len(lines) == 1 and f"rank {rank}" in lines[0], err[-3000:]
