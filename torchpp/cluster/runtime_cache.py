@@ -61,24 +61,20 @@ def runtime_files(modules: tuple[str, ...] = MODULES) -> list[Path]:
 
 
 def warm(modules: tuple[str, ...] = MODULES) -> Warmed:
-    """Have ``runtime_files`` read into the page cache by this process, so their pages are charged to
-    the caller's cgroup: ``posix_fadvise(WILLNEED)`` starts the reads at once (pages already cached
-    cost nothing, so a warm machine pays well under a second), or a plain read where it is missing."""
+    """Read ``runtime_files`` whole in this process, so their pages are in the page cache charged to
+    the caller's cgroup. Read, not ``posix_fadvise(WILLNEED)``: that starts a bounded readahead only
+    (8 MB of a 29 MB library here), and the rest was still charged to the first host that touched it.
+    Pages already cached are only copied: ~0.6 CPU-seconds for the ~0.8 GB on a warm machine."""
     import time
 
     t0, total, n = time.monotonic(), 0, 0
-    advise = getattr(os, "posix_fadvise", None)
-    buf = bytearray(1 << 20)
+    buf = bytearray(4 << 20)
     for path in runtime_files(modules):
         try:
             with open(path, "rb", buffering=0) as f:
-                size = os.fstat(f.fileno()).st_size
-                if advise is not None:
-                    advise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
-                else:
-                    while f.readinto(buf):
-                        pass
-            n, total = n + 1, total + size
+                while k := f.readinto(buf):
+                    total += k
+            n += 1
         except OSError:
             pass
     return Warmed(n, total, time.monotonic() - t0)
