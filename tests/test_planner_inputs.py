@@ -1,5 +1,6 @@
 """capacities, bandwidth, memory-model and devices files: computed right, round-trip, seed forms, errors."""
 import json
+import statistics
 
 import pytest
 
@@ -292,3 +293,80 @@ def test_peak_rss_counts_from_the_base_not_from_start_up():
     if not os.path.exists("/proc/self/clear_refs"):
         pytest.skip("no /proc/self/clear_refs: the high-water mark cannot be reset here")
     assert before > rss + 300 * 2**20 and after < rss + 50 * 2**20, (before, after, rss)
+
+
+def _save_rounds(tmp_path, rounds):
+    paths = []
+    for i, fs in enumerate(rounds):
+        paths.append([])
+        for lf in fs:
+            lf.save(f := tmp_path / f"r{i}_{lf.host}.json")
+            paths[-1].append(str(f))
+    return [a for g in paths for a in ("--inputs", *g)]
+
+
+def test_a_round_far_from_the_median_is_reported_and_the_consensus_is_the_median_round(tmp_path, capsys):
+    """pi3 as the demo once read it (0.411, 0.019, 0.228 of the reference): the middle round is the
+    consensus, both others are reported as outliers and the host's rounds agree only within ~92%;
+    pi's rounds, within 4% of each other, agree, and nothing of it is reported."""
+    rounds = [[_scaled("ref", 1.0), _scaled("pi", 2.0), _scaled("pi3", 1 / 0.411)],
+              [_scaled("ref", 1.0), _scaled("pi", 2.08), _scaled("pi3", 1 / 0.019)],
+              [_scaled("ref", 1.0), _scaled("pi", 1.98), _scaled("pi3", 1 / 0.228)]]
+    assert main(["capacities", *_save_rounds(tmp_path, rounds), "--ref-host", "ref",
+                 "--out", str(tmp_path / "cap.json")]) == 0
+    out = capsys.readouterr().out
+    cap = Capacities.load(tmp_path / "cap.json")
+    assert cap.capacity["pi3"] == pytest.approx(0.228)
+    assert cap.consensus_round == {"ref": 1, "pi": 0, "pi3": 2}  # ref: three equal rounds, the middle one
+    assert cap.agreement["pi3"] == pytest.approx(1 - 0.019 / 0.228)
+    assert cap.agreement["pi"] == pytest.approx(1 - 2.0 / 2.08)
+    assert sorted((o.host, o.round) for o in cap.outliers) == [("pi3", 0), ("pi3", 1)]
+    assert all(o.median == pytest.approx(0.228) and o.tolerance == pytest.approx(0.10) for o in cap.outliers)
+    assert "outlier: pi3 round 2: 0.019 is -92% from its median 0.228" in out
+    assert "pi3" in out and "round 3)" in out
+    assert cap == Capacities.load(cap.save(tmp_path / "again.json"))
+
+
+def test_a_slow_reference_round_is_reported_by_its_own_speed():
+    """The reference's ratio is 1 in every round; its rounds are judged by its own seconds: the round
+    it ran 1.4x slow is an outlier, and its consensus is the round of median speed."""
+    rounds = [[_scaled("ref", 1.0), _scaled("pi", 2.0)], [_scaled("ref", 1.4), _scaled("pi", 2.8)],
+              [_scaled("ref", 1.02), _scaled("pi", 2.04)]]
+    cap = compute_capacities(rounds[0], "ref", again=[(fs, [f"r{i}_{lf.host}" for lf in fs])
+                                                      for i, fs in enumerate(rounds[1:], 1)])
+    assert cap.consensus_round["ref"] == 2 and cap.agreement["ref"] == pytest.approx(1 - 1.02 / 1.4)
+    assert [(o.host, o.round) for o in cap.outliers] == [("ref", 1)]
+    assert cap.outliers[0].value == pytest.approx(1.02 / 1.4)
+    assert cap.agreement["pi"] == pytest.approx(0.0)
+
+
+def test_round_tolerance_widens_with_the_profiles_spread():
+    """A profile whose steps scatter widely explains a wider disagreement: 3 standard errors of the
+    two profiles' step times combined, never below 10%."""
+    from torchpp.planner.capacities import MIN_TOLERANCE, relative_error, round_tolerance
+
+    steady, noisy = _scaled("ref", 1.0), _scaled("pi", 2.0)
+    for b in (noisy.embed, *noisy.layers, noisy.tail):
+        b.forward_samples_s = [b.forward_time_s * k for k in (0.5, 1.5, 0.5, 1.5)]
+        b.backward_samples_s = [b.backward_time_s * k for k in (0.5, 1.5, 0.5, 1.5)]
+    for b in (steady.embed, *steady.layers, steady.tail):
+        b.forward_samples_s, b.backward_samples_s = [b.forward_time_s] * 4, [b.backward_time_s] * 4
+    assert relative_error(steady) == 0.0
+    cv = statistics.stdev([0.5, 1.5, 0.5, 1.5]) / 2  # relative standard error of 4 steps
+    assert relative_error(noisy) == pytest.approx(cv)
+    assert round_tolerance(steady, noisy) == pytest.approx(3 * cv)
+    assert round_tolerance(steady, steady) == MIN_TOLERANCE
+
+
+def test_capacities_round_judgement_errors(tmp_path):
+    rounds = [[_scaled("ref", 1.0), _scaled("pi", 2.0)], [_scaled("ref", 1.0), _scaled("pi", 2.0)]]
+    cap = compute_capacities(rounds[0], "ref", again=[(rounds[1], ["a", "b"])])
+    f = tmp_path / "c.json"
+    for key, bad, where in (("consensus_round", {"pi": 2}, r"consensus_round\.pi"),
+                            ("consensus_round", {"zz": 0}, r"consensus_round\.zz"),
+                            ("agreement", {"pi": -1}, r"agreement\.pi"),
+                            ("outliers", [{"host": "zz", "round": 0, "value": 1, "median": 1, "tolerance": 0.1}],
+                             r"outliers\[0\]\.host")):
+        f.write_text(json.dumps({**cap.to_json(), key: bad}))
+        with pytest.raises(FormatError, match=where):
+            Capacities.load(f)

@@ -366,9 +366,17 @@ def run_verdict(run_json: Path, text: str) -> str:
     return f"it failed (exit {codes}) without an OOM kill: {last[:160]}"
 
 
+MAX_RETAKES = 2
+"""Times the demo re-takes speed rounds that disagree before it goes on with the median it has."""
+
+
 class Demo:
     def __init__(self, cfg: DemoConfig, out: Path, hosts: Hosts):
         self.cfg, self.out, self.hosts = cfg, out, hosts
+        self.rounds: list[list[Path]] = []
+        """Each speed round's files, in host order, as the capacities were last computed from them."""
+        self.consensus: dict[str, Path] | None = None
+        """Per host, the profile its speed checks compare against (``consensus_references``)."""
         self.p = Progress(total=16 + 3 * (self.steps_per_run - 3) + len(self.extra_rounds), log_dir=out / "logs")
         self.tp = [PY, "-m", "torchpp"]
 
@@ -418,9 +426,7 @@ class Demo:
         what = "" if c.capacity_layers is None else f"; the others their first {c.capacity_layers} layers"
         self.p.run(f"profile {len(names)} hosts ({c.model}, batch {c.profile_batches}{what})", argv)
         for k, prefix in enumerate(self.extra_rounds, start=3):
-            shell = f"exec {cmd} --layers {c.capacity_layers} --no-call-probe --out {q}/{prefix}_\"$HOST\".json"
-            self.p.run(f"speed round {k} of {c.speed_rounds}: {len(names)} hosts at once, their first "
-                       f"{c.capacity_layers} layers", self.hosts.each_host(shell, self.path("logs", prefix)))
+            self.speed_round(prefix, f"speed round {k} of {c.speed_rounds}")
         if c.capacity_layers is None:
             files = [d / f"layers_{h}.json" for h in names]
             rounds = [files]
@@ -434,6 +440,65 @@ class Demo:
         if missing:
             raise DemoError(f"profile wrote no {', '.join(sorted(missing))}")
         return files, rounds
+
+    def speed_round(self, prefix: str, title: str) -> list[Path]:
+        """One more round of speed profiles, every host at once: their first ``capacity_layers`` layers."""
+        c, d = self.cfg, self.path("hosts")
+        cmd = (f"{shlex.quote(PY)} -m torchpp profile --model {c.model} --seq-len {c.seq_len} "
+               f"--batch {c.profile_batches} --iters {c.profile_iters} --warmup 1 --threads 1 --quiet --host \"$HOST\" "
+               f"--layers {c.capacity_layers} --no-call-probe --out {shlex.quote(str(d))}/{prefix}_\"$HOST\".json")
+        self.p.run(f"{title}: {len(self.hosts.names)} hosts at once, their first {c.capacity_layers} layers",
+                   self.hosts.each_host(f"exec {cmd}", self.path("logs", prefix)))
+        return [d / f"{prefix}_{h}.json" for h in self.hosts.names]
+
+    def settled_capacities(self, rounds: list[list[Path]]) -> Path:
+        """Capacities whose rounds agree: a round that ``torchpp capacities`` reports as an outlier
+        for some host (farther from the host's median than its profiles' spread explains) is taken
+        again, all hosts at once, up to ``MAX_RETAKES`` times; what still disagrees is said."""
+        from .formats import Capacities
+
+        out = self.capacities(rounds)
+        for n in range(1, MAX_RETAKES + 1):
+            cap = Capacities.load(out)
+            bad = sorted({o.round for o in cap.outliers})
+            if not bad or self.cfg.capacity_layers is None:
+                break
+            self.p.note("outlier: " + "; ".join(o.line() for o in cap.outliers)
+                        + f"; re-taking round(s) {', '.join(str(k + 1) for k in bad)}")
+            self.p.total += len(bad) + 1
+            for k in bad:
+                rounds[k] = self.speed_round(f"retake{n}_{k + 1}", f"re-take of speed round {k + 1}")
+            out = self.capacities(rounds)
+        else:
+            left = Capacities.load(out).outliers
+            if left:
+                self.p.note(f"still outlying after {MAX_RETAKES} re-takes: " + "; ".join(o.line() for o in left))
+        self.rounds = rounds
+        return out
+
+    def consensus_references(self) -> dict[str, Path]:
+        """Per host, the speed profile its launch-time speed check compares against: the one of the
+        round whose capacity is the host's median (capacities.json's ``consensus_round``), not round 1,
+        which may be the round that went wrong. The reference host's whole-model profile is no speed
+        profile (a check would re-run the whole model): among its few-layer rounds, the one in which
+        it ran at median speed."""
+        from .formats import Capacities, LayersFile
+        from .planner.capacities import block_seconds, median_index
+
+        d, names = self.path("hosts"), self.hosts.names
+        cap = Capacities.load(self.path("capacities.json"))
+        out = {}
+        for i, h in enumerate(names):
+            files = [r[i] for r in self.rounds]
+            layers = [LayersFile.load(f) for f in files]
+            few = [k for k, lf in enumerate(layers) if len(lf.layers) == len(layers[0].layers)]
+            k = cap.consensus_round.get(h, 0)
+            if k not in few:
+                shared = set.intersection(*(set(block_seconds(layers[j])) for j in few))
+                k = few[median_index([sum(block_seconds(layers[j])[b] for b in shared) for j in few])]
+            out[h] = d / f"consensus_{h}.json"
+            shutil.copyfile(files[k], out[h])
+        return out
 
     def capacities(self, rounds: list[list[Path]]) -> Path:
         out = self.path("capacities.json")
@@ -579,10 +644,13 @@ class Demo:
                          predicted_now_s=predicted_now, speed_now=speed_now)
 
     def speed_check(self, d: Path) -> list[Path]:
-        """Every host times its profiled layers again, all at once (as their speed files were taken)."""
+        """Every host times its profiled layers again, all at once (as their speed files were taken),
+        against its consensus round's profile (``consensus_references``)."""
         d.mkdir(parents=True, exist_ok=True)
         hosts, q = self.path("hosts"), shlex.quote
-        shell = (f"exec {q(PY)} -m torchpp speed-check --reference {q(str(hosts))}/speed_\"$HOST\".json "
+        if self.consensus is None:
+            self.consensus = self.consensus_references()
+        shell = (f"exec {q(PY)} -m torchpp speed-check --reference {q(str(hosts))}/consensus_\"$HOST\".json "
                  f"--out {q(str(d))}/speed_check_\"$HOST\".json --quiet")
         self.p.run(f"speed check of {len(self.hosts.names)} hosts (their profiled layers again)",
                    self.hosts.each_host(shell, d / "logs"))
@@ -604,7 +672,7 @@ class Demo:
         print(f"torchpp demo: {c.model}, seq {c.seq_len}, global batch {c.global_batch}, on {self.hosts.mode} "
               f"({', '.join(self.hosts.names)}); outputs in {self.out}", flush=True)
         files, rounds = self.profile()
-        cap = self.capacities(rounds)
+        cap = self.settled_capacities(rounds)
         bw = self.bandwidth()
         mem = self.memory(files[0])
         devices = self.path("devices.json")

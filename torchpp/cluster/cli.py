@@ -139,6 +139,10 @@ def _throttle_proc(args: argparse.Namespace) -> int:
         print(f"throttle: {len(tree)} process(es) of pid {args.pid} limited to {limits} "
               f"(cgroup torchpp/{name}; undo with `torchpp throttle clear`)")
         return 0
+    if mem:
+        from . import runtime_cache
+
+        runtime_cache.warm()  # the runtime's file pages are charged here, not to the limit (runtime_cache.py)
     with cgroups.limited(f"throttle-{os.getpid()}", cpu=cpu, memory=mem) as group:
         print(f"throttle: running {' '.join(cmd)} with {limits}", flush=True)
         proc = subprocess.Popen(cmd, preexec_fn=group.preexec)

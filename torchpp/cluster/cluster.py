@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..formats import FormatError, Plan, read_json, write_json
-from . import cgroups, netns, tc
+from . import cgroups, netns, runtime_cache, tc
 from .config import HOST_DEV, ClusterConfig
 from .system import CAP_NET_ADMIN, CAP_SYS_ADMIN, PREFIX, STATE_DIR, require_caps
 
@@ -393,7 +393,7 @@ def expand(argv: list[str], p: Placement) -> list[str]:
 
 
 def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None, log=print,
-        grace_s: float = 5.0, follow=None, plan: str | os.PathLike | None = None
+        grace_s: float = 5.0, follow=None, plan: str | os.PathLike | None = None, warm_runtime: bool = True
         ) -> tuple[int, list[HostResult]]:
     """Run ``argv`` once in every host (its namespace and cgroup), or with ``plan`` once per
     plan rank on that rank's host, and wait for all of them. ``{host}`` and ``{rank}`` in
@@ -402,8 +402,11 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
     Each process's stdout and stderr go to ``log_dir/<host>.log`` (``<host>.rank<R>.log`` under
     a plan; with ``follow``, line by line to ``follow(label, line)`` as well). On timeout,
     Ctrl-C or SIGTERM every process of the cluster is killed (SIGTERM, then SIGKILL after
-    ``grace_s``)."""
+    ``grace_s``). With ``warm_runtime`` the runtime's files are first read here, so no host's
+    memory limit is charged for them (see :mod:`.runtime_cache`)."""
     state, places, envs = _placements(name, argv, plan)
+    if warm_runtime and any(h.get("memory") for h in state["hosts"]):
+        runtime_cache.warm()
     log_dir.mkdir(parents=True, exist_ok=True)
     hier = cgroups.detect()
     groups = {p.host_index: cgroups.existing(state["hosts"][p.host_index]["cgroup"], hier) for p in places}

@@ -12,7 +12,7 @@ from .plan import (PLACEMENTS, PLAN_KIND, PLAN_SCHEDULES, PLAN_VERSION, SCHEDULE
                    PlanStage, placement_of, split_samples, validate_plan)
 from .bandwidth import BANDWIDTH_KIND, BANDWIDTH_VERSION, Bandwidth
 from .capacities import (CAPACITIES_KIND, CAPACITIES_VERSION, SPEED_CHECK_KIND, SPEED_CHECK_VERSION, Capacities,
-                         HostTable, SpeedCheck, speed_ratios)
+                         CapacityOutlier, HostTable, SpeedCheck, speed_ratios)
 from .memory import MEMORY_KIND, MEMORY_ORDERS, MEMORY_VERSION, MemoryModel, MemorySample
 from .devices import DeviceInfo, Devices, GB
 from .sim import (EXPERIMENT_KIND, EXPERIMENT_VERSION, SIM_COMM_TYPES, SIM_INT_PARAMS, SIM_PARAMS, SIM_POLICIES,
@@ -24,7 +24,7 @@ __all__ = [
     "BlockProfile", "LAYERS_KIND", "LAYERS_VERSION", "LayersFile", "ModelInfo", "RunInfo",
     "PLACEMENTS", "PLAN_KIND", "PLAN_SCHEDULES", "PLAN_VERSION", "Placement", "Plan", "PlanDevice",
     "PlanStage", "SCHEDULES", "placement_of", "split_samples", "validate_plan", "BANDWIDTH_KIND",
-    "BANDWIDTH_VERSION", "Bandwidth", "CAPACITIES_KIND", "CAPACITIES_VERSION", "Capacities",
+    "BANDWIDTH_VERSION", "Bandwidth", "CAPACITIES_KIND", "CAPACITIES_VERSION", "Capacities", "CapacityOutlier",
     "HostTable", "SPEED_CHECK_KIND", "SPEED_CHECK_VERSION", "SpeedCheck", "speed_ratios",
     "MEMORY_KIND", "MEMORY_ORDERS", "MEMORY_VERSION", "MemoryModel", "MemorySample", "DeviceInfo",
     "Devices", "GB", "EXPERIMENT_KIND", "EXPERIMENT_VERSION", "ExperimentConfig", "SIM_COMM_TYPES",

@@ -25,6 +25,24 @@ class HostTable:
 
 
 @dataclass(kw_only=True)
+class CapacityOutlier:
+    """A speed round of one host farther from the host's median round than its profiles' spread explains."""
+
+    host: str
+    round: int
+    """0-based index into ``Capacities.rounds``."""
+    value: float
+    """The host's capacity in that round (for the reference host: its speed relative to its consensus round)."""
+    median: float
+    tolerance: float
+    """The relative distance from ``median`` the round's profiles' spread allowed."""
+
+    def line(self) -> str:
+        return (f"{self.host} round {self.round + 1}: {self.value:.3f} is {100 * (self.value / self.median - 1):+.0f}% "
+                f"from its median {self.median:.3f}, beyond the {100 * self.tolerance:.0f}% its profiles' spread explains")
+
+
+@dataclass(kw_only=True)
 class Capacities:
     """capacities.json (seed 000 step 2): speed of each host relative to ``ref_host``.
 
@@ -49,11 +67,19 @@ class Capacities:
     rounds: list[dict[str, float]] = field(default_factory=list)
     """Each round's capacities where profiles were taken in several rounds (``capacity`` is the
     median of a host's rounds); optional, empty for one round."""
+    consensus_round: dict[str, int] = field(default_factory=dict)
+    """Per host with ``rounds``: the round (0-based) whose ratio is the host's median, the profile its
+    later speed checks compare against; for the reference host, the round it ran at median speed."""
+    agreement: dict[str, float] = field(default_factory=dict)
+    """Per host with ``rounds``: the largest relative distance of one of its rounds from its median."""
+    outliers: list[CapacityOutlier] = field(default_factory=list)
+    """Rounds farther from their host's median than the profiles' spread explains (re-take them)."""
     format: str = f"torchpp.{CAPACITIES_KIND}/{CAPACITIES_VERSION}"
 
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)
-        for key in ("optimizer_s_per_byte", "backward_split_factor", "backward_split_layer_s", "rounds"):
+        for key in ("optimizer_s_per_byte", "backward_split_factor", "backward_split_layer_s", "rounds",
+                    "consensus_round", "agreement", "outliers"):
             if not d[key]:
                 d.pop(key)
         return {"format": d.pop("format"), **d}
@@ -95,7 +121,8 @@ class Capacities:
                           optimizer_s_per_byte=_host_rates(r, "optimizer_s_per_byte", capacity),
                           backward_split_factor=_host_rates(r, "backward_split_factor", capacity),
                           backward_split_layer_s=_host_rates(r, "backward_split_layer_s", capacity, zero=True),
-                          rounds=_capacity_rounds(r, capacity))
+                          rounds=(rounds := _capacity_rounds(r, capacity)),
+                          **_round_judgement(r, capacity, len(rounds)))
 
     @staticmethod
     def load(path: str | os.PathLike) -> "Capacities":
@@ -111,6 +138,26 @@ def _capacity_rounds(r: Reader, capacity: Mapping[str, float]) -> list[dict[str,
                 raise row.fail(h, f"a host of 'capacity' ({', '.join(sorted(capacity))})", h)
         out.append({h: row.float(h, positive=True, max_value=1e6) for h in row.data})
     return out
+
+
+def _round_judgement(r: Reader, capacity: Mapping[str, float], n_rounds: int) -> dict[str, Any]:
+    """The optional ``consensus_round``, ``agreement`` and ``outliers`` over hosts of ``capacity`` and
+    rounds ``0..n_rounds-1``."""
+    def host(where: Reader, key: str, h: str) -> str:
+        if h not in capacity:
+            raise where.fail(key, f"a host of 'capacity' ({', '.join(sorted(capacity))})", h)
+        return h
+    cr = r.obj("consensus_round", {})
+    consensus = {host(cr, h, h): cr.int(h, min_value=0, max_value=max(0, n_rounds - 1)) for h in cr.data}
+    ag = r.obj("agreement", {})
+    agreement = {host(ag, h, h): ag.float(h, min_value=0.0) for h in ag.data}
+    outliers = []
+    for o in r.objs("outliers", []):
+        outliers.append(CapacityOutlier(host=host(o, "host", o.str("host")),
+                                        round=o.int("round", min_value=0, max_value=max(0, n_rounds - 1)),
+                                        value=o.float("value", positive=True), median=o.float("median", positive=True),
+                                        tolerance=o.float("tolerance", min_value=0.0)))
+    return {"consensus_round": consensus, "agreement": agreement, "outliers": outliers}
 
 
 def _host_rates(r: Reader, key: str, capacity: Mapping[str, float], zero: bool = False) -> dict[str, float]:

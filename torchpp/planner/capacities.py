@@ -24,6 +24,15 @@ it taken while something slowed it alone moves them all: on the demo's homelab o
 of the laptop read 29% slower than its whole-model profile a minute later on the same blocks, every
 Pi's capacity came out ~20% high and the runs missed their prediction by 19.6%. With three rounds
 one such profile is outvoted. The first round's files give the tables, call overhead and rates.
+
+Outvoting is not enough: a round that disagrees with the others says the measurement went wrong
+(on a quiet machine the emulated pi3 once read 0.411, 0.019 and 0.228 of the laptop in three
+rounds), and the median of rounds that wide is a guess. So each host's rounds are compared with
+their median: ``agreement[h]`` is the largest relative distance of one of them from it, and a round
+farther than ``round_tolerance`` (what the two profiles' own step-to-step spread explains, at least
+``MIN_TOLERANCE``) is listed in ``outliers``, for the caller to re-take (the demo does) or at least
+report. ``consensus_round[h]`` is the round whose ratio is the median, the profile a later
+``speed-check`` should compare the host against (not round 1, which may be the outlier).
 """
 from __future__ import annotations
 
@@ -32,7 +41,7 @@ import statistics
 from pathlib import Path
 from typing import Sequence
 
-from ..formats import Capacities, FormatError, HostTable, LayersFile
+from ..formats import Capacities, CapacityOutlier, FormatError, HostTable, LayersFile
 from ..cost import Profiles
 from ..cost.profiles import check_same_model
 from .. import argtypes as T
@@ -69,6 +78,63 @@ def round_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequen
     return {lf.host: speed_ratio(ref, block_seconds(lf), src) for lf, src in zip(files, sources)}
 
 
+MIN_TOLERANCE = 0.10
+"""Smallest relative distance from a host's median round that makes a round an outlier: rounds of
+the emulated homelab that ran as they should agreed within a few percent, and 10% is where a
+mispriced host starts to move the plan."""
+SIGMAS = 3.0
+"""Standard errors of a round's ratio (from its two profiles' step-to-step spread) that it may
+stray from the median before the spread no longer explains it."""
+
+
+def relative_error(lf: LayersFile) -> float:
+    """Relative standard error of a profile's seconds per step (forward + backward of its blocks at
+    the run's batch, over the counted steps): how far its mean could move by chance alone. 0 when the
+    file kept no per-step samples."""
+    steps = [0.0] * min((len(b.forward_samples_s) for b in (lf.embed, *lf.layers, lf.tail)), default=0)
+    for b in (lf.embed, *lf.layers, lf.tail):
+        for i in range(len(steps)):
+            steps[i] += b.forward_samples_s[i] + (b.backward_samples_s[i] if i < len(b.backward_samples_s) else 0.0)
+    if len(steps) < 2 or statistics.fmean(steps) <= 0:
+        return 0.0
+    return statistics.stdev(steps) / statistics.fmean(steps) / len(steps) ** 0.5
+
+
+def round_tolerance(ref: LayersFile, mine: LayersFile) -> float:
+    """How far one round's ratio of ``mine`` to ``ref`` may stray from the host's median by the two
+    profiles' own spread: ``SIGMAS`` combined standard errors, at least ``MIN_TOLERANCE``."""
+    return max(MIN_TOLERANCE, SIGMAS * (relative_error(ref) ** 2 + relative_error(mine) ** 2) ** 0.5)
+
+
+def median_index(values: Sequence[float]) -> int:
+    """Index of the median value (the lower middle one for an even count): a round that was measured."""
+    order = sorted(range(len(values)), key=lambda i: (values[i], i))
+    return order[(len(values) - 1) // 2]
+
+
+def judge_rounds(rounds: Sequence[dict[str, float]], tolerances: Sequence[dict[str, float]], ref_host: str,
+                 ref_seconds: Sequence[float]) -> tuple[dict[str, int], dict[str, float], list[CapacityOutlier]]:
+    """Per host: the round whose ratio is the median, the largest relative distance of a round from
+    it, and every round beyond its tolerance. The reference host's ratio is 1 in every round, so its
+    consensus is the round in which it was of median speed (``ref_seconds``: its seconds per round on
+    the blocks all its rounds measured), and its rounds are judged by those seconds (as speeds
+    relative to that round: 1.0 at the consensus)."""
+    consensus, agreement, outliers = {}, {}, []
+    for h in rounds[0]:
+        ks = [k for k, r in enumerate(rounds) if h in r]
+        vals = [1.0 / ref_seconds[k] for k in ks] if h == ref_host else [rounds[k][h] for k in ks]
+        mid = median_index(vals)
+        if h == ref_host:
+            vals = [v / vals[mid] for v in vals]
+        consensus[h], med = ks[mid], vals[mid]
+        agreement[h] = max(abs(v / med - 1.0) for v in vals)
+        for k, v in zip(ks, vals):
+            tol = tolerances[k].get(h, MIN_TOLERANCE)
+            if abs(v / med - 1.0) > tol:
+                outliers.append(CapacityOutlier(host=h, round=k, value=v, median=med, tolerance=tol))
+    return consensus, agreement, outliers
+
+
 def _check_round(files: Sequence[LayersFile], sources: Sequence[str], first: LayersFile, src0: str,
                  hosts: dict[str, float]) -> None:
     """A further round: the first round's model (its first layers may be fewer), each host once, no new host."""
@@ -91,10 +157,19 @@ def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequ
     if ref_host not in prof.fwd:
         raise FormatError("--ref-host", "ref_host", f"one of the measured hosts ({', '.join(prof.fwd)})", ref_host)
     rounds = [round_capacities(files, ref_host, sources)]
+    all_files = [list(files)]
     for fs, srcs in again:
         _check_round(fs, srcs, files[0], sources[0], rounds[0])
         rounds.append(round_capacities(fs, ref_host, srcs))
+        all_files.append(list(fs))
     capacity = {h: float(statistics.median(r[h] for r in rounds if h in r)) for h in rounds[0]}
+    consensus, agreement, outliers = {}, {}, []
+    if len(rounds) > 1:
+        refs = [next(lf for lf in fs if lf.host == ref_host) for fs in all_files]
+        shared = set.intersection(*(set(block_seconds(lf)) for lf in refs))
+        ref_seconds = [sum(block_seconds(lf)[k] for k in shared) for lf in refs]
+        tolerances = [{lf.host: round_tolerance(r, lf) for lf in fs} for r, fs in zip(refs, all_files)]
+        consensus, agreement, outliers = judge_rounds(rounds, tolerances, ref_host, ref_seconds)
     tables = {}
     for lf in files:
         bl = [lf.embed, *lf.layers, lf.tail]
@@ -109,7 +184,8 @@ def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequ
     split_layer = {lf.host: lf.backward_split_layer_s for lf in files if lf.backward_split_layer_s is not None}
     return Capacities(ref_host=ref_host, capacity=capacity, tables=tables, call_overhead_s=call,
                       optimizer_s_per_byte=opt, backward_split_factor=split, backward_split_layer_s=split_layer,
-                      rounds=rounds if len(rounds) > 1 else [])
+                      rounds=rounds if len(rounds) > 1 else [], consensus_round=consensus, agreement=agreement,
+                      outliers=outliers)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -135,6 +211,9 @@ def run(args: argparse.Namespace) -> int:
               + (f", split backward {split:.2f} x" if split else "")
               + (f" + {cap.backward_split_layer_s[h] * 1e3:.2f} ms per layer and call"
                  if cap.backward_split_layer_s.get(h) else "")
-              + (" (rounds " + "/".join(f"{r[h]:.3f}" if h in r else "-" for r in cap.rounds) + ")"
-                 if cap.rounds else ""))
+              + (" (rounds " + "/".join(f"{r[h]:.3f}" if h in r else "-" for r in cap.rounds)
+                 + f": within {100 * cap.agreement[h]:.1f}% of the median, round {cap.consensus_round[h] + 1})"
+                 if cap.rounds and h in cap.agreement else ""))
+    for o in cap.outliers:
+        print(f"  outlier: {o.line()}")
     return 0
