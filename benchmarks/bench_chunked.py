@@ -1,7 +1,7 @@
 """torchpp's chunked schedules against torch.distributed.pipelining's, on the same split.
 
     python benchmarks/bench_chunked.py              # qwen3-small, batch 16 x 64, 8 micro-batches, 2 and 4 ranks
-    python benchmarks/bench_chunked.py --quick      # batch 8 x 32, 3 measured steps: a few minutes
+    python benchmarks/bench_chunked.py --quick      # qwen3-tiny, 2 ranks, 2 steps, no memory runs: seconds, no measurement
 
 Pairs (torchpp schedule kind vs the peer's class), each on 2p chunks of an even layer split,
 the embedding in chunk 0 and the tail in chunk 2p-1:
@@ -96,7 +96,7 @@ class TorchppSteps:
         n_tokens = count_targets(ids) if ids is not None and self.chunks[-1].has_tail else None
         t0 = time.perf_counter()
         res = self.executor.step(ids, n_tokens)
-        stats = _reduce_stats(res, self.chunks[0].index, 1, self.plan.num_stages)
+        stats = _reduce_stats(res, {c.index: len(c.devices) for c in self.chunks}, self.plan.num_stages)
         return time.perf_counter() - t0, float(stats[0])
 
 
@@ -182,7 +182,7 @@ class PeerSteps:
         self.opt.zero_grad(set_to_none=True)
         v = torch.zeros(1, dtype=torch.float64)
         if self.last:
-            v[0] = sum(float(x) for x in losses) / self.s.microbatches
+            v[0] = sum(float(x.detach()) for x in losses) / self.s.microbatches
         dist.all_reduce(v)
         return time.perf_counter() - t0, float(v[0])
 
@@ -224,15 +224,16 @@ def launch(mode: str, schedule: str, p: int, s: Setup, plan: Path, out: Path) ->
                      pg_timeout_s=s.timeout_s, threads=1, log=str(out / "runs" / f"{mode}_{schedule}_pp{p}_rank{{rank}}.log"))
 
 
-def compare(s: Setup, schedule: str, p: int, out: Path) -> dict[str, Any]:
-    """One pair on p ranks: paired step-time ratio and per-rank peak RSS ratio."""
+def compare(s: Setup, schedule: str, p: int, out: Path, memory: bool = True) -> dict[str, Any]:
+    """One pair on p ranks: paired step-time ratio and per-rank peak RSS ratio (``memory``: else
+    no separate runs, and no RSS figures)."""
     plan = plan_for(s, p, schedule, out / f"plan_{schedule}_pp{p}.json")
     alt = launch("alternating", schedule, p, s, plan, out)[0]
     w = s.warmup
     tp, pe = alt["times"]["torchpp"][w:], alt["times"]["peer"][w:]
-    alone = {m: launch(m, schedule, p, s, plan, out) for m in ("torchpp", "peer")}
-    mem = {m: [r["hwm"] for r in runs] for m, runs in alone.items()}
-    sampled = {m: [r["peak_rss"] for r in runs] for m, runs in alone.items()}
+    alone = {m: launch(m, schedule, p, s, plan, out) for m in ("torchpp", "peer")} if memory else {}
+    mem = {m: [r["hwm"] for r in alone.get(m, ())] for m in ("torchpp", "peer")}
+    sampled = {m: [r["peak_rss"] for r in alone.get(m, ())] for m in ("torchpp", "peer")}
     dloss = max(abs(a - b) for a, b in zip(alt["losses"]["torchpp"], alt["losses"]["peer"]))
     ratios = [a / b for a, b in zip(tp, pe)]
     q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
@@ -247,22 +248,26 @@ def compare(s: Setup, schedule: str, p: int, out: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="batch 8 x 32, 3 measured steps")
-    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--quick", action="store_true",
+                    help="qwen3-tiny, batch 8 x 16, 1+2 steps, 2 ranks, no memory runs: checks that it runs")
+    ap.add_argument("--ranks", type=int, nargs="+", default=None, help="pipeline sizes (default 2 4; --quick 2)")
+    ap.add_argument("--no-memory", action="store_true", help="skip the separate peak-RSS runs")
     ap.add_argument("--schedules", nargs="+", default=list(PAIRS), choices=list(PAIRS))
-    ap.add_argument("--steps", type=int, default=None, help="measured steps per system (default 6; --quick 3)")
+    ap.add_argument("--steps", type=int, default=None, help="measured steps per system (default 6; --quick 2)")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench_chunked")
     a = ap.parse_args(argv)
-    s = Setup(**{**DEFAULTS, **(dict(batch=8, seq_len=32, steps=3) if a.quick else {})})
+    s = Setup(**{**DEFAULTS, **(dict(model="qwen3-tiny", batch=8, seq_len=16, steps=2) if a.quick else {})})
+    ranks = a.ranks or ([2] if a.quick else [2, 4])
+    memory = not (a.quick or a.no_memory)
     if a.steps is not None:
         s = replace(s, steps=a.steps)
     a.out.mkdir(parents=True, exist_ok=True)
-    print(f"bench_chunked: {s.model}, batch {s.batch} x {s.seq_len}, {s.microbatches} micro-batches, ranks {a.ranks}; "
+    print(f"bench_chunked: {s.model}, batch {s.batch} x {s.seq_len}, {s.microbatches} micro-batches, ranks {ranks}; "
           f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
     rows = []
-    for p in a.ranks:
+    for p in ranks:
         for sched in a.schedules:
-            r = compare(s, sched, p, a.out)
+            r = compare(s, sched, p, a.out, memory)
             rows.append(r)
             print(f"{sched:<15} vs {r['peer']:<30} p={p}: step torchpp/peer {r['step_ratio']:.3f} "
                   f"[quartiles {r['step_ratio_quartiles'][0]:.3f}-{r['step_ratio_quartiles'][1]:.3f}] "

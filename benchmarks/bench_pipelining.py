@@ -198,7 +198,7 @@ class TorchppSteps:
         n_tokens = count_targets(ids) if ids is not None and self.pstage.has_tail else None
         t0 = time.perf_counter()
         res = self.executor.step(ids, n_tokens)
-        stats = _reduce_stats(res, self.pstage.index, len(self.pstage.devices), self.plan.num_stages)
+        stats = _reduce_stats(res, {self.pstage.index: len(self.pstage.devices)}, self.plan.num_stages)
         return time.perf_counter() - t0, float(stats[0])
 
 

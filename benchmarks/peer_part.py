@@ -2,7 +2,12 @@
 pruned to a layer range, wrapped in a module whose forward is torchpp's per-stage compute
 (positions, masks, rotary per stage) and whose last chunk returns logits (the peer's schedule
 applies the loss). Shared by bench_pipelining.py and bench_chunked.py so both compare against
-the same peer."""
+the same peer.
+
+The logits are the plain modules' (``lm_head(norm(h))``), not :meth:`Stage.logits`: torchpp's
+projection adds the lm_head's weight gradient into ``.grad`` inside its backward, where the
+peer's zero-bubble weight pass (``stage_backward_weight``) looks for the weight in the autograd
+graph and fails when it is not there."""
 from __future__ import annotations
 
 
@@ -13,6 +18,7 @@ def peer_part(model, cfg, layers: tuple[int, int], *, first: bool, last: bool, n
     import torch
     from torch import nn
 
+    from torchpp.models.semantics import scale_logits
     from torchpp.models.stages import Stage, StagePaths, StageSpec, _get, _set
 
     parts = StagePaths.of(model)
@@ -37,6 +43,8 @@ def peer_part(model, cfg, layers: tuple[int, int], *, first: bool, last: bool, n
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             h = stage.forward(x)
-            return stage.logits(h) if last else h
+            if not last:
+                return h
+            return scale_logits(cfg, _get(model, parts.lm_head)(_get(model, parts.norm)(h)))
 
     return Part(), stage

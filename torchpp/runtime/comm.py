@@ -2,13 +2,15 @@
 
 Receives are posted ahead (``irecv`` into a preallocated buffer) and sends are non-blocking,
 so transfers overlap compute (gloo's own I/O thread moves the bytes). The compute loop waits
-on a receive only when it needs the data. Sends are waited on, in the order they were
-posted, by one long-lived daemon thread per rank, so a sent buffer is freed as soon as it
-has gone (gloo's p2p works make no progress on their own and offer no futures). While a step
-is traced (``stamp``), every operation gets its own waiter thread, which stamps the moment
-it completed, so the trace shows when data really arrived; untraced steps start no threads
-(on a machine with fewer cores than ranks, every extra thread takes time from some rank's
-compute).
+on a receive only when it needs the data. Sends are waited on by long-lived daemon threads
+(:class:`Waiters`), so a sent buffer is freed as soon as it has gone without the compute loop
+doing anything (gloo's p2p works make no progress on their own and offer no futures); while a
+step is traced (``stamp``) receives are handed to them too, so each operation's completion is
+stamped the moment it happened and the trace shows when data really arrived. The threads are
+reused: a step creates none once the first has run (starting a thread per message cost CPU
+on every message of a traced step, and the call probe reads its per-call time off traced
+steps). Messages are
+posted on the default process group directly, with their tags computed once per action.
 
 Every wait is bounded by ``timeout_s``: a dead peer (connection closed) or a stalled one
 (timeout) becomes a :class:`PeerError` that names the action and the peer, never a hang.
@@ -19,7 +21,6 @@ import datetime
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -62,20 +63,19 @@ def tag_of(action: Action, boundaries: int = 1, samples: int = 1 << 16) -> int:
     return tag
 
 
-@dataclass(eq=False)
 class Pending:
-    """One posted send or receive; ``done_s`` is stamped by its waiter thread."""
+    """One posted send or receive; ``done_s`` is stamped by the thread that waited on it."""
 
-    action: Action
-    tensor: torch.Tensor
-    work: object
-    posted_s: float
-    timeout_s: float
-    threaded: bool = True
-    """A waiter thread stamps ``done_s``; otherwise :meth:`Comm.wait` waits inline."""
-    done_s: float | None = None
-    error: BaseException | None = None
-    _event: threading.Event = field(default_factory=threading.Event)
+    __slots__ = ("action", "tensor", "work", "posted_s", "timeout_s", "threaded", "done_s", "error", "_event")
+
+    def __init__(self, action: Action, tensor: torch.Tensor, work: object, posted_s: float, timeout_s: float,
+                 threaded: bool = True):
+        self.action, self.tensor, self.work, self.posted_s, self.timeout_s = action, tensor, work, posted_s, timeout_s
+        self.threaded = threaded
+        """A waiter thread stamps ``done_s``; otherwise :meth:`Comm.wait` waits inline."""
+        self.done_s: float | None = None
+        self.error: BaseException | None = None
+        self._event = threading.Event() if threaded else None
 
     def _wait(self) -> None:
         try:
@@ -83,17 +83,43 @@ class Pending:
         except BaseException as e:  # re-raised, with the action named, by Comm.wait
             self.error = e
         self.done_s = time.perf_counter()
-        self._event.set()
+        if self._event is not None:
+            self._event.set()
 
     @property
     def nbytes(self) -> int:
         return self.tensor.numel() * self.tensor.element_size()
 
 
-def _reap(sends: "queue.SimpleQueue[Pending]") -> None:
-    """Wait on each send in turn; its waiter stamps it done (or failed) and drops nothing else."""
-    while True:
-        sends.get()._wait()
+class Waiters:
+    """Long-lived threads that wait on posted operations, one operation each at a time, and
+    stamp when it completed. A thread is started only when every existing one is busy, so a
+    step starts threads only until it reaches its most operations in flight (the first step);
+    after that, handing an operation over is one queue put, and no thread is created or ended."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._queue: queue.SimpleQueue[Pending] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        """Threads free to take an operation no earlier put has claimed."""
+        self.threads = 0
+
+    def put(self, p: Pending) -> None:
+        with self._lock:
+            start = self._idle == 0
+            if not start:
+                self._idle -= 1
+        if start:
+            self.threads += 1
+            threading.Thread(target=self._run, name=f"{self.name}-{self.threads}", daemon=True).start()
+        self._queue.put(p)
+
+    def _run(self) -> None:
+        while True:
+            self._queue.get()._wait()
+            with self._lock:
+                self._idle += 1
 
 
 def guarded(rank: int, what: str, timeout_s: float, fn, /, *args, **kwargs):
@@ -126,7 +152,10 @@ class Comm:
         self.groups: dict[tuple[int, ...], object] = {}
         self.stamp = False
         """Stamp each operation's completion from a waiter thread (for traces)."""
-        self._sends: queue.SimpleQueue[Pending] | None = None
+        self._waiters = Waiters(f"wait-rank{rank}")
+        self._pg = None
+        """The default process group, called directly: ``dist.isend``'s checks, run for every message, cost more than the call."""
+        self._tags: dict[Action, int] = {}
 
     def make_groups(self, schedule: Schedule) -> None:
         """Create every all-reduce group of the schedule; all ranks call this in the same order."""
@@ -138,28 +167,29 @@ class Comm:
                 self.groups[g] = pg
 
     # -- p2p
-    def _post(self, action: Action, tensor: torch.Tensor, fn) -> Pending:
+    def _post(self, action: Action, tensor: torch.Tensor, send: bool) -> Pending:
+        pg = self._pg
+        if pg is None:
+            pg = self._pg = dist.distributed_c10d._get_default_group()
+        tag = self._tags.get(action)
+        if tag is None:
+            tag = self._tags[action] = tag_of(action, *self.tag_space)
+        threaded = send or self.stamp
         posted = time.perf_counter()  # before the call: gloo may start moving bytes inside isend
         try:
-            work = fn(tensor, action.peer, tag=tag_of(action, *self.tag_space))
+            work = pg.send([tensor], action.peer, tag) if send else pg.recv([tensor], action.peer, tag)
         except RuntimeError as e:
             raise PeerError(self._message(action, time.perf_counter(), e)) from None
-        send = fn is dist.isend
-        p = Pending(action, tensor, work, posted, self.timeout_s, threaded=self.stamp or send)
-        if self.stamp:
-            threading.Thread(target=p._wait, name=f"wait-{action}", daemon=True).start()
-        elif send:
-            if self._sends is None:
-                self._sends = queue.SimpleQueue()
-                threading.Thread(target=_reap, args=(self._sends,), name=f"sends-rank{self.rank}", daemon=True).start()
-            self._sends.put(p)
+        p = Pending(action, tensor, work, posted, self.timeout_s, threaded=threaded)
+        if threaded:
+            self._waiters.put(p)
         return p
 
     def irecv(self, action: Action, tensor: torch.Tensor) -> Pending:
-        return self._post(action, tensor, dist.irecv)
+        return self._post(action, tensor, False)
 
     def isend(self, action: Action, tensor: torch.Tensor) -> Pending:
-        return self._post(action, tensor, dist.isend)
+        return self._post(action, tensor, True)
 
     def wait(self, p: Pending) -> torch.Tensor:
         start = time.perf_counter()

@@ -145,6 +145,8 @@ class Executor:
         self.tied_contributor = bool(ends) and self.pstages[ends[0]].devices[0].rank == rank
         self.observer: StepObserver | None = None
         self.posting = receive_posting(actions)
+        self._recv_dtype = self.stages.dtype
+        self._program = self._compile()
         self.step_index = 0
         """Steps done so far (set to the resumed step); with the micro-batch it seeds dropout."""
         self.before_backward: Callable[[], None] | None = None
@@ -168,32 +170,47 @@ class Executor:
         lo, hi = max(a, c), min(b, d)
         return (lo, hi) if lo < hi else None
 
-    def step(self, ids: torch.Tensor | None, n_tokens: int | None) -> StepResult:
-        """One optimizer step over the global batch ``ids`` (None on ranks that need no tokens)."""
-        self.comm.stamp = self.observer is not None
-        s = _StepState(ids=ids, n_tokens=n_tokens, grad_uses=self._grad_uses(),
-                       recv_shape=(self.plan.seq_len, self.stages.hidden_size), dtype=self.stages.dtype)
+    def _compile(self) -> list[tuple]:
+        """The action list as the loop runs it, everything that does not change between steps
+        worked out once: per action its handler, the chunk its time counts to, whether it is a
+        pass (F, B, I, W) and a backward, and the receives to post before it with their buffers' shapes."""
         run = {Kind.FORWARD: self._forward, Kind.SEND_ACT: self._send_act, Kind.BACKWARD: self._backward,
                Kind.BACKWARD_INPUT: self._backward, Kind.BACKWARD_WEIGHT: self._backward_weight,
                Kind.SEND_GRAD: self._send_grad, Kind.ALLREDUCE: self._allreduce_action,
-               Kind.OPTIMIZER: self._optimizer_action}
-        waiting = self.before_backward
+               Kind.OPTIMIZER: self._optimizer_action, Kind.RECV_ACT: self._receive, Kind.RECV_GRAD: self._receive}
+        T, H = self.plan.seq_len, self.stages.hidden_size
+        program = []
         for i, act in enumerate(self.actions):
-            self._post_receives(i, s)
-            if waiting is not None and act.kind in BACKWARDS:
+            posts = tuple((r, (r.samples[1] - r.samples[0], T, H)) for r in self.posting.get(i, ()))
+            chunk = act.stage if act.stage in self.pstages else self.first_chunk
+            program.append((run.get(act.kind, self._unknown), act, chunk, act.kind in PASSES, act.kind in BACKWARDS,
+                            posts))
+        return program
+
+    def _unknown(self, act: Action, s: "_StepState") -> None:  # pragma: no cover - build() only makes known kinds
+        raise RuntimeError(f"rank {self.rank}: cannot execute {describe(act)}")
+
+    def step(self, ids: torch.Tensor | None, n_tokens: int | None) -> StepResult:
+        """One optimizer step over the global batch ``ids`` (None on ranks that need no tokens)."""
+        comm = self.comm
+        comm.stamp = self.observer is not None
+        s = _StepState(ids=ids, n_tokens=n_tokens, grad_uses=self._grad_uses(),
+                       recv_shape=(self.plan.seq_len, self.stages.hidden_size), dtype=self.stages.dtype)
+        chunk_compute = s.chunk_compute = dict.fromkeys(self.pstages, 0.0)
+        chunk_wait = s.chunk_wait = dict.fromkeys(self.pstages, 0.0)
+        pending, dtype, empty = s.pending, self._recv_dtype, torch.empty
+        waiting = self.before_backward
+        for run, act, chunk, is_pass, backward, posts in self._program:
+            for r, shape in posts:
+                pending[r] = comm.irecv(r, empty(shape, dtype=dtype))
+            if waiting is not None and backward:
                 waiting()
                 waiting = None
             c0, w0 = s.compute_s, s.wait_s
-            if act.is_recv:
-                self._receive(act, s)
-            elif act.kind in run:
-                run[act.kind](act, s)
-            else:  # pragma: no cover - build() only makes the kinds above
-                raise RuntimeError(f"rank {self.rank}: cannot execute {describe(act)}")
-            chunk = act.stage if act.stage in self.pstages else self.first_chunk
-            s.chunk_compute[chunk] = s.chunk_compute.get(chunk, 0.0) + s.compute_s - c0
-            s.chunk_wait[chunk] = s.chunk_wait.get(chunk, 0.0) + s.wait_s - w0
-            if act.kind in PASSES and s.sends:
+            run(act, s)
+            chunk_compute[chunk] += s.compute_s - c0
+            chunk_wait[chunk] += s.wait_s - w0
+            if is_pass and s.sends:
                 s.sent += self._release_finished(s.sends)
         left = (s.pending, s.parts, s.outputs, s.in_grads, s.weight_tasks)
         if any(left):
@@ -215,11 +232,6 @@ class Executor:
             elif act.kind in GRAD_OUT and self._local(act.stage - 1, act.stage):
                 out[key] = out.get(key, 0) + 1
         return out
-
-    def _post_receives(self, i: int, s: "_StepState") -> None:
-        for r in self.posting.get(i, ()):
-            lo, hi = r.samples
-            s.pending[r] = self.comm.irecv(r, torch.empty((hi - lo, *s.recv_shape), dtype=s.dtype))
 
     def _receive(self, act: Action, s: "_StepState") -> None:
         t0 = time.perf_counter()
