@@ -10,7 +10,6 @@ import datetime
 import hashlib
 import json
 import os
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..formats import FormatError, Plan, file_hash, validate_plan
+from ..hostname import host_name, machine_name
 from ..models.presets import DTYPES, hidden_size, is_preset, load_config, num_hidden_layers, resolve_model
 from ..models.stages import StageSet, StageSpec, build_stages, count_targets
 from ..schedules import Schedule, build
@@ -190,6 +190,7 @@ def prepare(cfg: TrainConfig, world_size: int) -> Prepared:
     from ..data import DataError
 
     source = str(cfg.plan)
+    host_name()  # a bad TORCHPP_HOST or HOST: one line on this rank before any collective
     plan = Plan.load(cfg.plan)
     for flag, data in (("--data", cfg.data), ("--eval-data", cfg.eval_data)):
         if data not in (None, "synthetic") and not Path(data).exists():
@@ -461,8 +462,9 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
     # the first collective: ranks started with different plans or options must stop here, before any write
     g("comparing plan, model, data and options with all ranks", require_agreement, fingerprint(cfg, prep))
     g("creating the all-reduce groups", comm.make_groups, schedule)
-    hosts = g("exchanging host names with all ranks", all_gather_json, socket.gethostname())
-    roles = _roles(plan, rank, hosts)
+    names = g("exchanging host names with all ranks", all_gather_json, [host_name(), machine_name()])
+    hosts = [str(n[0]) for n in names]  # what traces say (torchpp.hostname's rule)
+    roles = _roles(plan, rank, [str(n[1]) for n in names])  # who shares a file system: the machines
     mark_base_rss()  # what the stage adds to this process is what the planner's memory model predicts
     stage = _build_chunks(prep, plan, [c.index for c in chunks], cfg.seed)
     params = stage.parameters()
@@ -577,7 +579,7 @@ def _finish(ss: _Session, summary: TrainSummary) -> None:
 
 
 def _roles(plan: Plan, rank: int, hosts: list[str]) -> ckpt.Roles:
-    """Who writes which checkpoint files: ranks holding the same chunks are told apart by host."""
+    """Who writes which checkpoint files: ranks holding the same chunks are told apart by machine."""
     first = {r: plan.stages_of_rank(r)[0].index for r in range(len(hosts))}
     return ckpt.Roles.decide(rank, first, hosts, chunks=tuple(c.index for c in plan.stages_of_rank(rank)))
 
