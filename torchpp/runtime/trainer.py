@@ -20,7 +20,8 @@ import torch.distributed as dist
 
 from ..formats import FormatError, Plan, file_hash, validate_plan
 from ..hostname import host_name, machine_name
-from ..models.presets import DTYPES, hidden_size, is_preset, load_config, num_hidden_layers, resolve_model
+from ..models.presets import DTYPES, hidden_size, is_preset, load_config, num_hidden_layers
+from ..models.identity import plan_model
 from ..models.stages import StageSet, StageSpec, build_stages, count_targets
 from ..schedules import Schedule, build
 from . import checkpoint as ckpt
@@ -46,7 +47,8 @@ class TrainConfig:
 
     plan: Path
     model: str | None = None
-    """Preset name or local HF checkpoint directory; defaults to the plan's model when it is a preset."""
+    """Preset name or local HF checkpoint directory; default: the plan's (its preset, or the local
+    directory it remembers); a different model is refused by name."""
     data: str = "synthetic"
     steps: int = 10
     lr: float = 1e-3
@@ -195,9 +197,7 @@ def prepare(cfg: TrainConfig, world_size: int) -> Prepared:
     for flag, data in (("--data", cfg.data), ("--eval-data", cfg.eval_data)):
         if data not in (None, "synthetic") and not Path(data).exists():
             raise DataError(f"{flag}: {data}: expected 'synthetic' or an existing text/JSON file or directory")
-    model = resolve_model(cfg.model or plan.model.name)
-    if cfg.model is None and not is_preset(model):
-        raise FormatError(source, "model.name", "a preset name (or pass --model PATH for a local checkpoint)", model)
+    model = plan_model(plan.model, source, cfg.model)
     mcfg = load_config(model, cfg.layers, cfg.attn_implementation)
     validate_plan(plan, source, world_size=world_size, model_layers=num_hidden_layers(mcfg))
     checks = (("hidden_size", hidden_size(mcfg), plan.model.hidden_size),
