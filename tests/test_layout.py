@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "torchpp"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__", "errors", "validate", "_timer"),
-    ("formats", "argtypes"),
+    ("formats", "argtypes", "hostname"),
     ("schedules", "data", "models", "plans"),
     ("cost", "trace", "topology"),
     ("sim",),

@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="torchpp.train", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--plan", type=Path, required=True, help="plan.json (torchpp plan)")
-    p.add_argument("--model", default=None, help="preset name or local HF checkpoint directory (default: the plan's)")
+    p.add_argument("--model", default=None, help="preset name or local HF checkpoint directory (default: the plan's "
+                   "model: its preset or the directory it remembers); a different model than the plan's is refused")
     p.add_argument("--data", default="synthetic", help="'synthetic' or a local .txt/.json/.jsonl file or directory")
     p.add_argument("--steps", type=int, default=10, help="optimizer steps")
     p.add_argument("--lr", type=float, default=1e-3)

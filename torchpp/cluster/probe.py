@@ -17,7 +17,6 @@ import argparse
 import dataclasses
 import datetime
 import os
-import socket
 import statistics
 import time
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ def _sizes(text: str) -> list[int]:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default=None, help="this process's host name (default: $HOST, else the hostname)")
+    p.add_argument("--host", default=None, help="this process's host name (default: $TORCHPP_HOST, else $HOST, else the hostname)")
     p.add_argument("--out-dir", type=Path, default=Path("."), help="where rank 0 writes the files")
     p.add_argument("--csv", default="bandwidth.csv", help="seed 000 CSV: src_host,dst_host,gbps (no header)")
     p.add_argument("--json", default="bandwidth.json", help="torchpp.bandwidth/1 file")
@@ -127,12 +126,13 @@ def probe(args: argparse.Namespace) -> list[PairResult] | None:
     """Measure every ordered pair; returns the results on rank 0, None elsewhere."""
     import torch.distributed as dist
 
+    from ..hostname import host_name
     from ..runtime.exchange import all_gather_json
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    host = args.host or os.environ.get("HOST") or socket.gethostname()
+    host = host_name(args.host)
     hosts = [str(h) for h in all_gather_json(host)]
-    if len(set(hosts)) < world:  # several processes per host (torchrun --nproc-per-node > 1)
+    if len(set(hosts)) < world:  # several processes named alike (torchrun --nproc-per-node > 1, no TORCHPP_HOST)
         hosts = [f"{h}-r{r}" for r, h in enumerate(hosts)]
     mine: list[PairResult] = []
     t_start = time.perf_counter()
@@ -181,6 +181,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("WORLD_SIZE: expected at least 2 processes to measure a link")
     if args.repeats < 1 or args.pings < 1:
         raise UsageError("--repeats and --pings: expected at least 1")
+    from ..hostname import host_name
+    try:
+        host_name(args.host)  # a bad --host or TORCHPP_HOST/HOST stops this rank before any collective
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     from ..runtime.rendezvous import RendezvousError, env_store
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

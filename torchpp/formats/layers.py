@@ -26,6 +26,12 @@ class ModelInfo:
     autocast: str = ""
     """Mixed precision: compute dtype under ``torch.autocast`` ("" none, "bfloat16"); the weights
     and optimizer state stay in ``dtype`` (float32 master weights)."""
+    path: str = ""
+    """A local checkpoint directory (source "path"): its absolute path where the file was written, so
+    ``torchpp.train --plan`` finds the model without ``--model`` ("" in older files and for presets)."""
+    config_hash: str = ""
+    """``sha256:`` of that directory's config.json (its settings, not its bytes): the model's identity,
+    which ``torchpp.train`` checks whatever path the model is given by ("" in older files, presets)."""
 
     @property
     def precision(self) -> str:
@@ -42,7 +48,15 @@ class ModelInfo:
             dtype=r.str("dtype", "float32", choices={"float32", "bfloat16", "float16"}),
             architecture=r.str("architecture", ""),
             autocast=r.str("autocast", "", choices={"", "bfloat16"}),
+            path=r.str("path", ""), config_hash=_config_hash(r),
         )
+
+
+def _config_hash(r: Reader) -> str:
+    v = r.str("config_hash", "")
+    if v and not (v.startswith("sha256:") and len(v) > 7 and all(c in "0123456789abcdef" for c in v[7:])):
+        raise r.fail("config_hash", "'sha256:' and hexadecimal digits, or absent", v)
+    return v
 
 
 # (torchpp profile; fields named as in seed 000 step 1)

@@ -232,10 +232,27 @@ def precision_fields(dtype: str) -> dict[str, str]:
 
 
 def model_info(cfg: PretrainedConfig, model: str, dtype: str = "float32", autocast: str = "") -> ModelInfo:
+    """What files say of ``model``: a local directory's absolute path and config hash included."""
+    local = model not in PRESETS and Path(resolve_model(model)).is_dir()
+    where = Path(resolve_model(model)).resolve() if local else None
     return ModelInfo(name=model if model in PRESETS else Path(model).name, source="preset" if model in PRESETS else "path",
                      num_layers=num_hidden_layers(cfg), hidden_size=hidden_size(cfg), vocab_size=int(cfg.vocab_size),
                      tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), dtype=dtype,
-                     architecture=str(getattr(cfg, "model_type", "")), autocast=autocast)
+                     architecture=str(getattr(cfg, "model_type", "")), autocast=autocast,
+                     path=str(where) if where else "", config_hash=config_hash(where) if where else "")
+
+
+CONFIG_HASH_IGNORED = ("transformers_version", "_name_or_path", "torch_dtype", "dtype")
+"""config.json keys that say how or where a model was saved, not which model it is."""
+
+
+def config_hash(directory: str | Path) -> str:
+    """``sha256:`` of a checkpoint directory's config.json settings (sorted keys, without
+    ``CONFIG_HASH_IGNORED``): equal for the same model saved again, or copied elsewhere."""
+    data = _read_object(Path(directory) / "config.json")
+    kept = {k: v for k, v in data.items() if k not in CONFIG_HASH_IGNORED}
+    text = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _param_seed(seed: int, name: str) -> int:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import socket
 from pathlib import Path
 
 from ..models.presets import DTYPE_NAMES, ModelSpecError
@@ -19,7 +18,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iters", type=T.int_in(1, 100_000), default=6, help="counted steps (default 6)")
     p.add_argument("--warmup", type=T.int_in(0, 100_000), default=2, help="steps run first and not counted (default 2)")
     p.add_argument("--threads", type=T.int_in(1, V.MAX_THREADS), default=1, help="torch intra-op threads (default 1)")
-    p.add_argument("--host", type=T.host, default=None, help="name of this host in the file (default: hostname)")
+    p.add_argument("--host", type=T.host, default=None, help="name of this host in the file (default: $TORCHPP_HOST, else $HOST, else the hostname)")
     p.add_argument("--out", type=T.out_file, default=None, help="layers file to write (default layers_<host>.json)")
     p.add_argument("--trace", type=T.out_file, default=None, help="also write the counted steps as a Chrome trace")
     p.add_argument("--layers", type=T.int_in(1, V.MAX_LAYERS), default=None, help="profile only the first N decoder layers")
@@ -43,7 +42,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.timer not in (None, "cpp", "python"):
         raise UsageError(f"--timer: expected cpp or python, got {args.timer!r}")
-    host = args.host or socket.gethostname()
+    from ..hostname import host_name
+    try:
+        host = host_name(args.host)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     try:
         batches = [int(x) for x in str(args.batch).split(",") if x.strip()]
     except ValueError:

@@ -8,7 +8,6 @@ per sample, the mean forward and backward time and the raw per-step samples.
 from __future__ import annotations
 
 import platform
-import socket
 import statistics
 import sys
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import psutil
 import torch
 
 from ..formats import BlockProfile, LayersFile, RunInfo
+from ..hostname import host_name
 from ..models.blocks import EMBED, TAIL, find_parts, layer_block
 from ..models.presets import DTYPES, build_model, load_config, model_info
 from ..runtime.allocator import retain_freed_memory
@@ -66,7 +66,7 @@ class ProfileConfig:
         if self.num_layers is not None and self.num_layers < 1:
             raise ValueError(f"--layers: expected an integer >= 1, got {self.num_layers!r}")
         if not self.host:
-            self.host = socket.gethostname()
+            self.host = host_name()
 
     @property
     def autocast(self) -> str:

@@ -15,6 +15,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=T.out_file, default=None, help="file to write (default speed_check_<host>.json)")
     p.add_argument("--iters", type=T.int_in(1, 100_000), default=None, help="counted steps (default: the reference's)")
     p.add_argument("--warmup", type=T.int_in(0, 100_000), default=None, help="uncounted steps (default: the reference's)")
+    p.add_argument("--host", type=T.host, default=None,
+                   help="this host's name (default: $TORCHPP_HOST, else $HOST, else the reference's host); a name "
+                   "given must be the reference's")
     p.add_argument("--quiet", action="store_true", help="no summary line")
     p.set_defaults(func=run)
 
@@ -24,7 +27,15 @@ def run(args: argparse.Namespace) -> int:
     from ..models.presets import ModelSpecError
     from .speed_check import check_speed
 
+    from ..hostname import host_name, host_source
     ref = LayersFile.load(args.reference)
+    try:
+        host = host_name(args.host, default=ref.host)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if host != ref.host:
+        raise UsageError(f"{args.reference}: host: expected this host's layers file ({host!r}, from "
+                         f"{host_source(args.host)}), got {ref.host!r}'s")
     if ref.model.source == "path" and not Path(ref.model.name).is_dir():
         raise UsageError(f"{args.reference}: model.name: expected the checkpoint directory it was profiled from, "
                          f"{ref.model.name!r} is not one here")

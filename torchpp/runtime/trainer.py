@@ -10,7 +10,6 @@ import datetime
 import hashlib
 import json
 import os
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,9 @@ import torch
 import torch.distributed as dist
 
 from ..formats import FormatError, Plan, file_hash, validate_plan
-from ..models.presets import DTYPES, hidden_size, is_preset, load_config, num_hidden_layers, resolve_model
+from ..hostname import host_name, machine_name
+from ..models.presets import DTYPES, hidden_size, is_preset, load_config, num_hidden_layers
+from ..models.identity import plan_model
 from ..models.stages import StageSet, StageSpec, build_stages, count_targets
 from ..schedules import Schedule, build
 from . import checkpoint as ckpt
@@ -46,7 +47,8 @@ class TrainConfig:
 
     plan: Path
     model: str | None = None
-    """Preset name or local HF checkpoint directory; defaults to the plan's model when it is a preset."""
+    """Preset name or local HF checkpoint directory; default: the plan's (its preset, or the local
+    directory it remembers); a different model is refused by name."""
     data: str = "synthetic"
     steps: int = 10
     lr: float = 1e-3
@@ -204,13 +206,12 @@ def prepare(cfg: TrainConfig, world_size: int) -> Prepared:
     from ..data import DataError
 
     source = str(cfg.plan)
+    host_name()  # a bad TORCHPP_HOST or HOST: one line on this rank before any collective
     plan = Plan.load(cfg.plan)
     for flag, data in (("--data", cfg.data), ("--eval-data", cfg.eval_data)):
         if data not in (None, "synthetic") and not Path(data).exists():
             raise DataError(f"{flag}: {data}: expected 'synthetic' or an existing text/JSON file or directory")
-    model = resolve_model(cfg.model or plan.model.name)
-    if cfg.model is None and not is_preset(model):
-        raise FormatError(source, "model.name", "a preset name (or pass --model PATH for a local checkpoint)", model)
+    model = plan_model(plan.model, source, cfg.model)
     mcfg = load_config(model, cfg.layers, cfg.attn_implementation)
     validate_plan(plan, source, world_size=world_size, model_layers=num_hidden_layers(mcfg))
     checks = (("hidden_size", hidden_size(mcfg), plan.model.hidden_size),
@@ -520,8 +521,9 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
     g("comparing plan, model, data and options with all ranks", require_agreement, fp)
     g("checking the output directories with all ranks", require_no_errors, problem)
     g("creating the all-reduce groups", comm.make_groups, schedule)
-    hosts = g("exchanging host names with all ranks", all_gather_json, socket.gethostname())
-    roles = _roles(plan, rank, hosts)
+    names = g("exchanging host names with all ranks", all_gather_json, [host_name(), machine_name()])
+    hosts = [str(n[0]) for n in names]  # what traces say (torchpp.hostname's rule)
+    roles = _roles(plan, rank, [str(n[1]) for n in names])  # who shares a file system: the machines
     mark_base_rss()  # what the stage adds to this process is what the planner's memory model predicts
     stage = _build_chunks(prep, plan, [c.index for c in chunks], cfg.seed)
     params = stage.parameters()
@@ -637,7 +639,7 @@ def _finish(ss: _Session, summary: TrainSummary) -> None:
 
 
 def _roles(plan: Plan, rank: int, hosts: list[str]) -> ckpt.Roles:
-    """Who writes which checkpoint files: ranks holding the same chunks are told apart by host."""
+    """Who writes which checkpoint files: ranks holding the same chunks are told apart by machine."""
     first = {r: plan.stages_of_rank(r)[0].index for r in range(len(hosts))}
     return ckpt.Roles.decide(rank, first, hosts, chunks=tuple(c.index for c in plan.stages_of_rank(rank)))
 
