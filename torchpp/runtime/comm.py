@@ -73,6 +73,10 @@ class Pending:
     timeout_s: float
     threaded: bool = True
     """A waiter thread stamps ``done_s``; otherwise :meth:`Comm.wait` waits inline."""
+    restore: object = None
+    """A receive in a wire format: turns the message back into the tensor (``runtime.wire_links``)."""
+    codec_s: float = 0.0
+    """Seconds spent encoding (a send) or decoding (a receive) the message."""
     done_s: float | None = None
     error: BaseException | None = None
     _event: threading.Event = field(default_factory=threading.Event)
@@ -127,6 +131,8 @@ class Comm:
         self.stamp = False
         """Stamp each operation's completion from a waiter thread (for traces)."""
         self._sends: queue.SimpleQueue[Pending] | None = None
+        self.wire = None
+        """Per-link wire formats and per-group sync of the plan (``runtime.wire_links.install``); None: fp32."""
 
     def make_groups(self, schedule: Schedule) -> None:
         """Create every all-reduce group of the schedule; all ranks call this in the same order."""
@@ -156,10 +162,22 @@ class Comm:
         return p
 
     def irecv(self, action: Action, tensor: torch.Tensor) -> Pending:
-        return self._post(action, tensor, dist.irecv)
+        if self.wire is None:
+            return self._post(action, tensor, dist.irecv)
+        buf, restore = self.wire.receiving(action, tensor)
+        p = self._post(action, buf, dist.irecv)
+        p.restore = restore
+        return p
 
     def isend(self, action: Action, tensor: torch.Tensor) -> Pending:
-        return self._post(action, tensor, dist.isend)
+        if self.wire is None:
+            return self._post(action, tensor, dist.isend)
+        t0 = time.perf_counter()
+        msg = self.wire.encode(action, tensor)
+        codec_s = time.perf_counter() - t0
+        p = self._post(action, msg, dist.isend)
+        p.codec_s = codec_s
+        return p
 
     def wait(self, p: Pending) -> torch.Tensor:
         start = time.perf_counter()
@@ -170,6 +188,11 @@ class Comm:
             p.error = TimeoutError("waiter did not return")
         if p.error is not None:
             raise PeerError(self._message(p.action, start, p.error)) from None
+        if p.restore is not None:
+            t0 = time.perf_counter()
+            out = p.restore(p.tensor)
+            p.codec_s = time.perf_counter() - t0
+            return out
         return p.tensor
 
     def _message(self, action: Action, start: float, cause: BaseException) -> str:
@@ -178,8 +201,14 @@ class Comm:
 
     # -- collectives
     def all_reduce(self, action: Action, tensors: list[torch.Tensor], bucket_bytes: int = 32 << 20) -> None:
-        """Sum ``tensors`` in place over ``action.group`` (flattened into buckets)."""
+        """Sum ``tensors`` in place over ``action.group`` (flattened into buckets), or sync them as
+        the plan's ``sync`` for this group says (``runtime.wire_links``)."""
         group = self.groups[tuple(action.group)]
+        if self.wire is not None and self.wire.syncs(action):
+            try:
+                return self.wire.all_reduce(action, tensors, group, self.timeout_s)
+            except RuntimeError as e:
+                raise PeerError(self._message(action, time.perf_counter(), e)) from None
         buckets: list[list[torch.Tensor]] = [[]]
         size = 0
         for t in tensors:
