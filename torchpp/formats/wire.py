@@ -87,10 +87,13 @@ class Sync:
                 "diloco": ("kind", "wire", "H", "outer_lr", "outer_momentum")}[self.kind]
         return {k: d[k] for k in keep}
 
-    def allreduce_bytes(self, fp32_bytes: float) -> float:
-        """Average bytes one step all-reduces for ``fp32_bytes`` of weights (diloco: its outer
-        all-reduce spread over H steps; powersgd: the caller's estimate is refined by shapes)."""
-        per = wire_ratio(self.wire, 1 << 20) * fp32_bytes
+    def allreduce_bytes(self, fp32_bytes: float, hidden: int) -> float:
+        """Average bytes one step all-reduces for ``fp32_bytes`` of weights: diloco its outer all-reduce
+        spread over H steps (int8: codes plus one scale per 256 elements); powersgd its two rank-r
+        factors of each weight matrix, taken as ``hidden`` × ``hidden`` (2r/hidden of the bytes)."""
+        if self.kind == "powersgd":
+            return fp32_bytes * min(1.0, 2 * self.rank / max(1, hidden))
+        per = wire_ratio(self.wire, 256) * fp32_bytes
         return per / self.H if self.kind == "diloco" else per
 
 
