@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "torchpp"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__", "errors", "validate", "_timer"),
     ("formats", "argtypes", "hostname"),
-    ("schedules", "data", "models", "plans"),
+    ("schedules", "data", "models", "plans", "wire"),
     ("cost", "trace", "topology"),
     ("sim",),
     ("runtime",),
@@ -30,7 +30,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("__main__",),
 )
 """Parts from the bottom up: a part may import parts of earlier rows only (not its own row's).
-``plans`` builds plans (below the simulator and the planner); ``_timer`` is the compiled span
+``plans`` builds plans (below the simulator and the planner); ``wire`` holds the wire codecs
+(used by the runtime's p2p and measured by profiling); ``_timer`` is the compiled span
 timer; ``elastic`` drives the runtime, the emulated cluster and the planner."""
 
 CLI_NAMES = ("cli", "train", "demo", "__main__")

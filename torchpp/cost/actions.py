@@ -92,14 +92,24 @@ class MeasuredCost:
         n = self._samples(action, 1)
         stages = self.plan.stages
         if action.kind == Kind.SEND_ACT:
-            per = self.p.boundary_bytes(stages[action.stage])
+            link = stages[action.stage]
         elif action.kind == Kind.SEND_GRAD:
-            per = self.p.boundary_bytes(stages[action.stage - 1])
+            link = stages[action.stage - 1]
         else:
             raise ValueError(f"transfer_s: {action} is not a send")
-        return self.links.time(self.rank[src].host, self.rank[dst].host, per * n)
+        per = self.p.boundary_bytes(link)
+        a, b = self.rank[src].host, self.rank[dst].host
+        if link.wire in (None, "fp32"):
+            return self.links.time(a, b, per * n)
+        codec = (self.p.codec_rate(a, link.wire)[0], self.p.codec_rate(b, link.wire)[1])
+        return self.links.wire_time(a, b, per * n, link.wire, self.plan.model.hidden_size, codec)
 
     def allreduce_s(self, action: Action) -> float:
+        """A ring all-reduce of the group's weights, or of what its ``sync`` puts on the wire per step
+        (diloco: its outer all-reduce spread over H steps)."""
         hosts = [self.rank[r].host for r in action.group or ()]
         nbytes = self.p.tied_bytes if action.tied else self.p.stage_param_bytes(self.plan.stages[action.stage])
+        sync = self.plan.tied_sync if action.tied else self.plan.stages[action.stage].sync
+        if sync is not None:
+            nbytes = sync.allreduce_bytes(nbytes, self.plan.model.hidden_size)
         return self.links.ring_allreduce(hosts, nbytes)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from ..formats import Bandwidth, FormatError
+from ..formats import Bandwidth, FormatError, wire_ratio
 
 
 class Links:
@@ -25,6 +25,15 @@ class Links:
         if not self.bw.has(src, dst):
             raise FormatError(self.source, f"bytes_per_sec.{Bandwidth.key(src, dst)}", "a link rate (bytes/s)")
         return self.bw.latency(src, dst) + nbytes / self.bw.rate(src, dst)
+
+    def wire_time(self, src: str, dst: str, nbytes: float, fmt: str | None = None, row: int = 1,
+                  codec: tuple[float, float] = (0.0, 0.0)) -> float:
+        """``nbytes`` of fp32 data sent as wire format ``fmt`` (rows of ``row`` elements): the bytes on the
+        wire over the link, plus the sender's encode and the receiver's decode CPU, ``codec`` =
+        (encode, decode) seconds per fp32 byte as ``torchpp profile`` measured them on each host."""
+        if fmt in (None, "fp32"):
+            return self.time(src, dst, nbytes)
+        return self.time(src, dst, nbytes * wire_ratio(fmt, row)) + nbytes * (codec[0] + codec[1])
 
     def ring_allreduce(self, hosts: Sequence[str], nbytes: float) -> float:
         """Ring all-reduce: ``2(k−1)/k · bytes / slowest link`` plus 2(k−1) worst latencies."""
@@ -53,6 +62,10 @@ class FreeLinks(Links):
         return None
 
     def time(self, src: str, dst: str, nbytes: float) -> float:
+        return 0.0
+
+    def wire_time(self, src: str, dst: str, nbytes: float, fmt: str | None = None, row: int = 1,
+                  codec: tuple[float, float] = (0.0, 0.0)) -> float:
         return 0.0
 
     def ring_allreduce(self, hosts: Sequence[str], nbytes: float) -> float:

@@ -68,6 +68,21 @@ class Profiles:
 
     optim: dict[str, float] = field(default_factory=dict)
     """Per measured host: its optimizer step's seconds per parameter byte (LayersFile.optimizer_s_per_byte)."""
+    codec: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
+    """Per measured host and wire format: (encode, decode) CPU seconds per fp32 byte (LayersFile.codec_s_per_byte)."""
+
+    def codec_rate(self, host: str, fmt: str | None) -> tuple[float, float]:
+        """(encode, decode) seconds per fp32 byte of ``fmt`` on ``host``; 0 for fp32 and where not measured
+        (a host priced from capacities takes the reference host's figure over its capacity)."""
+        if fmt in (None, "fp32"):
+            return 0.0, 0.0
+        if host in self.codec:
+            return self.codec[host].get(fmt, (0.0, 0.0))
+        cap = self.capacities
+        if cap is not None and cap.ref_host in self.codec and host in cap.capacity:
+            e, d = self.codec[cap.ref_host].get(fmt, (0.0, 0.0))
+            return e / cap.capacity[host], d / cap.capacity[host]
+        return 0.0, 0.0
 
     def backward_split_factor(self, host: str) -> float:
         cap = self.capacities
@@ -165,6 +180,8 @@ class Profiles:
             p.call[lf.host] = lf.call_overhead_s
             if lf.optimizer_s_per_byte:
                 p.optim[lf.host] = lf.optimizer_s_per_byte
+            if lf.codec_s_per_byte:
+                p.codec[lf.host] = {f: (v[0], v[1]) for f, v in lf.codec_s_per_byte.items()}
             if lf.backward_split_factor is not None:
                 p.split_factor[lf.host] = lf.backward_split_factor
             if lf.backward_split_layer_s is not None:

@@ -17,6 +17,7 @@ from .memory import MEMORY_KIND, MEMORY_ORDERS, MEMORY_VERSION, MemoryModel, Mem
 from .devices import DeviceInfo, Devices, GB
 from .sim import (EXPERIMENT_KIND, EXPERIMENT_VERSION, SIM_COMM_TYPES, SIM_INT_PARAMS, SIM_PARAMS, SIM_POLICIES,
                   ExperimentConfig, SimParams, SimSettings, check_sim_params, parse_priorities)
+from .wire import LOSSY, SYNC_KINDS, WIRE_FORMATS, Sync, wire_bytes, wire_ratio
 from .trace import TRACE_KIND, TRACE_VERSION, check_trace, trace_plan_hashes
 
 __all__ = [
@@ -30,4 +31,5 @@ __all__ = [
     "Devices", "GB", "EXPERIMENT_KIND", "EXPERIMENT_VERSION", "ExperimentConfig", "SIM_COMM_TYPES",
     "SIM_INT_PARAMS", "SIM_PARAMS", "SIM_POLICIES", "SimParams", "SimSettings", "check_sim_params",
     "parse_priorities", "TRACE_KIND", "TRACE_VERSION", "check_trace", "trace_plan_hashes",
+    "LOSSY", "SYNC_KINDS", "WIRE_FORMATS", "Sync", "wire_bytes", "wire_ratio",
 ]

@@ -156,6 +156,20 @@ class RunInfo:
                        cpu=r.str("cpu", ""))
 
 
+def _codec(r: Reader) -> dict[str, list[float]] | None:
+    """``codec_s_per_byte``: {format: [encode, decode]} seconds per fp32 byte, each >= 0."""
+    if not r.has("codec_s_per_byte"):
+        return None
+    c = r.obj("codec_s_per_byte")
+    out = {}
+    for fmt in c.data:
+        v = c.floats(fmt)
+        if fmt not in ("bf16", "fp16", "int8") or len(v) != 2 or min(v) < 0:
+            raise c.fail(fmt, "a wire format (bf16, fp16, int8) -> [encode, decode] seconds per byte, each >= 0", v)
+        out[fmt] = v
+    return out
+
+
 @dataclass(kw_only=True)
 class LayersFile:
     """layers_<host>.json: what ``torchpp profile`` measured on one host (seed 000 step 1)."""
@@ -195,6 +209,10 @@ class LayersFile:
     ``backward_split_factor`` times the backward (the deferred weight products' bookkeeping,
     ``models.deferred``), a cost per call rather than per sample. Measured with the factor at two
     batch sizes. Optional: None (absent) = not measured (priced as 0)."""
+    codec_s_per_byte: dict[str, list[float]] | None = None
+    """Per wire format (``bf16``, ``fp16``, ``int8``): [encode, decode] CPU seconds per fp32 byte on
+    this host, measured by ``torchpp profile`` (``torchpp.wire.measure_codec``). Optional: None
+    (absent) = not measured (priced as 0)."""
     format: str = f"torchpp.{LAYERS_KIND}/{LAYERS_VERSION}"
 
     def to_json(self) -> dict[str, Any]:
@@ -202,7 +220,7 @@ class LayersFile:
         for b in (d["embed"], d["tail"], *d["layers"]):
             if b.get("backward_input_time_s") is None:
                 b.pop("backward_input_time_s", None)
-        for key in ("optimizer_s_per_byte", "backward_split_factor", "backward_split_layer_s"):
+        for key in ("optimizer_s_per_byte", "backward_split_factor", "backward_split_layer_s", "codec_s_per_byte"):
             if d.get(key) is None:
                 d.pop(key, None)
         return {"format": d.pop("format"), **d}
@@ -227,6 +245,7 @@ class LayersFile:
             optimizer_s_per_byte=r.float("optimizer_s_per_byte", None, positive=True),
             backward_split_factor=r.float("backward_split_factor", None, positive=True),
             backward_split_layer_s=r.float("backward_split_layer_s", None, min_value=0.0, max_value=1e3),
+            codec_s_per_byte=_codec(r),
         )
         if len(lf.layers) != lf.model.num_layers:
             raise FormatError(source, "layers", f"{lf.model.num_layers} entries (model.num_layers)", len(lf.layers))

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 from .. import validate as V
 from .base import FormatError, Reader, V_host, _load, check_format, to_dict, write_json
 from .layers import ModelInfo
+from .wire import Sync, parse_sync, parse_wire
 
 
 PLAN_KIND, PLAN_VERSION = "plan", 2
@@ -48,6 +49,10 @@ class PlanStage:
     devices: list[PlanDevice]
     recompute: list[bool]
     """One flag per decoder layer of the stage: recompute its activations in backward."""
+    wire: str | None = None
+    """Format of the link to the next chunk, activations and their gradients (None: fp32; formats/wire.py)."""
+    sync: Sync | None = None
+    """How this chunk's device group agrees on its weights (None: fp32 all-reduce every step)."""
 
     @property
     def ranks(self) -> list[int]:
@@ -121,6 +126,8 @@ class Plan:
     strategy: str = "manual"
     predicted: dict[str, Any] | None = None
     inputs: dict[str, str] = field(default_factory=dict)
+    tied_sync: Sync | None = None
+    """The tied-weight all-reduce's format (None: fp32 every step)."""
     format: str = f"torchpp.{PLAN_KIND}/{PLAN_VERSION}"
 
     @property
@@ -166,9 +173,21 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)
         d = {"format": d.pop("format"), **d}
-        for s in d["stages"]:
+        for s, st in zip(d["stages"], self.stages):
             s["layers"] = list(s["layers"])
+            _optional(s, "wire", st.wire)
+            _optional(s, "sync", st.sync)
+        _optional(d, "tied_sync", self.tied_sync)
         return d
+
+    @property
+    def lossy(self) -> list[str]:
+        """Where the plan changes what crosses a link (empty: the arithmetic of fp32 training)."""
+        out = [f"stages[{s.index}].wire={s.wire}" for s in self.stages if s.wire not in (None, "fp32")]
+        out += [f"stages[{s.index}].sync={s.sync.kind}/{s.sync.wire}" for s in self.stages if s.sync and s.sync.lossy]
+        if self.tied_sync and self.tied_sync.lossy:
+            out.append(f"tied_sync={self.tied_sync.kind}/{self.tied_sync.wire}")
+        return out
 
     def save(self, path: str | os.PathLike) -> Path:
         validate_plan(self, str(path))
@@ -187,6 +206,7 @@ class Plan:
             num_microbatches=r.int("num_microbatches", min_value=1, max_value=V.MAX_MICROBATCHES),
             schedule=r.str("schedule", choices=set(SCHEDULES if version == 1 else PLAN_SCHEDULES)), stages=stages,
             strategy=r.str("strategy", "manual"), predicted=_predicted(r), inputs=_inputs(r),
+            tied_sync=parse_sync(r, "tied_sync"),
         )
         validate_plan(plan, source)
         return plan
@@ -209,7 +229,16 @@ def _parse_stage(sr: Reader, i: int) -> PlanStage:
     if not all(isinstance(x, bool) for x in rec):
         raise sr.fail("recompute", "a list of true/false, one per layer of the stage", rec)
     return PlanStage(index=sr.int("index", i), layers=(lay[0], lay[1]), has_embed=sr.bool("has_embed"),
-                     has_tail=sr.bool("has_tail"), devices=devices, recompute=list(rec))
+                     has_tail=sr.bool("has_tail"), devices=devices, recompute=list(rec),
+                     wire=parse_wire(sr, "wire"), sync=parse_sync(sr, "sync"))
+
+
+def _optional(d: dict[str, Any], key: str, value: Any) -> None:
+    """Absent fields stay absent: a plan without them is byte-identical to one written before they existed."""
+    if value is None:
+        d.pop(key, None)
+    else:
+        d[key] = value.to_json() if isinstance(value, Sync) else value
 
 
 def _inputs(r: Reader) -> dict[str, str]:
@@ -246,6 +275,7 @@ def validate_plan(plan: Plan, source: str = "<plan>", world_size: int | None = N
     if ranks != list(range(len(ranks))):
         raise FormatError(source, "stages[*].devices[*].rank", f"each of 0..{len(ranks) - 1} at least once", ranks)
     _validate_placement(plan, source)
+    _validate_wire(plan, source)
     if world_size is not None and world_size != len(ranks):
         raise FormatError(source, "stages[*].devices", f"{world_size} device(s) in total to match the "
                           f"world size {world_size}", len(ranks))
@@ -314,6 +344,31 @@ def _validate_placement(plan: Plan, source: str) -> None:
             if hosts.setdefault(d.rank, d.host) != d.host:
                 raise FormatError(source, f"stages[{i}].devices[{j}].host", f"{hosts[d.rank]!r} (rank {d.rank}'s "
                                   "host in an earlier stage: a rank is one device)", d.host)
+
+
+def _validate_wire(plan: Plan, source: str) -> None:
+    """Wire formats only on links that exist; a sync only on groups that all-reduce; diloco only on
+    groups outside the tied all-reduce (whose sum assumes every group member holds the same gradient)."""
+    first, last = set(plan.stages[0].ranks), set(plan.stages[-1].ranks)
+    tied = plan.model.tied_embeddings and first != last
+    if plan.stages[-1].wire is not None:
+        raise FormatError(source, f"stages[{plan.num_stages - 1}].wire", "no format (the last chunk sends nothing on)",
+                          plan.stages[-1].wire)
+    for s in plan.stages:
+        if s.sync is None:
+            continue
+        if len(s.devices) < 2:
+            raise FormatError(source, f"stages[{s.index}].sync", "no sync (a group of one device all-reduces nothing)",
+                              s.sync.kind)
+        if s.sync.kind == "diloco" and tied and (s.has_embed or s.has_tail):
+            raise FormatError(source, f"stages[{s.index}].sync.kind", "allreduce or powersgd (diloco replicas of the "
+                              "first or last stage would disagree in the tied-weight all-reduce)", s.sync.kind)
+    if plan.tied_sync is not None:
+        if not tied:
+            raise FormatError(source, "tied_sync", "no value (this plan has no tied-weight all-reduce)",
+                              plan.tied_sync.kind)
+        if plan.tied_sync.kind == "diloco":
+            raise FormatError(source, "tied_sync.kind", "allreduce or powersgd", "diloco")
 
 
 def _check_plan_sizes(plan: Plan, source: str) -> None:

@@ -114,6 +114,9 @@ class PlanOptions:
     compare: list[str] = field(default_factory=list)
     """Also price these on the same devices and costs: ``even``, ``dp``, ``pp``, ``single`` (each at
     its own best micro-batching) or plan.json files."""
+    allow_lossy: frozenset[str] = frozenset()
+    """Lossy choices the planner may make (``bf16``, ``fp16``, ``int8``, ``powersgd``, ``diloco``;
+    planner/wire.py); empty: fp32 everywhere, every plan as without the option."""
 
     def __post_init__(self) -> None:
         from .chunks import schedule_kinds
@@ -269,13 +272,30 @@ def plan(inputs: PlanInputs | Costs, options: PlanOptions, *, progress: Progress
     chosen = res.plan
     if costs.devices is not None:
         apply_fixed_ranks(chosen, costs.devices)
+    if options.allow_lossy:
+        chosen = _choose_wire(chosen, costs, options.allow_lossy, say)
     pred, tl = predict(chosen, prof, costs.links, costs.memory, costs.budget, opt)
     pred["optimizer"] = opt_source
+    if options.allow_lossy:
+        pred["wire"] = {"allowed": sorted(options.allow_lossy), "lossy": chosen.lossy,
+                        "fp32_step_time_s": chosen.predicted["fp32_step_time_s"]}
     chosen.predicted = pred
     chosen.inputs = input_hashes(costs.sources)
     compare = compare_plans(options.compare, chosen, pb, costs.budget, say) if options.compare else []
     meta = _meta(res, chosen, pb, options, compare, extra_meta)
     return PlanResult(plan=chosen, problem=pb, timeline=tl, meta=meta, compare=compare)
+
+
+def _choose_wire(chosen: Plan, costs: Costs, allow: frozenset[str], say: Callable[[str], None]) -> Plan:
+    """The wire post-pass (planner/wire.py) over the searched plan, priced by the planner's own prediction."""
+    from .wire import choose
+
+    got = choose(chosen, lambda p: predict_plan(p, costs)["step_time_s"], allow)
+    say(f"wire formats (--allow-lossy {','.join(sorted(allow))}): "
+        + ("; ".join(got.decisions) or "fp32 everywhere (no lossy choice shortens the predicted step)")
+        + f"; predicted step {got.fp32_step_s:.4g} s -> {got.step_s:.4g} s")
+    got.plan.predicted = {"fp32_step_time_s": got.fp32_step_s}
+    return got.plan
 
 
 def optimizer_origin(costs: Costs) -> str:

@@ -48,6 +48,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    "plan_meta.json, summary.txt and gantt.png here")
     g.add_argument("--compare", default=None, help="e.g. even,pp,dp,single,other_plan.json: price these too, each fixed "
                    "strategy at its own best micro-batching (single: the best one device, or 'does not fit')")
+    g.add_argument("--allow-lossy", default=None, metavar="bf16,int8,diloco",
+                   help="let the planner choose lossy wire formats per link (bf16, fp16, int8) and group syncs "
+                        "(bf16, powersgd, diloco with its period H) where they shorten the predicted step; the "
+                        "plan names each (stages[i].wire, stages[i].sync). Default: fp32 everywhere")
     e = p.add_argument_group("estimate-only")
     e.add_argument("--estimate", action="store_true", help="no measurements: costs from --model and --device-spec")
     e.add_argument("--device-spec", type=T.existing_path, default=None)
@@ -103,7 +107,16 @@ def options_of(args: argparse.Namespace) -> PlanOptions:
     return PlanOptions(global_batch=args.global_batch, schedule=args.schedule or "auto", max_stages=args.max_stages,
                        micro_batch_sizes=args.micro_batch_sizes, recompute=not args.no_recompute,
                        exact_devices=args.exact_devices, max_group=args.max_group,
-                       compare=api.compare_names(args.compare))
+                       compare=api.compare_names(args.compare), allow_lossy=_allow_lossy(args.allow_lossy))
+
+
+def _allow_lossy(text: str | None) -> frozenset[str]:
+    from .wire import parse_allow
+
+    try:
+        return parse_allow(text)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def inputs_of(args: argparse.Namespace) -> PlanInputs:

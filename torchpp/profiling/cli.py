@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import UsageError
     from ..trace.chrome import TraceWriter
     from ..models.presets import load_config
-    from .measure import ProfileConfig, format_summary, max_positions, measure_layers, stderr_progress
+    from .measure import ProfileConfig, codec_costs, format_summary, max_positions, measure_layers, stderr_progress
 
     if args.timer not in (None, "cpp", "python"):
         raise UsageError(f"--timer: expected cpp or python, got {args.timer!r}")
@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     if call_s is not None:
         lf.call_overhead_s = call_s
+    lf.codec_s_per_byte = codec_costs(pc.seq_len * pc.batch, lf.model.hidden_size)
     lf.save(out)
     if tw is not None:
         tw.save(args.trace)

@@ -175,6 +175,20 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
     )
 
 
+def codec_costs(rows: int, hidden: int) -> dict[str, list[float]]:
+    """[encode, decode] CPU seconds per fp32 byte of each lossy wire format on this host, on one
+    activation-sized message (``rows`` tokens of ``hidden`` values): what the cost model adds to a
+    compressed link."""
+    from ..formats import WIRE_FORMATS
+    from ..wire import measure_codec
+
+    out = {}
+    for fmt in WIRE_FORMATS[1:]:
+        c = measure_codec(fmt, (max(1, rows), hidden))
+        out[fmt] = [c.encode_s_per_byte, c.decode_s_per_byte]
+    return out
+
+
 _OPTIMIZER_SPAN = 1
 
 
@@ -359,6 +373,9 @@ def format_summary(lf: LayersFile) -> str:
                      f"backward {b0 * 1e3:.3f} ms of the totals above do not grow with the samples")
     lines.append(f"step {lf.step_time_s * 1e3:.3f} ms (blocks cover {100 * (tot_f + tot_b) / lf.step_time_s:.1f}%), "
                  f"peak RSS {lf.peak_rss_bytes / 2**20:.1f} MiB")
+    if lf.codec_s_per_byte:
+        lines.append("wire codecs (encode/decode ns per fp32 byte): " + ", ".join(
+            f"{f} {e * 1e9:.2f}/{d * 1e9:.2f}" for f, (e, d) in lf.codec_s_per_byte.items()))
     if lf.backward_split_factor is not None:
         per_layer = (f" + {lf.backward_split_layer_s * 1e3:.3f} ms per decoder layer per call"
                      if lf.backward_split_layer_s else "")

@@ -66,7 +66,8 @@ def tag_of(action: Action, boundaries: int = 1, samples: int = 1 << 16) -> int:
 class Pending:
     """One posted send or receive; ``done_s`` is stamped by the thread that waited on it."""
 
-    __slots__ = ("action", "tensor", "work", "posted_s", "timeout_s", "threaded", "done_s", "error", "_event")
+    __slots__ = ("action", "tensor", "work", "posted_s", "timeout_s", "threaded", "done_s", "error", "_event",
+                 "restore", "codec_s")
 
     def __init__(self, action: Action, tensor: torch.Tensor, work: object, posted_s: float, timeout_s: float,
                  threaded: bool = True):
@@ -76,6 +77,10 @@ class Pending:
         self.done_s: float | None = None
         self.error: BaseException | None = None
         self._event = threading.Event() if threaded else None
+        self.restore: object = None
+        """A receive in a wire format: turns the message back into the tensor (``runtime.wire_links``)."""
+        self.codec_s = 0.0
+        """Seconds spent encoding (a send) or decoding (a receive) the message."""
 
     def _wait(self) -> None:
         try:
@@ -156,6 +161,8 @@ class Comm:
         self._pg = None
         """The default process group, called directly: ``dist.isend``'s checks, run for every message, cost more than the call."""
         self._tags: dict[Action, int] = {}
+        self.wire = None
+        """Per-link wire formats and per-group sync of the plan (``runtime.wire_links.install``); None: fp32."""
 
     def make_groups(self, schedule: Schedule) -> None:
         """Create every all-reduce group of the schedule; all ranks call this in the same order."""
@@ -186,10 +193,22 @@ class Comm:
         return p
 
     def irecv(self, action: Action, tensor: torch.Tensor) -> Pending:
-        return self._post(action, tensor, False)
+        if self.wire is None:
+            return self._post(action, tensor, False)
+        buf, restore = self.wire.receiving(action, tensor)
+        p = self._post(action, buf, False)
+        p.restore = restore
+        return p
 
     def isend(self, action: Action, tensor: torch.Tensor) -> Pending:
-        return self._post(action, tensor, True)
+        if self.wire is None:
+            return self._post(action, tensor, True)
+        t0 = time.perf_counter()
+        msg = self.wire.encode(action, tensor)
+        codec_s = time.perf_counter() - t0
+        p = self._post(action, msg, True)
+        p.codec_s = codec_s
+        return p
 
     def wait(self, p: Pending) -> torch.Tensor:
         start = time.perf_counter()
@@ -200,6 +219,11 @@ class Comm:
             p.error = TimeoutError("waiter did not return")
         if p.error is not None:
             raise PeerError(self._message(p.action, start, p.error)) from None
+        if p.restore is not None:
+            t0 = time.perf_counter()
+            out = p.restore(p.tensor)
+            p.codec_s = time.perf_counter() - t0
+            return out
         return p.tensor
 
     def _message(self, action: Action, start: float, cause: BaseException) -> str:
@@ -208,8 +232,14 @@ class Comm:
 
     # -- collectives
     def all_reduce(self, action: Action, tensors: list[torch.Tensor], bucket_bytes: int = 32 << 20) -> None:
-        """Sum ``tensors`` in place over ``action.group`` (flattened into buckets)."""
+        """Sum ``tensors`` in place over ``action.group`` (flattened into buckets), or sync them as
+        the plan's ``sync`` for this group says (``runtime.wire_links``)."""
         group = self.groups[tuple(action.group)]
+        if self.wire is not None and self.wire.syncs(action):
+            try:
+                return self.wire.all_reduce(action, tensors, group, self.timeout_s)
+            except RuntimeError as e:
+                raise PeerError(self._message(action, time.perf_counter(), e)) from None
         buckets: list[list[torch.Tensor]] = [[]]
         size = 0
         for t in tensors:

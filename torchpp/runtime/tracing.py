@@ -91,6 +91,7 @@ class _P2P:
     done_s: float
     nbytes: int
     blocked_s: float
+    codec_s: float = 0.0
 
 
 @dataclass
@@ -140,7 +141,8 @@ class StepRecorder:
 
     def p2p(self, pending, waited_from_s: float | None) -> None:
         blocked = 0.0 if waited_from_s is None else max(0.0, pending.done_s - waited_from_s)
-        self._p2p.append(_P2P(pending.action, pending.posted_s, pending.done_s, pending.nbytes, blocked))
+        self._p2p.append(_P2P(pending.action, pending.posted_s, pending.done_s, pending.nbytes, blocked,
+                              getattr(pending, "codec_s", 0.0)))
 
     def collective(self, action: Action, start_s: float, end_s: float, nbytes: int) -> None:
         self.writer.complete(self.rank, "collective", "allreduce", self._t(start_s), end_s - start_s,
@@ -212,7 +214,8 @@ class StepRecorder:
                 start = max(p.posted_s, prev_end)
                 prev_end = p.done_s
                 a = p.action
-                p2p_event(w, self.rank, self.step, row, a, self._t(start), p.done_s - start, p.nbytes, p.blocked_s)
+                p2p_event(w, self.rank, self.step, row, a, self._t(start), p.done_s - start, p.nbytes, p.blocked_s,
+                          {"codec_s": p.codec_s} if p.codec_s else None)
         return w.to_json()
 
 

@@ -25,7 +25,7 @@ from ..models.identity import plan_model
 from ..models.stages import StageSet, StageSpec, build_stages, count_targets
 from ..schedules import Schedule, build
 from . import checkpoint as ckpt
-from . import elastic_hooks
+from . import diloco, elastic_hooks, wire_links
 from .allocator import retain_freed_memory
 from .comm import Comm, guarded
 from .exchange import all_gather_json, require_agreement, require_no_errors
@@ -521,6 +521,7 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
     g("comparing plan, model, data and options with all ranks", require_agreement, fp)
     g("checking the output directories with all ranks", require_no_errors, problem)
     g("creating the all-reduce groups", comm.make_groups, schedule)
+    comm.wire = wire_links.install(plan, rank)
     names = g("exchanging host names with all ranks", all_gather_json, [host_name(), machine_name()])
     hosts = [str(n[0]) for n in names]  # what traces say (torchpp.hostname's rule)
     roles = _roles(plan, rank, [str(n[1]) for n in names])  # who shares a file system: the machines
@@ -541,7 +542,9 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
     logs = cfg.checkpoint_dir is not None and cfg.full_every > 1
     stepper = SteppedOptimizer(optimizer, params, cfg.optim_settings(), counts_stage=chunks[0].devices[0].rank == rank,
                                skip=stage.tied_copy_parameter(), done_steps=start, keep_grads=logs and roles.writes_stage)
-    executor = Executor(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm, optimizer=stepper)
+    outer = diloco.wrap(stepper, optimizer, plan, rank, stage, comm.groups, done_steps=start, timeout_s=cfg.timeout_s,
+                        checkpoint_dir=cfg.checkpoint_dir)
+    executor = Executor(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm, optimizer=outer)
     executor.step_index = start
     evaluator = (Evaluator(rank=rank, plan=plan, actions=schedule[rank], stage=stage.only(), comm=comm)
                  if cfg.evaluates else None)
@@ -701,6 +704,8 @@ def _checkpoint(ss: _Session, step: int) -> None:
         done = [g(f"step {step}: writing the checkpoint", ckpt.save, cfg.checkpoint_dir, step, rank=ss.rank,
                   roles=ss.roles, stage=ss.stage, optimizer=ss.optimizer, info=info, timeout_s=cfg.timeout_s,
                   keep=cfg.keep_checkpoints, grads=grads, recycle_keep=_recycle_keep(cfg))]
+    if isinstance(ss.executor.optimizer, diloco.DiLoCo):
+        ss.executor.optimizer.save(cfg.checkpoint_dir, step, keep=cfg.keep_checkpoints)
     ss.last_checkpoint = step
     for d in done:
         if d is not None:

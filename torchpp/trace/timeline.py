@@ -24,12 +24,13 @@ def flow_id(step: int, action: Action, src: int, dst: int) -> int:
 
 
 def p2p_event(w: TraceWriter, rank: int, step: int, row: str, a: Action, start_s: float, dur_s: float, nbytes: int,
-              blocked_s: float) -> None:
+              blocked_s: float, extra: dict | None = None) -> None:
     """One send or receive slice on its row, and its half of the send→receive flow arrow: the
     one form measured (runtime) and predicted (simulator) timelines share."""
     ev = w.complete(rank, row, P2P_NAMES[a.kind][1], start_s, dur_s,
                     {"stage": a.stage, "microbatch": a.microbatch, "peer": a.peer, "bytes": nbytes,
-                     "samples": list(a.samples or ()), "blocked_s": blocked_s if w.precise else round(blocked_s, 6)})
+                     "samples": list(a.samples or ()), "blocked_s": blocked_s if w.precise else round(blocked_s, 6),
+                     **(extra or {})})
     src, dst = (rank, a.peer) if row == "send" else (a.peer, rank)
     fid = flow_id(step, a, src, dst)
     if row == "send":

@@ -1,0 +1,98 @@
+"""Wire formats priced by the one cost model and chosen by the planner only where allowed and paying."""
+import json
+
+import pytest
+
+from torchpp.cli import main
+from torchpp.cost import Links
+from torchpp.formats import LayersFile, Plan, Sync
+from torchpp.planner import api
+from torchpp.planner.synthetic import layers_file, uniform_links
+from torchpp.planner.wire import choose, parse_allow
+
+
+def test_wire_time_prices_bytes_on_the_wire_plus_codec_cpu():
+    links = Links(uniform_links(["a", "b"], 1e6, latency_s=0.01))
+    assert links.wire_time("a", "b", 4e6) == pytest.approx(4.01) == links.time("a", "b", 4e6)
+    assert links.wire_time("a", "b", 4e6, "bf16") == pytest.approx(2.01)
+    assert links.wire_time("a", "b", 4e6, "bf16", codec=(1e-9, 2e-9)) == pytest.approx(2.01 + 4e6 * 3e-9)
+    # int8: one byte per value plus a 4-byte scale per row of 64
+    assert links.wire_time("a", "b", 4 * 64 * 1000, "int8", row=64) == pytest.approx(0.01 + 68 * 1000 / 1e6)
+
+
+def test_layers_file_codec_field_round_trips_and_is_checked(tmp_path):
+    lf = layers_file("h", num_layers=2)
+    assert "codec_s_per_byte" not in lf.to_json()  # absent stays absent
+    lf.codec_s_per_byte = {"bf16": [1e-10, 2e-10], "int8": [5e-10, 3e-10]}
+    lf.save(tmp_path / "l.json")
+    assert LayersFile.load(tmp_path / "l.json").codec_s_per_byte == lf.codec_s_per_byte
+    d = lf.to_json()
+    d["codec_s_per_byte"] = {"int4": [0, 0]}
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="codec_s_per_byte.int4"):
+        LayersFile.load(tmp_path / "bad.json")
+
+
+def _setup(tmp_path, rate: float):
+    for h in ("h1", "h2"):
+        lf = layers_file(h, num_layers=4, batch=4, layer_fwd_s=0.2, act_bytes_per_sample=400_000,
+                         layer_param_bytes=50_000_000, hidden_size=1000)
+        lf.codec_s_per_byte = {"bf16": [1e-10, 1e-10], "fp16": [1e-10, 1e-10], "int8": [4e-10, 2e-10]}
+        lf.save(tmp_path / f"layers_{h}.json")
+    uniform_links(["h1", "h2"], rate).save(tmp_path / "bandwidth.json")
+    (tmp_path / "devices.json").write_text(json.dumps({"h1": 8, "h2": 8}))
+    return api.PlanInputs(layers=[tmp_path / "layers_h1.json", tmp_path / "layers_h2.json"],
+                          bandwidth=tmp_path / "bandwidth.json", devices=tmp_path / "devices.json")
+
+
+def test_planner_compresses_slow_links_only_when_allowed(tmp_path):
+    inputs = _setup(tmp_path, 1.25e6)  # 10 Mbit/s
+    plain = api.plan(inputs, api.PlanOptions(global_batch=8, schedule="1f1b"))
+    assert plain.plan.lossy == [] and "wire" not in plain.plan.predicted
+    lossy = api.plan(inputs, api.PlanOptions(global_batch=8, schedule="1f1b", allow_lossy=parse_allow("bf16,int8")))
+    assert plain.plan.num_stages == 2 == lossy.plan.num_stages
+    assert lossy.plan.stages[0].wire == "int8"
+    pred = lossy.plan.predicted
+    assert pred["step_time_s"] < 0.8 * plain.plan.predicted["step_time_s"]
+    assert pred["wire"]["fp32_step_time_s"] == pytest.approx(plain.plan.predicted["step_time_s"])
+    assert pred["wire"]["lossy"] == ["stages[0].wire=int8"]
+    only_bf16 = api.plan(inputs, api.PlanOptions(global_batch=8, schedule="1f1b", allow_lossy=parse_allow("bf16")))
+    assert only_bf16.plan.stages[0].wire == "bf16"
+
+
+def test_planner_keeps_fp32_on_gigabit_links(tmp_path):
+    inputs = _setup(tmp_path, 1.25e8)  # 1 Gbit/s: the transfers hide behind compute
+    lossy = api.plan(inputs, api.PlanOptions(global_batch=8, schedule="1f1b",
+                                             allow_lossy=parse_allow("bf16,int8,diloco")))
+    assert lossy.plan.lossy == []
+
+
+def test_diloco_period_is_chosen_for_a_slow_data_parallel_group(tmp_path):
+    inputs = _setup(tmp_path, 1.25e6)
+    costs = api.load(inputs)
+    dp = api.plan(inputs, api.PlanOptions(global_batch=8, schedule="1f1b")).plan
+    from torchpp.planner.simple import make_plan
+
+    p = make_plan(dp.model, seq_len=dp.seq_len, global_batch=8, num_microbatches=2, layer_ranges=[(0, 4)],
+                  group_sizes=[2], schedule="1f1b", hosts=["h1", "h2"])
+    fp32 = api.predict_plan(p, costs)["step_time_s"]
+    got = choose(p, lambda q: api.predict_plan(q, costs)["step_time_s"], parse_allow("diloco,int8"))
+    s = got.plan.stages[0].sync
+    assert s is not None and s.kind == "diloco" and s.wire == "int8" and s.H > 1
+    assert got.step_s < fp32 / 5 and got.fp32_step_s == pytest.approx(fp32)
+    assert p.stages[0].sync is None  # the given plan is left as it was
+    # the all-reduce is priced at the outer all-reduce's bytes spread over H
+    p.stages[0].sync = Sync(kind="diloco", H=4)
+    ar = [api.predict_plan(p, costs)["stages"][0]["allreduce_s"]]
+    p.stages[0].sync = Sync(kind="diloco", H=8)
+    ar.append(api.predict_plan(p, costs)["stages"][0]["allreduce_s"])
+    assert ar[1] == pytest.approx(ar[0] / 2, rel=0.01)
+
+
+def test_allow_lossy_is_checked(tmp_path, capsys):
+    with pytest.raises(ValueError, match="--allow-lossy"):
+        parse_allow("bf16,int3")
+    inputs = _setup(tmp_path, 1.25e6)
+    rc = main(["plan", "--layers", str(inputs.layers[0]), str(inputs.layers[1]), "--bandwidth", str(inputs.bandwidth),
+               "--devices", str(inputs.devices), "--allow-lossy", "bf16,int3", "--out-dir", str(tmp_path / "o")])
+    assert rc == 2 and "--allow-lossy" in capsys.readouterr().err
