@@ -18,6 +18,8 @@ from .devices import DeviceInfo, Devices, GB
 from .sim import (EXPERIMENT_KIND, EXPERIMENT_VERSION, SIM_COMM_TYPES, SIM_INT_PARAMS, SIM_PARAMS, SIM_POLICIES,
                   ExperimentConfig, SimParams, SimSettings, check_sim_params, parse_priorities)
 from .trace import TRACE_KIND, TRACE_VERSION, check_trace, trace_plan_hashes
+from .tokens import (TOKEN_DTYPES, TOKENS_KIND, TOKENS_VERSION, SourceFile, TokenizerInfo, TokensIndex,
+                     check_corpus_files, token_dtype)
 
 __all__ = [
     "FormatError", "Reader", "check_format", "file_hash", "read_json", "to_dict", "write_json",
@@ -30,4 +32,6 @@ __all__ = [
     "Devices", "GB", "EXPERIMENT_KIND", "EXPERIMENT_VERSION", "ExperimentConfig", "SIM_COMM_TYPES",
     "SIM_INT_PARAMS", "SIM_PARAMS", "SIM_POLICIES", "SimParams", "SimSettings", "check_sim_params",
     "parse_priorities", "TRACE_KIND", "TRACE_VERSION", "check_trace", "trace_plan_hashes",
+    "TOKEN_DTYPES", "TOKENS_KIND", "TOKENS_VERSION", "SourceFile", "TokenizerInfo", "TokensIndex",
+    "check_corpus_files", "token_dtype",
 ]
