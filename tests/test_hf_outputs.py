@@ -91,7 +91,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     try:
         with RankPool(2, threads=1) as pool:
             pool.run(_train, dict(plan=_plan(str(llama), root / "p1.json", [(0, 1), (1, 4)]), model=str(llama),
-                                  data=str(README), steps=STEPS, threads=1, timeout_s=60.0,
+                                  data=str(README), data_cache=root / "cache", steps=STEPS, threads=1,
+                                  timeout_s=60.0,
                                   checkpoint_dir=root / "ck_llama"), world=2, timeout_s=300, pg_timeout_s=60)
             pool.run(_train, dict(plan=_plan(str(snap), root / "p2.json", [(0, 1), (1, 2)]), model="org/tiny-moe",
                                   steps=STEPS, threads=1, timeout_s=60.0, checkpoint_dir=root / "ck_moe"),

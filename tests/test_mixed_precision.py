@@ -64,7 +64,7 @@ def runs(tmp_path_factory) -> dict[str, dict]:
         for dtype in ("float32", "bfloat16"):
             spec = {"result": str(root / f"{dtype}.json"), "config": dict(
                 plan=_plan(root / f"plan_{dtype}.json", dtype), steps=STEPS, lr=3e-3, seed=0, data=str(DATA),
-                threads=1, timeout_s=60.0)}
+                tokenizer="bytes", data_cache=root / "cache", threads=1, timeout_s=60.0)}
             pool.run(_result, spec, world=2, timeout_s=300, pg_timeout_s=60)
             out[dtype] = json.loads(Path(spec["result"]).read_text())
         pool.run(_master_weights, str(root / "plan_bfloat16.json"), world=1, timeout_s=120, pg_timeout_s=60)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchpp.data import PackedText, SyntheticTokens
+from torchpp.data import SyntheticTokens, TokenCorpus, prepare_corpus
 from torchpp.models.presets import build_model, load_config
 from torchpp.models.stages import StageSpec, build_stage, count_targets
 
@@ -91,8 +91,9 @@ def test_data_is_a_function_of_seed_and_step(tmp_path):
     assert not torch.equal(s.batch(3), s.batch(4))
     (tmp_path / "a.txt").write_text("".join(f"{i:015d}\n" for i in range(64)))  # 16-byte lines, all different
     (tmp_path / "b.jsonl").write_text("\n".join('{"text": "sample %d of the corpus"}' % i for i in range(30)))
-    t1 = PackedText([tmp_path / "a.txt", tmp_path / "b.jsonl"], seq_len=16, global_batch=4, vocab_size=512, seed=2)
-    t2 = PackedText([tmp_path / "a.txt", tmp_path / "b.jsonl"], seq_len=16, global_batch=4, vocab_size=512, seed=2)
+    prepare_corpus([tmp_path / "a.txt", tmp_path / "b.jsonl"], tmp_path / "c", tokenizer="bytes", num_proc=1)
+    t1 = TokenCorpus(tmp_path / "c", seq_len=16, global_batch=4, seed=2)
+    t2 = TokenCorpus(tmp_path / "c", seq_len=16, global_batch=4, seed=2)
     n = len(t1)
     assert n >= 8
     for step in (0, 1, n):  # step n is in a later epoch

@@ -28,6 +28,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "cluster": ("torchpp.cluster.cluster_cli", "emulated cluster of namespaces: up -c CONFIG, run -- CMD, down, status"),
     "run": ("torchpp.elastic.cli", "start a plan's ranks; --elastic: re-plan over the hosts left when one fails"),
     "demo": ("torchpp.demo", "the whole loop on an embedded default: profile, plan, train, analyse, replan, train"),
+    "data prepare": ("torchpp.data.cli", "tokenize text once into a memory-mapped corpus (tokens.bin + index.json)"),
     "bandwidth probe": ("torchpp.cluster.probe", "all-pairs p2p throughput/latency over gloo -> CSV + bandwidth.json"),
 }
 

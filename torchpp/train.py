@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", type=Path, required=True, help="plan.json (torchpp plan)")
     p.add_argument("--model", default=None, help="preset name or local HF checkpoint directory (default: the plan's "
                    "model: its preset or the directory it remembers); a different model than the plan's is refused")
-    p.add_argument("--data", default="synthetic", help="'synthetic' or a local .txt/.json/.jsonl file or directory")
+    p.add_argument("--data", default="synthetic",
+                   help="'synthetic', a corpus from `torchpp data prepare`, or text files, tables or a datasets "
+                        "save_to_disk folder (prepared once into --data-cache)")
     p.add_argument("--steps", type=int, default=10, help="optimizer steps")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.0)
@@ -61,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="attention kernels (default: sdpa where HF supports it for the model, eager where HF "
                         "requires it)")
     p.add_argument("--text-column", default="text", help="the text column of .csv/.parquet/.json(l) data tables")
+    p.add_argument("--tokenizer", default=None,
+                   help="a HF tokenizer directory or 'bytes' (UTF-8 bytes as ids); default: the model directory's")
+    p.add_argument("--split", default=None, help="the split of a datasets DatasetDict folder given as --data")
+    p.add_argument("--data-cache", type=Path, default=None,
+                   help="where raw --data is prepared once (default $TORCHPP_CACHE/corpus or ~/.cache/torchpp/corpus)")
+    p.add_argument("--data-timeout-s", type=float, default=3600.0,
+                   help="the longest a rank waits for another process preparing the same --data")
     p.add_argument("--seed", type=int, default=0, help="weight init and data order")
     p.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: cores / local ranks)")
     p.add_argument("--trace-dir", type=Path, default=None, help="write Chrome traces of --trace-steps here")
@@ -121,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                           warmup_steps=args.warmup_steps, eval_every=args.eval_every,
                           eval_fraction=args.eval_fraction, eval_data=args.eval_data,
                           eval_batches=args.eval_batches, attn_implementation=args.attn_implementation,
-                          text_column=args.text_column, export_dir=args.export_dir,
+                          text_column=args.text_column, tokenizer=args.tokenizer, split=args.split,
+                          data_cache=args.data_cache, data_timeout_s=args.data_timeout_s, export_dir=args.export_dir,
                           torch_profiler=args.torch_profiler, checkpoint_background=args.checkpoint_background,
                           full_checkpoint_every=args.full_checkpoint_every,
                           heartbeat_dir=args.heartbeat_dir, elastic_log=args.elastic_log,

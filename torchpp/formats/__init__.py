@@ -19,6 +19,8 @@ from .sim import (EXPERIMENT_KIND, EXPERIMENT_VERSION, SIM_COMM_TYPES, SIM_INT_P
                   ExperimentConfig, SimParams, SimSettings, check_sim_params, parse_priorities)
 from .wire import LOSSY, SYNC_KINDS, WIRE_FORMATS, Sync, wire_bytes, wire_ratio
 from .trace import TRACE_KIND, TRACE_VERSION, check_trace, trace_plan_hashes
+from .tokens import (TOKEN_DTYPES, TOKENS_KIND, TOKENS_VERSION, SourceFile, TokenizerInfo, TokensIndex,
+                     check_corpus_files, token_dtype)
 
 __all__ = [
     "FormatError", "Reader", "check_format", "file_hash", "read_json", "to_dict", "write_json",
@@ -32,4 +34,6 @@ __all__ = [
     "SIM_INT_PARAMS", "SIM_PARAMS", "SIM_POLICIES", "SimParams", "SimSettings", "check_sim_params",
     "parse_priorities", "TRACE_KIND", "TRACE_VERSION", "check_trace", "trace_plan_hashes",
     "LOSSY", "SYNC_KINDS", "WIRE_FORMATS", "Sync", "wire_bytes", "wire_ratio",
+    "TOKEN_DTYPES", "TOKENS_KIND", "TOKENS_VERSION", "SourceFile", "TokenizerInfo", "TokensIndex",
+    "check_corpus_files", "token_dtype",
 ]

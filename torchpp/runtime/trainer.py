@@ -72,6 +72,16 @@ class TrainConfig:
     """eager or sdpa; default: SDPA where HF supports it for the model, eager where HF requires it."""
     text_column: str = "text"
     """The text column of .csv/.parquet/.json tables in ``data``."""
+    tokenizer: str | None = None
+    """A HF tokenizer directory, or ``bytes`` (UTF-8 bytes as ids); default: the model directory's.
+    Text ``data`` without one is refused, as is a tokenizer larger than the model's vocabulary."""
+    split: str | None = None
+    """The split of a ``datasets`` DatasetDict folder given as ``data``."""
+    data_cache: Path | None = None
+    """Where raw ``data`` is prepared once (keyed by its and the tokenizer's hashes); default
+    ``$TORCHPP_CACHE/corpus`` or ``~/.cache/torchpp/corpus``."""
+    data_timeout_s: float = 3600.0
+    """The longest a rank waits for another process preparing the same raw ``data``."""
     seed: int = 0
     threads: int | None = None
     """Torch intra-op threads per rank; default: this host's cores / ranks on this host."""
@@ -150,6 +160,8 @@ class TrainConfig:
             raise ValueError(f"--eval-fraction: expected a fraction in [0, 1), got {self.eval_fraction}")
         if self.eval_data and self.eval_fraction:
             raise ValueError("--eval-data and --eval-fraction: expected one of them, not both")
+        if self.data_timeout_s <= 0:
+            raise ValueError(f"--data-timeout-s: expected seconds > 0, got {self.data_timeout_s}")
 
     @property
     def full_every(self) -> int:
@@ -180,6 +192,11 @@ class Prepared:
     config: Any
     schedule: Schedule
     plan_hash: str
+    data: str = "synthetic"
+    """``synthetic`` or the prepared corpus directory (raw ``--data`` prepared into the cache)."""
+    eval_data: str | None = None
+    tokenizer: str | None = None
+    """The tokenizer the corpus was checked against (exported with the model), or None."""
 
 
 @dataclass
@@ -203,14 +220,9 @@ class TrainSummary:
 
 def prepare(cfg: TrainConfig, world_size: int) -> Prepared:
     """Load and check everything local: plan vs world size, plan vs model. No collective yet."""
-    from ..data import DataError
-
     source = str(cfg.plan)
     host_name()  # a bad TORCHPP_HOST or HOST: one line on this rank before any collective
     plan = Plan.load(cfg.plan)
-    for flag, data in (("--data", cfg.data), ("--eval-data", cfg.eval_data)):
-        if data not in (None, "synthetic") and not Path(data).exists():
-            raise DataError(f"{flag}: {data}: expected 'synthetic' or an existing text/JSON file or directory")
     model = plan_model(plan.model, source, cfg.model)
     mcfg = load_config(model, cfg.layers, cfg.attn_implementation)
     validate_plan(plan, source, world_size=world_size, model_layers=num_hidden_layers(mcfg))
@@ -228,7 +240,21 @@ def prepare(cfg: TrainConfig, world_size: int) -> Prepared:
     if cfg.evaluates and any(len(plan.stages_of_rank(r)) > 1 for r in plan.ranks):
         raise FormatError(source, "schedule", "a schedule with one chunk per device (1f1b, gpipe, zb-h1) to "
                           "evaluate (--eval-every, --eval-data, --eval-fraction)", plan.schedule)
-    return Prepared(plan, model, mcfg, build(plan), file_hash(cfg.plan))
+    return Prepared(plan, model, mcfg, build(plan), file_hash(cfg.plan), **_prepare_data(cfg, model, mcfg))
+
+
+def _prepare_data(cfg: TrainConfig, model: str, mcfg: Any) -> dict[str, Any]:
+    """The right tokens or an error, on every rank before any collective: the tokenizer fits the
+    model, text has a tokenizer, a corpus was made by this tokenizer; raw data is prepared once."""
+    from ..data import check_fits, load_tokenizer, resolve_data, resolve_tokenizer
+
+    tokenizer = resolve_tokenizer(cfg.tokenizer, model)
+    if cfg.tokenizer is not None and cfg.data == "synthetic":
+        check_fits(load_tokenizer(cfg.tokenizer)[1], int(mcfg.vocab_size), "--tokenizer", model)
+    kw = dict(tokenizer=tokenizer, model=model, model_vocab=int(mcfg.vocab_size), text_column=cfg.text_column,
+              split=cfg.split, cache=cfg.data_cache, timeout_s=cfg.data_timeout_s)
+    return {"data": resolve_data(cfg.data, flag="--data", **kw),
+            "eval_data": resolve_data(cfg.eval_data, flag="--eval-data", **kw), "tokenizer": tokenizer}
 
 
 def _check_positions(plan: Plan, mcfg: Any, source: str, model: str) -> None:
@@ -354,8 +380,10 @@ def train(cfg: TrainConfig, prepared: Prepared | None = None) -> TrainSummary:
 def fingerprint(cfg: TrainConfig, prep: Prepared) -> dict[str, str]:
     """What every rank must have equal before training: the plan, model, data and the options
     that change what is computed or written (short values: the error message quotes them)."""
+    from ..data import data_id
+
     plan = prep.plan
-    return {"plan": prep.plan_hash, "model": _model_id(prep), "data": _data_id(cfg.data),
+    return {"plan": prep.plan_hash, "model": _model_id(prep), "data": data_id(prep.data),
             "seq_len": str(plan.seq_len), "global_batch": str(plan.global_batch),
             "dtype": f"{plan.model.dtype} autocast {plan.model.autocast or 'none'}",
             "steps": str(cfg.steps), "lr": repr(cfg.lr), "weight_decay": repr(cfg.weight_decay),
@@ -368,8 +396,9 @@ def fingerprint(cfg: TrainConfig, prep: Prepared) -> dict[str, str]:
             "profile_blocks": str(cfg.profile_blocks), "adam_betas": repr(tuple(cfg.adam_betas)),
             "max_grad_norm": repr(cfg.max_grad_norm), "lr_schedule": f"{cfg.lr_schedule} warmup {cfg.warmup_steps}",
             "eval": f"every {cfg.eval_every} x {cfg.eval_batches} on "
-                    f"{_data_id(cfg.eval_data) if cfg.eval_data else cfg.eval_fraction}",
-            "attn_implementation": str(prep.config._attn_implementation), "text_column": cfg.text_column}
+                    f"{data_id(prep.eval_data) if prep.eval_data else cfg.eval_fraction}",
+            "attn_implementation": str(prep.config._attn_implementation), "text_column": cfg.text_column,
+            "tokenizer": str(prep.tokenizer)}
 
 
 def _short_hash(data: bytes) -> str:
@@ -387,26 +416,6 @@ def _model_id(prep: Prepared) -> str:
         weights = sum(p.stat().st_size for pat in ("*.safetensors", "*.bin") for p in Path(prep.model).glob(pat))
         return f"{name} config {digest} weights {weights} bytes"
     return f"{name} config {digest}"
-
-
-def _data_id(data: str, budget: int = 64 << 20) -> str:
-    """``synthetic``, or the data files' names, sizes and a hash of their first ``budget`` bytes."""
-    if data == "synthetic":
-        return data
-    from ..data import _files
-
-    h, size, left = hashlib.sha256(), 0, budget
-    root = Path(data)
-    for f in _files(root):
-        n = f.stat().st_size
-        size += n
-        h.update(f"{f.relative_to(root) if f != root else f.name}:{n}\n".encode())
-        if left > 0:
-            with open(f, "rb") as fh:
-                chunk = fh.read(left)
-            h.update(chunk)
-            left -= len(chunk)
-    return f"{root.name} {size} bytes sha256:{h.hexdigest()[:16]}"
 
 
 def _prepare_checkpoints(cfg: TrainConfig, roles: ckpt.Roles, stage: Any) -> int:
@@ -474,6 +483,9 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
     ss.log.print(f"torchpp.train: {plan.num_stages} stage(s), {world} rank(s), {plan.schedule}, "
                  f"{plan.num_microbatches} x {plan.micro_batch_size} samples x {plan.seq_len} tokens; "
                  f"steps {ss.start + 1}..{cfg.steps}")
+    from ..data import describe
+
+    ss.log.print(describe(prep.data, seq_len=plan.seq_len, global_batch=plan.global_batch, steps=cfg.steps))
     ss.log.event({"event": "start", "world_size": world, "plan": str(cfg.plan), "plan_hash": prep.plan_hash,
                   "model": prep.model, "start_step": ss.start,
                   "rank0_params": sum(p.numel() for p in ss.stage.parameters())})
@@ -525,6 +537,8 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
     names = g("exchanging host names with all ranks", all_gather_json, [host_name(), machine_name()])
     hosts = [str(n[0]) for n in names]  # what traces say (torchpp.hostname's rule)
     roles = _roles(plan, rank, [str(n[1]) for n in names])  # who shares a file system: the machines
+    # the data is opened before the baseline: the stage's growth is what the memory model predicts
+    source, eval_source = _sources(cfg, prep, any(c.has_embed or c.has_tail for c in chunks))
     mark_base_rss()  # what the stage adds to this process is what the planner's memory model predicts
     stage = _build_chunks(prep, plan, [c.index for c in chunks], cfg.seed)
     params = stage.parameters()
@@ -548,7 +562,6 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
     executor.step_index = start
     evaluator = (Evaluator(rank=rank, plan=plan, actions=schedule[rank], stage=stage.only(), comm=comm)
                  if cfg.evaluates else None)
-    source, eval_source = _sources(cfg, prep, any(c.has_embed or c.has_tail for c in chunks))
     saver = (ckpt.BackgroundSaver(cfg.checkpoint_dir, rank=rank, roles=roles, stage=stage, keep=cfg.keep_checkpoints,
                                   timeout_s=cfg.timeout_s, recycle_keep=_recycle_keep(cfg))
              if cfg.checkpoint_background and cfg.checkpoint_dir else None)
@@ -632,10 +645,12 @@ def _finish(ss: _Session, summary: TrainSummary) -> None:
     """The HF model directory, the logs."""
     cfg, g, log = ss.cfg, ss.g, ss.log
     if cfg.export_to is not None and summary.steps_done == cfg.steps:
-        from .export import export_hf
+        from .export import copy_tokenizer, export_hf
 
         d = g("writing the HF model directory", export_hf, cfg.export_to, roles=ss.roles, stage=ss.stage,
               source=None if is_preset(ss.prep.model) else ss.prep.model)
+        if d is not None and ss.prep.tokenizer not in (None, ss.prep.model):
+            copy_tokenizer(ss.prep.tokenizer, d)  # the tokenizer the corpus was checked against
         if d is not None:
             log.print(f"model {d} (AutoModelForCausalLM.from_pretrained loads it)")
     log.close()
@@ -749,11 +764,10 @@ def _sources(cfg: TrainConfig, prep: Prepared, needs_tokens: bool) -> tuple[Any,
     if not needs_tokens:
         return None, None
     plan = prep.plan
-    kw = dict(seq_len=plan.seq_len, global_batch=plan.global_batch, vocab_size=plan.model.vocab_size, seed=cfg.seed,
-              tokenizer_dir=None if is_preset(prep.model) else prep.model, text_column=cfg.text_column)
-    source = open_source(cfg.data, **kw)
-    if cfg.eval_data:
-        return source, open_source(cfg.eval_data, **kw)
+    kw = dict(seq_len=plan.seq_len, global_batch=plan.global_batch, vocab_size=plan.model.vocab_size, seed=cfg.seed)
+    source = open_source(prep.data, **kw)
+    if prep.eval_data:
+        return source, open_source(prep.eval_data, **kw)
     if cfg.eval_fraction:
         return held_out(source, cfg.eval_fraction)
     return source, None

@@ -1,0 +1,239 @@
+"""Tokenize once: sources -> ``corpus/`` (a flat token file, document offsets, ``index.json``).
+
+Tokenizing runs through ``datasets.map(batched=True, num_proc=...)`` with the fast tokenizer,
+shard by shard (about ``SHARD_BYTES`` of input each): every shard's ids are appended to the
+token file and its arrow cache deleted before the next, so memory and scratch disk stay
+bounded whatever the corpus size, and progress (tokens/s) is reported between shards.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ..formats import SourceFile, TokenizerInfo, TokensIndex, token_dtype
+from .base import DataError
+from .sources import Inputs, Source, discover
+
+SHARD_BYTES = 32 << 20
+"""Input bytes tokenized per ``datasets.map`` call (its arrow cache is deleted after it)."""
+INDEX = "index.json"
+
+
+@dataclass
+class Progress:
+    tokens: int
+    bytes_done: int
+    bytes_total: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def corpus_key(inputs: Inputs, info: TokenizerInfo, text_column: str, split: str | None) -> str:
+    """What a prepared corpus is a function of: the sources' contents, the column, the split, the tokenizer."""
+    h = hashlib.sha256(f"{info.hash}\n{text_column}\n{split}\n".encode())
+    for s in inputs.sources:
+        h.update(f"{s.kind}:{s.hash}:{s.bytes}\n".encode())
+    return h.hexdigest()[:20]
+
+
+def prepare_corpus(data: list[str | Path], out: str | Path, *, tokenizer: str | Path, text_column: str = "text",
+                   split: str | None = None, num_proc: int | None = None,
+                   progress: Callable[[Progress], None] | None = None, inputs: Inputs | None = None) -> TokensIndex:
+    """Tokenize ``data`` into ``out`` (created, or a previous corpus there replaced); returns its index."""
+    from .tokenizer import load_tokenizer
+
+    inputs = inputs or discover(data, text_column=text_column, split=split)
+    tok, info = load_tokenizer(tokenizer)
+    out = _out_dir(Path(out))
+    dtype = token_dtype(info.vocab_size)
+    scratch = out / ".prepare"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    w = _Writer(out, dtype)
+    t0, done = time.perf_counter(), 0
+    try:
+        for s in inputs.sources:
+            w.source_start()
+            for shard in _shards(s, text_column, split, scratch):
+                w.write(_tokenize(shard.ds, tok, info, dtype, num_proc, scratch))
+                done += shard.bytes
+                if progress is not None:
+                    progress(Progress(w.tokens, done, inputs.bytes, time.perf_counter() - t0))
+            docs, toks = w.source_end()
+            if docs == 0:
+                raise DataError(f"--data: {s.path}: no text documents (the column '{text_column}' holds no strings)")
+            w.sources.append(SourceFile(path=str(s.path), bytes=s.bytes, hash=s.hash, documents=docs, tokens=toks))
+        w.close()
+    finally:
+        w.abort()
+        shutil.rmtree(scratch, ignore_errors=True)
+    index = TokensIndex(tokenizer=info, dtype=dtype, tokens=w.tokens, documents=w.documents, text_column=text_column,
+                        split=split, sources=w.sources, key=corpus_key(inputs, info, text_column, split))
+    index.save(out / INDEX)
+    return index
+
+
+def _out_dir(out: Path) -> Path:
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out: {out}: expected a directory for the corpus, found a file")
+    if out.is_dir() and any(p.name != ".prepare" for p in out.iterdir()) and not (out / INDEX).is_file():
+        raise DataError(f"--out: {out}: expected an empty directory or a previous corpus (index.json) to replace; "
+                        "it holds other files")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / INDEX).unlink(missing_ok=True)  # the index comes last: no index, no corpus
+    return out
+
+
+class _Writer:
+    """Appends each shard's ids to the token file and document ends to the offsets file."""
+
+    def __init__(self, out: Path, dtype: str):
+        self.out, self.dtype = out, dtype
+        self.tok_f = open(out / ".tokens.bin.tmp", "wb")
+        self.off_f = open(out / ".offsets.bin.tmp", "wb")
+        np.zeros(1, dtype="<i8").tofile(self.off_f)
+        self.tokens = self.documents = 0
+        self.sources: list[SourceFile] = []
+        self._mark = (0, 0)
+
+    def write(self, batches: Iterator[Any]) -> None:
+        import pyarrow.compute as pc
+
+        for table in batches:
+            col = table.column("ids").combine_chunks()
+            flat = pc.list_flatten(col).to_numpy(zero_copy_only=False)
+            np.asarray(flat, dtype=self.dtype).tofile(self.tok_f)
+            lens = pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int64)
+            ends = self.tokens + np.cumsum(lens)
+            doc = table.column("doc").to_numpy(zero_copy_only=False).astype(bool)
+            ends[doc].astype("<i8").tofile(self.off_f)
+            self.tokens = int(ends[-1]) if len(ends) else self.tokens
+            self.documents += int(doc.sum())
+
+    def source_start(self) -> None:
+        self._mark = (self.documents, self.tokens)
+
+    def source_end(self) -> tuple[int, int]:
+        return self.documents - self._mark[0], self.tokens - self._mark[1]
+
+    def close(self) -> None:
+        for f in (self.tok_f, self.off_f):
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+        os.replace(self.out / ".tokens.bin.tmp", self.out / "tokens.bin")
+        os.replace(self.out / ".offsets.bin.tmp", self.out / "offsets.bin")
+
+    def abort(self) -> None:
+        for f in (self.tok_f, self.off_f):
+            f.close()
+        for name in (".tokens.bin.tmp", ".offsets.bin.tmp"):
+            (self.out / name).unlink(missing_ok=True)
+
+
+@dataclass
+class _Shard:
+    ds: Any
+    bytes: int
+
+
+def _shards(s: Source, column: str, split: str | None, scratch: Path) -> Iterator[_Shard]:
+    """The source as ``datasets`` shards of about ``SHARD_BYTES`` input bytes, columns ``text`` (+ ``end``)."""
+    if s.kind == "text":
+        groups, cur, size = [], [], 0
+        for a, b in s.pieces:
+            cur.append((a, b))
+            size += b - a
+            if size >= SHARD_BYTES:
+                groups.append(cur)
+                cur, size = [], 0
+        if cur or not groups:
+            groups.append(cur)
+        last = s.pieces[-1]
+        for g in groups:
+            yield _Shard(_text_dataset(s.path, g, last, scratch), sum(b - a for a, b in g))
+        return
+    ds = _table(s, column, split, scratch)
+    n = len(ds)
+    per = max(1, int(n * SHARD_BYTES / max(1, s.bytes)))
+    for a in range(0, max(n, 1), per):
+        b = min(n, a + per)
+        yield _Shard(ds.select(range(a, b)), s.bytes * (b - a) // max(1, n))
+
+
+def _pieces(path: str, pieces: list[tuple[int, int]], last: tuple[int, int]) -> Iterator[dict]:
+    with open(path, "rb") as f:
+        for a, b in pieces:
+            f.seek(a)
+            yield {"text": f.read(b - a).decode("utf-8"), "end": (a, b) == tuple(last)}
+
+
+def _text_dataset(path: Path, pieces: list[tuple[int, int]], last: tuple[int, int], scratch: Path) -> Any:
+    from datasets import Dataset, Features, Value
+
+    return Dataset.from_generator(_pieces, features=Features({"text": Value("string"), "end": Value("bool")}),
+                                  gen_kwargs={"path": str(path), "pieces": pieces, "last": last},
+                                  cache_dir=str(scratch / "cache"), keep_in_memory=False)
+
+
+def _table(s: Source, column: str, split: str | None, scratch: Path) -> Any:
+    import datasets
+
+    cache = str(scratch / "cache")
+    try:
+        if s.kind in ("dataset", "dataset_dict"):
+            ds = datasets.load_from_disk(str(s.path))
+            if s.kind == "dataset_dict":
+                ds = ds[split] if split is not None else next(iter(ds.values()))
+        elif s.kind == "arrow":
+            ds = datasets.Dataset.from_file(str(s.path))
+        else:
+            reader = {"json": datasets.Dataset.from_json, "csv": datasets.Dataset.from_csv,
+                      "parquet": datasets.Dataset.from_parquet}[s.kind]
+            ds = reader(str(s.path), cache_dir=cache)
+    except Exception as e:  # datasets/pyarrow raise many kinds; the user needs the file and the reason
+        reason = " ".join(str(e).split())[:200] or type(e).__name__
+        raise DataError(f"--data: {s.path}: cannot be read as a {s.kind} table ({reason})") from None
+    ds = ds.select_columns([column])
+    return ds.rename_column(column, "text") if column != "text" else ds
+
+
+def _encode(batch: dict, *, tok: Any, eos: int | None) -> dict:
+    """Ids of a batch of rows (the EOS after each row that ends a document); non-strings give none."""
+    texts = batch["text"]
+    ok = [isinstance(t, str) for t in texts]
+    ends = [o and e for o, e in zip(ok, batch.get("end") or [True] * len(texts))]
+    if tok is None:
+        ids = [list(t.encode("utf-8")) if o else [] for t, o in zip(texts, ok)]
+    else:
+        ids = tok([t if o else "" for t, o in zip(texts, ok)], add_special_tokens=False,
+                  return_attention_mask=False)["input_ids"]
+        ids = [x if o else [] for x, o in zip(ids, ok)]
+    if eos is not None:
+        ids = [x + [eos] if e else x for x, e in zip(ids, ends)]
+    return {"ids": ids, "doc": ends}
+
+
+def _tokenize(ds: Any, tok: Any, info: TokenizerInfo, dtype: str, num_proc: int | None, scratch: Path) -> Iterator[Any]:
+    """``datasets.map`` over one shard; yields arrow tables of ``ids`` and ``doc``."""
+    from datasets import Features, Sequence, Value
+
+    procs = max(1, min(num_proc or os.cpu_count() or 1, len(ds)))
+    feats = Features({"ids": Sequence(Value(dtype)), "doc": Value("bool")})
+    fp = hashlib.sha256(f"{ds._fingerprint}:{info.hash}:{dtype}".encode()).hexdigest()[:16]
+    mapped = ds.map(_encode, batched=True, num_proc=procs if procs > 1 else None, features=feats,
+                    remove_columns=ds.column_names, fn_kwargs={"tok": tok, "eos": info.eos_id},
+                    new_fingerprint=fp, cache_file_name=str(scratch / f"map-{fp}.arrow"), desc="tokenizing")
+    yield from mapped.with_format("arrow").iter(batch_size=8192)
+    for f in mapped.cache_files:  # ours, in the scratch folder: the disk stays bounded too
+        Path(f["filename"]).unlink(missing_ok=True)
