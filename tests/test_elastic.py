@@ -23,7 +23,7 @@ from torchpp.planner.simple import make_plan
 from torchpp.planner.synthetic import layers_file, uniform_links
 from torchpp.runtime import checkpoint as ckpt
 from torchpp.elastic.driver import Driver, ElasticConfig, ElasticError, LocalLauncher
-from torchpp.elastic.replan import replan
+from torchpp.elastic.survivors import plan_survivors
 from torchpp.runtime.launch import kill_rank_after_checkpoint, popen_ranks, wait_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,11 +143,11 @@ def test_survivors_that_cannot_hold_the_model_get_one_message(tmp_path):
     cfg = ElasticConfig(plan=first_plan(tmp_path / "plan.json"), train_args=[], checkpoint_dir=tmp_path / "ck",
                         work_dir=tmp_path / "w", **meas)
     with pytest.raises(ElasticError) as e:
-        replan(cfg, Plan.load(cfg.plan), ["h0", "h1"], tmp_path / "out")
+        plan_survivors(cfg, Plan.load(cfg.plan), ["h0", "h1"], tmp_path / "out")
     msg = str(e.value)
     assert "h0, h1" in msg and "cannot hold the model" in msg and "needs" in msg and "devices have" in msg, msg
     with pytest.raises(ElasticError, match="no host is left"):
-        replan(cfg, Plan.load(cfg.plan), [], tmp_path / "out")
+        plan_survivors(cfg, Plan.load(cfg.plan), [], tmp_path / "out")
 
 
 def test_replan_keeps_the_batch_and_uses_only_survivors(tmp_path):
@@ -155,7 +155,7 @@ def test_replan_keeps_the_batch_and_uses_only_survivors(tmp_path):
     cfg = ElasticConfig(plan=first_plan(tmp_path / "plan.json"), train_args=[], checkpoint_dir=tmp_path / "ck",
                         work_dir=tmp_path / "w", **meas)
     old = Plan.load(cfg.plan)
-    new = replan(cfg, old, ["h0", "h2"], tmp_path / "out")
+    new = plan_survivors(cfg, old, ["h0", "h2"], tmp_path / "out")
     assert set(new.hosts) <= {"h0", "h2"} and new.plan.global_batch == old.global_batch
     assert new.plan.seq_len == old.seq_len and new.plan.model.name == "qwen3-tiny"
     assert json.loads((tmp_path / "out" / "devices.json").read_text()) == {"h0": 4.0, "h2": 4.0}

@@ -161,3 +161,51 @@ def test_the_walk_sees_function_level_and_relative_imports():
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             found += imported(pkg, node)
     assert found == [["formats"], ["planner", "api"], ["sim"]]
+
+
+SPEAKS_FOR_PEOPLE = ("cli", "train", "demo", "__main__")
+"""The only module names that may parse arguments (import argparse) or print: ``cli.py``,
+``<folder>/cli.py``, ``train.py``, ``demo.py`` (and ``__main__``, which hands over to ``cli``)."""
+
+MAY_PARSE_OR_PRINT: dict[str, str] = {
+    "argtypes.py": "argparse types for the command lines (ArgumentTypeError keeps their message)",
+    "profiling/memory_probe.py": "the worker process `calibrate-memory` starts per span: its argv and its one "
+                                 "JSON line on stdout are the protocol between the two processes",
+    "planner/capacities.py": "its command line is moving to planner/cli.py (issue 35, item 1); remove this entry then",
+    "planner/bandwidth.py": "its command line is moving to planner/cli.py (issue 35, item 1); remove this entry then",
+}
+"""Library modules allowed to import argparse or print, each with its reason."""
+
+
+def parses_or_prints(path: Path) -> list[str]:
+    """Where a module imports argparse or calls print (``name:line what``)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (isinstance(node, ast.Import) and any(a.name == "argparse" for a in node.names)) or (
+                isinstance(node, ast.ImportFrom) and node.module == "argparse"):
+            out.append(f"{path.name}:{node.lineno} imports argparse")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+            out.append(f"{path.name}:{node.lineno} prints")
+    return out
+
+
+def test_only_command_lines_parse_arguments_or_print():
+    """Library code returns values and raises; only the command lines talk to people."""
+    bad, stale = [], []
+    for path in sources():
+        rel = path.relative_to(PACKAGE).as_posix()
+        if path.stem in SPEAKS_FOR_PEOPLE:
+            continue
+        found = parses_or_prints(path)
+        if rel in MAY_PARSE_OR_PRINT:
+            stale += [] if found else [rel]
+        else:
+            bad += [f"{rel}: {f.split(' ', 1)[1]} ({f.split(' ')[0]})" for f in found]
+    assert not bad, "library modules that parse arguments or print (move it to a cli.py):\n  " + "\n  ".join(bad)
+    assert not stale, f"MAY_PARSE_OR_PRINT lists modules that no longer parse or print; remove them: {stale}"
+
+
+def test_the_print_check_sees_argparse_and_print(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("from argparse import ArgumentParser\ndef f():\n    print('x')\n")
+    assert parses_or_prints(src) == ["m.py:1 imports argparse", "m.py:3 prints"]

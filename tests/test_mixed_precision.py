@@ -112,9 +112,12 @@ def test_cli_plan_dtype_must_match_the_layers_files(tmp_path):
     assert plan.model.autocast == "bfloat16"
 
 
-def test_pure_bf16_plan_trains_and_says_so(tmp_path, capsys, monkeypatch):
+def test_pure_bf16_plan_trains_and_says_so(tmp_path, caplog, monkeypatch):
+    import logging
+
     from torchpp.runtime.trainer import TrainConfig, train
 
+    caplog.set_level(logging.INFO, logger="torchpp.train")
     for k in ("MASTER_ADDR", "RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
     info = model_info(load_config("qwen3-tiny"), "qwen3-tiny", dtype="bfloat16")
@@ -122,4 +125,4 @@ def test_pure_bf16_plan_trains_and_says_so(tmp_path, capsys, monkeypatch):
               schedule="1f1b").save(tmp_path / "plan.json")
     s = train(TrainConfig(plan=tmp_path / "plan.json", steps=1, threads=1))
     assert len(s.losses) == 1 and s.losses[0] > 0
-    assert "pure bfloat16 weights and optimizer state (no fp32 master weights)" in capsys.readouterr().out
+    assert "pure bfloat16 weights and optimizer state (no fp32 master weights)" in caplog.text

@@ -12,24 +12,25 @@ from .errors import UsageError  # noqa: F401  (re-exported: `torchpp.cli.UsageEr
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-# verb -> (module defining configure(parser), one-line help). Each module's configure()
-# adds its arguments (and sub-verbs) and sets ``func`` to a callable(args) -> exit code.
+# verb -> ("module[:function]" whose function, ``configure`` unless named, configures the verb's
+# parser, one-line help). It adds the arguments (and sub-verbs) and sets ``func`` to a
+# callable(args) -> exit code.
 VERBS: dict[str, tuple[str, str]] = {
     "profile": ("torchpp.profiling.cli", "measure per-block forward/backward times and bytes on this host"),
     "plan": ("torchpp.planner.cli", "make plan.json (even/dp/pp split, or the optimising planner)"),
-    "speed-check": ("torchpp.profiling.speed_check_cli", "time this host's profiled layers again: how much slower it runs now"),
+    "speed-check": ("torchpp.profiling.cli:configure_speed_check", "time this host's profiled layers again: how much slower it runs now"),
     "capacities": ("torchpp.planner.capacities", "per-host speed relative to a reference host, from layers files"),
     "bandwidth parse": ("torchpp.planner.bandwidth", "iperf3-style links CSV to bandwidth.json"),
-    "calibrate-memory": ("torchpp.profiling.calibrate_cli", "fit the memory model from random spans' peak RSS"),
+    "calibrate-memory": ("torchpp.profiling.cli:configure_calibrate", "fit the memory model from random spans' peak RSS"),
     "replan": ("torchpp.planner.replan.cli", "correct per-host costs, links and memory from a run's timelines, then plan again"),
     "simulate": ("torchpp.sim.cli", "event-driven simulator: run, sweep, heatmap, all, plan, check-reference"),
-    "analyze": ("torchpp.trace.report", "analyse merged timelines: bubbles, critical path, predicted vs measured"),
-    "throttle": ("torchpp.cluster.throttle_cli", "limit CPU, memory or a link: cpu|mem|net [-- COMMAND], status, clear"),
-    "cluster": ("torchpp.cluster.cluster_cli", "emulated cluster of namespaces: up -c CONFIG, run -- CMD, down, status"),
+    "analyze": ("torchpp.trace.cli", "analyse merged timelines: bubbles, critical path, predicted vs measured"),
+    "throttle": ("torchpp.cluster.cli:configure_throttle", "limit CPU, memory or a link: cpu|mem|net [-- COMMAND], status, clear"),
+    "cluster": ("torchpp.cluster.cli:configure_cluster", "emulated cluster of namespaces: up -c CONFIG, run -- CMD, down, status"),
     "run": ("torchpp.elastic.cli", "start a plan's ranks; --elastic: re-plan over the hosts left when one fails"),
     "demo": ("torchpp.demo", "the whole loop on an embedded default: profile, plan, train, analyse, replan, train"),
     "data prepare": ("torchpp.data.cli", "tokenize text once into a memory-mapped corpus (tokens.bin + index.json)"),
-    "bandwidth probe": ("torchpp.cluster.probe", "all-pairs p2p throughput/latency over gloo -> CSV + bandwidth.json"),
+    "bandwidth probe": ("torchpp.cluster.cli:configure_probe", "all-pairs p2p throughput/latency over gloo -> CSV + bandwidth.json"),
 }
 
 
@@ -70,7 +71,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         else:
             parsers[verb] = sub.add_parser(verb, help=help_, description=help_)
     for verb in (VERBS if argv is None else chosen_verbs(argv)):
-        importlib.import_module(VERBS[verb][0]).configure(parsers[verb])
+        module, _, function = VERBS[verb][0].partition(":")
+        getattr(importlib.import_module(module), function or "configure")(parsers[verb])
     return parser
 
 

@@ -441,6 +441,25 @@ def add_sync(plan: Plan, sched: Schedule) -> Schedule:
 
 def build(plan: Plan) -> Schedule:
     """plan -> {rank: [Action, ...]}: order, then communication, then sync, then validation."""
+    sched = add_sync(plan, add_communication(plan, compute_lists(plan)))
+    validate(sched)
+    return dict(sorted(sched.items()))
+
+
+def build_forward(plan: Plan) -> Schedule:
+    """plan -> forward-only lists (evaluation): each rank's order with its backward passes left out,
+    then communication, then validation; no sync (nothing to all-reduce or step).
+
+    The forwards keep their training order, micro-batches, sample ranges and messages, for every
+    schedule kind (interleaved and V chunks included); ``validate`` proves the lists complete."""
+    compute = {r: [a for a in acts if a.kind == Kind.FORWARD] for r, acts in compute_lists(plan).items()}
+    sched = add_communication(plan, compute)
+    validate(sched)
+    return dict(sorted(sched.items()))
+
+
+def compute_lists(plan: Plan) -> dict[int, list[Action]]:
+    """Each rank's compute actions (F, B, I, W over its chunks) in the schedule's order."""
     pl = plan.placement()
     ranges = [sample_ranges(s) for s in plan.stages]
     compute: dict[int, list[Action]] = {}
@@ -448,9 +467,7 @@ def build(plan: Plan) -> Schedule:
         order = position_order(plan.schedule, pl, pos, plan.num_microbatches)
         for rank in plan.stages[chunks[0]].ranks:
             compute[rank] = [Action(kind, c, mb, samples=ranges[c][rank]) for kind, c, mb in order]
-    sched = add_sync(plan, add_communication(plan, compute))
-    validate(sched)
-    return dict(sorted(sched.items()))
+    return compute
 
 
 # ----------------------------------------------------------------------------- validation

@@ -332,3 +332,46 @@ def _cluster_status(args: argparse.Namespace) -> int:
     for n in names:
         print(cluster.status(n))
     return 0
+
+
+def _sizes(text: str) -> list[int]:
+    from .units import parse_size
+    try:
+        out = sorted({parse_size(x.strip()) for x in text.split(",") if x.strip()})
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not out:
+        raise argparse.ArgumentTypeError("expected at least one size")
+    return out
+
+
+def configure_probe(p: argparse.ArgumentParser) -> None:
+    """`torchpp bandwidth probe`: all-pairs point-to-point throughput and latency over gloo."""
+    p.add_argument("--host", default=None, help="this process's host name (default: $TORCHPP_HOST, else $HOST, else the hostname)")
+    p.add_argument("--out-dir", type=Path, default=Path("."), help="where rank 0 writes the files")
+    p.add_argument("--csv", default="bandwidth.csv", help="seed 000 CSV: src_host,dst_host,gbps (no header)")
+    p.add_argument("--json", default="bandwidth.json", help="torchpp.bandwidth/1 file")
+    p.add_argument("--sizes", type=_sizes, default=_sizes("64K,512K,2M,8M"), help="message sizes, e.g. 64K,1M,8M")
+    p.add_argument("--repeats", type=int, default=3, help="messages per size (median is used)")
+    p.add_argument("--pings", type=int, default=10, help="ping-pongs for latency")
+    p.add_argument("--pair-budget", type=float, default=8.0, help="seconds per ordered pair before sizes are skipped")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds any collective may block")
+    p.set_defaults(func=_probe)
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from .probe import PairResult, ProbeSettings, run, write
+
+    def show(res: PairResult) -> None:
+        print(f"  {res.src} -> {res.dst}: {res.bytes_per_sec * 8 / 1e6:9.2f} Mbit/s  "
+              f"latency {res.latency_s * 1e3:7.3f} ms  ({len(res.points)} size(s))", flush=True)
+
+    settings = ProbeSettings(host=args.host, sizes=args.sizes, repeats=args.repeats, pings=args.pings,
+                             pair_budget=args.pair_budget, timeout=args.timeout)
+    t0 = time.perf_counter()
+    results = run(settings, show)
+    if results is not None:
+        print(f"probe: {len(results)} pair(s) in {time.perf_counter() - t0:.1f}s", flush=True)
+        write(results, args.out_dir, args.csv, args.json, args.sizes)
+        print(f"wrote {args.out_dir / args.csv} and {args.out_dir / args.json}")
+    return 0

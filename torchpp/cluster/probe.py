@@ -13,7 +13,6 @@ the rate seen so far says they would overrun ``--pair-budget`` seconds.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import os
@@ -21,30 +20,25 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 
-def _sizes(text: str) -> list[int]:
-    from .units import parse_size
-    try:
-        out = sorted({parse_size(x.strip()) for x in text.split(",") if x.strip()})
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if not out:
-        raise argparse.ArgumentTypeError("expected at least one size")
-    return out
+@dataclass
+class ProbeSettings:
+    """What one probe measures, and how long it may take."""
 
-
-def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default=None, help="this process's host name (default: $TORCHPP_HOST, else $HOST, else the hostname)")
-    p.add_argument("--out-dir", type=Path, default=Path("."), help="where rank 0 writes the files")
-    p.add_argument("--csv", default="bandwidth.csv", help="seed 000 CSV: src_host,dst_host,gbps (no header)")
-    p.add_argument("--json", default="bandwidth.json", help="torchpp.bandwidth/1 file")
-    p.add_argument("--sizes", type=_sizes, default=_sizes("64K,512K,2M,8M"), help="message sizes, e.g. 64K,1M,8M")
-    p.add_argument("--repeats", type=int, default=3, help="messages per size (median is used)")
-    p.add_argument("--pings", type=int, default=10, help="ping-pongs for latency")
-    p.add_argument("--pair-budget", type=float, default=8.0, help="seconds per ordered pair before sizes are skipped")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds any collective may block")
-    p.set_defaults(func=run)
+    host: str | None = None
+    """This process's host name (default: $TORCHPP_HOST, else $HOST, else the hostname)."""
+    sizes: list[int] = dataclasses.field(default_factory=lambda: [64 << 10, 512 << 10, 2 << 20, 8 << 20])
+    """Message sizes in bytes."""
+    repeats: int = 3
+    """Messages per size (the median is used)."""
+    pings: int = 10
+    """Ping-pongs for latency."""
+    pair_budget: float = 8.0
+    """Seconds per ordered pair before larger sizes are skipped."""
+    timeout: float = 300.0
+    """Seconds any collective may block."""
 
 
 @dataclass
@@ -71,7 +65,7 @@ def fit_rate(points: list[tuple[int, float]], rtt: float) -> float:
     return b / max(t - rtt, t * 0.05)
 
 
-def _measure(src: int, dst: int, rank: int, args: argparse.Namespace) -> tuple[float, list[tuple[int, float]]]:
+def _measure(src: int, dst: int, rank: int, args: ProbeSettings) -> tuple[float, list[tuple[int, float]]]:
     """Both ends call this; only src's return value is meaningful."""
     import torch
     import torch.distributed as dist
@@ -122,8 +116,10 @@ def _measure(src: int, dst: int, rank: int, args: argparse.Namespace) -> tuple[f
     return rtt, points
 
 
-def probe(args: argparse.Namespace) -> list[PairResult] | None:
-    """Measure every ordered pair; returns the results on rank 0, None elsewhere."""
+def probe(args: ProbeSettings, on_pair: Callable[[PairResult], None] | None = None) -> list[PairResult] | None:
+    """Measure every ordered pair; returns the results on rank 0, None elsewhere.
+
+    ``on_pair`` sees each pair this rank sent as soon as it is measured (progress for people)."""
     import torch.distributed as dist
 
     from ..hostname import host_name
@@ -135,7 +131,6 @@ def probe(args: argparse.Namespace) -> list[PairResult] | None:
     if len(set(hosts)) < world:  # several processes named alike (torchrun --nproc-per-node > 1, no TORCHPP_HOST)
         hosts = [f"{h}-r{r}" for r, h in enumerate(hosts)]
     mine: list[PairResult] = []
-    t_start = time.perf_counter()
     for src in range(world):
         for dst in range(world):
             if src == dst:
@@ -145,8 +140,8 @@ def probe(args: argparse.Namespace) -> list[PairResult] | None:
                 if rank == src:
                     res = PairResult(hosts[src], hosts[dst], fit_rate(points, rtt), rtt / 2, points)
                     mine.append(res)
-                    print(f"  {res.src} -> {res.dst}: {res.bytes_per_sec * 8 / 1e6:9.2f} Mbit/s  "
-                          f"latency {res.latency_s * 1e3:7.3f} ms  ({len(points)} size(s))", flush=True)
+                    if on_pair is not None:
+                        on_pair(res)
             dist.barrier()
     gathered = all_gather_json([dataclasses.asdict(r) for r in mine])
     if rank != 0:
@@ -154,7 +149,6 @@ def probe(args: argparse.Namespace) -> list[PairResult] | None:
     results = [PairResult(src=r["src"], dst=r["dst"], bytes_per_sec=float(r["bytes_per_sec"]),
                           latency_s=float(r["latency_s"]), points=[(int(b), float(t)) for b, t in r["points"]])
                for part in gathered for r in part]
-    print(f"probe: {len(results)} pair(s) in {time.perf_counter() - t_start:.1f}s", flush=True)
     return results
 
 
@@ -169,7 +163,10 @@ def write(results: list[PairResult], out_dir: Path, csv_name: str, json_name: st
     bw.save(out_dir / json_name)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: ProbeSettings, on_pair: Callable[[PairResult], None] | None = None) -> list[PairResult] | None:
+    """Join the world from the environment (torchrun's variables), probe, leave; rank 0's results.
+
+    Raises ``UsageError`` (before any collective) when the environment or settings cannot work."""
     import torch.distributed as dist
 
     from ..errors import UsageError
@@ -196,10 +193,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     try:
-        results = probe(args)
-        if results is not None:
-            write(results, args.out_dir, args.csv, args.json, args.sizes)
-            print(f"wrote {args.out_dir / args.csv} and {args.out_dir / args.json}")
+        return probe(args, on_pair)
     finally:
         dist.destroy_process_group()
-    return 0

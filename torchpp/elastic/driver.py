@@ -325,7 +325,7 @@ class Driver:
 
     def allowed(self) -> list[str] | None:
         """Hosts the hosts file allows now, less those that failed since it was last written."""
-        from .replan import read_hosts_file
+        from .survivors import read_hosts_file
 
         hosts = read_hosts_file(self.cfg.hosts_file)
         if hosts is None:
@@ -376,14 +376,14 @@ class Driver:
         return outcome
 
     def _replan(self, outcome: Outcome) -> None:
-        from .replan import replan
+        from .survivors import plan_survivors
 
         allowed = self.allowed()
         pool = allowed if allowed is not None else _device_hosts(self.cfg.devices)
         hosts = [h for h in pool if h not in self.failed]
         t0 = time.perf_counter()
         try:
-            new = replan(self.cfg, self.plan, hosts, self.cfg.work_dir / f"attempt{len(self.attempts)}" / "plan")
+            new = plan_survivors(self.cfg, self.plan, hosts, self.cfg.work_dir / f"attempt{len(self.attempts)}" / "plan")
         except ElasticError as e:
             self.decide("stop", reason=str(e))
             raise

@@ -1,8 +1,13 @@
-"""`torchpp profile`: measure per-block times and bytes on this host into layers_<host>.json."""
+"""`torchpp profile`, `torchpp speed-check` and `torchpp calibrate-memory`: the profiling command lines.
+
+`profile` measures per-block times and bytes on this host into layers_<host>.json; `speed-check`
+times them again before a run; `calibrate-memory` fits the memory model from random spans."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import Callable
 
 from ..models.presets import DTYPE_NAMES, ModelSpecError
 from .. import argtypes as T, validate as V
@@ -38,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import UsageError
     from ..trace.chrome import TraceWriter
     from ..models.presets import load_config
-    from .measure import ProfileConfig, codec_costs, format_summary, max_positions, measure_layers, stderr_progress
+    from .measure import ProfileConfig, codec_costs, format_summary, max_positions, measure_layers
 
     if args.timer not in (None, "cpp", "python"):
         raise UsageError(f"--timer: expected cpp or python, got {args.timer!r}")
@@ -105,3 +110,125 @@ def call_overhead(threads: int, quiet: bool) -> float:
               f"under-predict their steps; `torchpp replan` measures it from a run): {e}", file=sys.stderr)
         return 0.0
     return res.call_overhead_s
+
+
+def stderr_progress(model: str) -> Callable[[str, int, int, float], None]:
+    """tqdm bar on a terminal, else one line per step (readable in logs)."""
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bars: dict[str, tqdm] = {}
+
+        def show(phase: str, i: int, n: int, step_s: float) -> None:
+            if phase not in bars:
+                bars[phase] = tqdm(total=n, desc=f"profile {model} {phase}", file=sys.stderr, unit="step")
+            bars[phase].set_postfix_str(f"{step_s * 1e3:.1f} ms/step")
+            bars[phase].update(1)
+            if i == n:
+                bars[phase].close()
+        return show
+
+    def line(phase: str, i: int, n: int, step_s: float) -> None:
+        print(f"[profile] {model} {phase} {i}/{n}: step {step_s * 1e3:.1f} ms", file=sys.stderr, flush=True)
+    return line
+
+
+def configure_calibrate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layers", required=True, type=T.existing_path, help="layers_<host>.json of this host (bytes per block)")
+    p.add_argument("--model", required=True, help="preset name or local checkpoint (the profiled model)")
+    p.add_argument("--samples", type=T.int_in(3, 10_000), default=20, help="number of random spans")
+    p.add_argument("--zb-samples", type=T.int_in(0, 10_000), default=None,
+                   help="more spans run in a ZB-H1 stage's own order of F, I and W to fit Kw, the bytes a "
+                   "micro-batch holds between its I and its W (0: none, no Kw; default: a quarter of --samples)")
+    p.add_argument("--held-samples", type=T.int_in(0, 10_000), default=None,
+                   help="more spans holding several micro-batches at once (all F, then all B) to fit Kb, what "
+                   "one running backward adds once however many are held (0: none, no Kb; default: a quarter "
+                   "of --samples)")
+    p.add_argument("--microbatch", default=None, help="samples per span run, or sizes taken in turn such as 2,8 "
+                   "(better separates weights from activations; default: run.batch)")
+    p.add_argument("--seq-len", type=T.int_in(1, V.MAX_SEQ_LEN), default=None, help="default: the layers file's run.seq_len")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=T.int_in(1, V.MAX_THREADS), default=1)
+    p.add_argument("--timeout", type=T.float_in(0.0, lo_open=True), default=300.0, help="seconds per span")
+    p.add_argument("--out", type=T.out_file, default=Path("memory_model.json"))
+    p.set_defaults(func=run_calibrate)
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    """`torchpp calibrate-memory`: the command line of :mod:`torchpp.profiling.calibrate`."""
+    from ..cost.memory import describe
+    from ..formats import FormatError, LayersFile
+    from .calibrate import calibrate, default_extra
+    from ..errors import UsageError
+    from ..models.presets import ModelSpecError, load_config, num_hidden_layers
+
+    lf = LayersFile.load(args.layers)
+    try:
+        n = num_hidden_layers(load_config(args.model))
+    except ModelSpecError as e:
+        raise UsageError(str(e)) from None
+    if n != lf.model.num_layers:
+        raise FormatError(str(args.layers), "model.num_layers", f"{n} (the layers of --model {args.model})",
+                          lf.model.num_layers)
+    if args.samples < 3:
+        raise UsageError("--samples: expected at least 3 spans (three coefficients are fitted)")
+    try:
+        batch = [int(x) for x in str(args.microbatch).split(",")] if args.microbatch else [lf.run.batch]
+    except ValueError:
+        raise UsageError(f"--microbatch: expected an integer or a list such as 2,8, got {args.microbatch!r}") from None
+    if min(batch) < 1:
+        raise UsageError(f"--microbatch: expected sizes >= 1, got {args.microbatch!r}")
+    zb, held = default_extra(args.samples, args.zb_samples), default_extra(args.samples, args.held_samples)
+    print(f"calibrating memory of {args.model} on {lf.host}: {args.samples} span(s) + {zb} in I/W "
+          f"order + {held} holding several micro-batches, micro-batch "
+          f"{', '.join(map(str, batch))}")
+    mm = calibrate(lf, args.model, samples=args.samples, batch=batch, seq_len=args.seq_len, seed=args.seed,
+                   timeout_s=args.timeout, threads=args.threads, split_samples=zb, held_samples=held)
+    mm.save(args.out)
+    print(f"wrote {args.out}: {describe(mm)}")
+    return 0
+
+
+def configure_speed_check(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--reference", required=True, type=T.existing_path,
+                   help="this host's layers file from `torchpp profile` (a few layers are enough: the "
+                   "check takes as long as that profile did without its call probe)")
+    p.add_argument("--out", type=T.out_file, default=None, help="file to write (default speed_check_<host>.json)")
+    p.add_argument("--iters", type=T.int_in(1, 100_000), default=None, help="counted steps (default: the reference's)")
+    p.add_argument("--warmup", type=T.int_in(0, 100_000), default=None, help="uncounted steps (default: the reference's)")
+    p.add_argument("--host", type=T.host, default=None,
+                   help="this host's name (default: $TORCHPP_HOST, else $HOST, else the reference's host); a name "
+                   "given must be the reference's")
+    p.add_argument("--quiet", action="store_true", help="no summary line")
+    p.set_defaults(func=run_speed_check)
+
+
+def run_speed_check(args: argparse.Namespace) -> int:
+    """`torchpp speed-check`: time this host's profiled layers again (see :mod:`.speed_check`)."""
+    from ..formats import LayersFile
+    from ..errors import UsageError
+    from ..models.presets import ModelSpecError
+    from .speed_check import check_speed
+    from ..hostname import host_name, host_source
+
+    ref = LayersFile.load(args.reference)
+    try:
+        host = host_name(args.host, default=ref.host)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if host != ref.host:
+        raise UsageError(f"{args.reference}: host: expected this host's layers file ({host!r}, from "
+                         f"{host_source(args.host)}), got {ref.host!r}'s")
+    if ref.model.source == "path" and not Path(ref.model.name).is_dir():
+        raise UsageError(f"{args.reference}: model.name: expected the checkpoint directory it was profiled from, "
+                         f"{ref.model.name!r} is not one here")
+    try:
+        sc = check_speed(ref, str(args.reference), args.iters, args.warmup)
+    except (ValueError, ModelSpecError) as e:
+        raise UsageError(f"{args.reference}: {e}") from None
+    out = sc.save(args.out or f"speed_check_{sc.host}.json")
+    if not args.quiet:
+        word = "slower" if sc.ratio >= 1 else "faster"
+        print(f"{sc.host}: {abs(sc.ratio - 1) * 100:.1f}% {word} than profiled (x{sc.ratio:.3f} per decoder layer at "
+              f"batch {sc.batch}, {len(sc.profiled_s)} layer(s), {sc.iters} steps); wrote {out}")
+    return 0

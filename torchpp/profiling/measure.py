@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import platform
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -385,24 +384,3 @@ def format_summary(lf: LayersFile) -> str:
         lines.append(f"optimizer step {lf.optimizer_s_per_byte * params * 1e3:.3f} ms over {params / 2**20:.2f} MiB "
                      f"of parameters: {lf.optimizer_s_per_byte * 1e9:.3g} s/GB")
     return "\n".join(lines)
-
-
-def stderr_progress(model: str) -> Callable[[str, int, int, float], None]:
-    """tqdm bar on a terminal, else one line per step (readable in logs)."""
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bars: dict[str, tqdm] = {}
-
-        def show(phase: str, i: int, n: int, step_s: float) -> None:
-            if phase not in bars:
-                bars[phase] = tqdm(total=n, desc=f"profile {model} {phase}", file=sys.stderr, unit="step")
-            bars[phase].set_postfix_str(f"{step_s * 1e3:.1f} ms/step")
-            bars[phase].update(1)
-            if i == n:
-                bars[phase].close()
-        return show
-
-    def line(phase: str, i: int, n: int, step_s: float) -> None:
-        print(f"[profile] {model} {phase} {i}/{n}: step {step_s * 1e3:.1f} ms", file=sys.stderr, flush=True)
-    return line

@@ -152,6 +152,9 @@ class Executor:
         self.before_backward: Callable[[], None] | None = None
         """Called once a step, before its first backward (a checkpoint writer holding the last
         step's gradients frees them there)."""
+        self.forward_only = not any(a.kind in BACKWARDS for a in actions)
+        """A forward-only list (``schedules.build_forward``, evaluation): no backward consumes the
+        outputs and no optimizer action awaits the sends, so the step's end does both."""
 
     @property
     def stage(self) -> Stage:
@@ -212,6 +215,8 @@ class Executor:
             chunk_wait[chunk] += s.wait_s - w0
             if is_pass and s.sends:
                 s.sent += self._release_finished(s.sends)
+        if self.forward_only:
+            self._end_forward_only(s)
         left = (s.pending, s.parts, s.outputs, s.in_grads, s.weight_tasks)
         if any(left):
             raise RuntimeError(f"rank {self.rank}: step ended with unconsumed messages or activations "
@@ -220,6 +225,33 @@ class Executor:
         self.step_index += 1
         return StepResult(loss=float(s.loss), compute_s=s.compute_s, comm_wait_s=s.wait_s, sent_bytes=s.sent,
                           chunk_compute_s=s.chunk_compute, chunk_wait_s=s.chunk_wait)
+
+    def _end_forward_only(self, s: "_StepState") -> None:
+        """Await the sends and drop the outputs of a forward-only step (nothing reads them later)."""
+        for p in s.sends:
+            self.comm.wait(p)
+        s.sent += sum(p.nbytes for p in s.sends)
+        s.sends.clear()
+        s.inputs.clear()
+        s.outputs.clear()
+
+    def label_actions(self) -> None:
+        """Run every action under ``torch.profiler.record_function`` named by its printable form
+        (``1F0``, ``1SA0>2[0:4]``), so torch.profiler traces carry the schedule.
+
+        The handlers are wrapped on this instance only, so an executor that is never labelled runs
+        exactly as before, at no cost; labelling costs one context per action while it is on."""
+        from torch.profiler import record_function
+
+        def labelled(handler: Callable[[Action, "_StepState"], None]) -> Callable[[Action, "_StepState"], None]:
+            def run(act: Action, s: "_StepState") -> None:
+                with record_function(str(act)):
+                    handler(act, s)
+            return run
+
+        for name in ("_forward", "_send_act", "_backward", "_backward_weight", "_send_grad", "_allreduce_action",
+                     "_optimizer_action", "_receive"):
+            setattr(self, name, labelled(getattr(type(self), name).__get__(self)))
 
     def _grad_uses(self) -> dict[Key, int]:
         """Per (chunk, micro-batch), who reads its input gradient: each send, and the earlier chunk
@@ -407,3 +439,28 @@ def _joined(parts: list[tuple[int, torch.Tensor]], a: int, b: int) -> torch.Tens
     if got != (a, b):
         raise RuntimeError(f"received samples {list(got)} do not cover this rank's range [{a}, {b})")
     return parts[0][1] if len(parts) == 1 else torch.cat([t for _, t in parts])
+
+
+def failed_action(exc: BaseException) -> tuple[int, Action] | None:
+    """(index in the rank's list, action) that ``exc`` escaped from inside ``Executor.step``; None
+    when it did not come from there. Read off the traceback, so the loop pays nothing for it."""
+    tb, found = exc.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code is Executor.step.__code__:
+            i, act = tb.tb_frame.f_locals.get("i"), tb.tb_frame.f_locals.get("act")
+            if isinstance(i, int) and isinstance(act, Action):
+                found = (i, act)
+        tb = tb.tb_next
+    return found
+
+
+def describe_failure(rank: int, step: int, exc: BaseException, schedule: dict[int, list[Action]]) -> str:
+    """Rank, step and action an error escaped from, with the schedule grid (``*`` on the action)."""
+    from ..schedules import format_schedule
+
+    where = failed_action(exc)
+    if where is None:
+        return f"rank {rank} step {step}: {type(exc).__name__}: {exc} (outside the action list)"
+    i, act = where
+    return (f"rank {rank} step {step}: action {i} ({act}) failed: {type(exc).__name__}: {exc}\n"
+            + format_schedule(schedule, {rank: i}))

@@ -9,11 +9,12 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -30,11 +31,16 @@ from .allocator import retain_freed_memory
 from .comm import Comm, guarded
 from .exchange import all_gather_json, require_agreement, require_no_errors
 from .evaluate import Evaluator
-from .executor import Executor, StepResult
+from .executor import Executor, StepResult, describe_failure
 from .optim import OptimSettings, SteppedOptimizer
 from .rendezvous import env_store
 
 OPTIMIZERS = ("adamw", "sgd")
+
+LOG = logging.getLogger("torchpp.train")
+"""Rank 0's progress lines (loss, step time, checkpoints); the command line prints them."""
+LOG_FAILURE = logging.getLogger("torchpp.runtime")
+"""Every rank's failed action with the schedule grid (stderr unless configured otherwise)."""
 
 FULL_CHECKPOINT_EVERY = 10
 """Default steps between full checkpoints when checkpointing every step (gradient logs between):
@@ -46,29 +52,40 @@ class TrainConfig:
     """Everything ``torchpp.train`` takes on the command line."""
 
     plan: Path
+    """plan.json (torchpp plan)."""
     model: str | None = None
     """Preset name or local HF checkpoint directory; default: the plan's (its preset, or the local
     directory it remembers); a different model is refused by name."""
     data: str = "synthetic"
+    """'synthetic', a corpus from `torchpp data prepare`, or text files, tables or a datasets
+    save_to_disk folder (prepared once into ``data_cache``)."""
     steps: int = 10
+    """Optimizer steps."""
     lr: float = 1e-3
+    """Peak learning rate."""
     weight_decay: float = 0.0
-    optimizer: str = "adamw"
+    """Decoupled weight decay (AdamW) or L2 (SGD)."""
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    """adamw (fused) or sgd."""
     adam_eps: float = 1e-8
+    """AdamW's epsilon."""
     adam_betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW's beta1,beta2."""
     max_grad_norm: float = 0.0
     """Clip the global gradient norm (all stages and groups) to this; 0: no clipping."""
-    lr_schedule: str = "constant"
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     """constant, linear or cosine decay (to 0 at ``steps``) after ``warmup_steps`` of linear warm-up."""
     warmup_steps: int = 0
+    """Linear warm-up from 0 over this many steps."""
     eval_every: int = 0
     """Steps between evaluation losses on held-out data (0: none); the last step is always evaluated."""
     eval_fraction: float = 0.0
     """Hold out this fraction of ``data`` for evaluation (or give ``eval_data``)."""
     eval_data: str | None = None
+    """Evaluate on this file or directory instead of a held-out split."""
     eval_batches: int = 1
     """Global batches in one evaluation."""
-    attn_implementation: str | None = None
+    attn_implementation: Literal["eager", "sdpa"] | None = None
     """eager or sdpa; default: SDPA where HF supports it for the model, eager where HF requires it."""
     text_column: str = "text"
     """The text column of .csv/.parquet/.json tables in ``data``."""
@@ -83,24 +100,33 @@ class TrainConfig:
     data_timeout_s: float = 3600.0
     """The longest a rank waits for another process preparing the same raw ``data``."""
     seed: int = 0
+    """Weight init and data order."""
     threads: int | None = None
     """Torch intra-op threads per rank; default: this host's cores / ranks on this host."""
     trace_dir: Path | None = None
+    """Write Chrome traces of ``trace_steps`` here."""
     trace_steps: tuple[int, ...] = (2,)
     """1-based optimizer steps to record (the first step includes warm-up)."""
     checkpoint_dir: Path | None = None
+    """Directory of checkpoints (one manifest per step, parameters under their HF names)."""
     checkpoint_every: int = 0
+    """Steps between checkpoints (0: only the last)."""
     keep_checkpoints: int = 3
     """Complete checkpoints kept in ``checkpoint_dir`` (older ones are deleted once a newer one is
     complete); 0 keeps every one."""
     resume: bool = False
+    """Continue from the newest complete checkpoint."""
     export_dir: Path | None = None
     """Where the trained model is written as a HF checkpoint directory (weights, config, generation
     config, tokenizer) after the last step; default ``<checkpoint_dir>/final`` when checkpointing."""
     log_dir: Path | None = None
+    """TensorBoard scalars and metrics.jsonl (rank 0)."""
     timeout_s: float = 300.0
+    """A peer silent this long is an error."""
     layers: int | None = None
+    """Keep only the first N decoder layers."""
     profile_blocks: bool = False
+    """Per-block (embed/layer/tail) events in traces."""
     checkpoint_background: bool = False
     """Write each checkpoint during the next step (tensors copied first; manifest still written last)."""
     full_checkpoint_every: int = 0
@@ -122,8 +148,12 @@ class TrainConfig:
     accept_changes: bool = False
     """Resume even when the checkpoint was trained with other data, tokenizer, model or optimizer
     settings (each difference is still printed)."""
+    no_output: bool = False
+    """Save nothing: no default ``output_dir`` (checkpoints only where ``checkpoint_dir`` says)."""
 
     def __post_init__(self) -> None:
+        if self.no_output:
+            self.output_dir = None
         if self.checkpoint_dir is None and self.output_dir is not None:
             self.checkpoint_dir = self.output_dir
         if self.steps < 1:
@@ -144,6 +174,8 @@ class TrainConfig:
         if self.full_checkpoint_every > 1 and self.checkpoint_every != 1:
             raise ValueError("--full-checkpoint-every: gradient logs need a checkpoint every step (--checkpoint-every "
                              f"1), got --checkpoint-every {self.checkpoint_every}")
+        if any(s < 1 for s in self.trace_steps):
+            raise ValueError(f"--trace-steps: expected 1-based step numbers, got {self.trace_steps}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads: expected >= 1, got {self.threads}")
         if (self.checkpoint_every or self.resume) and self.checkpoint_dir is None:
@@ -237,9 +269,6 @@ def prepare(cfg: TrainConfig, world_size: int) -> Prepared:
     if plan.micro_batch_size >= 1 << 16:
         raise FormatError(source, "micro_batch_size", "fewer than 65536 samples", plan.micro_batch_size)
     _check_positions(plan, mcfg, source, model)
-    if cfg.evaluates and any(len(plan.stages_of_rank(r)) > 1 for r in plan.ranks):
-        raise FormatError(source, "schedule", "a schedule with one chunk per device (1f1b, gpipe, zb-h1) to "
-                          "evaluate (--eval-every, --eval-data, --eval-fraction)", plan.schedule)
     return Prepared(plan, model, mcfg, build(plan), file_hash(cfg.plan), **_prepare_data(cfg, model, mcfg))
 
 
@@ -313,8 +342,9 @@ class _Log:
             self.tb = SummaryWriter(str(self.dir))
 
     def print(self, text: str) -> None:
+        """One progress line of rank 0 to the ``torchpp.train`` logger (`torchpp.train` shows it on stdout)."""
         if self.on:
-            print(text, flush=True)
+            LOG.info(text)
 
     def note(self, text: str) -> None:
         """A line that must not be missed (also a ``note`` record in metrics.jsonl)."""
@@ -560,8 +590,9 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
                         checkpoint_dir=cfg.checkpoint_dir)
     executor = Executor(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm, optimizer=outer)
     executor.step_index = start
-    evaluator = (Evaluator(rank=rank, plan=plan, actions=schedule[rank], stage=stage.only(), comm=comm)
-                 if cfg.evaluates else None)
+    if cfg.torch_profiler:
+        executor.label_actions()
+    evaluator = Evaluator(rank=rank, plan=plan, stage=stage, comm=comm) if cfg.evaluates else None
     saver = (ckpt.BackgroundSaver(cfg.checkpoint_dir, rank=rank, roles=roles, stage=stage, keep=cfg.keep_checkpoints,
                                   timeout_s=cfg.timeout_s, recycle_keep=_recycle_keep(cfg))
              if cfg.checkpoint_background and cfg.checkpoint_dir else None)
@@ -584,7 +615,11 @@ def _train_step(ss: _Session, step: int, summary: TrainSummary) -> None:
     waited0, cpu0 = (ss.saver.waited_s, ss.saver.cpu_s) if ss.saver is not None else (0.0, 0.0)
     t0 = time.perf_counter()
     with _torch_profiler(cfg, rec, step, rank):
-        res = ss.executor.step(ids, n_tokens)
+        try:
+            res = ss.executor.step(ids, n_tokens)
+        except Exception as e:
+            LOG_FAILURE.error(describe_failure(rank, step, e, ss.prep.schedule))
+            raise
     waited, cpu = (ss.saver.waited_s - waited0, ss.saver.cpu_s - cpu0) if ss.saver is not None else (0.0, 0.0)
     stats = g(f"step {step}: statistics all-reduce with all ranks", _reduce_stats, res,
               {c.index: len(c.devices) for c in chunks}, S, waited, cpu, stop=ss.stop is not None and ss.stop.requested)

@@ -8,7 +8,7 @@
   or :mod:`.shared` (one prioritised channel per rank: :mod:`.tiers`, interference,
   :mod:`.congestion`).
 - :mod:`.replay`: ``replay(schedule, cost) -> Timeline``, the ``links`` model, what the planner
-  ranks plans with (and ``replay_direct``, the same pricing as a plain loop, its reference).
+  ranks plans with (its reference, a plain loop, is ``tests/replay_reference.py``).
 - :mod:`.parametric`: the seed-002 parameter world (``n``, ``stages``, lengths, impacts,
   ``sync_freq``) as a plan priced by the engine (the ``schedule`` policy).
 - :mod:`.seed002`: the seed 002 compatibility policy, fenced off: the original simulator's

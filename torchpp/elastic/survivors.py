@@ -1,4 +1,8 @@
-"""Re-planning for the elastic driver: the same measurements, only the hosts still alive.
+"""Planning over the survivors, for the elastic driver: the same measurements, only the hosts still alive.
+
+Not to be confused with ``torchpp.planner.replan`` (`torchpp replan`), which corrects the costs
+from a run's timelines and plans again; here nothing is re-measured, hosts are only taken away
+or given back.
 
 The planner is asked exactly what `torchpp plan` would be asked (planner/api.py) with a
 devices file cut down to the survivors, the old plan's global batch (so the data order, one
@@ -49,7 +53,7 @@ def write_devices(devices: Path, hosts: list[str], out: Path) -> Path:
     return out
 
 
-def replan(cfg, old: Plan, hosts: list[str], out_dir: Path) -> Replanned:
+def plan_survivors(cfg, old: Plan, hosts: list[str], out_dir: Path) -> Replanned:
     """Plan ``old``'s model and batch over ``hosts`` with ``cfg``'s measurements; writes the plan files
     into ``out_dir``. Raises :class:`~torchpp.elastic.driver.ElasticError` when nothing fits."""
     from ..planner import api
