@@ -4,6 +4,7 @@ then read the same corpus or the same error). The preparing runs in a child proc
 rank's own memory never holds the tokenizer's or ``datasets``' working set."""
 from __future__ import annotations
 
+import logging
 import fcntl
 import os
 import subprocess
@@ -59,7 +60,7 @@ def _run_prepare(inputs: Inputs, out: Path, err: Path, tokenizer: str, text_colu
            "--tokenizer", tokenizer, "--out", str(out), "--text-column", text_column]
     cmd += ["--split", split] if split else []
     cmd += ["--num-proc", str(num_proc)] if num_proc else []
-    print(f"torchpp.train: preparing {flag} into {out} (once; later runs reuse it)", flush=True)
+    logging.getLogger("torchpp.train").info(f"torchpp.train: preparing {flag} into {out} (once; later runs reuse it)")
     res = subprocess.run(cmd, stdout=sys.stdout, stderr=subprocess.PIPE, text=True)
     if res.returncode != 0:
         lines = [ln for ln in res.stderr.splitlines() if ln.strip()]

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import sys
@@ -48,8 +49,11 @@ def bounded(what: str, timeout_s: float, rank: int | str) -> Iterator[None]:
         if not done.wait(timeout_s):
             endpoint = f" at {os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '')}" \
                 if "MASTER_ADDR" in os.environ else ""
-            print(f"torchpp.train: rank {rank}: error: {what}: no answer within --timeout-s {timeout_s:g}{endpoint} "
-                  "(a rank did not start, or another program holds the port)", file=sys.stderr, flush=True)
+            logging.getLogger("torchpp.runtime").error(
+                f"torchpp.train: rank {rank}: error: {what}: no answer within --timeout-s {timeout_s:g}{endpoint} "
+                "(a rank did not start, or another program holds the port)")
+            for h in logging.getLogger("torchpp.runtime").handlers:
+                h.flush()
             os._exit(1)
 
     t = threading.Thread(target=watch, name="bounded-wait", daemon=True)

@@ -15,8 +15,8 @@ and a resume that continues the same training or says what changed.
 """
 from __future__ import annotations
 
+import os
 import signal
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,8 +58,9 @@ class StopRequest:
     def _handle(self, signum: int, _frame: Any) -> None:
         self.signum = signum
         self.restore()  # a second signal acts at once
-        print(f"torchpp.train: rank {self.rank}: {signal.Signals(signum).name}: stopping after this step "
-              "(with a checkpoint when the run keeps them); send it again to stop now", file=sys.stderr, flush=True)
+        # os.write, not print or logging: both take locks the interrupted code may hold
+        os.write(2, (f"torchpp.train: rank {self.rank}: {signal.Signals(signum).name}: stopping after this step "
+                     "(with a checkpoint when the run keeps them); send it again to stop now\n").encode())
 
     def restore(self) -> None:
         for s, h in self._old.items():

@@ -465,7 +465,7 @@ def _prepare_checkpoints(cfg: TrainConfig, roles: ckpt.Roles, stage: Any) -> int
         if roles.writes_manifest:
             for d in ckpt.clean_leftovers(cfg.checkpoint_dir):
                 if d.is_dir() or d.name.startswith("step_"):
-                    print(f"torchpp.train: removed {d}: a checkpoint whose write did not finish", flush=True)
+                    LOG.info(f"torchpp.train: removed {d}: a checkpoint whose write did not finish")
     except (ckpt.CheckpointDirError, ResumeError, OSError) as e:
         problem = str(e)
     require_no_errors(problem)  # also the barrier: nobody writes before every host is clean
