@@ -30,7 +30,7 @@ def test_an_outlying_round_is_re_taken_and_the_check_uses_the_median_round(tmp_p
               _round(d, "again3", {"local0": 1.0, "local1": 0.52})]
     taken = []
 
-    def speed_round(prefix, title):
+    def speed_round(prefix, title, call_probe=False):
         taken.append(prefix)
         return _round(d, prefix, {"local0": 1.0, "local1": 0.49})
 
@@ -53,7 +53,7 @@ def test_rounds_that_keep_disagreeing_are_said_after_the_last_re_take(tmp_path, 
     d.mkdir(parents=True)
     rounds = [_round(d, f"r{k}", {"local0": 1.0, "local1": s}) for k, s in enumerate((0.5, 0.05, 0.52))]
     bad = iter([0.05, 0.9])
-    monkeypatch.setattr(demo, "speed_round", lambda prefix, title: _round(d, prefix, {"local0": 1.0, "local1": next(bad)}))
+    monkeypatch.setattr(demo, "speed_round", lambda prefix, title, call_probe=False: _round(d, prefix, {"local0": 1.0, "local1": next(bad)}))
     cap = Capacities.load(demo.settled_capacities(rounds))
     out = capsys.readouterr().out
     assert out.count("re-taking round(s) 2") == 2
