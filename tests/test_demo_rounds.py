@@ -45,6 +45,10 @@ def test_an_outlying_round_is_re_taken_and_the_check_uses_the_median_round(tmp_p
     assert json.loads(refs["local1"].read_text()) == json.loads((d / "speed_local1.json").read_text())
     # the reference host's rounds are alike; its check re-runs a few-layer profile, never the whole model
     assert len(LayersFile.load(refs["local0"]).layers) == 2
+    # a demo that did not take the rounds itself (capacities from elsewhere) checks against round 1's files
+    demo.rounds = []
+    assert json.loads(demo.consensus_references()["local1"].read_text()) == json.loads(
+        (d / "speed_local1.json").read_text())
 
 
 def test_rounds_that_keep_disagreeing_are_said_after_the_last_re_take(tmp_path, monkeypatch, capsys):

@@ -491,9 +491,10 @@ class Demo:
 
         d, names = self.path("hosts"), self.hosts.names
         cap = Capacities.load(self.path("capacities.json"))
+        rounds = self.rounds or [[d / f"speed_{h}.json" for h in names]]  # rounds not taken here: round 1's
         out = {}
         for i, h in enumerate(names):
-            files = [r[i] for r in self.rounds]
+            files = [r[i] for r in rounds]
             layers = [LayersFile.load(f) for f in files]
             few = [k for k, lf in enumerate(layers) if len(lf.layers) == len(layers[0].layers)]
             k = cap.consensus_round.get(h, 0)
