@@ -218,8 +218,9 @@ def main(argv: list[str] | None = None) -> int:
                     h.kill()
                     h.wait()
             f = figures(out, text, load, k, seconds, ok, quotas)
-            if not ok:
-                f.failure = next((x for x in reversed(text.splitlines()) if x.strip()), "?")
+            if not ok:  # the demo's own error line, else the last line it printed
+                lines = [x for x in text.splitlines() if x.strip()]
+                f.failure = next((x for x in lines if x.startswith("torchpp demo: error:")), lines[-1] if lines else "?")
             rows.append(f)
             print("\n".join(table([f], cluster)[2:]), f"({seconds:.0f}s, load average {os.getloadavg()[0]:.1f})",
                   flush=True)

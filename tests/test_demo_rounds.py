@@ -30,7 +30,7 @@ def test_an_outlying_round_is_re_taken_and_the_check_uses_the_median_round(tmp_p
               _round(d, "again3", {"local0": 1.0, "local1": 0.52})]
     taken = []
 
-    def speed_round(prefix, title):
+    def speed_round(prefix, title, call_probe=False):
         taken.append(prefix)
         return _round(d, prefix, {"local0": 1.0, "local1": 0.49})
 
@@ -45,6 +45,10 @@ def test_an_outlying_round_is_re_taken_and_the_check_uses_the_median_round(tmp_p
     assert json.loads(refs["local1"].read_text()) == json.loads((d / "speed_local1.json").read_text())
     # the reference host's rounds are alike; its check re-runs a few-layer profile, never the whole model
     assert len(LayersFile.load(refs["local0"]).layers) == 2
+    # a demo that did not take the rounds itself (capacities from elsewhere) checks against round 1's files
+    demo.rounds = []
+    assert json.loads(demo.consensus_references()["local1"].read_text()) == json.loads(
+        (d / "speed_local1.json").read_text())
 
 
 def test_rounds_that_keep_disagreeing_are_said_after_the_last_re_take(tmp_path, monkeypatch, capsys):
@@ -53,9 +57,27 @@ def test_rounds_that_keep_disagreeing_are_said_after_the_last_re_take(tmp_path, 
     d.mkdir(parents=True)
     rounds = [_round(d, f"r{k}", {"local0": 1.0, "local1": s}) for k, s in enumerate((0.5, 0.05, 0.52))]
     bad = iter([0.05, 0.9])
-    monkeypatch.setattr(demo, "speed_round", lambda prefix, title: _round(d, prefix, {"local0": 1.0, "local1": next(bad)}))
+    monkeypatch.setattr(demo, "speed_round", lambda prefix, title, call_probe=False: _round(d, prefix, {"local0": 1.0, "local1": next(bad)}))
     cap = Capacities.load(demo.settled_capacities(rounds))
     out = capsys.readouterr().out
     assert out.count("re-taking round(s) 2") == 2
     assert "still outlying after 2 re-takes: local1 round 2: 0.900" in out
     assert [(o.host, o.round) for o in cap.outliers] == [("local1", 1)]
+
+
+def test_a_re_take_of_round_1_repeats_its_call_probe(tmp_path, monkeypatch):
+    """Round 1's files give each host's call overhead and rates: its re-take runs the call probe again
+    (later rounds do not), so the capacities keep them."""
+    demo = Demo(DemoConfig(capacity_layers=2, speed_rounds=3), tmp_path / "out", LocalHosts(2))
+    d = demo.path("hosts")
+    d.mkdir(parents=True)
+    rounds = [_round(d, f"r{k}", {"local0": 1.0, "local1": s}) for k, s in enumerate((0.05, 0.5, 0.52))]
+    calls = []
+
+    def speed_round(prefix, title, call_probe=False):
+        calls.append((prefix, call_probe))
+        return _round(d, prefix, {"local0": 1.0, "local1": 0.51})
+
+    monkeypatch.setattr(demo, "speed_round", speed_round)
+    demo.settled_capacities(rounds)
+    assert calls == [("retake1_1", True)]

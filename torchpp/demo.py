@@ -441,12 +441,15 @@ class Demo:
             raise DemoError(f"profile wrote no {', '.join(sorted(missing))}")
         return files, rounds
 
-    def speed_round(self, prefix: str, title: str) -> list[Path]:
-        """One more round of speed profiles, every host at once: their first ``capacity_layers`` layers."""
+    def speed_round(self, prefix: str, title: str, call_probe: bool = False) -> list[Path]:
+        """One more round of speed profiles, every host at once: their first ``capacity_layers`` layers
+        (``call_probe``: with the runtime's call probe, as the first round, whose files give each host's
+        call overhead and rates)."""
         c, d = self.cfg, self.path("hosts")
         cmd = (f"{shlex.quote(PY)} -m torchpp profile --model {c.model} --seq-len {c.seq_len} "
                f"--batch {c.profile_batches} --iters {c.profile_iters} --warmup 1 --threads 1 --quiet --host \"$HOST\" "
-               f"--layers {c.capacity_layers} --no-call-probe --out {shlex.quote(str(d))}/{prefix}_\"$HOST\".json")
+               f"--layers {c.capacity_layers}{'' if call_probe else ' --no-call-probe'} "
+               f"--out {shlex.quote(str(d))}/{prefix}_\"$HOST\".json")
         self.p.run(f"{title}: {len(self.hosts.names)} hosts at once, their first {c.capacity_layers} layers",
                    self.hosts.each_host(f"exec {cmd}", self.path("logs", prefix)))
         return [d / f"{prefix}_{h}.json" for h in self.hosts.names]
@@ -467,7 +470,8 @@ class Demo:
                         + f"; re-taking round(s) {', '.join(str(k + 1) for k in bad)}")
             self.p.total += len(bad) + 1
             for k in bad:
-                rounds[k] = self.speed_round(f"retake{n}_{k + 1}", f"re-take of speed round {k + 1}")
+                # round 1 again as it was taken: its files give the call overhead and rates
+                rounds[k] = self.speed_round(f"retake{n}_{k + 1}", f"re-take of speed round {k + 1}", call_probe=k == 0)
             out = self.capacities(rounds)
         else:
             left = Capacities.load(out).outliers
@@ -487,9 +491,10 @@ class Demo:
 
         d, names = self.path("hosts"), self.hosts.names
         cap = Capacities.load(self.path("capacities.json"))
+        rounds = self.rounds or [[d / f"speed_{h}.json" for h in names]]  # rounds not taken here: round 1's
         out = {}
         for i, h in enumerate(names):
-            files = [r[i] for r in self.rounds]
+            files = [r[i] for r in rounds]
             layers = [LayersFile.load(f) for f in files]
             few = [k for k, lf in enumerate(layers) if len(lf.layers) == len(layers[0].layers)]
             k = cap.consensus_round.get(h, 0)

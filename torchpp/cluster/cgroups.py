@@ -64,9 +64,14 @@ def check_cpu(cores: float) -> float:
 
 CFS_PERIOD_US = 100_000
 """100 ms, the kernel's default (see ``set_cpu`` for why not shorter)."""
-RESERVE_WEIGHT = 16
-"""Ordinary processes' worth of CPU weight per core of quota: with it a 0.8-core host still gets
-0.8 of a core beside three busy processes on the same core (weight w wins w / (w + 3) of it)."""
+RESERVE_WEIGHT = 64
+"""Ordinary processes' worth of CPU weight per core of quota: a host of quota q with weight 64 q
+beside n busy processes on its core wins 64 q / (64 q + n) of it, at least q while n <= 64 (1 - q):
+a 0.7-core host holds its quota beside 19 of them, a 0.25-core one beside 48. At 16 (up to 4.8
+beside the 0.7-core host) the homelab's four hosts got 82-90% of their quotas on a machine at load
+39, each by how much the load beat its weight, so their speed ratios moved with the load; at 64,
+95-98%. cgroup v2 caps a weight at 100 processes' worth, so an inner group holding more (homelab:
+1.85 cores, 118) competes as 100 there."""
 CONTROLLERS = ("cpu", "memory")
 
 

@@ -32,7 +32,7 @@ class CapacityOutlier:
     round: int
     """0-based index into ``Capacities.rounds``."""
     value: float
-    """The host's capacity in that round (for the reference host: its speed relative to its consensus round)."""
+    """The host's capacity in that round."""
     median: float
     tolerance: float
     """The relative distance from ``median`` the round's profiles' spread allowed."""
@@ -71,7 +71,8 @@ class Capacities:
     """Per host with ``rounds``: the round (0-based) whose ratio is the host's median, the profile its
     later speed checks compare against; for the reference host, the round it ran at median speed."""
     agreement: dict[str, float] = field(default_factory=dict)
-    """Per host with ``rounds``: the largest relative distance of one of its rounds from its median."""
+    """Per host with ``rounds``: the largest relative distance of one of its rounds from its median
+    (0 for the reference host, whose capacity is 1 in every round)."""
     outliers: list[CapacityOutlier] = field(default_factory=list)
     """Rounds farther from their host's median than the profiles' spread explains (re-take them)."""
     format: str = f"torchpp.{CAPACITIES_KIND}/{CAPACITIES_VERSION}"

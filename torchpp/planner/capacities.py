@@ -115,17 +115,20 @@ def median_index(values: Sequence[float]) -> int:
 def judge_rounds(rounds: Sequence[dict[str, float]], tolerances: Sequence[dict[str, float]], ref_host: str,
                  ref_seconds: Sequence[float]) -> tuple[dict[str, int], dict[str, float], list[CapacityOutlier]]:
     """Per host: the round whose ratio is the median, the largest relative distance of a round from
-    it, and every round beyond its tolerance. The reference host's ratio is 1 in every round, so its
-    consensus is the round in which it was of median speed (``ref_seconds``: its seconds per round on
-    the blocks all its rounds measured), and its rounds are judged by those seconds (as speeds
-    relative to that round: 1.0 at the consensus)."""
+    it, and every round beyond its tolerance. The reference host's ratio is 1 in every round: it
+    agrees by definition and is never an outlier (a round in which it alone ran slow moves every other
+    host's ratio, and they are reported), but its own profiles still differ, so its consensus is the
+    round in which it ran at median speed (``ref_seconds``: its seconds per round on the blocks all
+    its rounds measured). Its absolute speed is not judged: a machine that got busier for a round
+    slows every host alike, which the round's ratios cancel."""
     consensus, agreement, outliers = {}, {}, []
     for h in rounds[0]:
         ks = [k for k, r in enumerate(rounds) if h in r]
-        vals = [1.0 / ref_seconds[k] for k in ks] if h == ref_host else [rounds[k][h] for k in ks]
-        mid = median_index(vals)
         if h == ref_host:
-            vals = [v / vals[mid] for v in vals]
+            consensus[h], agreement[h] = ks[median_index([-ref_seconds[k] for k in ks])], 0.0
+            continue
+        vals = [rounds[k][h] for k in ks]
+        mid = median_index(vals)
         consensus[h], med = ks[mid], vals[mid]
         agreement[h] = max(abs(v / med - 1.0) for v in vals)
         for k, v in zip(ks, vals):
