@@ -36,7 +36,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import UsageError
-    from .driver import ClusterLauncher, Driver, ElasticConfig, ElasticError, LocalLauncher
+    from .driver import ClusterLauncher, ConfigurationError, Driver, ElasticConfig, ElasticError, LocalLauncher
 
     rest = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     try:
@@ -51,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
     launcher = ClusterLauncher(args.cluster) if args.cluster else LocalLauncher(env)
     try:
         result = Driver(cfg, launcher, progress=lambda s: print(s, flush=True)).run()
+    except ConfigurationError as e:  # the rank's own line: torchpp.train refused its arguments or files
+        print(f"torchpp run: error: {e}", flush=True)
+        return 2
     except ElasticError as e:
         print(f"torchpp run: error: {e}", flush=True)
         return 1

@@ -1,0 +1,26 @@
+"""Under `torchpp run --elastic`, a rank that exits 2 (a bad train argument, plan or file) stops
+the run with the rank's own line: no host is dropped and nothing is re-planned."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_elastic import _env, first_plan, measurements
+from torchpp.elastic.driver import ConfigurationError, Driver, ElasticConfig, LocalLauncher
+
+
+@pytest.mark.parametrize("train_args", [["--steps", "0"], ["--stpes", "3"]])
+def test_a_train_flag_error_stops_the_run_with_the_ranks_line(tmp_path, train_args):
+    cfg = ElasticConfig(plan=first_plan(tmp_path / "plan.json"), train_args=[*train_args, "--threads", "1"],
+                        checkpoint_dir=tmp_path / "ck", work_dir=tmp_path / "work", timeout_s=20, startup_s=150,
+                        max_restarts=3, **measurements(tmp_path))
+    driver = Driver(cfg, LocalLauncher(_env()))
+    with pytest.raises(ConfigurationError) as err:
+        driver.run()
+    line = str(err.value)
+    expect = "--steps: expected a positive number" if train_args[0] == "--steps" else "unrecognized arguments: --stpes"
+    assert expect in line and "\n" not in line, line
+    assert len(driver.attempts) == 1 and not driver.failed
+    decisions = [json.loads(x) for x in driver.decisions.read_text().splitlines()]
+    assert [d["kind"] for d in decisions] == ["stop"], decisions
