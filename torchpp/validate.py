@@ -18,6 +18,10 @@ from typing import Any, Iterable
 MAX_GLOBAL_BATCH = 4096
 """Samples per step: the planner prices every micro-batch size and count up to this (4096 takes
 seconds; 65536 took 80 s on two devices)."""
+MAX_PLAN_GLOBAL_BATCH = 1 << 20
+"""Samples per step a plan file may hold: a simulated plan over thousands of replicas (8,192
+devices at dp 128 take 16,384) is legitimate; the planner's own search stops at
+``MAX_GLOBAL_BATCH`` and a real run is bounded by its micro-batch size and count."""
 MAX_MICROBATCHES = 4096
 """Micro-batches per step (one schedule holds several actions per micro-batch and stage)."""
 MAX_STAGES = 1024
