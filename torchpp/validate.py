@@ -130,6 +130,25 @@ def shares(values: list[float], what: str) -> None:
                          f"= {total:g}")
 
 
+def input_file(path: str | os.PathLike, what: str, max_bytes: int) -> Path:
+    """A regular file of at most ``max_bytes``, checked before it is opened: a device
+    (``/dev/zero`` reads forever), a FIFO (waits for a writer) or a huge file is refused in one line."""
+    import stat
+
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise ValueError(f"{what} {str(p)!r}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
+            "a device or socket"
+        raise ValueError(f"{what} {str(p)!r}: expected a regular file, got {kind}")
+    if st.st_size > max_bytes:
+        raise ValueError(f"{what} {str(p)!r}: {st.st_size:,} bytes, expected at most {max_bytes:,}")
+    return p
+
+
 def output_file(path: str | os.PathLike, what: str = "output") -> Path:
     """A file torchpp may create or replace: not a directory, no file among its parents, not a
     symbolic link (writing through one would change a file elsewhere)."""

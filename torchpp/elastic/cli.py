@@ -36,6 +36,13 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import UsageError
+
+    if args.cluster:  # before torch is imported: a cluster that is not up is a usage error, at once
+        from ..cluster import cluster
+
+        state = cluster.load_state(args.cluster)
+        if state is None or state.get("phase") != "up":
+            raise UsageError(f"--cluster {args.cluster}: cluster '{args.cluster}' is not up (torchpp cluster up -c CONFIG)")
     from .driver import ClusterLauncher, ConfigurationError, Driver, ElasticConfig, ElasticError, LocalLauncher
 
     rest = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
@@ -48,7 +55,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    launcher = ClusterLauncher(args.cluster) if args.cluster else LocalLauncher(env)
+    try:
+        launcher = ClusterLauncher(args.cluster) if args.cluster else LocalLauncher(env)
+    except ElasticError as e:  # the cluster is not up: a usage error, not a failed run
+        raise UsageError(f"--cluster {args.cluster}: {e}") from None
     try:
         result = Driver(cfg, launcher, progress=lambda s: print(s, flush=True)).run()
     except ConfigurationError as e:  # the rank's own line: torchpp.train refused its arguments or files
