@@ -24,3 +24,18 @@ def test_a_train_flag_error_stops_the_run_with_the_ranks_line(tmp_path, train_ar
     assert len(driver.attempts) == 1 and not driver.failed
     decisions = [json.loads(x) for x in driver.decisions.read_text().splitlines()]
     assert [d["kind"] for d in decisions] == ["stop"], decisions
+
+
+def test_replan_searches_what_the_first_search_allowed_and_then_whatever_fits(tmp_path):
+    from torchpp.elastic.replan import first_search_schedule, replan
+    from torchpp.formats import Plan
+
+    plan = first_plan(tmp_path / "plan.json")
+    assert first_search_schedule(plan) == "auto"  # no plan_meta.json: every kind
+    (tmp_path / "plan_meta.json").write_text(json.dumps({"schedule": "interleaved-zb"}))
+    assert first_search_schedule(plan) == "interleaved-zb"
+    cfg = ElasticConfig(plan=plan, train_args=[], checkpoint_dir=tmp_path / "ck", work_dir=tmp_path / "work",
+                        timeout_s=20, startup_s=150, max_restarts=1, **measurements(tmp_path))
+    # one survivor: no chunked kind fits one device, so the re-plan takes what does
+    new = replan(cfg, Plan.load(plan), ["h0"], tmp_path / "re")
+    assert new.plan.world_size == 1 and new.hosts == ["h0"]

@@ -67,6 +67,9 @@ class ElasticConfig:
     max_restarts: int = 3
     elastic: bool = True
     """False: one attempt, its exit code is the result (no re-planning)."""
+    schedule: str | None = None
+    """The schedule kinds a re-plan searches (as `torchpp plan --schedule`); default: those the first
+    plan's search allowed (its ``plan_meta.json``), else every kind."""
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0 or self.startup_s <= 0:
