@@ -76,6 +76,10 @@ class ElasticConfig:
             raise ValueError(f"--timeout-s/--startup-s: expected seconds > 0, got {self.timeout_s}/{self.startup_s}")
         if self.max_restarts < 0:
             raise ValueError(f"--max-restarts: expected >= 0, got {self.max_restarts}")
+        if self.schedule is not None:
+            from ..planner.chunks import schedule_kinds
+
+            schedule_kinds(self.schedule)  # ValueError naming the kinds
         if self.elastic and not (self.layers and self.devices and self.bandwidth):
             raise ValueError("--elastic: re-planning needs --layers, --devices and --bandwidth (the measurements "
                              "the plan was made from)")
