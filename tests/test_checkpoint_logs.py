@@ -40,7 +40,7 @@ def test_a_gradient_log_is_resumable_only_with_its_whole_chain(tmp_path):
     assert ckpt.complete_steps(tmp_path) == [1, 2, 3] and ckpt.latest_local(tmp_path) == 3
     shutil.rmtree(ckpt.step_dir(tmp_path, 2))
     assert ckpt.complete_steps(tmp_path) == [1]
-    with pytest.raises(FileNotFoundError, match="no complete checkpoint chain ends at step 3"):
+    with pytest.raises(ckpt.CheckpointDamaged, match="no complete checkpoint chain ends at step 3"):
         ckpt.load(tmp_path, 3, rank=0, stage=None, optimizer=None)
 
 

@@ -260,8 +260,27 @@ def _content_cases(w: dict[str, Path]) -> list[tuple[str, list[str]]]:
     return cases
 
 
+def _audit_cases(w: dict[str, Path]) -> list[tuple[str, list[str]]]:
+    """The audit's unbounded reads and tracebacks (issue 37): devices, FIFOs, huge files, a cluster that is not up."""
+    import os
+
+    d = w["root"]
+    fifo = d / "links.fifo"
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    big = d / "huge.csv"
+    if not big.exists():
+        with open(big, "w") as f:
+            f.write("a,b,1\nb,a,1\n" * 1_000_000)
+    o = str(d / "audit_out.json")
+    return [("audit", ["bandwidth", "parse", "--csv", src, "--out", o]) for src in ("/dev/zero", str(fifo), str(big))] \
+        + [("audit", ["run", "--cluster", "nonexistent", "--plan", str(w["plan"]), "--checkpoint-dir",
+                      str(d / "audit_ck"), "--", "--steps", "1"])]
+
+
 def all_cases(w: dict[str, Path]) -> list[tuple[str, list[str]]]:
-    return _flag_cases(w) + _host_cases(w) + _output_cases(w) + _input_cases(w) + _content_cases(w)
+    return (_flag_cases(w) + _host_cases(w) + _output_cases(w) + _input_cases(w) + _content_cases(w)
+            + _audit_cases(w))
 
 
 def _outcome(rc: Any, err: str, dt: float) -> str:

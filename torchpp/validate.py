@@ -18,6 +18,10 @@ from typing import Any, Iterable
 MAX_GLOBAL_BATCH = 4096
 """Samples per step: the planner prices every micro-batch size and count up to this (4096 takes
 seconds; 65536 took 80 s on two devices)."""
+MAX_PLAN_GLOBAL_BATCH = 1 << 20
+"""Samples per step a plan file may hold: a simulated plan over thousands of replicas (8,192
+devices at dp 128 take 16,384) is legitimate; the planner's own search stops at
+``MAX_GLOBAL_BATCH`` and a real run is bounded by its micro-batch size and count."""
 MAX_MICROBATCHES = 4096
 """Micro-batches per step (one schedule holds several actions per micro-batch and stage)."""
 MAX_STAGES = 1024
@@ -124,6 +128,25 @@ def shares(values: list[float], what: str) -> None:
     if abs(total - 1.0) > SHARE_TOLERANCE:
         raise ValueError(f"{what}: expected shares that add up to 1, got {' + '.join(f'{v:g}' for v in values)} "
                          f"= {total:g}")
+
+
+def input_file(path: str | os.PathLike, what: str, max_bytes: int) -> Path:
+    """A regular file of at most ``max_bytes``, checked before it is opened: a device
+    (``/dev/zero`` reads forever), a FIFO (waits for a writer) or a huge file is refused in one line."""
+    import stat
+
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise ValueError(f"{what} {str(p)!r}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
+            "a device or socket"
+        raise ValueError(f"{what} {str(p)!r}: expected a regular file, got {kind}")
+    if st.st_size > max_bytes:
+        raise ValueError(f"{what} {str(p)!r}: {st.st_size:,} bytes, expected at most {max_bytes:,}")
+    return p
 
 
 def output_file(path: str | os.PathLike, what: str = "output") -> Path:

@@ -29,6 +29,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout-s", type=float, default=60.0, help="a rank without a step this long is stalled")
     p.add_argument("--startup-s", type=float, default=300.0, help="time an attempt may take to its first step")
     p.add_argument("--max-restarts", type=int, default=3)
+    p.add_argument("--schedule", default=None,
+                   help="schedule kinds a re-plan searches, as `torchpp plan --schedule` (default: those the first "
+                        "plan's search allowed, from plan_meta.json beside it, else auto)")
     p.add_argument("--cluster", default=None, help="run in the hosts of this emulated cluster (root)")
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then torchpp.train's arguments")
     p.set_defaults(func=run)
@@ -36,7 +39,14 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import UsageError
-    from .driver import ClusterLauncher, Driver, ElasticConfig, ElasticError, LocalLauncher
+
+    if args.cluster:  # before torch is imported: a cluster that is not up is a usage error, at once
+        from ..cluster import cluster
+
+        state = cluster.load_state(args.cluster)
+        if state is None or state.get("phase") != "up":
+            raise UsageError(f"--cluster {args.cluster}: cluster '{args.cluster}' is not up (torchpp cluster up -c CONFIG)")
+    from .driver import ClusterLauncher, ConfigurationError, Driver, ElasticConfig, ElasticError, LocalLauncher
 
     rest = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     try:
@@ -44,13 +54,19 @@ def run(args: argparse.Namespace) -> int:
                             work_dir=args.work_dir, layers=args.layers, devices=args.devices, bandwidth=args.bandwidth,
                             capacities=args.capacities, memory_model=args.memory_model, hosts_file=args.hosts_file,
                             timeout_s=args.timeout_s, startup_s=args.startup_s, max_restarts=args.max_restarts,
-                            elastic=args.elastic)
+                            elastic=args.elastic, schedule=args.schedule)
     except ValueError as e:
         raise UsageError(str(e)) from None
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    launcher = ClusterLauncher(args.cluster) if args.cluster else LocalLauncher(env)
+    try:
+        launcher = ClusterLauncher(args.cluster) if args.cluster else LocalLauncher(env)
+    except ElasticError as e:  # the cluster is not up: a usage error, not a failed run
+        raise UsageError(f"--cluster {args.cluster}: {e}") from None
     try:
         result = Driver(cfg, launcher, progress=lambda s: print(s, flush=True)).run()
+    except ConfigurationError as e:  # the rank's own line: torchpp.train refused its arguments or files
+        print(f"torchpp run: error: {e}", flush=True)
+        return 2
     except ElasticError as e:
         print(f"torchpp run: error: {e}", flush=True)
         return 1

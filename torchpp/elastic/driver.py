@@ -67,12 +67,19 @@ class ElasticConfig:
     max_restarts: int = 3
     elastic: bool = True
     """False: one attempt, its exit code is the result (no re-planning)."""
+    schedule: str | None = None
+    """The schedule kinds a re-plan searches (as `torchpp plan --schedule`); default: those the first
+    plan's search allowed (its ``plan_meta.json``), else every kind."""
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0 or self.startup_s <= 0:
             raise ValueError(f"--timeout-s/--startup-s: expected seconds > 0, got {self.timeout_s}/{self.startup_s}")
         if self.max_restarts < 0:
             raise ValueError(f"--max-restarts: expected >= 0, got {self.max_restarts}")
+        if self.schedule is not None:
+            from ..planner.chunks import schedule_kinds
+
+            schedule_kinds(self.schedule)  # ValueError naming the kinds
         if self.elastic and not (self.layers and self.devices and self.bandwidth):
             raise ValueError("--elastic: re-planning needs --layers, --devices and --bandwidth (the measurements "
                              "the plan was made from)")
@@ -228,6 +235,20 @@ def _is_stopped(proc: subprocess.Popen) -> bool:
         return False
 
 
+def _last_error_line(log: Path) -> str:
+    """A rank's own error line from its log (the last line that says ``error``, else the last line)."""
+    try:
+        lines = [x for x in log.read_text(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return f"exited with code 2 (no log at {log})"
+    errors = [x for x in lines if "error" in x.lower()]
+    return (errors or lines or [f"exited with code 2 ({log} is empty)"])[-1].strip()
+
+
+class ConfigurationError(ElasticError):
+    """A rank exited 2 (a bad argument, plan or file): the run stops with that rank's line."""
+
+
 def _exit_how(code: int) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
@@ -237,6 +258,9 @@ class Watch:
 
     PEER_ERROR = 1
     """torchpp.train's exit code when a peer failed (the rank itself is fine)."""
+    CONFIG_ERROR = 2
+    """torchpp.train's exit code for a bad argument, plan or file: no host is at fault and another
+    attempt would fail alike, so the run stops with the rank's own line."""
 
     def __init__(self, cfg: ElasticConfig, workers: list[Worker], hb_dir: Path, hosts_now: list[str],
                  allowed: Callable[[], list[str] | None]):
@@ -256,6 +280,10 @@ class Watch:
             self.last_progress = (time.monotonic(), sum(steps.values()))
         if all(c == 0 for c in codes.values()):
             return Outcome("done", detected_at=time.time(), last_step=last)
+        config = [w for w in self.workers if codes[w.rank] == self.CONFIG_ERROR]
+        if config:
+            w = config[0]
+            return Outcome("config", how={w.host: _last_error_line(w.log)}, detected_at=time.time(), last_step=last)
         failed = self._failed(codes)
         if failed:
             return Outcome("failure", failed=sorted(failed), how=failed, detected_at=time.time(), last_step=last)
@@ -340,6 +368,10 @@ class Driver:
             outcome = self._attempt()
             if outcome.kind == "done":
                 return ElasticResult(self.attempts, self.decisions, 0)
+            if outcome.kind == "config":
+                line = next(iter(outcome.how.values()))
+                self.decide("stop", reason=line)
+                raise ConfigurationError(line)
             if not self.cfg.elastic:
                 return ElasticResult(self.attempts, self.decisions, 1)
             if len(self.attempts) > self.cfg.max_restarts:

@@ -53,6 +53,18 @@ def write_devices(devices: Path, hosts: list[str], out: Path) -> Path:
     return out
 
 
+def first_search_schedule(plan_path: Path) -> str:
+    """The schedule kinds the first plan's search allowed (``plan_meta.json`` beside it, as
+    ``torchpp plan`` writes it): a re-plan searches them all, not just the kind it chose; "auto"
+    (every kind) when the plan came without one."""
+    meta = Path(plan_path).with_name("plan_meta.json")
+    try:
+        asked = json.loads(meta.read_text()).get("schedule")
+    except (OSError, ValueError, AttributeError):
+        return "auto"
+    return asked if isinstance(asked, str) and asked else "auto"
+
+
 def plan_survivors(cfg, old: Plan, hosts: list[str], out_dir: Path) -> Replanned:
     """Plan ``old``'s model and batch over ``hosts`` with ``cfg``'s measurements; writes the plan files
     into ``out_dir``. Raises :class:`~torchpp.elastic.driver.ElasticError` when nothing fits."""
@@ -66,9 +78,15 @@ def plan_survivors(cfg, old: Plan, hosts: list[str], out_dir: Path) -> Replanned
     devices = write_devices(cfg.devices, hosts, out_dir / "devices.json")
     inputs = api.PlanInputs(layers=list(cfg.layers), bandwidth=cfg.bandwidth, devices=devices,
                             capacities=cfg.capacities, memory_model=cfg.memory_model)
-    options = api.PlanOptions(global_batch=old.global_batch, schedule=old.schedule)
+    asked = getattr(cfg, "schedule", None) or first_search_schedule(cfg.plan)
     try:
-        res = api.plan(inputs, options)
+        try:
+            res = api.plan(inputs, api.PlanOptions(global_batch=old.global_batch, schedule=asked))
+        except InfeasibleError:
+            if asked == "auto":
+                raise
+            # the kind the first search was held to does not fit the survivors: whatever does
+            res = api.plan(inputs, api.PlanOptions(global_batch=old.global_batch, schedule="auto"))
     except InfeasibleError as e:
         raise ElasticError(f"the hosts left ({', '.join(hosts)}) cannot hold the model: {e}") from None
     out_dir.mkdir(parents=True, exist_ok=True)

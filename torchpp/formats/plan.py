@@ -201,7 +201,7 @@ class Plan:
         stages = [_parse_stage(sr, i) for i, sr in enumerate(r.objs("stages", min_len=1))]
         plan = Plan(
             model=ModelInfo.parse(r.obj("model")), seq_len=r.int("seq_len", min_value=1, max_value=V.MAX_SEQ_LEN),
-            global_batch=r.int("global_batch", min_value=1, max_value=V.MAX_GLOBAL_BATCH),
+            global_batch=r.int("global_batch", min_value=1, max_value=V.MAX_PLAN_GLOBAL_BATCH),
             micro_batch_size=r.int("micro_batch_size", min_value=1, max_value=V.MAX_GLOBAL_BATCH),
             num_microbatches=r.int("num_microbatches", min_value=1, max_value=V.MAX_MICROBATCHES),
             schedule=r.str("schedule", choices=set(SCHEDULES if version == 1 else PLAN_SCHEDULES)), stages=stages,
@@ -374,7 +374,7 @@ def _validate_wire(plan: Plan, source: str) -> None:
 def _check_plan_sizes(plan: Plan, source: str) -> None:
     """Sizes within ``validate``'s limits (a plan written by hand, or a planner asked for too much)."""
     for key, v, lo, hi in (("seq_len", plan.seq_len, 1, V.MAX_SEQ_LEN),
-                           ("global_batch", plan.global_batch, 1, V.MAX_GLOBAL_BATCH),
+                           ("global_batch", plan.global_batch, 1, V.MAX_PLAN_GLOBAL_BATCH),
                            ("num_microbatches", plan.num_microbatches, 1, V.MAX_MICROBATCHES),
                            ("stages", plan.num_stages, 1, V.MAX_STAGES)):
         if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:

@@ -16,10 +16,15 @@ from ..formats import Bandwidth, FormatError
 from .. import argtypes as T, validate as V
 
 
+MAX_CSV_BYTES = 8 << 20
+"""A links CSV's size (about 250,000 rows: every ordered pair of 500 hosts, measured once)."""
+
+
 def _rows(path: str | Path) -> list[list[str]]:
     """The CSV's rows; a folder or a file that is not UTF-8 text is named in the error."""
     if Path(path).is_dir():
         raise FormatError(str(path), "<file>", "a CSV file, not a directory")
+    V.input_file(path, "--csv", MAX_CSV_BYTES)  # a device, a FIFO or a huge file: refused before reading
     try:
         with open(path, newline="", encoding="utf-8") as f:
             return list(csv.reader(f))

@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         limit = max_positions(cfg)
         if limit is not None and pc.seq_len > limit:
             raise ValueError(f"--seq-len: expected at most {limit} (the model's position limit), got {pc.seq_len}")
+        _check_activations_fit(cfg, pc.batch, pc.seq_len)
     except (ValueError, ModelSpecError) as e:
         raise UsageError(str(e)) from None
     out = Path(args.out or f"layers_{host}.json")
@@ -90,6 +91,21 @@ def run(args: argparse.Namespace) -> int:
               + (", --no-call-probe)" if args.no_call_probe else ", call probe)"))
         print(f"wrote {out}" + (f" and {args.trace}" if args.trace else ""))
     return 0
+
+
+def _check_activations_fit(cfg, batch: int, seq_len: int) -> None:
+    """Refuse a batch whose activations alone exceed this host's memory, before anything is
+    allocated (a lower bound: the logits with their gradient and one layer's hidden states)."""
+    import psutil
+
+    from ..models.presets import hidden_size
+
+    tokens = batch * seq_len
+    need = tokens * 4 * (2 * int(cfg.vocab_size) + 4 * hidden_size(cfg))
+    total = psutil.virtual_memory().total
+    if need > total:
+        raise ValueError(f"--batch {batch} x --seq-len {seq_len}: one step needs at least {need / 2**30:,.1f} GiB of "
+                         f"activations, this host has {total / 2**30:,.1f} GiB: profile smaller batches")
 
 
 def call_overhead(threads: int, quiet: bool) -> float:

@@ -24,7 +24,7 @@ PR_SET_PDEATHSIG = 1
 
 def die_with_parent(sig: int = signal.SIGTERM) -> bool:
     """Ask for ``sig`` when the parent process exits (Linux); False where that is not available.
-    A parent already gone (this process was re-parented before asking) sends it at once."""
+    A parent gone while asking sends it at once."""
     if not sys.platform.startswith("linux"):
         return False
     parent = os.getppid()
@@ -34,7 +34,7 @@ def die_with_parent(sig: int = signal.SIGTERM) -> bool:
             return False
     except (OSError, AttributeError):
         return False
-    if parent == 1 or os.getppid() != parent:
+    if os.getppid() != parent:  # the parent exited between the two calls (a launcher may be pid 1: no test on 1)
         os.kill(os.getpid(), sig)
     return True
 

@@ -558,9 +558,10 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
     from .safekeeping import output_problem
 
     fp = fingerprint(cfg, prep)
+    g("comparing plan, model, data and options with all ranks", require_agreement, fp)
+    # created only once every rank agreed to run (ranks that disagree write nothing)
     problem = output_problem({"--export-dir": cfg.export_to, "--log-dir": cfg.log_dir if rank == 0 else None,
                               "--trace-dir": cfg.trace_dir}, cfg.checkpoint_dir)
-    g("comparing plan, model, data and options with all ranks", require_agreement, fp)
     g("checking the output directories with all ranks", require_no_errors, problem)
     g("creating the all-reduce groups", comm.make_groups, schedule)
     comm.wire = wire_links.install(plan, rank)
