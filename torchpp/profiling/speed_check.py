@@ -41,8 +41,8 @@ def check_speed(reference: LayersFile, reference_source: str, iters: int | None 
     from .measure import ProfileConfig, measure_layers
 
     run, model = reference.run, reference.model
-    pc = ProfileConfig(model=model.name, seq_len=run.seq_len, batch=run.batch, dtype=model.precision,
+    pc = ProfileConfig(model=model.path or model.name, seq_len=run.seq_len, batch=run.batch, dtype=model.precision,
                        fit_batches=tuple(run.batches), iters=iters or run.iters,
                        warmup=run.warmup if warmup is None else warmup, threads=run.threads, host=reference.host,
-                       num_layers=model.num_layers, seed=run.seed, extras=False)
+                       num_layers=model.num_layers, seed=run.seed, extras=False, left_out=tuple(reference.left_out))
     return compare(reference, measure_layers(pc), reference_source)

@@ -36,9 +36,10 @@ def run(args: argparse.Namespace) -> int:
     if host != ref.host:
         raise UsageError(f"{args.reference}: host: expected this host's layers file ({host!r}, from "
                          f"{host_source(args.host)}), got {ref.host!r}'s")
-    if ref.model.source == "path" and not Path(ref.model.name).is_dir():
-        raise UsageError(f"{args.reference}: model.name: expected the checkpoint directory it was profiled from, "
-                         f"{ref.model.name!r} is not one here")
+    where = ref.model.path or ref.model.name
+    if ref.model.source == "path" and not Path(where).is_dir():
+        raise UsageError(f"{args.reference}: model.{'path' if ref.model.path else 'name'}: expected the checkpoint "
+                         f"directory it was profiled from, {where!r} is not one here")
     try:
         sc = check_speed(ref, str(args.reference), args.iters, args.warmup)
     except (ValueError, ModelSpecError) as e:
