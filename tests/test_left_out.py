@@ -163,3 +163,10 @@ def test_a_limit_that_holds_not_even_the_layers_is_one_line_naming_layers(tmp_pa
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "decoder layer(s) alone need about" in r.stderr and "--memory" in r.stderr
     assert psutil.Process().memory_info().rss > 0
+
+
+def test_speed_check_compares_the_layers_of_a_profile_that_left_blocks_out():
+    from torchpp.profiling import speed_check
+
+    ref, now = left_out(synthetic("pi", 1.0), 100 * MB), left_out(synthetic("pi", 1 / 1.3), 100 * MB)
+    assert speed_check.compare(ref, now, "layers_pi.json").ratio == pytest.approx(1.3)

@@ -146,7 +146,10 @@ class Profiles:
     # ------------------------------------------------------------------ construction
     @staticmethod
     def from_layers(layers: Sequence[LayersFile], capacities: Capacities | None = None,
-                    sources: Sequence[str] | None = None, capacities_source: str = "capacities.json") -> "Profiles":
+                    sources: Sequence[str] | None = None, capacities_source: str = "capacities.json",
+                    layers_only: bool = False) -> "Profiles":
+        """Every host's table; ``layers_only``: blocks a host left out stay unpriced (0), for a
+        caller that reads decoder layers alone (a speed check)."""
         if not layers:
             raise ValueError("at least one layers file is needed (the model's bytes come from it)")
         sources = list(sources) if sources is not None else [f"layers_{lf.host}.json" for lf in layers]
@@ -180,7 +183,8 @@ class Profiles:
                 p.left_out[lf.host] = list(lf.left_out)
                 if lf.memory_limit_bytes:
                     p.memory_limit[lf.host] = float(lf.memory_limit_bytes)
-        p.price_left_out(layers, sources)
+        if not layers_only:
+            p.price_left_out(layers, sources)
         if capacities is not None:
             for h, t in capacities.tables.items():
                 if h not in p.fwd:

@@ -26,9 +26,10 @@ def compare(reference: LayersFile, measured: LayersFile, reference_source: str) 
                          f"layer(s), seq {measured.run.seq_len}), not what the reference profiled "
                          f"({reference.model.name}, {reference.model.num_layers}, seq {reference.run.seq_len})")
     batch = reference.run.batch
-    prof = Profiles.from_layers([reference], sources=[reference_source])
+    prof = Profiles.from_layers([reference], sources=[reference_source], layers_only=True)
     before = prof.layer_seconds(reference.host, batch)
-    now = Profiles.from_layers([measured], sources=["<speed check>"]).layer_seconds(measured.host, batch)
+    now = Profiles.from_layers([measured], sources=["<speed check>"], layers_only=True).layer_seconds(measured.host,
+                                                                                                   batch)
     ratio = statistics.median(float(n / b) for n, b in zip(now, before))
     return SpeedCheck(host=reference.host, reference=reference_source, batch=batch,
                       profiled_s=[float(x) for x in before], measured_s=[float(x) for x in now], ratio=ratio,
