@@ -74,3 +74,25 @@ def test_bandwidth_probe_and_traces_name_ranks_by_the_same_rule(tmp_path):
     procs_named = sorted(e["args"]["name"] for e in merged["traceEvents"]
                          if e.get("ph") == "M" and e.get("name") == "process_name")
     assert [n.rsplit("host ", 1)[1] for n in procs_named] == ["pi0", "pi1"], procs_named
+
+
+def test_speed_check_refuses_another_hosts_reference(tmp_path, monkeypatch, capsys):
+    from torchpp.cli import main
+    from torchpp.planner.synthetic import layers_file
+
+    layers_file("pi1").save(tmp_path / "layers_pi1.json")
+    monkeypatch.setenv("TORCHPP_HOST", "pi2")
+    assert main(["speed-check", "--reference", str(tmp_path / "layers_pi1.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "expected this host's layers file ('pi2', from TORCHPP_HOST), got 'pi1'" in err
+
+
+def test_emulated_hosts_are_named_over_a_torchpp_host_in_the_callers_environment():
+    """`torchpp cluster run` names each host; a TORCHPP_HOST exported in the caller's shell must not
+    name them all alike."""
+    from torchpp.cluster.cluster import host_env
+
+    state = {"name": "t", "master_addr": "10.77.0.1", "master_port": 29511,
+             "hosts": [{"name": "a", "cpu": 0.5}, {"name": "b", "cpu": 1.5}]}
+    envs = [host_env(state, i, base={"TORCHPP_HOST": "mine"}) for i in (0, 1)]
+    assert [host_name(None, env) for env in envs] == ["a", "b"]

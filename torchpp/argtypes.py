@@ -40,6 +40,22 @@ out_file = _typed(lambda t: V.output_file(t, "value"), "path")
 out_dir = _typed(lambda t: V.output_dir(t, "value"), "path")
 
 
+_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def size(text: str) -> int:
+    """``"2G"``, ``"512M"``, ``"1.5g"`` or a byte count: bytes (binary units, as cgroups count)."""
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    unit = t[-1:] if t[-1:] in _UNITS and t[-1:] else ""
+    try:
+        value = float(t[: len(t) - len(unit)])
+    except ValueError:
+        value = -1.0
+    if not (value > 0 and value * _UNITS[unit] < 2**60):
+        raise argparse.ArgumentTypeError(f"expected a size such as 2G, 512M or a byte count, got {text!r}")
+    return int(value * _UNITS[unit])
+
+
 def hosts(text: str) -> list[str]:
     """``"a,b,c"``: distinct safe host names."""
     try:

@@ -265,6 +265,7 @@ def host_env(state: dict[str, Any], i: int, base: dict[str, str] | None = None) 
                PET_NNODES=n, PET_NODE_RANK=str(i), PET_MASTER_ADDR=state["master_addr"],
                PET_MASTER_PORT=str(state["master_port"]), GLOO_SOCKET_IFNAME=HOST_DEV,
                TORCHPP_CLUSTER=state["name"])
+    env["TORCHPP_HOST"] = env["HOST"]  # torchpp.hostname's rule reads it before HOST
     _threads(env, hosts[i].get("cpu"), 1, base)
     _memory(env, hosts[i].get("memory"))
     return env
@@ -350,6 +351,7 @@ def placement_env(state: dict[str, Any], p: Placement, master: int, base: dict[s
                LOCAL_WORLD_SIZE=str(p.local_world_size), NODE_RANK=str(p.node_rank), GROUP_RANK=str(p.node_rank),
                NNODES=str(p.nnodes), MASTER_ADDR=addr, MASTER_PORT=str(state["master_port"]),
                GLOO_SOCKET_IFNAME=HOST_DEV, TORCHPP_CLUSTER=state["name"])
+    env["TORCHPP_HOST"] = env["HOST"]  # torchpp.hostname's rule reads it before HOST
     _threads(env, h.get("cpu"), p.local_world_size, base)
     _memory(env, h.get("memory"))
     return env

@@ -84,6 +84,13 @@ class Profiles:
             return e / cap.capacity[host], d / cap.capacity[host]
         return 0.0, 0.0
 
+    left_out: dict[str, list[str]] = field(default_factory=dict)
+    """Per host whose profile left blocks out (LayersFile.left_out): those blocks, priced from the
+    hosts that timed them (``price_left_out``)."""
+    memory_limit: dict[str, float] = field(default_factory=dict)
+    """Per host that left blocks out: the memory limit its profile ran under, which the planner
+    holds it to (so it is never given a block it could not hold)."""
+
     def backward_split_factor(self, host: str) -> float:
         cap = self.capacities
         return self._host_figure(host, self.split_factor, cap.backward_split_factor if cap else {}, 1.0)[0]
@@ -154,7 +161,10 @@ class Profiles:
     # ------------------------------------------------------------------ construction
     @staticmethod
     def from_layers(layers: Sequence[LayersFile], capacities: Capacities | None = None,
-                    sources: Sequence[str] | None = None, capacities_source: str = "capacities.json") -> "Profiles":
+                    sources: Sequence[str] | None = None, capacities_source: str = "capacities.json",
+                    layers_only: bool = False) -> "Profiles":
+        """Every host's table; ``layers_only``: blocks a host left out stay unpriced (0), for a
+        caller that reads decoder layers alone (a speed check)."""
         if not layers:
             raise ValueError("at least one layers file is needed (the model's bytes come from it)")
         sources = list(sources) if sources is not None else [f"layers_{lf.host}.json" for lf in layers]
@@ -186,6 +196,12 @@ class Profiles:
                 p.split_factor[lf.host] = lf.backward_split_factor
             if lf.backward_split_layer_s is not None:
                 p.split_layer[lf.host] = lf.backward_split_layer_s
+            if lf.left_out:
+                p.left_out[lf.host] = list(lf.left_out)
+                if lf.memory_limit_bytes:
+                    p.memory_limit[lf.host] = float(lf.memory_limit_bytes)
+        if not layers_only:
+            p.price_left_out(layers, sources)
         if capacities is not None:
             for h, t in capacities.tables.items():
                 if h not in p.fwd:
@@ -197,6 +213,31 @@ class Profiles:
                                 t.forward_fixed_s or None, t.backward_fixed_s or None)
                     p.call[h] = p.capacity_call(h)
         return p
+
+    def price_left_out(self, layers: Sequence[LayersFile], sources: Sequence[str]) -> None:
+        """Times of the blocks a host left out: the mean over the hosts that timed them of their
+        times scaled to this host's speed (``speed_ratio``)."""
+        for lf, src in zip(layers, sources):
+            for name in lf.left_out:
+                j = 0 if name == "embed" else self.num_blocks - 1
+                donors = [m.host for m in layers if name not in m.left_out]
+                if not donors:
+                    raise FormatError(src, "left_out", f"a layers file among those given that timed {name} (every "
+                                      "one left it out: profile a host that can hold it)", name)
+                rows = [(self.speed_ratio(lf.host, m), m) for m in donors]
+                for table in (self.fwd, self.bwd, self.fwd0, self.bwd0):
+                    table[lf.host][j] = float(np.mean([table[m][j] * r for r, m in rows]))
+                self.origin[lf.host] += (f"; {name} not timed there: from {', '.join(donors)} at its speed (x"
+                                         + "/".join(f"{r:.3g}" for r, _ in rows) + ")")
+
+    def speed_ratio(self, host: str, other: str) -> float:
+        """Seconds on ``host`` per second on ``other``: their capacities' ratio where capacities.json
+        has both, else the ratio of their decoder layers' measured seconds."""
+        cap = self.capacities
+        if cap is not None and cap.capacity.get(host, 0) > 0 and cap.capacity.get(other, 0) > 0:
+            return float(cap.capacity[other] / cap.capacity[host])
+        mine, theirs = self.layer_seconds(host, 1).sum(), self.layer_seconds(other, 1).sum()
+        return float(mine / theirs) if theirs > 0 and mine > 0 else 1.0
 
     def set_table(self, host: str, fwd: Sequence[float], bwd: Sequence[float], batch: int, origin: str,
                   fwd_fixed: Sequence[float] | None = None, bwd_fixed: Sequence[float] | None = None) -> None:

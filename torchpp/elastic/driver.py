@@ -156,7 +156,7 @@ class LocalLauncher:
         log_dir.mkdir(parents=True, exist_ok=True)
         for r in range(p.world_size):
             host = p.device_of_rank(r).host
-            env = {**self.env, **torchrun_env(r, p.world_size, port), "HOST": host,
+            env = {**self.env, **torchrun_env(r, p.world_size, port), "HOST": host, "TORCHPP_HOST": host,
                    "TORCHELASTIC_RESTART_COUNT": str(attempt)}
             log = log_dir / f"{host}.rank{r}.log"
             with open(log, "wb") as f:

@@ -92,13 +92,14 @@ class BlockProfile:
     """``[batch, forward_s, backward_s]`` for every measured batch size (means)."""
 
     @staticmethod
-    def parse(r: Reader) -> "BlockProfile":
+    def parse(r: Reader, measured: bool = True) -> "BlockProfile":
+        """``measured=False``: a block the host left out (``LayersFile.left_out``), its times 0."""
         b = BlockProfile(
             name=r.str("name"), index=r.int("index", None, min_value=0),
             param_bytes=r.int("param_bytes", min_value=0, max_value=V.MAX_BYTES),
             activation_bytes_per_sample=r.int("activation_bytes_per_sample", min_value=0, max_value=V.MAX_BYTES),
-            forward_time_s=r.float("forward_time_s", positive=True),
-            backward_time_s=r.float("backward_time_s", positive=True),
+            forward_time_s=r.float("forward_time_s", positive=True) if measured else _zero(r, "forward_time_s"),
+            backward_time_s=r.float("backward_time_s", positive=True) if measured else _zero(r, "backward_time_s"),
             forward_samples_s=r.floats("forward_samples_s", []), backward_samples_s=r.floats("backward_samples_s", []),
             forward_fixed_s=r.float("forward_fixed_s", 0.0, min_value=0.0),
             backward_fixed_s=r.float("backward_fixed_s", 0.0, min_value=0.0),
@@ -116,6 +117,17 @@ class BlockProfile:
                 if v <= 0:
                     raise r.fail(f"{key}[{i}]", "a measured time > 0", v)
         return b
+
+
+def _zero(r: Reader, key: str) -> float:
+    v = r.float(key, 0.0, min_value=0.0)
+    if v != 0.0:
+        raise r.fail(key, "0 (a block the host left out is not timed; see left_out)", v)
+    return v
+
+
+LEFT_OUT_BLOCKS = ("embed", "tail")
+"""Blocks ``torchpp profile`` may leave out on a host whose memory cannot hold them."""
 
 
 def _batch_rows(r: Reader) -> list[list[float]]:
@@ -213,6 +225,13 @@ class LayersFile:
     """Per wire format (``bf16``, ``fp16``, ``int8``): [encode, decode] CPU seconds per fp32 byte on
     this host, measured by ``torchpp profile`` (``torchpp.wire.measure_codec``). Optional: None
     (absent) = not measured (priced as 0)."""
+    left_out: list[str] = field(default_factory=list)
+    """Blocks (of ``LEFT_OUT_BLOCKS``) this host did not time because its memory cannot hold them:
+    their bytes are the model's, their times 0, and the planner prices them from the hosts that
+    timed them and never places them here. Optional: absent = every block timed."""
+    memory_limit_bytes: int | None = None
+    """The memory limit the profile ran under (``--memory``, the cgroup's, an emulated host's, or
+    the machine's), written when blocks were left out: the planner holds the host to it."""
     format: str = f"torchpp.{LAYERS_KIND}/{LAYERS_VERSION}"
 
     def to_json(self) -> dict[str, Any]:
@@ -220,9 +239,12 @@ class LayersFile:
         for b in (d["embed"], d["tail"], *d["layers"]):
             if b.get("backward_input_time_s") is None:
                 b.pop("backward_input_time_s", None)
-        for key in ("optimizer_s_per_byte", "backward_split_factor", "backward_split_layer_s", "codec_s_per_byte"):
+        for key in ("optimizer_s_per_byte", "backward_split_factor", "backward_split_layer_s", "codec_s_per_byte",
+                    "memory_limit_bytes"):
             if d.get(key) is None:
                 d.pop(key, None)
+        if not d.get("left_out"):
+            d.pop("left_out", None)
         return {"format": d.pop("format"), **d}
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -232,12 +254,17 @@ class LayersFile:
     def parse(data: Any, source: str) -> "LayersFile":
         check_format(data, source, LAYERS_KIND, [LAYERS_VERSION])
         r = Reader(data, source)
+        left_out = [str(x) for x in r.list("left_out", [])]
+        for i, name in enumerate(left_out):
+            if name not in LEFT_OUT_BLOCKS or left_out.index(name) != i:
+                raise r.fail(f"left_out[{i}]", f"one of {', '.join(LEFT_OUT_BLOCKS)}, each once", name)
         lf = LayersFile(
             model=ModelInfo.parse(r.obj("model")), run=RunInfo.parse(r.obj("run")),
             host=V_host(r, "host"),
             embed_param_bytes=r.int("embed_param_bytes", min_value=0, max_value=V.MAX_BYTES),
             tail_param_bytes=r.int("tail_param_bytes", min_value=0, max_value=V.MAX_BYTES),
-            embed=BlockProfile.parse(r.obj("embed")), tail=BlockProfile.parse(r.obj("tail")),
+            embed=BlockProfile.parse(r.obj("embed"), "embed" not in left_out),
+            tail=BlockProfile.parse(r.obj("tail"), "tail" not in left_out),
             layers=[BlockProfile.parse(x) for x in r.objs("layers", min_len=1)],
             step_time_s=r.float("step_time_s", positive=True), peak_rss_bytes=r.int("peak_rss_bytes", min_value=0),
             step_samples_s=r.floats("step_samples_s", []),
@@ -246,6 +273,7 @@ class LayersFile:
             backward_split_factor=r.float("backward_split_factor", None, positive=True),
             backward_split_layer_s=r.float("backward_split_layer_s", None, min_value=0.0, max_value=1e3),
             codec_s_per_byte=_codec(r),
+            left_out=left_out, memory_limit_bytes=r.int("memory_limit_bytes", None, min_value=1, max_value=V.MAX_BYTES),
         )
         if len(lf.layers) != lf.model.num_layers:
             raise FormatError(source, "layers", f"{lf.model.num_layers} entries (model.num_layers)", len(lf.layers))

@@ -284,16 +284,25 @@ def _init_parameters(model: torch.nn.Module, seed: int, std: float, names: Itera
             p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.dtype) * std)
 
 
+def has_weights(model: str) -> bool:
+    """A preset (seeded weights), or a local directory holding weight files, not config.json alone."""
+    if model in PRESETS:
+        return True
+    d = Path(resolve_model(model))
+    return any(any(d.glob(pattern)) for pattern in ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.index.json"))
+
+
 def build_model(model: str, *, seed: int = 0, dtype: str = "float32", num_layers: int | None = None,
-                config: PretrainedConfig | None = None) -> torch.nn.Module:
-    """The whole causal LM: a preset with seeded init, or a local checkpoint's weights."""
+                config: PretrainedConfig | None = None, random_weights: bool = False) -> torch.nn.Module:
+    """The whole causal LM: a preset with seeded init, or a local checkpoint's weights
+    (``random_weights``: seeded init from the config whatever the model, as timings need)."""
     from transformers import AutoModelForCausalLM
 
     DTYPES = torch_dtypes()
     if dtype not in DTYPES:
         raise ModelSpecError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
     cfg = config or load_config(model, num_layers)
-    if model in PRESETS:
+    if model in PRESETS or random_weights:
         m = AutoModelForCausalLM.from_config(cfg, dtype=DTYPES[dtype])
         init_parameters(m, seed, float(getattr(cfg, "initializer_range", 0.02)))
         if getattr(cfg, "tie_word_embeddings", False):

@@ -305,9 +305,10 @@ def count_targets(labels: torch.Tensor) -> int:
 
 # ----------------------------------------------------------------------------- building
 def build_stage(model: str, cfg, spec: StageSpec, *, seed: int = 0, dtype: str = "float32",
-                weights: str | Path | None = None, autocast: str = "") -> Stage:
+                weights: str | Path | None = None, autocast: str = "", random_weights: bool = False) -> Stage:
     """Materialise only ``spec``'s modules; weights from ``weights`` (a directory with safetensors)
-    or, for a preset, the seeded per-name init; a local model path loads its own checkpoint."""
+    or, for a preset, the seeded per-name init; a local model path loads its own checkpoint
+    (``random_weights``: the seeded init whatever the model, for timings)."""
     from transformers import AutoModelForCausalLM
 
     if dtype not in DTYPES:
@@ -336,7 +337,7 @@ def build_stage(model: str, cfg, spec: StageSpec, *, seed: int = 0, dtype: str =
     stage = Stage(hf, cfg, spec, parts)
     stage.seed = seed
     stage.autocast = DTYPES[autocast] if autocast else None
-    source = weights if weights is not None else (None if is_preset(model) else resolve_model(model))
+    source = weights if weights is not None else (None if is_preset(model) or random_weights else resolve_model(model))
     if source is None:
         _init_stage(stage, seed, float(getattr(cfg, "initializer_range", 0.02)))
     else:

@@ -12,6 +12,7 @@ progress through a callback, never prints.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -233,8 +234,8 @@ def _load_measured(inputs: PlanInputs) -> Costs:
     bw = Bandwidth.load(inputs.bandwidth)
     opt, opt_source = measured_optimizer(prof, dv.hosts)
     return Costs(profiles=prof, links=Links(bw, str(inputs.bandwidth)), hosts=dv.hosts,
-                 budget={h: dv.memory_bytes(h) for h in dv.hosts}, memory=None, devices=dv,
-                 optimizer_s_per_byte=opt, optimizer_source=opt_source,
+                 budget={h: min(dv.memory_bytes(h), prof.memory_limit.get(h, math.inf)) for h in dv.hosts},
+                 memory=None, devices=dv, optimizer_s_per_byte=opt, optimizer_source=opt_source,
                  sources=dict(layers=paths, capacities=inputs.capacities, bandwidth=inputs.bandwidth,
                               devices=Path(inputs.devices)))
 

@@ -51,7 +51,7 @@ def block_seconds(lf: LayersFile) -> dict[tuple[str, int], float]:
     """(block name, batch) -> forward + backward seconds of one call, for every block and batch size
     the file measured."""
     out = {}
-    for b in (lf.embed, *lf.layers, lf.tail):
+    for b in (b for b in (lf.embed, *lf.layers, lf.tail) if b.name not in lf.left_out):  # only what it timed
         rows = b.batch_times_s or [[lf.run.batch, b.forward_time_s, b.backward_time_s]]
         for n, fw, bw in rows:
             out[(b.name, int(n))] = fw + bw
@@ -175,6 +175,9 @@ def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequ
         consensus, agreement, outliers = judge_rounds(rounds, tolerances, ref_host, ref_seconds)
     tables = {}
     for lf in files:
+        if lf.left_out:  # the blocks it did not time as Profiles prices them (from the hosts that did)
+            tables[lf.host] = prof.as_host_table(lf.host, lf.run.batch)
+            continue
         bl = [lf.embed, *lf.layers, lf.tail]
         tables[lf.host] = HostTable(batch=lf.run.batch, forward_time_s=[b.forward_time_s for b in bl],
                                     backward_time_s=[b.backward_time_s for b in bl],

@@ -35,6 +35,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="skip the call probe: a few steps of torchpp's own runtime on a 2-stage pipeline of local "
                    "processes (~10 s) that measure the runtime's seconds per compute call on this host "
                    "(call_overhead_s, which the cost model adds to every forward and backward); skipped, it is 0")
+    p.add_argument("--memory", type=T.size, default=None,
+                   help="this host's memory limit, e.g. 2G, where the machine does not show it (the limit is the "
+                   "smallest of this, its memory cgroup's, TORCHPP_HOST_MEMORY and the machine's memory); blocks it cannot hold (the embedding and tail of a "
+                   "large vocabulary) are left out and priced by the planner from hosts that timed them")
     p.add_argument("--quiet", action="store_true", help="no progress lines and no summary")
     p.set_defaults(func=run)
 
@@ -43,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import UsageError
     from ..trace.chrome import TraceWriter
     from ..models.presets import load_config
+    from .host_memory import DoesNotFit
     from .measure import ProfileConfig, codec_costs, format_summary, max_positions, measure_layers
 
     if args.timer not in (None, "cpp", "python"):
@@ -63,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
                            fit_batches=tuple(batches),
                            iters=args.iters, warmup=args.warmup, threads=args.threads, host=host,
                            num_layers=args.layers, seed=args.seed, timer=args.timer,
-                           attn_implementation=args.attn_implementation)
+                           attn_implementation=args.attn_implementation, memory_bytes=args.memory)
         cfg = load_config(pc.model, pc.num_layers, pc.attn_implementation)  # reject a bad --model/--layers before any work
         limit = max_positions(cfg)
         if limit is not None and pc.seq_len > limit:
@@ -76,8 +81,9 @@ def run(args: argparse.Namespace) -> int:
     # the probe first: its two ranks start while this process holds no model yet (a small host's memory)
     call_s = None if args.no_call_probe else call_overhead(args.threads, args.quiet)
     try:
-        lf = measure_layers(pc, progress=None if args.quiet else stderr_progress(pc.model), trace=tw)
-    except ModelSpecError as e:
+        lf = measure_layers(pc, progress=None if args.quiet else stderr_progress(pc.model), trace=tw,
+                            note=lambda line: print(f"profile: {line}", file=sys.stderr, flush=True))
+    except (ModelSpecError, DoesNotFit) as e:
         raise UsageError(str(e)) from None
     if call_s is not None:
         lf.call_overhead_s = call_s
@@ -235,9 +241,10 @@ def run_speed_check(args: argparse.Namespace) -> int:
     if host != ref.host:
         raise UsageError(f"{args.reference}: host: expected this host's layers file ({host!r}, from "
                          f"{host_source(args.host)}), got {ref.host!r}'s")
-    if ref.model.source == "path" and not Path(ref.model.name).is_dir():
-        raise UsageError(f"{args.reference}: model.name: expected the checkpoint directory it was profiled from, "
-                         f"{ref.model.name!r} is not one here")
+    where = ref.model.path or ref.model.name
+    if ref.model.source == "path" and not Path(where).is_dir():
+        raise UsageError(f"{args.reference}: model.{'path' if ref.model.path else 'name'}: expected the checkpoint "
+                         f"directory it was profiled from, {where!r} is not one here")
     try:
         sc = check_speed(ref, str(args.reference), args.iters, args.warmup)
     except (ValueError, ModelSpecError) as e:

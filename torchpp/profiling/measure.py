@@ -19,10 +19,11 @@ import torch
 from ..formats import BlockProfile, LayersFile, RunInfo
 from ..hostname import host_name
 from ..models.blocks import EMBED, TAIL, find_parts, layer_block
-from ..models.presets import DTYPES, build_model, load_config, model_info
+from ..models.presets import DTYPES, build_model, has_weights, load_config, model_info
 from ..runtime.allocator import retain_freed_memory
 from ..trace.chrome import TraceWriter
 from .hooks import BlockProfiler, StepTimes
+from .host_memory import OPTIMIZER_SAMPLE_BYTES, Fit, block_bytes, choose_blocks
 from .timer import SpanTimer
 
 
@@ -50,6 +51,10 @@ class ProfileConfig:
     extras: bool = True
     """Also time the optimizer step and the split backward (False: the blocks only, what a speed
     check compares)."""
+    memory_bytes: int | None = None
+    """``--memory``: this host's memory limit, where the cgroup and the machine do not tell it."""
+    left_out: tuple[str, ...] | None = None
+    """Blocks not to time (``embed``, ``tail``); None: those this host's memory cannot hold."""
 
     def __post_init__(self) -> None:
         self.fit_batches = tuple(sorted({int(b) for b in self.fit_batches if b != self.batch}))
@@ -92,21 +97,49 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float], None] | None = None,
-                   trace: TraceWriter | None = None) -> LayersFile:
-    """Profile ``pc.model`` on this host; ``progress(phase, i, n, step_s)`` after every step."""
+SMALL_VOCAB = 256
+"""Vocabulary of the model timed when the embedding and tail are left out: the decoder layers'
+times do not depend on it, and it keeps the left-out blocks' bytes out of memory."""
+
+
+def _token_ids(pc: ProfileConfig, vocab: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (pc.batch, pc.seq_len), generator=torch.Generator().manual_seed(pc.seed))
+
+
+def _what_to_time(pc: ProfileConfig, note: Callable[[str], None] | None
+                  ) -> tuple[Any, Fit | None, tuple[str, ...], bool]:
+    """(the model's config, the memory fit, the blocks left out, whether weights are random), the
+    last two said in one line each."""
     cfg = load_config(pc.model, pc.num_layers, pc.attn_implementation)
     limit = max_positions(cfg)
     if limit is not None and pc.seq_len > limit:
         raise ValueError(f"--seq-len: expected at most {limit} (the model's position limit), got {pc.seq_len}")
+    fit = choose_blocks(cfg, DTYPES[pc.weights_dtype], pc.batch, pc.seq_len, pc.memory_bytes) \
+        if pc.left_out is None else None
+    left_out = fit.left_out if fit is not None else tuple(pc.left_out or ())
+    random = bool(left_out) or not has_weights(pc.model)
+    if note and not has_weights(pc.model):
+        note(f"{pc.model}: config.json without weights: random weights from the config (timings do not depend on "
+             "the values)")
+    if note and fit is not None and left_out:
+        note(f"left out {' and '.join(left_out)}: the whole model needs at least {fit.need_all / 2**20:.0f} MiB "
+             f"to profile and this host may add {fit.memory.room_bytes / 2**20:.0f} MiB (limit "
+             f"{fit.memory.limit_bytes / 2**20:.0f} MiB, {fit.memory.source}); the decoder layers are timed alone "
+             "and the planner prices the rest from hosts that timed it")
+    return cfg, fit, left_out, random
+
+
+def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float], None] | None = None,
+                   trace: TraceWriter | None = None, note: Callable[[str], None] | None = None) -> LayersFile:
+    """Profile ``pc.model`` on this host; ``progress(phase, i, n, step_s)`` after every step;
+    ``note(line)`` says which blocks were left out and where weights are random."""
+    cfg, fit, left_out, random = _what_to_time(pc, note)
     torch.set_num_threads(pc.threads)
     retain_freed_memory()  # time blocks under the allocator policy training runs with
-    model = build_model(pc.model, seed=pc.seed, dtype=pc.weights_dtype, config=cfg)
-    parts = find_parts(model)
-    all_ids = torch.randint(0, int(cfg.vocab_size), (pc.batch, pc.seq_len),
-                            generator=torch.Generator().manual_seed(pc.seed))
-    proc = psutil.Process()
-    peak = 0
+    timed_cfg = _with_vocab(cfg, SMALL_VOCAB) if left_out else cfg
+    model = build_model(pc.model, seed=pc.seed, dtype=pc.weights_dtype, config=timed_cfg, random_weights=random)
+    parts, all_ids = find_parts(model), _token_ids(pc, int(timed_cfg.vocab_size))
+    proc, peak = psutil.Process(), 0
     timer = SpanTimer(1 << 12, prefer=pc.timer)
 
     def sample_rss(*_):
@@ -136,15 +169,18 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
     finally:
         rss_hook.remove()
     opt_s, opt_bytes = measure_optimizer(model, pc, timer) if pc.extras else ([], 1)
-    split = measure_backward_split(cfg, pc) if pc.extras else None
+    del model  # the split backward builds a stage of its own
+    split = measure_backward_split(cfg, pc, random) if pc.extras else None
     steps = by_batch[pc.batch]
     if trace is not None:
         write_trace(trace, steps, pc)
-
     first = steps[0]
     names = [EMBED, *(layer_block(i) for i in range(parts.num_layers)), TAIL]
+    untimed = _untimed_blocks(left_out, cfg, timed_cfg, first, pc)
 
     def block(name: str, index: int | None) -> BlockProfile:
+        if name in untimed:
+            return untimed[name]
         fw = [s.forward_s[name] for s in steps]
         bw = [s.backward_s[name] for s in steps]
         act = first.activation_bytes[name]
@@ -165,12 +201,13 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
         run=RunInfo(seq_len=pc.seq_len, batch=pc.batch, iters=pc.iters, warmup=pc.warmup, threads=pc.threads,
                     torch_version=torch.__version__, timer=timer.backend, seed=pc.seed, cpu=_cpu_name(),
                     batches=sorted(by_batch) if len(by_batch) > 1 else []),
-        embed_param_bytes=parts.param_bytes(EMBED), tail_param_bytes=parts.param_bytes(TAIL),
-        embed=block(EMBED, None), tail=block(TAIL, None),
+        embed=block(EMBED, None), tail=block(TAIL, None), embed_param_bytes=block(EMBED, None).param_bytes,
+        tail_param_bytes=block(TAIL, None).param_bytes,
         layers=[block(n, i) for i, n in enumerate(names[1:-1])],
         step_time_s=statistics.fmean(walls), peak_rss_bytes=peak, step_samples_s=walls,
         optimizer_s_per_byte=statistics.fmean(opt_s) / opt_bytes if opt_s else None,
         backward_split_factor=split.factor if split else None, backward_split_layer_s=split.layer_s if split else None,
+        left_out=list(left_out), memory_limit_bytes=fit.memory.limit_bytes if fit is not None and left_out else None,
     )
 
 
@@ -188,13 +225,36 @@ def codec_costs(rows: int, hidden: int) -> dict[str, list[float]]:
     return out
 
 
+def _untimed_blocks(left_out: Sequence[str], cfg: Any, timed_cfg: Any, first: StepTimes, pc: ProfileConfig
+                    ) -> dict[str, BlockProfile]:
+    """The blocks left out: the model's bytes (from ``cfg``, not the small vocabulary timed), no times."""
+    if not left_out:
+        return {}
+    real = block_bytes(cfg, DTYPES[pc.weights_dtype])
+    out = {}
+    for name in left_out:
+        act = first.activation_bytes[name] // pc.batch
+        if name == TAIL:  # the logits: as wide as the vocabulary
+            act = act * int(cfg.vocab_size) // int(timed_cfg.vocab_size)
+        out[name] = BlockProfile(name=name, index=None, param_bytes=real.embed if name == EMBED else real.tail,
+                                 activation_bytes_per_sample=act, forward_time_s=0.0, backward_time_s=0.0)
+    return out
+
+
+def _with_vocab(cfg: Any, vocab: int) -> Any:
+    """A copy of ``cfg`` with a ``vocab``-word vocabulary (token ids above it cleared)."""
+    import copy
+
+    out = copy.deepcopy(cfg)
+    out.vocab_size = vocab
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        v = getattr(out, key, None)
+        if isinstance(v, int) and v >= vocab:
+            setattr(out, key, None)
+    return out
+
+
 _OPTIMIZER_SPAN = 1
-
-
-OPTIMIZER_SAMPLE_BYTES = 16 * 2**20
-"""Parameter bytes the optimizer step is timed on at most: its time is linear in them, and a host
-profiling a model it cannot train (gradients and two moments for every weight) must not run out
-of memory doing so."""
 
 
 def measure_optimizer(model: torch.nn.Module, pc: ProfileConfig, timer) -> tuple[list[float], int]:
@@ -210,13 +270,16 @@ def measure_optimizer(model: torch.nn.Module, pc: ProfileConfig, timer) -> tuple
 
     train = TrainConfig(plan=Path("plan.json"))  # torchpp.train's defaults (the plan is not read)
     params, size = [], 0
-    for p in (p for p in model.parameters() if p.requires_grad):
-        if params and size + p.numel() * p.element_size() > OPTIMIZER_SAMPLE_BYTES:
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
+        raise RuntimeError(f"{pc.model}: no trainable parameters to time the optimizer step on")
+    for p in trainable:  # a tensor above the sample (a large embedding) only where nothing else fits
+        if size + p.numel() * p.element_size() > OPTIMIZER_SAMPLE_BYTES:
             continue
         params.append(p)
         size += p.numel() * p.element_size()
     if not params:
-        raise RuntimeError(f"{pc.model}: no trainable parameters to time the optimizer step on")
+        params = [min(trainable, key=lambda p: p.numel())]
     for p in params:
         p.grad = torch.full_like(p, 1e-3)
     optimizer = make_optimizer(train.optimizer, params, train.lr, train.weight_decay, train.adam_eps,
@@ -270,7 +333,7 @@ def fit_split(rows: Sequence[tuple[float, float]], layers: int) -> SplitCost:
     return SplitCost(1.0 + float(f1), float(c))
 
 
-def measure_backward_split(cfg: Any, pc: ProfileConfig) -> SplitCost:
+def measure_backward_split(cfg: Any, pc: ProfileConfig, random_weights: bool = False) -> SplitCost:
     """The runtime's split backward (``backward_input`` then ``backward_weight``, as zero-bubble
     schedules run it) against one ``autograd.backward`` of the same forward, on up to
     ``SPLIT_SAMPLE_LAYERS`` decoder layers with the profile's precision (``--dtype bfloat16``: fp32
@@ -283,7 +346,7 @@ def measure_backward_split(cfg: Any, pc: ProfileConfig) -> SplitCost:
 
     n = min(SPLIT_SAMPLE_LAYERS, int(cfg.num_hidden_layers))
     stage = build_stage(pc.model, cfg, StageSpec(layers=(0, n), has_embed=False, has_tail=False),
-                        dtype=pc.weights_dtype, autocast=pc.autocast)
+                        dtype=pc.weights_dtype, autocast=pc.autocast, random_weights=random_weights)
     weights = [p for p in stage.parameters() if p.requires_grad]
     gen = torch.Generator().manual_seed(pc.seed)
     sizes = sorted({pc.batch, *pc.fit_batches[:1]})
@@ -361,7 +424,8 @@ def format_summary(lf: LayersFile) -> str:
     blocks = [lf.embed, *lf.layers, lf.tail]
     for b in blocks:
         lines.append(f"{b.name:<8} {ms(b.forward_time_s)} {ms(b.backward_time_s)} {mb(b.param_bytes):>10} "
-                     f"{b.activation_bytes_per_sample / 1024:15.1f}")
+                     f"{b.activation_bytes_per_sample / 1024:15.1f}"
+                     + ("  left out: not timed on this host" if b.name in lf.left_out else ""))
     tot_f = sum(b.forward_time_s for b in blocks)
     tot_b = sum(b.backward_time_s for b in blocks)
     lines.append(f"{'total':<8} {ms(tot_f)} {ms(tot_b)} {mb(sum(b.param_bytes for b in blocks)):>10}")

@@ -26,9 +26,10 @@ def compare(reference: LayersFile, measured: LayersFile, reference_source: str) 
                          f"layer(s), seq {measured.run.seq_len}), not what the reference profiled "
                          f"({reference.model.name}, {reference.model.num_layers}, seq {reference.run.seq_len})")
     batch = reference.run.batch
-    prof = Profiles.from_layers([reference], sources=[reference_source])
+    prof = Profiles.from_layers([reference], sources=[reference_source], layers_only=True)
     before = prof.layer_seconds(reference.host, batch)
-    now = Profiles.from_layers([measured], sources=["<speed check>"]).layer_seconds(measured.host, batch)
+    now = Profiles.from_layers([measured], sources=["<speed check>"], layers_only=True).layer_seconds(measured.host,
+                                                                                                   batch)
     ratio = statistics.median(float(n / b) for n, b in zip(now, before))
     return SpeedCheck(host=reference.host, reference=reference_source, batch=batch,
                       profiled_s=[float(x) for x in before], measured_s=[float(x) for x in now], ratio=ratio,
@@ -41,8 +42,8 @@ def check_speed(reference: LayersFile, reference_source: str, iters: int | None 
     from .measure import ProfileConfig, measure_layers
 
     run, model = reference.run, reference.model
-    pc = ProfileConfig(model=model.name, seq_len=run.seq_len, batch=run.batch, dtype=model.precision,
+    pc = ProfileConfig(model=model.path or model.name, seq_len=run.seq_len, batch=run.batch, dtype=model.precision,
                        fit_batches=tuple(run.batches), iters=iters or run.iters,
                        warmup=run.warmup if warmup is None else warmup, threads=run.threads, host=reference.host,
-                       num_layers=model.num_layers, seed=run.seed, extras=False)
+                       num_layers=model.num_layers, seed=run.seed, extras=False, left_out=tuple(reference.left_out))
     return compare(reference, measure_layers(pc), reference_source)
