@@ -8,8 +8,9 @@ calls off traced steps; on a machine shared with other work those gaps hold othe
 time too. This counts CPU instead: each rank runs ``Executor.step`` as ``torchpp train`` does
 (untraced), and per step takes its process CPU time (every thread: the compute loop, gloo's I/O
 threads, the send waiter) minus the CPU its compute thread spent inside the compute calls
-(the stage's forward, the backward passes and the optimizer update, each timed with the
-thread's own CPU clock). What is left, divided by the rank's F/B/I/W calls, is the runtime's
+(the stage's forward and the backward passes, each timed with the thread's own CPU clock)
+and the CPU of the step's end (all-reduces, the last sends' wait, the optimizer: the process's
+CPU while they run, left out as the call probe leaves them out). What is left, divided by the rank's F/B/I/W calls, is the runtime's
 CPU per call: dispatch, posting receives and sends, copies, waking threads. The model is
 small (one sample of 16 tokens per micro-batch) so the figure is not lost in the compute.
 """
@@ -49,17 +50,18 @@ def plan_for(model: str, schedule: str, p: int, microbatches: int, seq_len: int,
 class _ComputeClock:
     """Thread CPU seconds spent inside the wrapped compute functions (not nested)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock=time.thread_time) -> None:
+        self.clock = clock
         self.cpu_s = 0.0
         self.calls = 0
 
     def wrap(self, fn, count: bool = True):
         def timed(*a, **kw):
-            t0 = time.thread_time()
+            t0 = self.clock()
             try:
                 return fn(*a, **kw)
             finally:
-                self.cpu_s += time.thread_time() - t0
+                self.cpu_s += self.clock() - t0
                 self.calls += count
         return timed
 
@@ -102,10 +104,15 @@ def worker(rank: int, world: int, plan: str, steps: int, warmup: int) -> dict[st
     ex.backward_input = clock.wrap(ex.backward_input)
     ex.backward_weight = clock.wrap(ex.backward_weight)
     real_backward = torch.autograd.backward
-    opt.step = clock.wrap(opt.step, count=False)
-    opt.zero_grad = clock.wrap(opt.zero_grad, count=False)
     executor = ex.Executor(rank=rank, plan=prep.plan, actions=prep.schedule[rank], stage=stages, comm=comm,
                            optimizer=opt)
+    # the end of the step (all-reduces, waiting for the sends, the optimizer) is left out as the call
+    # probe leaves it out: its CPU (gloo's threads' included) is counted with the process clock
+    end = _ComputeClock(time.process_time)
+    executor._allreduce_action = end.wrap(executor._allreduce_action, count=False)
+    executor._optimizer_action = end.wrap(executor._optimizer_action, count=False)
+    if hasattr(executor, "_compile"):
+        executor._program = executor._compile()
     needs = any(c.has_embed or c.has_tail for c in chunks)
     data = SyntheticTokens(vocab_size=prep.plan.model.vocab_size, seq_len=prep.plan.seq_len,
                            global_batch=prep.plan.global_batch, seed=0) if needs else None
@@ -117,7 +124,7 @@ def worker(rank: int, world: int, plan: str, steps: int, warmup: int) -> dict[st
             ids = data.batch(i) if data is not None else None
             n_tokens = count_targets(ids) if ids is not None and chunks[-1].has_tail else None
             torch.distributed.barrier()
-            clock.cpu_s, clock.calls = 0.0, 0
+            clock.cpu_s, clock.calls, end.cpu_s = 0.0, 0, 0.0
             c0, t0 = time.process_time(), time.perf_counter()
             res = executor.step(ids, n_tokens)
             c1, t1 = time.process_time(), time.perf_counter()
@@ -125,7 +132,7 @@ def worker(rank: int, world: int, plan: str, steps: int, warmup: int) -> dict[st
             if i == warmup:
                 threads0 = thread_cpu()
             if i >= warmup:
-                per_call.append((c1 - c0 - clock.cpu_s) / clock.calls)
+                per_call.append((c1 - c0 - clock.cpu_s - end.cpu_s) / clock.calls)
                 wall.append(t1 - t0)
     finally:
         torch.autograd.backward = real_backward

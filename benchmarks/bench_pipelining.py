@@ -1,7 +1,7 @@
 """torchpp's 1F1B against `torch.distributed.pipelining.Schedule1F1B` and single-process training.
 
     python benchmarks/bench_pipelining.py              # qwen3-small, batch 16 x 128, 8 micro-batches, 2 and 4 ranks
-    python benchmarks/bench_pipelining.py --quick      # qwen3-tiny, small batch: a minute or two
+    python benchmarks/bench_pipelining.py --quick      # qwen3-tiny, 2 ranks, 2 steps: checks that it runs, no measurement
 
 One run measures, on this machine, with gloo on CPU and one torch thread per rank:
 
@@ -542,17 +542,18 @@ def chart(rows: list[Row], path: Path, title: str) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="qwen3-tiny, batch 8 x 32, 4 micro-batches, few steps")
+    p.add_argument("--quick", action="store_true",
+                   help="qwen3-tiny, batch 8 x 32, 4 micro-batches, 2 ranks, 1+2 steps: checks that it runs")
     p.add_argument("--model", default=None, help="preset (default qwen3-small; --quick: qwen3-tiny)")
     p.add_argument("--layers", type=int, default=None, help="keep only the first N decoder layers")
     p.add_argument("--batch", type=int, default=None, help="global batch (default 16)")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sample (default 128)")
     p.add_argument("--microbatches", type=int, default=None, help="micro-batches per step (default 8)")
-    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="pipeline sizes to compare")
+    p.add_argument("--ranks", type=int, nargs="+", default=None, help="pipeline sizes to compare (default 2 4; --quick 2)")
     p.add_argument("--steps", type=int, default=None,
-                   help="measured steps of each system in the alternating runs (default 24; --quick 8)")
+                   help="measured steps of each system in the alternating runs (default 24; --quick 2)")
     p.add_argument("--alone-steps", type=int, default=None,
-                   help="measured steps of the separate runs (memory, single process; default 4; --quick 2)")
+                   help="measured steps of the separate runs (memory, single process; default 4; --quick 1)")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured steps at the start of each run")
     p.add_argument("--timeout-s", type=float, default=120.0, help="a rank silent this long fails the run")
     p.add_argument("--out", type=Path, default=ROOT / "out" / "bench_pipelining")
@@ -564,9 +565,10 @@ def main(argv: list[str] | None = None) -> int:
     q = a.quick
     s = Setup(model=a.model or ("qwen3-tiny" if q else "qwen3-small"), layers=a.layers,
               batch=a.batch or (8 if q else 16), seq_len=a.seq_len or (32 if q else 128),
-              microbatches=a.microbatches or (4 if q else 8), steps=a.steps or (8 if q else 24),
+              microbatches=a.microbatches or (4 if q else 8), steps=a.steps or (2 if q else 24),
               warmup=min(a.warmup, 1) if q else a.warmup, timeout_s=a.timeout_s)
-    alone = dataclasses.replace(s, steps=a.alone_steps or (2 if q else 4))
+    alone = dataclasses.replace(s, steps=a.alone_steps or (1 if q else 4))
+    a.ranks = a.ranks or ([2] if q else [2, 4])
     if s.batch % s.microbatches:
         raise SystemExit(f"--microbatches: expected a divisor of --batch {s.batch}, got {s.microbatches}")
     from torchpp.models.presets import load_config

@@ -18,6 +18,7 @@ Every wait is bounded by ``timeout_s``: a dead peer (connection closed) or a sta
 from __future__ import annotations
 
 import datetime
+import functools
 import queue
 import threading
 import time
@@ -84,7 +85,7 @@ class Pending:
 
     def _wait(self) -> None:
         try:
-            self.work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
+            self.work.wait(timeout=_timedelta(self.timeout_s))
         except BaseException as e:  # re-raised, with the action named, by Comm.wait
             self.error = e
         self.done_s = time.perf_counter()
@@ -94,6 +95,11 @@ class Pending:
     @property
     def nbytes(self) -> int:
         return self.tensor.numel() * self.tensor.element_size()
+
+
+@functools.lru_cache(maxsize=8)
+def _timedelta(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=seconds)
 
 
 class Waiters:

@@ -132,6 +132,7 @@ class Executor:
         self.first_chunk = held[0].index
         """The chunk that names the rank (in traces and statistics); actions of no chunk count here."""
         self.ranges = {c.index: sample_ranges(c)[rank] for c in held}
+        self._locals: dict[tuple[int, int], tuple[int, int] | None] = {}
         self.params = {c: [p for _, p in self.stages.owned(c) if p.requires_grad] for c in self.stages.chunks}
         self.recompute_now = {c: _recomputed(st) for c, st in self.stages.chunks.items()}
         now = {c: {id(p) for p in ps} for c, ps in self.recompute_now.items()}
@@ -147,6 +148,7 @@ class Executor:
         self.posting = receive_posting(actions)
         self._recv_dtype = self.stages.dtype
         self._program = self._compile()
+        self._grad_uses0 = self._grad_uses()
         self.step_index = 0
         """Steps done so far (set to the resumed step); with the micro-batch it seeds dropout."""
         self.before_backward: Callable[[], None] | None = None
@@ -167,6 +169,12 @@ class Executor:
 
     def _local(self, src: int, dst: int) -> tuple[int, int] | None:
         """Samples both chunks ``src`` and ``dst`` of this rank hold: handed over without communication."""
+        key = (src, dst)
+        if key not in self._locals:
+            self._locals[key] = self._overlap(src, dst)
+        return self._locals[key]
+
+    def _overlap(self, src: int, dst: int) -> tuple[int, int] | None:
         if src not in self.ranges or dst not in self.ranges:
             return None
         (a, b), (c, d) = self.ranges[src], self.ranges[dst]
@@ -197,7 +205,7 @@ class Executor:
         """One optimizer step over the global batch ``ids`` (None on ranks that need no tokens)."""
         comm = self.comm
         comm.stamp = self.observer is not None
-        s = _StepState(ids=ids, n_tokens=n_tokens, grad_uses=self._grad_uses(),
+        s = _StepState(ids=ids, n_tokens=n_tokens, grad_uses=dict(self._grad_uses0),
                        recv_shape=(self.plan.seq_len, self.stages.hidden_size), dtype=self.stages.dtype)
         chunk_compute = s.chunk_compute = dict.fromkeys(self.pstages, 0.0)
         chunk_wait = s.chunk_wait = dict.fromkeys(self.pstages, 0.0)
@@ -434,6 +442,8 @@ def _recomputed(stage: Stage) -> list[torch.nn.Parameter]:
 
 def _joined(parts: list[tuple[int, torch.Tensor]], a: int, b: int) -> torch.Tensor:
     """Concatenate received sample ranges (in sample order) into this rank's [a, b)."""
+    if len(parts) == 1 and parts[0][0] == a and parts[0][1].shape[0] == b - a:
+        return parts[0][1]
     parts = sorted(parts, key=lambda p: p[0])
     got = parts[0][0], parts[0][0] + sum(t.shape[0] for _, t in parts)
     if got != (a, b):
