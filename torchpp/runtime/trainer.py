@@ -450,7 +450,7 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
     ss.log.print(describe(prep.data, seq_len=plan.seq_len, global_batch=plan.global_batch, steps=cfg.steps))
     ss.log.event({"event": "start", "world_size": world, "plan": str(cfg.plan), "plan_hash": prep.plan_hash,
                   "model": prep.model, "start_step": ss.start,
-                  "rank0_params": sum(p.numel() for p in ss.stage.parameters())})
+                  "rank0_params": sum(p.numel() for p in ss.stage.parameters()), "time": time.time()})
     summary = TrainSummary(rank=rank, start_step=ss.start, steps_done=ss.start)
     elastic_hooks.heartbeat(cfg.heartbeat_dir, rank, ss.start)
     t0, cpu0 = time.perf_counter(), time.process_time()
