@@ -184,7 +184,8 @@ def hold_out(corpus: TokenCorpus, fraction: float) -> tuple[TokenCorpus, HeldOut
     if len(held) == 0 or len(held) == n_docs:
         raise DataError(f"--eval-fraction {fraction}: the corpus has {n_docs} document(s); holding out whole "
                         f"documents leaves {'none' if len(held) == 0 else 'all'} for "
-                        f"{'evaluation' if len(held) == 0 else 'training'} (change --eval-fraction or give --eval-data)")
+                        f"{'evaluation' if len(held) == 0 else 'training'} (change --eval-fraction or give "
+                        "--eval-data)")
     spans = np.stack([np.asarray(offs[held]), np.asarray(offs[held + 1])], axis=1)
     ev = HeldOut(corpus, spans)
     if len(ev) < 1:

@@ -373,7 +373,7 @@ def fingerprint(cfg: TrainConfig, prep: Prepared) -> dict[str, str]:
             "eval": f"every {cfg.eval_every} x {cfg.eval_batches} on "
                     f"{data_id(prep.eval_data) if prep.eval_data else cfg.eval_fraction}",
             "attn_implementation": str(prep.config._attn_implementation), "text_column": cfg.text_column,
-            "tokenizer": str(prep.tokenizer)}
+            "tokenizer": Path(prep.tokenizer).name if prep.tokenizer else "none"}
 
 
 def _short_hash(data: bytes) -> str:
