@@ -90,7 +90,8 @@ def test_long_text_is_cut_into_pieces_without_changing_the_document(tmp_path, to
     monkeypatch.setattr(S, "PIECE_BYTES", 1000)
     src = discover([tmp_path / "big.txt"]).sources[0]
     assert len(src.pieces) > 5
-    index = prepare_corpus([tmp_path / "big.txt"], tmp_path / "c", tokenizer=tdir, inputs=discover([tmp_path / "big.txt"]))
+    index = prepare_corpus([tmp_path / "big.txt"], tmp_path / "c", tokenizer=tdir,
+                           inputs=discover([tmp_path / "big.txt"]))
     assert index.documents == 1
     assert np.fromfile(tmp_path / "c" / "tokens.bin", dtype="<u2").tolist() == _expected(hf, [text])
 

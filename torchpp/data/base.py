@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 class DataError(ValueError):
@@ -13,7 +14,7 @@ class DataError(ValueError):
 
 
 class TokenSource(Protocol):
-    def batch(self, step: int) -> torch.Tensor:
+    def batch(self, step: int) -> "torch.Tensor":
         """The global batch of ``step``: int64 token ids of shape (global_batch, seq_len)."""
         ...
 
@@ -32,6 +33,8 @@ class SyntheticTokens:
     global_batch: int
     seed: int = 0
 
-    def batch(self, step: int) -> torch.Tensor:
+    def batch(self, step: int) -> "torch.Tensor":
+        import torch
+
         g = torch.Generator().manual_seed(seed_of("synthetic", self.seed, step))
         return torch.randint(0, self.vocab_size, (self.global_batch, self.seq_len), generator=g, dtype=torch.int64)

@@ -19,7 +19,8 @@ from .sources import Inputs
 
 def default_cache() -> Path:
     """``$TORCHPP_CACHE/corpus`` or ``~/.cache/torchpp/corpus``."""
-    root = os.environ.get("TORCHPP_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torchpp"
+    xdg = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    root = os.environ.get("TORCHPP_CACHE") or xdg / "torchpp"
     return Path(root) / "corpus"
 
 

@@ -46,8 +46,8 @@ def run(args: argparse.Namespace) -> int:
                            split=args.split, num_proc=args.num_proc, progress=_progress, inputs=inputs)
     dt = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(("\n" if sys.stdout.isatty() else "") + f"wrote {args.out}: {index.documents:,} documents, {index.tokens:,} {index.dtype} tokens "
-          f"({index.tokenizer.name}, vocabulary {index.tokenizer.vocab_size:,}) in {dt:.1f} s, "
+    print(("\n" if sys.stdout.isatty() else "") + f"wrote {args.out}: {index.documents:,} documents, "
+          f"{index.tokens:,} {index.dtype} tokens ({index.tokenizer.name}, vocabulary {index.tokenizer.vocab_size:,}) in {dt:.1f} s, "
           f"{index.tokens / dt:,.0f} tokens/s, peak RSS {peak:.0f} MiB", flush=True)
     return 0
 

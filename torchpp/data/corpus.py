@@ -15,8 +15,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 from ..formats import FormatError, TokensIndex, check_corpus_files
 from .base import DataError, seed_of
@@ -116,7 +120,9 @@ class TokenCorpus:
             self._order = (epoch, order[np.isin(order, self.keep, assume_unique=True)].astype(np.int64))
         return self._order[1][within]
 
-    def batch(self, step: int) -> torch.Tensor:
+    def batch(self, step: int) -> "torch.Tensor":
+        import torch
+
         return torch.from_numpy(self.read_blocks(self.block_ids(step)))
 
     def read_blocks(self, ids: np.ndarray) -> np.ndarray:
@@ -145,7 +151,9 @@ class HeldOut:
     def __len__(self) -> int:
         return self.blocks
 
-    def batch(self, step: int) -> torch.Tensor:
+    def batch(self, step: int) -> "torch.Tensor":
+        import torch
+
         S = self.seq_len
         mm = np.memmap(self.corpus.root / self.corpus.index.token_file, dtype=self.corpus.dtype, mode="r")
         try:
@@ -176,7 +184,8 @@ def hold_out(corpus: TokenCorpus, fraction: float) -> tuple[TokenCorpus, HeldOut
     if len(held) == 0 or len(held) == n_docs:
         raise DataError(f"--eval-fraction {fraction}: the corpus has {n_docs} document(s); holding out whole "
                         f"documents leaves {'none' if len(held) == 0 else 'all'} for "
-                        f"{'evaluation' if len(held) == 0 else 'training'} (change --eval-fraction or give --eval-data)")
+                        f"{'evaluation' if len(held) == 0 else 'training'} (change --eval-fraction or give "
+                        "--eval-data)")
     spans = np.stack([np.asarray(offs[held]), np.asarray(offs[held + 1])], axis=1)
     ev = HeldOut(corpus, spans)
     if len(ev) < 1:

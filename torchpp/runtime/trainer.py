@@ -428,7 +428,7 @@ def fingerprint(cfg: TrainConfig, prep: Prepared) -> dict[str, str]:
             "eval": f"every {cfg.eval_every} x {cfg.eval_batches} on "
                     f"{data_id(prep.eval_data) if prep.eval_data else cfg.eval_fraction}",
             "attn_implementation": str(prep.config._attn_implementation), "text_column": cfg.text_column,
-            "tokenizer": str(prep.tokenizer)}
+            "tokenizer": Path(prep.tokenizer).name if prep.tokenizer else "none"}
 
 
 def _short_hash(data: bytes) -> str:
@@ -518,7 +518,7 @@ def _run(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> TrainSummar
     ss.log.print(describe(prep.data, seq_len=plan.seq_len, global_batch=plan.global_batch, steps=cfg.steps))
     ss.log.event({"event": "start", "world_size": world, "plan": str(cfg.plan), "plan_hash": prep.plan_hash,
                   "model": prep.model, "start_step": ss.start,
-                  "rank0_params": sum(p.numel() for p in ss.stage.parameters())})
+                  "rank0_params": sum(p.numel() for p in ss.stage.parameters()), "time": time.time()})
     if cfg.checkpoint_dir is not None:
         ss.log.print(f"torchpp.train: outputs in {cfg.checkpoint_dir}/ (checkpoints step_<N>/"
                      + (f", the trained model {cfg.export_to}/" if cfg.export_to else "") + ")")
