@@ -15,7 +15,9 @@ arithmetic of training:
    does not price DiLoCo's staleness, so the shortest period that buys the time is taken), in the
    wire format its ``outer`` all-reduce may use that is allowed; else a ``bf16`` gradient
    all-reduce if allowed and it pays. Groups of the tied-weight all-reduce do not take diloco
-   (``formats.plan`` refuses it).
+   (``formats.plan`` refuses it). DiLoCo changes the optimisation itself (not a rounding of what
+   crosses the link), so it is taken only where it shortens the predicted step by ``diloco_gain``
+   (20%): where the all-reduce dominates, not where it is a tenth of the step.
 
 ``price(plan) -> seconds`` is the planner's own prediction, so this module needs nothing of the
 search's internals and applies to any plan.
@@ -31,6 +33,10 @@ from ..formats import LOSSY, Plan, Sync
 PERIODS = (2, 4, 8, 16, 32, 64, 128)
 """The DiLoCo periods H tried (OpenDiLoCo and INTELLECT-1 run H in the hundreds)."""
 LINK_FORMATS = ("bf16", "fp16", "int8")
+MIN_GAIN = 0.03
+"""A lossy format is taken only where it shortens the predicted step by at least this fraction."""
+DILOCO_GAIN = 0.2
+"""DiLoCo changes the optimisation itself (not a rounding of what crosses a link): at least this fraction."""
 
 
 def parse_allow(text: str | Iterable[str] | None) -> frozenset[str]:
@@ -52,7 +58,8 @@ class WireChoice:
     decisions: list[str] = field(default_factory=list)
 
 
-def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], min_gain: float = 0.03) -> WireChoice:
+def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], min_gain: float = MIN_GAIN,
+           diloco_gain: float = DILOCO_GAIN) -> WireChoice:
     """``plan`` with the wire format of each link and the sync of each group that pay (module docstring)."""
     best = copy.deepcopy(plan)
     base = best_s = price(best)
@@ -90,6 +97,8 @@ def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], mi
         if top >= best_s * (1 - min_gain):
             continue
         t, c = next((t, c) for t, c in priced if t <= top * (1 + min_gain))  # the least lossy that is near the best
+        if c.kind == "diloco" and t >= best_s * (1 - diloco_gain):
+            continue
         s.sync, best_s = c, t
         out.decisions.append(f"stages[{s.index}] group {s.ranks}: {c.kind}"
                              + (f" H={c.H}" if c.kind == "diloco" else "") + f" ({c.wire})")
