@@ -5,7 +5,7 @@ plan's wire fields applied by the runtime) of the same model from the same seed 
 batches of real text (UTF-8 bytes of the vim manual on this machine, or any ``--text``; byte
 tokens, the runtime's own reader). Two experiments, two ranks each:
 
-- pipeline: 2 stages; the link carries fp32, bf16 or int8 (int8 gradients with error feedback);
+- pipeline: 2 stages; the link carries fp32, bf16 or int8 (gradients with error feedback);
 - data parallel: 2 replicas; fp32 gradient all-reduce every step (DDP) or DiLoCo (inner AdamW,
   outer Nesterov SGD every H steps, the parameter change all-reduced in int8).
 
@@ -19,7 +19,7 @@ encode/decode. So "a step at 10 Mbit/s" = median measured step + bytes / 1.25 MB
 Outputs in ``--out``: ``results.json`` (every step's loss and time, bytes per step), ``summary.md``
 (the table), ``loss_vs_time_<rate>.png``, ``loss_vs_tokens.png`` and ``bytes_per_step.png``.
 
-    python benchmarks/bench_wire.py [--steps 300] [--out benchmarks/results/bench_wire] [--quick]
+    python benchmarks/bench_wire.py [--steps 250] [--out benchmarks/results/bench_wire] [--quick]
 """
 from __future__ import annotations
 
@@ -110,7 +110,8 @@ def run(args: argparse.Namespace) -> dict:
     with RankPool(2, threads=1) as pool:
         for name, plan in plans.items():
             res = tmp / f"{name}.result.json"
-            cfg = dict(plan=plan, steps=args.steps, data=str(text), lr=args.lr, seed=0, threads=1, timeout_s=120.0,
+            cfg = dict(plan=plan, steps=args.steps, data=str(text), lr=args.lr, warmup_steps=min(20, args.steps // 10),
+                       seed=0, threads=1, timeout_s=120.0,
                        trace_dir=tmp / f"tr_{name}", trace_steps=(2,))
             pool.run(_run_rank, {"config": cfg, "result": str(res)}, world=2, timeout_s=3000, pg_timeout_s=120)
             r = json.loads(res.read_text())
@@ -232,9 +233,9 @@ def plot(results: dict, out: Path, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=250)
     ap.add_argument("--H", type=int, default=8, help="DiLoCo's period")
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--window", type=int, default=25, help="steps of the loss moving average")
     ap.add_argument("--text", default=None, help="a text file (default: the vim manual, else tests/data/corpus.txt)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_wire"))

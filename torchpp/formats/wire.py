@@ -3,8 +3,8 @@
 Plan fields (all optional; absent is today's behaviour, fp32 every step):
 
 - ``stages[i].wire``: the format of the link from chunk i to chunk i+1, activations down and
-  their gradients back up (``fp32``, ``bf16``, ``fp16``, ``int8``; int8 gradients carry their
-  rounding error to the next micro-batch).
+  their gradients back up (``fp32``, ``bf16``, ``fp16``, ``int8``; gradients carry their rounding
+  error to the next micro-batch).
 - ``stages[i].sync``: how chunk i's device group agrees on its weights: ``allreduce`` (every step,
   its ``wire`` fp32 or bf16), ``powersgd`` (torch's PowerSGD of ``rank``), or ``diloco`` (every
   replica steps alone; every ``H`` steps the replicas all-reduce their parameter change, in

@@ -273,13 +273,14 @@ def plan(inputs: PlanInputs | Costs, options: PlanOptions, *, progress: Progress
     chosen = res.plan
     if costs.devices is not None:
         apply_fixed_ranks(chosen, costs.devices)
+    fp32_step = None
     if options.allow_lossy:
-        chosen = _choose_wire(chosen, costs, options.allow_lossy, say)
+        chosen, fp32_step = _choose_wire(chosen, costs, pb, options, say)
     pred, tl = predict(chosen, prof, costs.links, costs.memory, costs.budget, opt)
     pred["optimizer"] = opt_source
     if options.allow_lossy:
         pred["wire"] = {"allowed": sorted(options.allow_lossy), "lossy": chosen.lossy,
-                        "fp32_step_time_s": chosen.predicted["fp32_step_time_s"]}
+                        "fp32_step_time_s": fp32_step}
     chosen.predicted = pred
     chosen.inputs = input_hashes(costs.sources)
     compare = compare_plans(options.compare, chosen, pb, costs.budget, say) if options.compare else []
@@ -287,16 +288,35 @@ def plan(inputs: PlanInputs | Costs, options: PlanOptions, *, progress: Progress
     return PlanResult(plan=chosen, problem=pb, timeline=tl, meta=meta, compare=compare)
 
 
-def _choose_wire(chosen: Plan, costs: Costs, allow: frozenset[str], say: Callable[[str], None]) -> Plan:
-    """The wire post-pass (planner/wire.py) over the searched plan, priced by the planner's own prediction."""
-    from .wire import choose
+def _choose_wire(chosen: Plan, costs: Costs, pb: Any, options: PlanOptions,
+                 say: Callable[[str], None]) -> tuple[Plan, float]:
+    """The wire post-pass (planner/wire.py) over the searched plan and over the pipeline and
+    data-parallel plans at their best micro-batching (the search prices fp32 links, so a split that
+    only pays once its links are compressed is found here); the fastest that fits memory, and the
+    searched plan's fp32 step time."""
+    from .wire import DILOCO_GAIN, MIN_GAIN, choose
 
-    got = choose(chosen, lambda p: predict_plan(p, costs)["step_time_s"], allow)
+    allow = options.allow_lossy
+    cands = [chosen]
+    for name in ("pp", "dp"):
+        got = best_fixed(name, chosen.model, pb, costs.budget, seq_len=chosen.seq_len,
+                         global_batch=options.global_batch)
+        if got is not None and got.fits:
+            if costs.devices is not None:
+                apply_fixed_ranks(got.plan, costs.devices)
+            cands.append(got.plan)
+    price_of = lambda p: predict_plan(p, costs)["step_time_s"]  # noqa: E731
+    fp32 = price_of(chosen)
+    # a lossy plan must beat the searched fp32 plan by the pass's own margins (planner/wire.py)
+    paying = [(i, c) for i, c in enumerate(choose(p, price_of, allow) for p in cands)
+              if c.decisions and c.step_s < fp32 * (1 - (DILOCO_GAIN if any("diloco" in x for x in c.plan.lossy)
+                                                          else MIN_GAIN))]
+    i, got = min(paying, key=lambda c: (c[1].step_s, c[0])) if paying else (0, None)
     say(f"wire formats (--allow-lossy {','.join(sorted(allow))}): "
-        + ("; ".join(got.decisions) or "fp32 everywhere (no lossy choice shortens the predicted step)")
-        + f"; predicted step {got.fp32_step_s:.4g} s -> {got.step_s:.4g} s")
-    got.plan.predicted = {"fp32_step_time_s": got.fp32_step_s}
-    return got.plan
+        + ("; ".join(got.decisions) if got else "fp32 everywhere (no lossy choice shortens the predicted step enough)")
+        + f"; predicted step {fp32:.4g} s (searched, fp32) -> {got.step_s if got else fp32:.4g} s"
+        + (f" on the {got.plan.strategy} split" if got and i else ""))
+    return (got.plan if got else chosen), fp32
 
 
 def optimizer_origin(costs: Costs) -> str:

@@ -4,18 +4,22 @@ A post-pass over the searched plan (the split, groups, micro-batching and schedu
 search chose them), run only with ``--allow-lossy``, because every choice here changes the
 arithmetic of training:
 
-1. Each pipeline link (chunk i to i+1), in order: every allowed format (``bf16``, ``fp16``,
-   ``int8``) is priced by the one cost model (the predicted step of the whole plan: bytes on the
-   wire over the measured link, the measured encode/decode CPU of both hosts, overlap with compute
-   as the schedule allows); the link keeps fp32 unless a format shortens the predicted step by at
-   least ``min_gain``. On a fast link the transfer hides behind compute, nothing is gained, and
-   the link stays fp32.
+1. Pipeline links (chunk i to i+1): each allowed format (``bf16``, ``fp16``, ``int8``) on every
+   link at once is priced by the one cost model (the predicted step of the whole plan: bytes on
+   the wire over the measured link, the measured encode/decode CPU of both hosts, overlap with
+   compute as the schedule allows; links in series bottleneck together, so one link alone often
+   buys nothing); the best is kept if it shortens the predicted step by at least ``min_gain``,
+   then each link in turn goes back to fp32 where that costs under ``TIE`` of the step, or to
+   another format where that gains more than ``TIE``. On fast links the transfers hide behind
+   compute, nothing is gained, and the links stay fp32.
 2. Each device group of two or more: ``diloco`` (if allowed) with the smallest H in
    :data:`PERIODS` whose predicted step is within ``min_gain`` of the best period's (the cost model
    does not price DiLoCo's staleness, so the shortest period that buys the time is taken), in the
    wire format its ``outer`` all-reduce may use that is allowed; else a ``bf16`` gradient
    all-reduce if allowed and it pays. Groups of the tied-weight all-reduce do not take diloco
-   (``formats.plan`` refuses it).
+   (``formats.plan`` refuses it). DiLoCo changes the optimisation itself (not a rounding of what
+   crosses the link), so it is taken only where it shortens the predicted step by ``diloco_gain``
+   (20%): where the all-reduce dominates, not where it is a tenth of the step.
 
 ``price(plan) -> seconds`` is the planner's own prediction, so this module needs nothing of the
 search's internals and applies to any plan.
@@ -31,6 +35,12 @@ from ..formats import LOSSY, Plan, Sync
 PERIODS = (2, 4, 8, 16, 32, 64, 128)
 """The DiLoCo periods H tried (OpenDiLoCo and INTELLECT-1 run H in the hundreds)."""
 LINK_FORMATS = ("bf16", "fp16", "int8")
+MIN_GAIN = 0.03
+"""A lossy format is taken only where it shortens the predicted step by at least this fraction."""
+TIE = 0.005
+"""Per-link refinement: a link goes back to fp32 when that costs less than this fraction of the step."""
+DILOCO_GAIN = 0.2
+"""DiLoCo changes the optimisation itself (not a rounding of what crosses a link): at least this fraction."""
 
 
 def parse_allow(text: str | Iterable[str] | None) -> frozenset[str]:
@@ -52,22 +62,35 @@ class WireChoice:
     decisions: list[str] = field(default_factory=list)
 
 
-def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], min_gain: float = 0.03) -> WireChoice:
+def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], min_gain: float = MIN_GAIN,
+           diloco_gain: float = DILOCO_GAIN) -> WireChoice:
     """``plan`` with the wire format of each link and the sync of each group that pay (module docstring)."""
     best = copy.deepcopy(plan)
     base = best_s = price(best)
     out = WireChoice(plan=best, fp32_step_s=base, step_s=base)
     tied = plan.model.tied_embeddings and set(plan.stages[0].ranks) != set(plan.stages[-1].ranks)
-    for s in best.stages[:-1]:
-        for fmt in (f for f in LINK_FORMATS if f in allow):
-            s.wire, old = fmt, s.wire
-            t = price(best)
-            if t < best_s * (1 - min_gain) and (old is None or t < best_s):
-                best_s = t
-            else:
-                s.wire = old
-        if s.wire:
-            out.decisions.append(f"stages[{s.index}] -> stages[{s.index + 1}]: {s.wire}")
+    links = best.stages[:-1]
+    formats = [f for f in LINK_FORMATS if f in allow]
+    if links and formats:  # one format on every link first: links in series bottleneck together
+        uniform = []
+        for fmt in formats:
+            for s in links:
+                s.wire = fmt
+            uniform.append((price(best), fmt))
+        t, fmt = min(uniform)
+        for s in links:
+            s.wire = fmt if t < best_s * (1 - min_gain) else None
+        best_s = min(best_s, t)
+        if links[0].wire:  # then each link alone: fp32 where it costs (almost) nothing, else its best format
+            for s in links:
+                for fmt in (None, *formats):
+                    old, s.wire = s.wire, fmt
+                    t = price(best)
+                    if t <= best_s * (1 + TIE) if fmt is None else t < best_s * (1 - TIE):
+                        best_s = min(best_s, t)
+                    else:
+                        s.wire = old
+    out.decisions += [f"stages[{s.index}] -> stages[{s.index + 1}]: {s.wire}" for s in links if s.wire]
     for s in best.stages:
         if len(s.devices) < 2:
             continue
@@ -79,19 +102,33 @@ def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], mi
         if "diloco" in allow and not (tied and (s.has_embed or s.has_tail)):
             outer = "int8" if "int8" in allow else "bf16" if "bf16" in allow else "fp32"
             cands += [Sync(kind="diloco", H=h, wire=outer) for h in PERIODS]
-        priced = []
-        for c in cands:
-            s.sync = c
-            priced.append((price(best), c))
-        s.sync = None
-        if not priced:
-            continue
-        top = min(t for t, _ in priced)
-        if top >= best_s * (1 - min_gain):
-            continue
-        t, c = next((t, c) for t, c in priced if t <= top * (1 + min_gain))  # the least lossy that is near the best
-        s.sync, best_s = c, t
-        out.decisions.append(f"stages[{s.index}] group {s.ranks}: {c.kind}"
-                             + (f" H={c.H}" if c.kind == "diloco" else "") + f" ({c.wire})")
+        s.sync, best_s = _best_sync(s, cands, best, price, best_s, min_gain, diloco_gain)
+        if s.sync is not None:
+            out.decisions.append(f"stages[{s.index}] group {s.ranks}: {s.sync.kind}"
+                                 + (f" H={s.sync.H}" if s.sync.kind == "diloco" else "") + f" ({s.sync.wire})")
+    if tied:
+        cands = ([Sync(kind="allreduce", wire="bf16")] if "bf16" in allow else []) + (
+            [Sync(kind="powersgd")] if "powersgd" in allow else [])
+        best.tied_sync, best_s = _best_sync(best, cands, best, price, best_s, min_gain, diloco_gain, key="tied_sync")
+        if best.tied_sync is not None:
+            out.decisions.append(f"tied-weight all-reduce: {best.tied_sync.kind} ({best.tied_sync.wire})")
     out.step_s = best_s
     return out
+
+
+def _best_sync(owner, cands: list[Sync], plan: Plan, price: Callable[[Plan], float], base_s: float, min_gain: float,
+               diloco_gain: float, key: str = "sync") -> tuple[Sync | None, float]:
+    """The least lossy of ``cands`` (listed least lossy first) within ``min_gain`` of the best one that
+    pays (diloco: ``diloco_gain``), set as ``owner.<key>``; (None, ``base_s``) when none pays."""
+    priced = []
+    for c in cands:
+        setattr(owner, key, c)
+        t = price(plan)
+        if t < base_s * (1 - (diloco_gain if c.kind == "diloco" else min_gain)):
+            priced.append((t, c))
+    setattr(owner, key, None)
+    if not priced:
+        return None, base_s
+    top = min(t for t, _ in priced)
+    t, c = next((t, c) for t, c in priced if t <= top * (1 + min_gain))
+    return c, t

@@ -5,8 +5,10 @@ is encoded just before it is posted (:meth:`WireLinks.encode`), a receive is pos
 buffer of the encoded size and decoded just after its wait (:meth:`WireLinks.receiving`), and
 a group all-reduce whose plan entry names a ``sync`` goes through :meth:`WireLinks.all_reduce`.
 
-- Links: chunk i's ``wire`` is the format of everything between chunk i and chunk i+1. int8
-  gradients carry their rounding error to the next message of the same stream.
+- Links: chunk i's ``wire`` is the format of everything between chunk i and chunk i+1. Gradients
+  (in every lossy format) carry their rounding error to the next message of the same stream: a
+  bf16 gradient rounded without it drifted training measurably (benchmarks/bench_wire.py), with it
+  the sum over micro-batches and steps of what arrives is what was sent.
 - ``allreduce`` in bf16: the gradients cast to bf16, summed by gloo, cast back.
 - ``powersgd``: torch's ``powerSGD_hook`` with its ``PowerSGDState`` (error feedback, warm
   start), fed a bucket object with the methods the hook calls (``GradBucket`` has no Python
@@ -74,7 +76,7 @@ class WireLinks:
 
     def encode(self, action: Action, tensor: torch.Tensor) -> torch.Tensor:
         fmt = self.format(action)
-        if fmt == "int8" and action.kind == Kind.SEND_GRAD:
+        if fmt != "fp32" and action.kind == Kind.SEND_GRAD:
             ef = self.feedback.setdefault(fmt, wire.ErrorFeedback(fmt))
             return ef.encode((action.stage, action.peer, action.samples), tensor)
         return wire.encode(fmt, tensor)
