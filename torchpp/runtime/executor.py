@@ -260,6 +260,7 @@ class Executor:
         for name in ("_forward", "_send_act", "_backward", "_backward_weight", "_send_grad", "_allreduce_action",
                      "_optimizer_action", "_receive"):
             setattr(self, name, labelled(getattr(type(self), name).__get__(self)))
+        self._program = self._compile()  # the loop runs the handlers the program holds
 
     def _grad_uses(self) -> dict[Key, int]:
         """Per (chunk, micro-batch), who reads its input gradient: each send, and the earlier chunk
@@ -457,9 +458,10 @@ def failed_action(exc: BaseException) -> tuple[int, Action] | None:
     tb, found = exc.__traceback__, None
     while tb is not None:
         if tb.tb_frame.f_code is Executor.step.__code__:
-            i, act = tb.tb_frame.f_locals.get("i"), tb.tb_frame.f_locals.get("act")
-            if isinstance(i, int) and isinstance(act, Action):
-                found = (i, act)
+            ex, act = tb.tb_frame.f_locals.get("self"), tb.tb_frame.f_locals.get("act")
+            if isinstance(ex, Executor) and isinstance(act, Action):
+                i = next((k for k, a in enumerate(ex.actions) if a is act), None)
+                found = (i, act) if i is not None else found
         tb = tb.tb_next
     return found
 
