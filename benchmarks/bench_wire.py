@@ -47,7 +47,7 @@ def _text(given: str | None, quick: bool, tmp: Path) -> Path:
     return src
 
 
-def _plans(tmp: Path, H: int) -> dict[str, Path]:
+def _plans(tmp: Path, H: int, outer_lr: float, outer_momentum: float) -> dict[str, Path]:
     from torchpp.formats import Sync
     from torchpp.models.presets import load_config, model_info
     from torchpp.planner.simple import make_plan
@@ -59,7 +59,8 @@ def _plans(tmp: Path, H: int) -> dict[str, Path]:
                       group_sizes=[1, 1], schedule="1f1b")
         p.stages[0].wire = wire
         out[name] = p
-    for name, sync in (("dp_fp32", None), (f"dp_diloco{H}", Sync(kind="diloco", H=H, wire="int8"))):
+    for name, sync in (("dp_fp32", None), (f"dp_diloco{H}", Sync(kind="diloco", H=H, wire="int8", outer_lr=outer_lr,
+                                                                 outer_momentum=outer_momentum))):
         p = make_plan(info, seq_len=SEQ, global_batch=BATCH, num_microbatches=MICRO // 2, layer_ranges=[(0, 4)],
                       group_sizes=[2], schedule="1f1b")
         p.stages[0].sync = sync
@@ -105,8 +106,11 @@ def run(args: argparse.Namespace) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench_wire_"))
     text = _text(args.text, args.quick, tmp)
-    plans = _plans(tmp, args.H)
-    results = {}
+    plans = _plans(tmp, args.H, args.outer_lr, args.outer_momentum)
+    if args.runs:
+        plans = {k: v for k, v in plans.items() if k in args.runs.split(",")}
+    old = out / "results.json"
+    results = json.loads(old.read_text())["runs"] if args.runs and old.exists() else {}
     with RankPool(2, threads=1) as pool:
         for name, plan in plans.items():
             res = tmp / f"{name}.result.json"
@@ -163,13 +167,15 @@ def summarize(results: dict, args: argparse.Namespace) -> dict:
     for name, r in results.items():
         base = results["pp_fp32" if name.startswith("pp") else "dp_fp32"]
         sm, sb = _smooth(r["losses"], w), _smooth(base["losses"], w)
-        target = sb[-1]
+        n = min(args.target_step, len(sb)) - 1
+        target = sb[n]
         reach = next((i for i, x in enumerate(sm) if x <= target), None)
-        row = {"loss": sm[-1], "baseline_loss": target, "loss_vs_baseline": sm[-1] / target - 1,
+        row = {"loss": sm[-1], "baseline_loss": sb[-1], "loss_vs_baseline": sm[-1] / sb[-1] - 1,
+               "target_step": n + 1, "target_loss": target,
                "bytes_per_step": r["bytes_per_step"], "bytes_reduction": base["bytes_per_step"] / r["bytes_per_step"],
                "reaches_baseline_at_step": None if reach is None else reach + 1}
         for rate in RATES_MBIT:
-            tb = _times(base, rate)[-1]
+            tb = _times(base, rate)[n]
             tr = _times(r, rate)[reach] if reach is not None else None
             row[f"time_to_baseline_loss_s@{rate}"] = tr
             row[f"speedup@{rate}"] = tb / tr if tr else None
@@ -181,7 +187,8 @@ def table(summary: dict, args: argparse.Namespace) -> str:
     lines = [f"{args.steps} steps of {MODEL}, {BATCH} x {SEQ} byte tokens per step, 2 ranks; losses smoothed over "
              f"{max(1, min(args.window, args.steps // 4))} steps; time = median measured step + bytes / rate (emulated link)",
              "", "| run | loss at equal tokens | vs fp32 | bytes/step | fewer bytes | "
-             + " | ".join(f"time to fp32's loss @{r} Mbit/s (speed-up)" for r in RATES_MBIT) + " |",
+             + " | ".join(f"time to fp32's step-{min(args.target_step, args.steps)} loss @{r} Mbit/s (speed-up)"
+                          for r in RATES_MBIT) + " |",
              "|---|---|---|---|---|" + "---|" * len(RATES_MBIT)]
     for name, r in summary.items():
         cells = []
@@ -236,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=250)
     ap.add_argument("--H", type=int, default=8, help="DiLoCo's period")
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--outer-lr", type=float, default=1.0, help="DiLoCo's outer learning rate")
+    ap.add_argument("--outer-momentum", type=float, default=0.0, help="DiLoCo's outer Nesterov momentum")
+    ap.add_argument("--runs", default=None, help="only these runs (e.g. dp_diloco4), merged into --out's results.json")
+    ap.add_argument("--target-step", type=int, default=200,
+                    help="the step N whose fp32 loss the other runs must reach (the Done-when's N)")
     ap.add_argument("--window", type=int, default=25, help="steps of the loss moving average")
     ap.add_argument("--text", default=None, help="a text file (default: the vim manual, else tests/data/corpus.txt)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_wire"))
