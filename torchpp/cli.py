@@ -12,14 +12,14 @@ from .errors import UsageError  # noqa: F401  (re-exported: `torchpp.cli.UsageEr
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-# verb -> (module defining configure(parser), one-line help). Each module's configure()
+# verb -> (module defining configure(parser), or ``module:function``, one-line help). Each configure()
 # adds its arguments (and sub-verbs) and sets ``func`` to a callable(args) -> exit code.
 VERBS: dict[str, tuple[str, str]] = {
     "profile": ("torchpp.profiling.cli", "measure per-block forward/backward times and bytes on this host"),
     "plan": ("torchpp.planner.cli", "make plan.json (even/dp/pp split, or the optimising planner)"),
     "speed-check": ("torchpp.profiling.speed_check_cli", "time this host's profiled layers again: how much slower it runs now"),
-    "capacities": ("torchpp.planner.capacities", "per-host speed relative to a reference host, from layers files"),
-    "bandwidth parse": ("torchpp.planner.bandwidth", "iperf3-style links CSV to bandwidth.json"),
+    "capacities": ("torchpp.planner.cli:configure_capacities", "per-host speed relative to a reference host, from layers files"),
+    "bandwidth parse": ("torchpp.planner.cli:configure_bandwidth", "iperf3-style links CSV to bandwidth.json"),
     "calibrate-memory": ("torchpp.profiling.calibrate_cli", "fit the memory model from random spans' peak RSS"),
     "replan": ("torchpp.planner.replan.cli", "correct per-host costs, links and memory from a run's timelines, then plan again"),
     "simulate": ("torchpp.sim.cli", "event-driven simulator: run, sweep, heatmap, all, plan, check-reference"),
@@ -69,7 +69,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         else:
             parsers[verb] = sub.add_parser(verb, help=help_, description=help_)
     for verb in (VERBS if argv is None else chosen_verbs(argv)):
-        importlib.import_module(VERBS[verb][0]).configure(parsers[verb])
+        module, _, configure = VERBS[verb][0].partition(":")
+        getattr(importlib.import_module(module), configure or "configure")(parsers[verb])
     return parser
 
 

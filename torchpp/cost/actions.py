@@ -13,7 +13,7 @@ from ..formats import Bandwidth, FormatError, Plan, PlanStage
 from ..schedules import Action, Kind
 from .links import Links
 from .profiles import Profiles
-from .stage import StageTime, stage_time
+from .stage import StageTime, boundary_bytes, rank_weights, stage_time, stage_weights
 
 
 def optimizer_rate(optimizer_s_per_byte: Mapping[str, float] | float | None, host: str) -> float:
@@ -62,7 +62,7 @@ class MeasuredCost:
             host = chunks[0].device(r).host
             o = (optimizer_rate(optimizer_s_per_byte, host) if optimizer_s_per_byte is not None
                  else profiles.optimizer_rate(host)[0])
-            w = profiles.rank_param_bytes(chunks)
+            w = rank_weights(profiles, chunks)
             times = {s.index: stage_time(profiles, host, s) for s in chunks}
             self.rank[r] = _RankCost(host, chunks[0], times[chunks[0].index], o * w, times)
 
@@ -92,14 +92,14 @@ class MeasuredCost:
         n = self._samples(action, 1)
         stages = self.plan.stages
         if action.kind == Kind.SEND_ACT:
-            per = self.p.boundary_bytes(stages[action.stage])
+            per = float(boundary_bytes(self.p, stages[action.stage]))
         elif action.kind == Kind.SEND_GRAD:
-            per = self.p.boundary_bytes(stages[action.stage - 1])
+            per = float(boundary_bytes(self.p, stages[action.stage - 1]))
         else:
             raise ValueError(f"transfer_s: {action} is not a send")
         return self.links.time(self.rank[src].host, self.rank[dst].host, per * n)
 
     def allreduce_s(self, action: Action) -> float:
         hosts = [self.rank[r].host for r in action.group or ()]
-        nbytes = self.p.tied_bytes if action.tied else self.p.stage_param_bytes(self.plan.stages[action.stage])
+        nbytes = self.p.tied_bytes if action.tied else float(stage_weights(self.p, self.plan.stages[action.stage]))
         return self.links.ring_allreduce(hosts, nbytes)

@@ -33,12 +33,9 @@ from typing import Any, Callable, Protocol
 
 from ..runtime import checkpoint as ckpt
 from ..runtime.elastic_hooks import read_heartbeats
+from .errors import ElasticError
 
 Progress = Callable[[str], None]
-
-
-class ElasticError(RuntimeError):
-    """The run cannot go on: the survivors cannot hold the model, no host is left, too many restarts."""
 
 
 @dataclass(kw_only=True)

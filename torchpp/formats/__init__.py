@@ -8,8 +8,10 @@ DESIGN.md layout list). ``from torchpp.formats import X`` reaches every record.
 """
 from .base import FormatError, Reader, check_format, file_hash, read_json, to_dict, write_json
 from .layers import BlockProfile, LAYERS_KIND, LAYERS_VERSION, LayersFile, ModelInfo, RunInfo
-from .plan import (PLACEMENTS, PLAN_KIND, PLAN_SCHEDULES, PLAN_VERSION, SCHEDULES, Placement, Plan, PlanDevice,
+from .plan import (PLACEMENTS, PLAN_KIND, PLAN_SCHEDULES, PLAN_VERSION, SCHEDULES, Placement, Plan, PlanDevice, Predicted,
                    PlanStage, placement_of, split_samples, validate_plan)
+from .kinds import (FULL_BACKWARD_ONE_CHUNK, KIND_NAMES, KINDS, MULTI_CHUNK, ONE_CHUNK, SPLIT_BACKWARD, KindSpec,
+                    parse_kinds)
 from .bandwidth import BANDWIDTH_KIND, BANDWIDTH_VERSION, Bandwidth
 from .capacities import (CAPACITIES_KIND, CAPACITIES_VERSION, SPEED_CHECK_KIND, SPEED_CHECK_VERSION, Capacities,
                          HostTable, SpeedCheck, speed_ratios)
@@ -22,7 +24,7 @@ from .trace import TRACE_KIND, TRACE_VERSION, check_trace, trace_plan_hashes
 __all__ = [
     "FormatError", "Reader", "check_format", "file_hash", "read_json", "to_dict", "write_json",
     "BlockProfile", "LAYERS_KIND", "LAYERS_VERSION", "LayersFile", "ModelInfo", "RunInfo",
-    "PLACEMENTS", "PLAN_KIND", "PLAN_SCHEDULES", "PLAN_VERSION", "Placement", "Plan", "PlanDevice",
+    "PLACEMENTS", "PLAN_KIND", "PLAN_SCHEDULES", "PLAN_VERSION", "Placement", "Plan", "PlanDevice", "Predicted",
     "PlanStage", "SCHEDULES", "placement_of", "split_samples", "validate_plan", "BANDWIDTH_KIND",
     "BANDWIDTH_VERSION", "Bandwidth", "CAPACITIES_KIND", "CAPACITIES_VERSION", "Capacities",
     "HostTable", "SPEED_CHECK_KIND", "SPEED_CHECK_VERSION", "SpeedCheck", "speed_ratios",
@@ -30,4 +32,6 @@ __all__ = [
     "Devices", "GB", "EXPERIMENT_KIND", "EXPERIMENT_VERSION", "ExperimentConfig", "SIM_COMM_TYPES",
     "SIM_INT_PARAMS", "SIM_PARAMS", "SIM_POLICIES", "SimParams", "SimSettings", "check_sim_params",
     "parse_priorities", "TRACE_KIND", "TRACE_VERSION", "check_trace", "trace_plan_hashes",
+    "FULL_BACKWARD_ONE_CHUNK", "KIND_NAMES", "KINDS", "MULTI_CHUNK", "ONE_CHUNK", "SPLIT_BACKWARD",
+    "KindSpec", "parse_kinds",
 ]
