@@ -30,7 +30,10 @@ import time
 from torchpp.formats import GB, Bandwidth
 from torchpp.cost import Links, MemoryEstimator, Profiles
 from torchpp.sim.measured import price
-from torchpp.planner.search import InfeasibleError, Problem, StageChoice, Tables, build_plan, search
+from torchpp.planner.types import InfeasibleError, Problem, StageChoice
+from torchpp.planner.tables import Tables
+from torchpp.planner.build import build_plan
+from torchpp.planner.search import search
 from torchpp.planner.bound import lower_bound
 from torchpp.planner.synthetic import layers_file, random_instance, seed000_instance, seed000_plan
 
@@ -58,6 +61,43 @@ def timing(hosts: int, layers: int, G: int, seed: int = 0, schedule: str = "auto
     res = search(pb)
     lb = lower_bound(pb.profiles, pb.hosts, pb.budget, pb.memory, G)
     return time.perf_counter() - t0, time.process_time() - c0, f"{res.plan.schedule}; {res.mode}", res.step_time_s, lb
+
+
+def random_sweep(count: int, seed: int = 11) -> list[tuple[int, int, float, int]]:
+    """``plan --schedule auto`` (the planning API: search, prediction, plan_meta) on ``count`` random
+    clusters of 2–8 hosts and 4–48 layers, 2- and 3-host ones included: per instance the CPU seconds
+    and plan_meta.json's size. Targets: every instance <= 1 s CPU, every plan_meta <= 100 kB."""
+    import json
+
+    from torchpp.planner import api
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        hosts = (2, 3)[i] if i < 2 else rng.randint(2, 8)
+        layers = rng.randint(4, 48)
+        files, bw, mem = qwen_like(random.Random(rng.random()), hosts, layers)
+        costs = api.Costs(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files],
+                          budget=mem, memory=MemoryEstimator.analytic())
+        G = rng.choice([8, 16, 32])
+        c0 = time.process_time()
+        try:
+            res = api.plan(costs, api.PlanOptions(global_batch=G, schedule="auto"))
+        except InfeasibleError:
+            print(f"  instance {i + 1:>2}: {hosts} hosts x {layers:>2} layers, G={G}: no plan fits", flush=True)
+            continue
+        cpu = time.process_time() - c0
+        size = len(json.dumps(api_meta_json(res.meta)))
+        out.append((hosts, layers, cpu, size))
+        print(f"  instance {i + 1:>2}: {hosts} hosts x {layers:>2} layers, G={G:>2}: {cpu:.3f} s CPU, "
+              f"plan_meta {size / 1e3:.1f} kB, {res.plan.schedule}, {res.meta['search']['priced']} priced", flush=True)
+    return out
+
+
+def api_meta_json(meta: dict) -> dict:
+    from torchpp.planner.report import json_ready
+
+    return json_ready(meta)
 
 
 def seed000() -> None:
@@ -130,7 +170,7 @@ def gantts(out: str) -> None:
     from pathlib import Path
 
     from torchpp.planner import api
-    from torchpp.planner.chunks import KINDS
+    from torchpp.formats import KIND_NAMES as KINDS
 
     files, bw, mem, memory = seed000_instance()
     costs = api.Costs(profiles=Profiles.from_layers(files), links=Links(bw), hosts=list(mem), budget=mem, memory=memory)
@@ -151,6 +191,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--instances", type=int, default=12)
     ap.add_argument("--skip-large", action="store_true")
+    ap.add_argument("--random", type=int, default=20, help="random clusters of <= 8 hosts x <= 48 layers planned")
     ap.add_argument("--gantts", default=None, help="write each kind's predicted Gantt on seed 000's instance here")
     a = ap.parse_args()
     if a.gantts:
@@ -163,6 +204,11 @@ def main() -> int:
             print(f"  {hosts:>2} devices x {layers:>2} layers (G={G}, --schedule {schedule}): {secs:.3f} s wall, "
                   f"{cpu:.3f} s CPU (target < {target:g} s) [{mode}], predicted step {step:.4g} s, "
                   f"planner / proven lower bound {step / lb:.3f}", flush=True)
+    print(f"plan --schedule auto on {a.random} random clusters (2-8 hosts, 4-48 layers)")
+    sweep = random_sweep(a.random)
+    if sweep:
+        print(f"  worst {max(c for _, _, c, _ in sweep):.3f} s CPU (target <= 1 s), largest plan_meta "
+              f"{max(s for *_, s in sweep) / 1e3:.1f} kB (target <= 100 kB), over {len(sweep)} instances")
     seed000()
     print("gap to exhaustive search over every device order and subset (priced)")
     r = gap(a.instances)

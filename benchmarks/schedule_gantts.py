@@ -15,7 +15,8 @@ from pathlib import Path
 
 from torchpp.cost import Links, Profiles
 from torchpp.planner.report import predict
-from torchpp.planner.search import InfeasibleError, Problem, search
+from torchpp.planner.types import InfeasibleError, Problem
+from torchpp.planner.search import search
 from torchpp.planner.synthetic import seed000_instance, seed000_plan
 from torchpp.formats import PLAN_SCHEDULES
 from torchpp.sim.measured import price

@@ -99,7 +99,8 @@ def test_untied_four_host_instance_has_no_negative_term():
     """On this instance the old formula (communication = real − the others, relative to m·t̄)
     printed communication −0.91."""
     Profiles, Links, _ = cost_api()
-    from torchpp.planner.search import Problem, search
+    from torchpp.planner.types import Problem
+    from torchpp.planner.search import search
 
     files, bw, mem = random_instance(random.Random(3), hosts=4, layers=6, batch=2, tied=False)
     prof = Profiles.from_layers(files)

@@ -19,20 +19,25 @@ PACKAGE = Path(__file__).resolve().parents[1] / "torchpp"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__", "errors", "validate", "_timer"),
     ("formats", "argtypes", "hostname"),
-    ("schedules", "data", "models", "plans", "wire"),
-    ("cost", "trace", "topology"),
+    ("schedules",),
+    ("models", "plans", "data", "wire"),
+    ("cost", "topology", "trace"),
     ("sim",),
+    ("planner",),
     ("runtime",),
     ("profiling", "cluster"),
-    ("planner",),
     ("elastic",),
     ("train", "demo", "cli"),
     ("__main__",),
 )
-"""Parts from the bottom up: a part may import parts of earlier rows only (not its own row's).
-``plans`` builds plans (below the simulator and the planner); ``wire`` holds the wire codecs
-(used by the runtime's p2p and measured by profiling); ``_timer`` is the compiled span
-timer; ``elastic`` drives the runtime, the emulated cluster and the planner."""
+"""Parts from the bottom up, in DESIGN.md's 'Layout' order: a part may import parts of earlier rows
+only (not its own row's). Parts DESIGN does not list: ``plans`` builds plans (below the simulator
+and the planner), ``topology`` the network graphs the simulator routes over, ``_timer`` the
+compiled span timer, ``hostname`` the one rule that names a host, ``wire`` the wire codecs (the
+runtime's p2p uses them, profiling measures them), ``elastic`` drives the runtime, the emulated cluster and the planner. Where
+the code sits lower than DESIGN's list: ``data`` (the runtime reads it), ``trace`` (the
+simulator, the runtime and profiling write traces); ``profiling`` sits above the runtime (its
+call probe runs the runtime's actions)."""
 
 CLI_NAMES = ("cli", "train", "demo", "__main__")
 """Modules that parse arguments and print for people (and any ``*_cli``); no library module imports them."""
@@ -127,6 +132,67 @@ def test_parts_import_only_parts_below_them():
     upward = [f"{a} -> {b} ({', '.join(where[:3])})" for (a, b), where in sorted(part_edges().items())
               if a in rank and b in rank and rank[b] >= rank[a]]
     assert not upward, "imports of a part at or above the importer's row in LAYERS:\n  " + "\n  ".join(upward)
+
+
+def module_of(target: list[str]) -> str:
+    """The torchpp module (dotted, below ``torchpp``) an import names: the deepest existing file or
+    package of its components (``from ..cost import Links`` is the package ``cost``)."""
+    best = "__init__"
+    for i in range(1, len(target) + 1):
+        base = PACKAGE.joinpath(*target[:i])
+        if base.with_suffix(".py").is_file():
+            return ".".join(target[:i])
+        if (base / "__init__.py").is_file():
+            best = ".".join(target[:i])
+        else:
+            break
+    return best
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" and len(rel.parts) > 1 else rel.parts
+    return ".".join(parts)
+
+
+def module_cycles() -> set[str]:
+    """Import circles between torchpp's modules (inside a folder included), imports inside functions
+    and under ``TYPE_CHECKING`` counted; a package's ``__init__`` is the package's module."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for path, _, target in imports():
+        a, b = module_name(path), module_of(target)
+        if a != b:
+            graph[a].add(b)
+    cycles: set[str] = set()
+    done: set[str] = set()
+
+    def visit(u: str, path: list[str]) -> None:
+        for v in sorted(graph[u]):
+            if v in path:
+                cyc = path[path.index(v):]
+                k = cyc.index(min(cyc))
+                cycles.add(" -> ".join(cyc[k:] + cyc[:k] + [min(cyc)]))
+            elif v not in done:
+                visit(v, path + [v])
+        done.add(u)
+
+    for u in sorted(graph):
+        visit(u, [u])
+    return cycles
+
+
+def test_no_import_cycle_between_modules():
+    """DESIGN.md: no import circle anywhere, inside folders included (shared types at the bottom)."""
+    cycles = module_cycles()
+    assert not cycles, "import cycles between modules of torchpp:\n  " + "\n  ".join(sorted(cycles))
+
+
+def test_the_cycle_check_sees_a_circle_inside_a_folder(monkeypatch):
+    """A lazy import back into a folder's own module is a circle the check reports."""
+    fake = [(PACKAGE / "planner" / "a.py", 1, ["planner", "b"]), (PACKAGE / "planner" / "b.py", 9, ["planner", "a"])]
+    monkeypatch.setitem(globals(), "imports", lambda: fake)
+    monkeypatch.setattr(Path, "is_file", lambda self: self.name in ("a.py", "b.py", "__init__.py"))
+    assert module_cycles() == {"planner.a -> planner.b -> planner.a"}
 
 
 def test_no_library_module_imports_a_command_line_module():

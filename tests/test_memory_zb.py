@@ -37,7 +37,7 @@ def test_term_in_closed_form_and_1f1b_unchanged():
     Kw < 0 (as fitted: a micro-batch past its I holds less) the peak is the step holding two
     micro-batches, one past its I; every state of the order is priced, so with Kw > 0 it is the
     step with both past their I."""
-    from torchpp.planner.report import device_memory
+    from torchpp.cost import device_memory
 
     est = MemoryEstimator(1e8, 4.0, 20.0, "test", kt=2.0, ke=1.0)
     lf, profiles, plan = two_stage_plan("zb-h1")
@@ -127,8 +127,9 @@ def test_search_prices_the_micro_batches_between_i_and_w():
     import random
 
     from torchpp.cost import Links
-    from torchpp.planner.report import device_memory
-    from torchpp.planner.search import InfeasibleError, Problem, search
+    from torchpp.cost import device_memory
+    from torchpp.planner.types import InfeasibleError, Problem
+    from torchpp.planner.search import search
     from torchpp.planner.synthetic import random_instance
 
     est = replace(MemoryEstimator.analytic(), kw=12.0)
@@ -300,7 +301,7 @@ def test_the_heap_a_w_leaves_is_priced_only_after_the_first_w():
     I1 W0 W1: two held, one past I, no W yet), so its peak is the larger of that state without Kz
     and the states after W0 with it; with twice as many the steady state returns to two held, one
     past I, after a W, and pays Kz there."""
-    from torchpp.planner.report import device_memory
+    from torchpp.cost import device_memory
     from torchpp.planner.simple import even_plan
     from torchpp.schedules import peak_states
 

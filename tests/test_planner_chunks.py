@@ -9,8 +9,12 @@ import pytest
 from torchpp.cost import Links, MemoryEstimator, Profiles
 from torchpp.planner import api
 from torchpp.planner.bound import lower_bound
-from torchpp.planner.chunks import KINDS, MULTI_CHUNK, ChunkLayout, build_chunk_plan, chunk_counts, schedule_kinds
-from torchpp.planner.search import Problem, StageChoice, Tables, build_plan, search
+from torchpp.formats import KIND_NAMES as KINDS, MULTI_CHUNK, parse_kinds as schedule_kinds
+from torchpp.planner.chunks import ChunkLayout, build_chunk_plan, chunk_counts
+from torchpp.planner.types import Problem, StageChoice
+from torchpp.planner.tables import Tables
+from torchpp.planner.build import build_plan
+from torchpp.planner.search import search
 from torchpp.planner.synthetic import layers_file, random_instance, seed000_instance, seed000_plan, uniform_links
 from torchpp.sim.measured import price
 

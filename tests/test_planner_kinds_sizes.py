@@ -12,7 +12,8 @@ import pytest
 from torchpp.cost import Links, MemoryEstimator, Profiles
 from torchpp.formats import Bandwidth, Capacities, LayersFile, MemoryModel
 from torchpp.planner.kinds import best_per_size
-from torchpp.planner.search import InfeasibleError, Problem, micro_batch_sizes, search
+from torchpp.planner.types import InfeasibleError, Problem, micro_batch_sizes
+from torchpp.planner.search import search
 
 DATA = Path(__file__).parent / "data" / "homelab_costs"
 

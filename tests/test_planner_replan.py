@@ -13,7 +13,7 @@ import pytest
 
 from torchpp.cli import main
 from torchpp.formats import Devices, GB, Bandwidth, LayersFile, MemoryModel, Plan
-from torchpp.cost import Links, MeasuredCost, MemoryEstimator, Profiles, stage_time
+from torchpp.cost import Links, MeasuredCost, MemoryEstimator, Profiles, stage_time, stage_weights
 from torchpp.planner.replan import call_gaps, fit_host, memory_terms, read_run
 from torchpp.trace.analyze import Event
 from torchpp.planner.report import predict
@@ -67,7 +67,7 @@ def write_traces(plan: Plan, true_dir: Path, hosts: dict[str, float], trace_dir:
 
     lp = [true_dir / f"layers_{h}.json" for h in hosts]
     cost, bytes_of = measured_cost(plan, lp, true_dir / "bandwidth.json")
-    cost.rank = {r: dataclasses.replace(rc, optimizer=TRUE_OPT * cost.p.stage_param_bytes(rc.stage))
+    cost.rank = {r: dataclasses.replace(rc, optimizer=TRUE_OPT * float(stage_weights(cost.p, rc.stage)))
                  for r, rc in cost.rank.items()}
     trace_dir.mkdir(parents=True, exist_ok=True)
     prof = cost.p

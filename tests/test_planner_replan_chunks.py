@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from torchpp.cli import main
-from torchpp.cost import Links, MemoryEstimator, Profiles
+from torchpp.cost import Links, MemoryEstimator, Profiles, stage_weights
 from torchpp.formats import GB, Bandwidth, FormatError, LayersFile, MemoryModel, Plan
 from torchpp.planner.replan import fit_host, memory_terms, read_run
-from torchpp.planner.report import device_memory, predict
+from torchpp.cost import device_memory
+from torchpp.planner.report import predict
 from torchpp.planner.synthetic import layers_file, uniform_links
 from torchpp.plans import make_chunked_plan
 
@@ -124,7 +125,7 @@ def test_memory_terms_of_a_chunked_rank_are_the_planners_peak(tmp_path):
     first = plan.stages_of_rank(0)
     assert [s.index for s in first] == [0, 5] and first[0].has_embed and first[1].has_tail
     assert memory_terms(plan, prof, 0, TRUE_MEMORY)[0] == pytest.approx(
-        sum(prof.stage_param_bytes(s) for s in first) - prof.tied_bytes)
+        sum(float(stage_weights(prof, s)) for s in first) - prof.tied_bytes)
 
 
 def test_replan_schedule_choice_and_chunk_mismatch(tmp_path, capsys):

@@ -9,8 +9,11 @@ from torchpp.cli import main
 from torchpp.formats import Bandwidth, GB, LayersFile, Plan
 from torchpp.cost import Links, MemoryEstimator, Profiles
 from torchpp.sim.measured import price
-from torchpp.planner.report import device_memory
-from torchpp.planner.search import InfeasibleError, Problem, StageCosts, Tables, bottlenecks, search
+from torchpp.cost import device_memory
+from torchpp.planner.types import InfeasibleError, Problem
+from torchpp.planner.tables import StageCosts, Tables
+from torchpp.planner.single import bottlenecks
+from torchpp.planner.search import search
 from torchpp.planner.synthetic import layers_file, random_instance, uniform_links
 
 
@@ -72,7 +75,8 @@ def test_dp_equals_exhaustive_search(seed, hosts, layers, G):
 
 def priced_brute_force(pb):
     """Lowest priced step time over every micro-batch size, ordered device sets and layer split."""
-    from torchpp.planner.search import StageChoice, build_plan
+    from torchpp.planner.types import StageChoice
+    from torchpp.planner.build import build_plan
 
     t = Tables(pb)
     best = float("inf")
@@ -290,7 +294,7 @@ def test_every_micro_batch_size_and_stage_count_is_priced_whatever_the_estimate(
     files = [layers_file(h, num_layers=4, batch=4, fixed_fraction=0.5, embed_param_bytes=10**6,
                          tail_param_bytes=10**6) for h in ("a", "b")]
     pb = problem(files, uniform_links(["a", "b"], 1e4), {"a": GB, "b": GB}, 16, top_k=1, refine_evals=0)
-    from torchpp.planner.search import build_plan
+    from torchpp.planner.build import build_plan
 
     t = Tables(pb)
     cands: list = []

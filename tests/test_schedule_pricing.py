@@ -6,7 +6,8 @@ import pytest
 from torchpp import schedules as S
 from torchpp.cost import MeasuredCost, MemoryEstimator, Profiles, StageMemory
 from torchpp.formats import LayersFile, ModelInfo
-from torchpp.planner.report import device_memory, predict
+from torchpp.cost import device_memory
+from torchpp.planner.report import predict
 from torchpp.planner.synthetic import layers_file, uniform_links
 from torchpp.plans import even_layer_ranges, make_chunked_plan
 from torchpp.schedules import Kind

@@ -24,9 +24,10 @@ import re
 from collections import defaultdict, deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
-from .formats import Placement, Plan, PlanStage, placement_of
+from .formats import (KIND_NAMES, KINDS, SPLIT_BACKWARD, KindSpec, Placement, Plan, PlanStage, parse_kinds,
+                      placement_of)
 
 
 class Kind(enum.Enum):
@@ -51,8 +52,6 @@ PASSES = (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
 """Actions that run a chunk on a micro-batch (every compute action but the optimizer step)."""
 GRAD_OUT = (Kind.BACKWARD, Kind.BACKWARD_INPUT)
 """Backward actions that produce the gradient the previous chunk receives."""
-SPLIT_BACKWARD = ("zb-h1", "interleaved-zb", "zbv")
-"""Schedule kinds whose backward runs as ``I`` then ``W``."""
 RELEASES = (Kind.BACKWARD, Kind.BACKWARD_WEIGHT)
 """Backward actions after which a micro-batch's activations are freed."""
 
@@ -227,21 +226,59 @@ def merge_backward(order: list[Step]) -> list[Step]:
             if k != Kind.BACKWARD_WEIGHT]
 
 
+# ----------------------------------------------------------------------------- the registry
+OrderFn = Callable[[Placement, int, int], list[Step]]
+"""(placement, pipeline position, micro-batches) -> that position's compute order."""
+
+_ORDERS: dict[str, OrderFn] = {
+    "1f1b": lambda pl, pos, m: [(k, pos, mb) for k, mb in compute_order("1f1b", pl.p, pos, m)],
+    "gpipe": lambda pl, pos, m: [(k, pos, mb) for k, mb in compute_order("gpipe", pl.p, pos, m)],
+    "zb-h1": lambda pl, pos, m: interleaved_order(pl.p, 1, pos, m, zero_bubble=True),
+    "interleaved": lambda pl, pos, m: interleaved_order(pl.p, pl.v, pos, m),
+    "interleaved-zb": lambda pl, pos, m: interleaved_order(pl.p, pl.v, pos, m, zero_bubble=True),
+    "v": lambda pl, pos, m: merge_backward(zbv_order(pl.p, pos, m)),
+    "zbv": lambda pl, pos, m: zbv_order(pl.p, pos, m),
+}
+"""Each kind's order function, attached to the kinds of ``formats.kinds`` (the one list of kinds)."""
+
+
+@dataclass(frozen=True)
+class ScheduleKind:
+    """A schedule kind: its static facts (``formats.KindSpec``) and its order function."""
+
+    spec: KindSpec
+    order: OrderFn
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def placement(self) -> str:
+        return self.spec.placement
+
+    @property
+    def split_backward(self) -> bool:
+        return self.spec.split_backward
+
+    @property
+    def family(self) -> str | None:
+        return self.spec.family
+
+
+if set(_ORDERS) != set(KIND_NAMES):
+    raise ImportError(f"schedules: order functions for {sorted(_ORDERS)}, kinds {sorted(KIND_NAMES)}")
+REGISTRY: dict[str, ScheduleKind] = {name: ScheduleKind(KINDS[name], _ORDERS[name]) for name in KIND_NAMES}
+"""Every schedule kind by name: what formats, the planner, the simulator and the help read."""
+schedule_kinds = parse_kinds
+
+
 def position_order(schedule: str, placement: Placement, position: int, m: int) -> list[Step]:
     """The compute order of the device group at ``position``: the one dispatch over schedule kinds."""
-    p, v = placement.p, placement.v
-    if schedule in ("1f1b", "gpipe"):
-        return [(k, position, mb) for k, mb in compute_order(schedule, p, position, m)]
-    if schedule == "zb-h1":
-        return interleaved_order(p, 1, position, m, zero_bubble=True)
-    if schedule in ("interleaved", "interleaved-zb"):
-        return interleaved_order(p, v, position, m, zero_bubble=schedule == "interleaved-zb")
-    if schedule == "zbv":
-        return zbv_order(p, position, m)
-    if schedule == "v":
-        return merge_backward(zbv_order(p, position, m))
-    raise ValueError(f"unknown schedule {schedule!r}: expected one of 1f1b, gpipe, zb-h1, interleaved, "
-                     "interleaved-zb, v, zbv")
+    kind = REGISTRY.get(schedule)
+    if kind is None:
+        raise ValueError(f"unknown schedule {schedule!r}: expected one of {', '.join(KIND_NAMES)}")
+    return kind.order(placement, position, m)
 
 
 def held_split(order: Iterable[Step]) -> list[dict[int, tuple[int, int]]]:

@@ -13,7 +13,7 @@ from ..formats import Bandwidth, FormatError, Plan, PlanStage
 from ..schedules import Action, Kind
 from .links import Links
 from .profiles import Profiles
-from .stage import StageTime, stage_time
+from .stage import StageTime, boundary_bytes, rank_weights, stage_time, stage_weights
 
 
 def optimizer_rate(optimizer_s_per_byte: Mapping[str, float] | float | None, host: str) -> float:
@@ -62,7 +62,7 @@ class MeasuredCost:
             host = chunks[0].device(r).host
             o = (optimizer_rate(optimizer_s_per_byte, host) if optimizer_s_per_byte is not None
                  else profiles.optimizer_rate(host)[0])
-            w = profiles.rank_param_bytes(chunks)
+            w = rank_weights(profiles, chunks)
             times = {s.index: stage_time(profiles, host, s) for s in chunks}
             self.rank[r] = _RankCost(host, chunks[0], times[chunks[0].index], o * w, times)
 
@@ -97,7 +97,7 @@ class MeasuredCost:
             link = stages[action.stage - 1]
         else:
             raise ValueError(f"transfer_s: {action} is not a send")
-        per = self.p.boundary_bytes(link)
+        per = float(boundary_bytes(self.p, link))
         a, b = self.rank[src].host, self.rank[dst].host
         if link.wire in (None, "fp32"):
             return self.links.time(a, b, per * n)
@@ -108,7 +108,7 @@ class MeasuredCost:
         """A ring all-reduce of the group's weights, or of what its ``sync`` puts on the wire per step
         (diloco: its outer all-reduce spread over H steps)."""
         hosts = [self.rank[r].host for r in action.group or ()]
-        nbytes = self.p.tied_bytes if action.tied else self.p.stage_param_bytes(self.plan.stages[action.stage])
+        nbytes = self.p.tied_bytes if action.tied else float(stage_weights(self.p, self.plan.stages[action.stage]))
         sync = self.plan.tied_sync if action.tied else self.plan.stages[action.stage].sync
         if sync is not None:
             nbytes = sync.allreduce_bytes(nbytes, self.plan.model.hidden_size)

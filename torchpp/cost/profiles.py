@@ -14,8 +14,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..formats import Capacities, FormatError, HostTable, LayersFile, ModelInfo, PlanStage
-from .stage import boundary_bytes, stage_weights
+from ..formats import Capacities, FormatError, HostTable, LayersFile, ModelInfo
 
 
 def check_same_model(lf: LayersFile, src: str, first: LayersFile, src0: str, same_layers: bool = True) -> None:
@@ -333,17 +332,3 @@ class Profiles:
         f0, b0 = self.fixed(host)
         return HostTable(batch=batch, forward_time_s=list(f0 + f * batch), backward_time_s=list(b0 + b * batch),
                          forward_fixed_s=list(f0), backward_fixed_s=list(b0))
-
-    # ------------------------------------------------------------------ stage bytes
-    def stage_param_bytes(self, stage: PlanStage) -> float:
-        return float(stage_weights(self, stage))
-
-    def rank_param_bytes(self, chunks: "list[PlanStage]") -> float:
-        """Parameter bytes of the chunks one rank holds, the tied weight once where they hold both
-        ends (one chunk holding the whole model included): what its one optimizer step updates."""
-        w = sum(self.stage_param_bytes(s) for s in chunks)
-        return w - (self.tied_bytes if chunks and chunks[0].has_embed and chunks[-1].has_tail else 0)
-
-    def boundary_bytes(self, stage: PlanStage) -> float:
-        """Bytes per sample of the stage's output (what its next stage receives)."""
-        return float(boundary_bytes(self, stage))

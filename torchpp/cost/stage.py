@@ -273,6 +273,13 @@ def boundary_bytes(profiles: "Profiles", span: Span | PlanStage) -> float | np.n
     return profiles.act_bytes[np.asarray(sp.hi) - 1] if np.ndim(sp.hi) else float(profiles.act_bytes[sp.hi - 1])
 
 
+def rank_weights(profiles: "Profiles", chunks: Sequence[PlanStage]) -> float:
+    """Parameter bytes of the chunks one rank holds, the tied weight once where they hold both
+    ends (one chunk holding the whole model included): what its one optimizer step updates."""
+    w = sum(float(stage_weights(profiles, s)) for s in chunks)
+    return w - (profiles.tied_bytes if chunks and chunks[0].has_embed and chunks[-1].has_tail else 0)
+
+
 @dataclass(frozen=True)
 class StageActivations:
     """A stage's activation bytes per sample as the memory model weighs them: kept for backward,

@@ -33,12 +33,9 @@ from typing import Any, Callable, Protocol
 
 from ..runtime import checkpoint as ckpt
 from ..runtime.elastic_hooks import read_heartbeats
+from .errors import ElasticError
 
 Progress = Callable[[str], None]
-
-
-class ElasticError(RuntimeError):
-    """The run cannot go on: the survivors cannot hold the model, no host is left, too many restarts."""
 
 
 @dataclass(kw_only=True)
@@ -77,7 +74,7 @@ class ElasticConfig:
         if self.max_restarts < 0:
             raise ValueError(f"--max-restarts: expected >= 0, got {self.max_restarts}")
         if self.schedule is not None:
-            from ..planner.chunks import schedule_kinds
+            from ..formats import parse_kinds as schedule_kinds
 
             schedule_kinds(self.schedule)  # ValueError naming the kinds
         if self.elastic and not (self.layers and self.devices and self.bandwidth):

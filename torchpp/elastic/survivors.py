@@ -69,8 +69,8 @@ def plan_survivors(cfg, old: Plan, hosts: list[str], out_dir: Path) -> Replanned
     """Plan ``old``'s model and batch over ``hosts`` with ``cfg``'s measurements; writes the plan files
     into ``out_dir``. Raises :class:`~torchpp.elastic.driver.ElasticError` when nothing fits."""
     from ..planner import api
-    from ..planner.search import InfeasibleError
-    from .driver import ElasticError
+    from ..planner.types import InfeasibleError
+    from .errors import ElasticError
 
     if not hosts:
         raise ElasticError("no host is left to train on")

@@ -8,8 +8,10 @@ DESIGN.md layout list). ``from torchpp.formats import X`` reaches every record.
 """
 from .base import FormatError, Reader, check_format, file_hash, read_json, to_dict, write_json
 from .layers import BlockProfile, LAYERS_KIND, LAYERS_VERSION, LayersFile, ModelInfo, RunInfo
-from .plan import (PLACEMENTS, PLAN_KIND, PLAN_SCHEDULES, PLAN_VERSION, SCHEDULES, Placement, Plan, PlanDevice,
+from .plan import (PLACEMENTS, PLAN_KIND, PLAN_SCHEDULES, PLAN_VERSION, SCHEDULES, Placement, Plan, PlanDevice, Predicted,
                    PlanStage, placement_of, split_samples, validate_plan)
+from .kinds import (FULL_BACKWARD_ONE_CHUNK, KIND_NAMES, KINDS, MULTI_CHUNK, ONE_CHUNK, SPLIT_BACKWARD, KindSpec,
+                    parse_kinds)
 from .bandwidth import BANDWIDTH_KIND, BANDWIDTH_VERSION, Bandwidth
 from .capacities import (CAPACITIES_KIND, CAPACITIES_VERSION, SPEED_CHECK_KIND, SPEED_CHECK_VERSION, Capacities,
                          CapacityOutlier, HostTable, SpeedCheck, speed_ratios)
@@ -25,7 +27,7 @@ from .tokens import (TOKEN_DTYPES, TOKENS_KIND, TOKENS_VERSION, SourceFile, Toke
 __all__ = [
     "FormatError", "Reader", "check_format", "file_hash", "read_json", "to_dict", "write_json",
     "BlockProfile", "LAYERS_KIND", "LAYERS_VERSION", "LayersFile", "ModelInfo", "RunInfo",
-    "PLACEMENTS", "PLAN_KIND", "PLAN_SCHEDULES", "PLAN_VERSION", "Placement", "Plan", "PlanDevice",
+    "PLACEMENTS", "PLAN_KIND", "PLAN_SCHEDULES", "PLAN_VERSION", "Placement", "Plan", "PlanDevice", "Predicted",
     "PlanStage", "SCHEDULES", "placement_of", "split_samples", "validate_plan", "BANDWIDTH_KIND",
     "BANDWIDTH_VERSION", "Bandwidth", "CAPACITIES_KIND", "CAPACITIES_VERSION", "Capacities", "CapacityOutlier",
     "HostTable", "SPEED_CHECK_KIND", "SPEED_CHECK_VERSION", "SpeedCheck", "speed_ratios",
@@ -36,4 +38,6 @@ __all__ = [
     "LOSSY", "SYNC_KINDS", "WIRE_FORMATS", "Sync", "wire_bytes", "wire_ratio",
     "TOKEN_DTYPES", "TOKENS_KIND", "TOKENS_VERSION", "SourceFile", "TokenizerInfo", "TokensIndex",
     "check_corpus_files", "token_dtype",
+    "FULL_BACKWARD_ONE_CHUNK", "KIND_NAMES", "KINDS", "MULTI_CHUNK", "ONE_CHUNK", "SPLIT_BACKWARD",
+    "KindSpec", "parse_kinds",
 ]

@@ -3,25 +3,23 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
 from .. import validate as V
 from .base import FormatError, Reader, V_host, _load, check_format, to_dict, write_json
+from .kinds import FULL_BACKWARD_ONE_CHUNK, KIND_NAMES, KINDS
 from .layers import ModelInfo
 from .wire import Sync, parse_sync, parse_wire
 
 
 PLAN_KIND, PLAN_VERSION = "plan", 2
-SCHEDULES = ("1f1b", "gpipe")
+SCHEDULES = FULL_BACKWARD_ONE_CHUNK
 """The one-chunk-per-device schedules of plan format 1 (and of the simulator's parametric plans)."""
-PLACEMENTS = {"1f1b": "single", "gpipe": "single", "zb-h1": "single",
-              "interleaved": "interleaved", "interleaved-zb": "interleaved", "v": "v", "zbv": "v"}
-"""Every schedule kind of a plan and the placement of chunks on devices it runs on:
-``single``: one chunk per device; ``interleaved``: chunk c on the devices of chunk c mod p
-(v chunks each); ``v``: chunks c and 2p-1-c on one device (the first and last chunk together)."""
-PLAN_SCHEDULES = tuple(PLACEMENTS)
+PLACEMENTS = {k.name: k.placement for k in KINDS.values()}
+"""Every schedule kind of a plan and the placement of chunks it runs on (:mod:`.kinds`)."""
+PLAN_SCHEDULES = KIND_NAMES
 
 
 @dataclass(kw_only=True)
@@ -68,6 +66,68 @@ class PlanStage:
             if d.rank == rank:
                 return d
         raise KeyError(f"rank {rank} is not in stage {self.index}")
+
+
+@dataclass(kw_only=True)
+class Predicted:
+    """What the planner predicts a plan does (plan.json ``predicted``): its replayed step, the lower
+    bound and the gap to it, the bubble split, each rank's peak memory and each stage's times.
+
+    Keys the planner does not know (a newer or hand-edited file) are kept in ``extra`` and written
+    back; older readers index it like the JSON object it is (``p["step_time_s"]``, ``p.get(..)``)."""
+
+    step_time_s: float | None = None
+    throughput_samples_per_s: float | None = None
+    lower_bound_s: float | None = None
+    ratio_to_lower_bound: float | None = None
+    gap_to_bound: dict[str, float] | None = None
+    """``planner.gap.Gap`` as a dict: the step in parts that add up to it."""
+    bubble: dict[str, float] = field(default_factory=dict)
+    """real = ideal + imbalance + communication + recompute, seconds per rank on average."""
+    memory_model: str = ""
+    memory_bytes_per_rank: dict[str, int] = field(default_factory=dict)
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    """Per stage: layers, forward/backward/recompute/comm/all-reduce seconds, devices' memory and budget."""
+    backward_split: Any = None
+    """Split-backward kinds: each host's input-gradient share of the backward."""
+    optimizer: str | None = None
+    """Where the optimizer rate came from."""
+    certificate: dict[str, Any] | None = None
+    """``plan --certify``: the proven gap to the optimum of the searched space."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self._known():
+            return getattr(self, key)
+        return self.extra[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key in self._known():
+            setattr(self, key, value)
+        else:
+            self.extra[key] = value
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.to_json()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.to_json().get(key, default)
+
+    @classmethod
+    def _known(cls) -> set[str]:
+        return {f.name for f in fields(cls)} - {"extra"}
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object, optional parts left out where absent (as the planner always wrote it)."""
+        out = {k: getattr(self, k) for k in [f.name for f in fields(self)] if k != "extra"}
+        out = {k: v for k, v in out.items() if v is not None or k == "gap_to_bound"}
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Predicted":
+        known = cls._known()
+        return cls(**{k: v for k, v in data.items() if k in known},
+                   extra={k: v for k, v in data.items() if k not in known})
 
 
 @dataclass(frozen=True)
@@ -124,7 +184,7 @@ class Plan:
     stages: list[PlanStage]
     """The chunks in pipeline order (format 1: one per device)."""
     strategy: str = "manual"
-    predicted: dict[str, Any] | None = None
+    predicted: Predicted | None = None
     inputs: dict[str, str] = field(default_factory=dict)
     tied_sync: Sync | None = None
     """The tied-weight all-reduce's format (None: fp32 every step)."""
@@ -173,6 +233,8 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)
         d = {"format": d.pop("format"), **d}
+        if self.predicted is not None:
+            d["predicted"] = to_dict(self.predicted.to_json())
         for s, st in zip(d["stages"], self.stages):
             s["layers"] = list(s["layers"])
             _optional(s, "wire", st.wire)
@@ -249,11 +311,11 @@ def _inputs(r: Reader) -> dict[str, str]:
     return dict(v)
 
 
-def _predicted(r: Reader) -> dict[str, Any] | None:
+def _predicted(r: Reader) -> Predicted | None:
     v = r.raw("predicted", None)
     if v is not None and not isinstance(v, Mapping):
         raise r.fail("predicted", "an object (the planner's prediction) or null", v)
-    return None if v is None else dict(v)
+    return None if v is None else Predicted.from_json(v)
 
 
 def validate_plan(plan: Plan, source: str = "<plan>", world_size: int | None = None,

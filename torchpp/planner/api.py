@@ -18,14 +18,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import UsageError
-from ..formats import Bandwidth, Capacities, Devices, FormatError, LayersFile, MemoryModel, Plan
+from ..formats import (KIND_NAMES, ONE_CHUNK, Bandwidth, Capacities, Devices, FormatError, LayersFile, MemoryModel,
+                       Plan, parse_kinds)
 
 if TYPE_CHECKING:
     from ..cost import Profiles
 
 Progress = Callable[[str], None] | None
 OUTPUTS = ("plan.json", "stages.csv", "steps.csv", "plan_meta.json", "summary.txt", "gantt.png")
-SCHEDULES = ("auto", "1f1b", "zb-h1", "gpipe", "interleaved", "interleaved-zb", "v", "zbv")
+SCHEDULES = ("auto", *KIND_NAMES)
+META_CANDIDATES = 5
+"""plan_meta.json lists this many of the best priced plans of each schedule kind (``search.priced``
+counts them all): enough to see the runners-up, small enough to keep the file small."""
 STRATEGIES = ("even", "dp", "pp")
 """Fixed strategies `plan --strategy` writes (the comparison also prices ``single``)."""
 
@@ -120,10 +124,8 @@ class PlanOptions:
     planner/wire.py); empty: fp32 everywhere, every plan as without the option."""
 
     def __post_init__(self) -> None:
-        from .chunks import schedule_kinds
-
         try:
-            schedule_kinds(self.schedule)
+            parse_kinds(self.schedule)
         except ValueError as e:
             raise ValueError(f"PlanOptions.{e}") from None
 
@@ -159,7 +161,7 @@ class PlanResult:
     plan: Plan
     """The chosen plan with ``predicted`` and ``inputs`` filled in."""
     problem: Any
-    """planner.search.Problem it was searched on."""
+    """planner.types.Problem it was searched on."""
     timeline: Any
     """sim.replay.Timeline of its predicted step."""
     meta: dict[str, Any]
@@ -256,7 +258,8 @@ def plan(inputs: PlanInputs | Costs, options: PlanOptions, *, progress: Progress
          extra_meta: dict[str, Any] | None = None) -> PlanResult:
     """Search the plan space, price the best plan (and the comparisons) and describe the search."""
     from .report import input_hashes, predict
-    from .search import Problem, search
+    from .search import search
+    from .types import Problem
 
     costs = load(inputs) if isinstance(inputs, PlanInputs) else inputs
     prof, hosts, opt = costs.profiles, costs.hosts, costs.optimizer_s_per_byte
@@ -271,13 +274,17 @@ def plan(inputs: PlanInputs | Costs, options: PlanOptions, *, progress: Progress
     say(f"optimizer step: {opt_source}")
     res = search(pb, progress=progress)
     chosen = res.plan
-    if costs.devices is not None:
-        apply_fixed_ranks(chosen, costs.devices)
+    replayed = (res.step_time_s, res.timeline) if res.timeline is not None else None
+    ranks = [d.rank for s in chosen.stages for d in s.devices]
+    if costs.devices is not None and apply_fixed_ranks(chosen, costs.devices) and \
+            ranks != [d.rank for s in chosen.stages for d in s.devices]:
+        replayed = None  # renumbered: the search's replay names the old ranks
     fp32_step = None
     if options.allow_lossy:
         chosen, fp32_step = _choose_wire(chosen, costs, pb, options, say)
-    pred, tl = predict(chosen, prof, costs.links, costs.memory, costs.budget, opt)
-    pred["optimizer"] = opt_source
+        replayed = None  # the search priced fp32 links: the plan the wire pass chose is priced anew
+    pred, tl = predict(chosen, prof, costs.links, costs.memory, costs.budget, opt, replayed=replayed)
+    pred.optimizer = opt_source
     if options.allow_lossy:
         pred["wire"] = {"allowed": sorted(options.allow_lossy), "lossy": chosen.lossy,
                         "fp32_step_time_s": fp32_step}
@@ -343,8 +350,9 @@ def _meta(res: Any, chosen: Plan, pb: Any, options: PlanOptions, compare: list[d
                    "planning_time_s": res.planning_time_s, "refined": res.refined, "max_stages": options.max_stages,
                    "best_per_schedule": res.kinds,
                    "micro_batch_sizes": options.micro_batch_sizes, "recompute": options.recompute,
-                   "candidates": [{"step_time_s": s, "stages": p.num_stages, "micro_batch_size": p.micro_batch_size,
-                                   "devices": p.world_size} for s, p in res.priced]},
+                   "candidates": [{"step_time_s": s, "schedule": p.schedule, "stages": p.num_stages,
+                                   "micro_batch_size": p.micro_batch_size, "devices": p.world_size}
+                                  for s, p in best_per_kind(res.priced, META_CANDIDATES)]},
         "chosen": {"stages": chosen.num_stages, "micro_batch_size": chosen.micro_batch_size,
                    "num_microbatches": chosen.num_microbatches, "devices": chosen.world_size,
                    "idle": [h for h in hosts if h not in {d.host for s in chosen.stages for d in s.devices}]},
@@ -353,6 +361,17 @@ def _meta(res: Any, chosen: Plan, pb: Any, options: PlanOptions, compare: list[d
                                                        "optimizer") if k in chosen.predicted},
         "compare": compare, "inputs": chosen.inputs, **(extra or {}),
     }
+
+
+def best_per_kind(priced: Sequence[tuple[float, Plan]], n: int) -> list[tuple[float, Plan]]:
+    """The ``n`` best priced plans of each schedule kind, best first."""
+    per: dict[str, int] = {}
+    out = []
+    for s, p in sorted(priced, key=lambda x: x[0]):
+        if per.get(p.schedule, 0) < n:
+            per[p.schedule] = per.get(p.schedule, 0) + 1
+            out.append((s, p))
+    return out
 
 
 def write(result: PlanResult, out_dir: Path) -> list[Path]:
@@ -472,7 +491,7 @@ def compare_plans(names: Sequence[str], chosen: Plan, pb: Any, budget: dict[str,
     rows = [_row("chosen (optimal)", Priced(plan=chosen, predicted=chosen.predicted, fits=True), chosen)]
     for name in names:
         if name in FIXED:
-            one_chunk = chosen.schedule if chosen.schedule in ("1f1b", "gpipe", "zb-h1") else "1f1b"
+            one_chunk = chosen.schedule if chosen.schedule in ONE_CHUNK else "1f1b"
             got = best_fixed(name, chosen.model, pb, budget, seq_len=chosen.seq_len, global_batch=chosen.global_batch,
                              schedule=one_chunk, sizes=pb.micro_batch_sizes)
             if got is None:
@@ -491,7 +510,7 @@ def compare_plans(names: Sequence[str], chosen: Plan, pb: Any, budget: dict[str,
 
 def _row(name: str, got: Priced, chosen: Plan) -> dict[str, Any]:
     """One line of the comparison: step time, ratio to the chosen plan, worst memory, micro-batching."""
-    from .search import fmt_bytes
+    from .types import fmt_bytes
 
     devs = [d for s in got.predicted["stages"] for d in s["devices"]]
     worst = max(((d["memory_bytes"], d["budget_bytes"] or 0, d["host"]) for d in devs),

@@ -7,13 +7,12 @@ ordered pair of the hosts named must be present, or the error names the missing 
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import math
 from pathlib import Path
 
 from ..formats import Bandwidth, FormatError
-from .. import argtypes as T, validate as V
+from .. import validate as V
 
 
 MAX_CSV_BYTES = 8 << 20
@@ -78,19 +77,3 @@ def parse_links_csv(path: str | Path, assume_symmetric: bool = False) -> Bandwid
         raise FormatError(src, "<rows>", "a row for every ordered host pair (or --assume-symmetric); missing "
                           + ", ".join(m.replace("|", "->") for m in missing))
     return bw
-
-
-def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--csv", required=True, type=T.existing_path, help="rows src_host,dst_host,gbps[,latency_ms], no header")
-    p.add_argument("--out", type=T.out_file, default=Path("bandwidth.json"))
-    p.add_argument("--assume-symmetric", action="store_true", help="fill a missing direction from the other one")
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    bw = parse_links_csv(args.csv, args.assume_symmetric)
-    bw.save(args.out)
-    slow = min(bw.bytes_per_sec.items(), key=lambda kv: kv[1])
-    print(f"wrote {args.out}: {len(bw.hosts())} hosts, {len(bw.bytes_per_sec)} links, slowest {slow[0]} "
-          f"{slow[1] * 8 / 1e9:.3g} Gbit/s")
-    return 0

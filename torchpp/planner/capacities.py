@@ -36,15 +36,12 @@ report. ``consensus_round[h]`` is the round whose ratio is the median, the profi
 """
 from __future__ import annotations
 
-import argparse
 import statistics
-from pathlib import Path
 from typing import Sequence
 
 from ..formats import Capacities, CapacityOutlier, FormatError, HostTable, LayersFile
 from ..cost import Profiles
 from ..cost.profiles import check_same_model
-from .. import argtypes as T
 
 
 def block_seconds(lf: LayersFile) -> dict[tuple[str, int], float]:
@@ -192,34 +189,3 @@ def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequ
                       optimizer_s_per_byte=opt, backward_split_factor=split, backward_split_layer_s=split_layer,
                       rounds=rounds if len(rounds) > 1 else [], consensus_round=consensus, agreement=agreement,
                       outliers=outliers)
-
-
-def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--inputs", nargs="+", required=True, action="append", type=T.existing_path,
-                   help="layers_<host>.json files taken together; repeat --inputs for further rounds (each with "
-                        "the reference host): a host's capacity is the median of its rounds")
-    p.add_argument("--ref-host", required=True, type=T.host, help="host whose speed is 1.0")
-    p.add_argument("--out", type=T.out_file, default=Path("capacities.json"))
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    first, *more = [[(LayersFile.load(p), str(p)) for p in group] for group in args.inputs]
-    cap = compute_capacities([f for f, _ in first], args.ref_host, [s for _, s in first],
-                             again=[([f for f, _ in g], [s for _, s in g]) for g in more])
-    cap.save(args.out)
-    print(f"wrote {args.out} (reference {cap.ref_host})")
-    for h, c in sorted(cap.capacity.items(), key=lambda kv: -kv[1]):
-        opt = cap.optimizer_s_per_byte.get(h)
-        split = cap.backward_split_factor.get(h)
-        print(f"  {h:<16} capacity {c:.3f}  runtime {1e3 * cap.call_overhead_s.get(h, 0.0):.3f} ms/call"
-              + (f", optimizer step {opt * 1e9:.3g} s/GB" if opt else "")
-              + (f", split backward {split:.2f} x" if split else "")
-              + (f" + {cap.backward_split_layer_s[h] * 1e3:.2f} ms per layer and call"
-                 if cap.backward_split_layer_s.get(h) else "")
-              + (" (rounds " + "/".join(f"{r[h]:.3f}" if h in r else "-" for r in cap.rounds)
-                 + f": within {100 * cap.agreement[h]:.1f}% of the median, round {cap.consensus_round[h] + 1})"
-                 if cap.rounds and h in cap.agreement else ""))
-    for o in cap.outliers:
-        print(f"  outlier: {o.line()}")
-    return 0

@@ -14,42 +14,25 @@ schedule kind for the other of its placement family.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from ..cost import device_memory
 from ..formats import Placement, Plan, placement_of
 from ..plans import make_chunked_plan
-from ..schedules import ScheduleError, in_flight_chunks
-from ..sim.measured import price
+from ..schedules import REGISTRY, ScheduleError, in_flight_chunks
 from .allocate import allocate
-
-if TYPE_CHECKING:
-    from .search import Problem, StageCosts, Tables
-
-ONE_CHUNK = ("1f1b", "zb-h1", "gpipe")
-"""Kinds with one chunk per device group: searched by the stage DP."""
-MULTI_CHUNK = ("interleaved", "interleaved-zb", "v", "zbv")
-"""Kinds whose groups hold several chunks: searched here."""
-KINDS = ONE_CHUNK + MULTI_CHUNK
-FAMILY = {"interleaved": "interleaved-zb", "interleaved-zb": "interleaved", "v": "zbv", "zbv": "v"}
-"""The other kind of the same placement (full backward / split backward)."""
+from .pricing import price_plan
+from .prune import chunk_bound
+from .tables import StageCosts, Tables
+from .types import Problem
 MAX_CHUNKS_PER_DEVICE = 4
 """Interleaved placements are searched with 2..this many chunks per group."""
-
-
-def schedule_kinds(spec: str) -> list[str]:
-    """``auto`` (every kind), one kind, or a comma-separated list -> the kinds to search."""
-    if spec == "auto":
-        return list(KINDS)
-    kinds = [x.strip() for x in spec.split(",") if x.strip()]
-    bad = [k for k in kinds if k not in KINDS]
-    if bad or not kinds:
-        raise ValueError(f"schedule: expected 'auto' or kinds from {', '.join(KINDS)}, got {spec!r}")
-    return list(dict.fromkeys(kinds))
 
 
 @dataclass(frozen=True)
@@ -75,7 +58,7 @@ def chunk_counts(kind: str, p: int, L: int) -> list[int]:
     and a held activation set per chunk)."""
     if p < 2:
         return []
-    if kind in ("v", "zbv"):
+    if REGISTRY[kind].placement == "v":
         return [2] if 2 * p <= L else []
     return [v for v in range(2, MAX_CHUNKS_PER_DEVICE + 1) if v * p <= L]
 
@@ -84,17 +67,19 @@ def placement(kind: str, p: int, v: int) -> Placement:
     return placement_of(kind, p * v, v)
 
 
-def chunk_in_flight(kind: str, pl: Placement, m: int) -> list[int]:
-    """Most micro-batches each chunk holds at once, read off its group's order."""
+@functools.lru_cache(maxsize=1024)
+def chunk_in_flight(kind: str, pl: Placement, m: int) -> tuple[int, ...]:
+    """Most micro-batches each chunk holds at once, read off its group's order (kept: a pure
+    function of the order, which every group sequence of the same shape asks again)."""
     out = [0] * len(pl.position)
     for pos in range(pl.p):
         for prof in in_flight_chunks(kind, pl, pos, m):
             for c, n in prof:
                 out[c] = max(out[c], n)
-    return out
+    return tuple(out)
 
 
-def dp_cuts(sc: "StageCosts", kind: str, v: int, groups: Sequence[tuple[int, ...]]
+def dp_cuts(sc: StageCosts, kind: str, v: int, groups: Sequence[tuple[int, ...]]
             ) -> tuple[tuple[int, ...], float] | None:
     """Cut points minimising the largest (chunk cost × chunks of its group) over chunks in pipeline
     order, the group of each chunk fixed by the placement, and an estimate of the step to rank
@@ -129,7 +114,7 @@ def dp_cuts(sc: "StageCosts", kind: str, v: int, groups: Sequence[tuple[int, ...
     return tuple(bounds), _estimate(sc, pl, groups, [float(costs[c][bounds[c], bounds[c + 1]]) for c in range(S)])
 
 
-def _estimate(sc: "StageCosts", pl: Placement, groups: Sequence[tuple[int, ...]], chunk: Sequence[float]) -> float:
+def _estimate(sc: StageCosts, pl: Placement, groups: Sequence[tuple[int, ...]], chunk: Sequence[float]) -> float:
     """m × the busiest group's time per micro-batch, plus one micro-batch's pass through the chunks
     over v (the fill of an interleaved pipeline), plus the tied all-reduce unless one group holds both ends."""
     t = sc.t
@@ -141,16 +126,16 @@ def _estimate(sc: "StageCosts", pl: Placement, groups: Sequence[tuple[int, ...]]
     return est
 
 
-def build_chunk_plan(pb: "Problem", t: "Tables", lay: ChunkLayout) -> Plan | None:
+def build_chunk_plan(pb: Problem, t: Tables, lay: ChunkLayout) -> Plan | None:
     """A plan of ``lay`` with Algorithm 1 shares per group, recomputing a group's layers only when its
     devices do not fit otherwise; None when memory does not fit or the kind cannot run it."""
-    from .report import device_memory
-
     names = [[pb.hosts[h] for h in g] for g in lay.groups]
     ranges = [(lay.bounds[i], lay.bounds[i + 1]) for i in range(len(lay.bounds) - 1)]
     try:
         pl = placement(lay.kind, len(lay.groups), lay.v)
     except ValueError:
+        return None
+    if not weights_fit(pb, t, lay, pl, ranges):
         return None
     shares = []
     for pos, grp in enumerate(lay.groups):
@@ -179,17 +164,40 @@ def build_chunk_plan(pb: "Problem", t: "Tables", lay: ChunkLayout) -> Plan | Non
     return None
 
 
-def price_layout(pb: "Problem", t: "Tables", lay: ChunkLayout) -> tuple[float, Plan] | None:
+def layout_bound_of(t: Tables, lay: ChunkLayout, m: int) -> float:
+    """A lower bound on ``lay``'s priced step (planner/prune.py); 0 where the kind cannot place it."""
+    try:
+        pl = placement(lay.kind, len(lay.groups), lay.v)
+    except ValueError:
+        return 0.0
+    return chunk_bound(t, lay.groups, lay.bounds, pl.position, lay.b, m, REGISTRY[lay.kind].split_backward)
+
+
+def weights_fit(pb: Problem, t: Tables, lay: ChunkLayout, pl: Placement, ranges: Sequence[tuple[int, int]]) -> bool:
+    """Whether every device holds the weights of its group's chunks (the base and ``alpha`` × their
+    parameter bytes, the tied weight once): a bound below its peak, so a layout failing it is never
+    built (the dearest part of building one is its per-rank memory)."""
+    tied = float(pb.profiles.tied_bytes)
+    for pos, grp in enumerate(lay.groups):
+        cs = pl.chunks[pos]
+        shared = tied if 0 in cs and len(ranges) - 1 in cs else 0.0
+        need = pb.memory.base + pb.memory.alpha * (sum(float(t.W[ranges[c]]) for c in cs) - shared)
+        if any(need > pb.budget[pb.hosts[h]] for h in grp):
+            return False
+    return True
+
+
+def price_layout(pb: Problem, t: Tables, lay: ChunkLayout) -> tuple[float, Plan] | None:
     plan = build_chunk_plan(pb, t, lay)
     if plan is None:
         return None
     try:
-        return price(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte)[0], plan
+        return price_plan(pb, plan), plan
     except (ValueError, ScheduleError):
         return None
 
 
-def layouts(costs_of: Callable[[int], "StageCosts"], kinds: Iterable[str], groups: Sequence[tuple[int, ...]],
+def layouts(costs_of: Callable[[int], StageCosts], kinds: Iterable[str], groups: Sequence[tuple[int, ...]],
             L: int) -> list[tuple[float, ChunkLayout]]:
     """The DP's layout of every multi-chunk kind and chunk count v for one group sequence, with its
     estimate; ``costs_of(v)``: stage costs whose memory checks give each chunk 1/v of its device."""
@@ -243,12 +251,13 @@ def neighbours(lay: ChunkLayout, kinds: Sequence[str]) -> list[ChunkLayout]:
         g = list(lay.groups)
         g[i], g[j] = g[j], g[i]
         out.append(replace(lay, groups=tuple(g)))
-    if FAMILY[lay.kind] in kinds:
-        out.append(replace(lay, kind=FAMILY[lay.kind]))
+    family = REGISTRY[lay.kind].family
+    if family in kinds:
+        out.append(replace(lay, kind=family))
     return [x for x in out if all(x.bounds[i] < x.bounds[i + 1] for i in range(S))]
 
 
-def descend(pb: "Problem", t: "Tables", starts: Sequence[tuple[float, ChunkLayout]], kinds: Sequence[str],
+def descend(pb: Problem, t: Tables, starts: Sequence[tuple[float, ChunkLayout]], kinds: Sequence[str],
             budget: int, seen: dict) -> list[tuple[float, Plan]]:
     """Steepest descent on the priced step time from each start, pricing at most ``budget`` layouts."""
     found: list[tuple[float, Plan]] = []
@@ -259,6 +268,8 @@ def descend(pb: "Problem", t: "Tables", starts: Sequence[tuple[float, ChunkLayou
             best = None
             for nb in neighbours(cur, kinds):
                 if nb.key not in seen:
+                    if layout_bound_of(t, nb, pb.global_batch // nb.b) >= pb.ledger.step_time_s:
+                        continue  # cannot beat the best priced plan (planner/prune.py)
                     if used >= budget:
                         break
                     used += 1

@@ -16,7 +16,8 @@ from pathlib import Path
 from .. import argtypes as T, validate as V
 from ..argtypes import boolean as _bool
 from ..errors import UsageError
-from . import api
+from ..formats import FULL_BACKWARD_ONE_CHUNK, KIND_NAMES, LayersFile, Predicted, parse_kinds
+from . import api, bandwidth, capacities
 from .api import Estimate, PlanInputs, PlanOptions, Strategy
 
 
@@ -74,8 +75,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="precision of the plan; bfloat16: fp32 master weights and optimizer state with bf16 "
                         "autocast. Measured plans must match the layers files' (default: theirs; else float32)")
     p.add_argument("--schedule", type=schedule_arg, default=None,
-                   help="search: auto (default: the best over 1f1b, zb-h1, gpipe, interleaved, interleaved-zb, v, "
-                        "zbv), one kind or a comma-separated list; fixed strategies: 1f1b (default) or gpipe")
+                   help=f"search: auto (default: the best over {', '.join(KIND_NAMES)}), one kind or a "
+                        f"comma-separated list; fixed strategies: {' or '.join(FULL_BACKWARD_ONE_CHUNK)} (default 1f1b)")
     p.add_argument("--recompute", action="store_true", help="fixed strategies: recompute every layer")
     p.add_argument("--out", type=T.out_file, default=Path("plan.json"), help="fixed strategies: output file")
     p.set_defaults(func=run)
@@ -83,10 +84,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def schedule_arg(text: str) -> str:
     """argparse type of ``--schedule`` (plan and replan): auto, one kind or a comma-separated list."""
-    from .chunks import schedule_kinds
-
     try:
-        schedule_kinds(text)
+        parse_kinds(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
@@ -160,8 +159,8 @@ def run_fixed(args: argparse.Namespace) -> int:
                         hosts=args.hosts, microbatches=args.microbatches,
                         seq_len=args.seq_len or 128, recompute=args.recompute, dtype=args.dtype or "float32")
     schedule = args.schedule or "1f1b"
-    if schedule not in ("1f1b", "gpipe"):
-        raise UsageError(f"--schedule: fixed strategies run 1f1b or gpipe, got {schedule!r}")
+    if schedule not in FULL_BACKWARD_ONE_CHUNK:
+        raise UsageError(f"--schedule: fixed strategies run {' or '.join(FULL_BACKWARD_ONE_CHUNK)}, got {schedule!r}")
     plan = api.fixed_plan(strategy, PlanOptions(global_batch=args.global_batch, schedule=schedule))
     plan.save(args.out)
     print(f"wrote {args.out}: {plan.num_stages} stage(s), {plan.world_size} rank(s), "
@@ -190,11 +189,63 @@ def run_topology(args: argparse.Namespace) -> int:
         print(f"  pp {x.pp:>3} dp {x.dp:>5} tp {x.tp} mb {x.microbatches:>4}: {x.step_time_s:.4f} s/step, "
               f"{x.throughput:.1f} samples/s")
     best = found[0]
-    best.plan.predicted = {"step_time_s": best.step_time_s, "throughput_samples_per_s": best.throughput,
-                           "layout": {"pp": best.pp, "dp": best.dp, "tp": best.tp}, "topology": str(args.topology)}
+    best.plan.predicted = Predicted(step_time_s=best.step_time_s, throughput_samples_per_s=best.throughput,
+                                    extra={"layout": {"pp": best.pp, "dp": best.dp, "tp": best.tp},
+                                           "topology": str(args.topology)})
     out = (args.out_dir or Path(".")) / "plan.json"
     best.plan.save(out)
     write_json(out.with_name("layouts.json"), [{"pp": x.pp, "dp": x.dp, "tp": x.tp, "microbatches": x.microbatches,
                                                 "step_time_s": x.step_time_s} for x in found])
     print(f"wrote {out} (pp {best.pp} × dp {best.dp} × tp {best.tp}) and {out.with_name('layouts.json')}")
+    return 0
+
+
+def configure_capacities(p: argparse.ArgumentParser) -> None:
+    """`torchpp capacities`'s arguments."""
+    p.add_argument("--inputs", nargs="+", required=True, action="append", type=T.existing_path,
+                   help="layers_<host>.json files taken together; repeat --inputs for further rounds (each with "
+                        "the reference host): a host's capacity is the median of its rounds")
+    p.add_argument("--ref-host", required=True, type=T.host, help="host whose speed is 1.0")
+    p.add_argument("--out", type=T.out_file, default=Path("capacities.json"))
+    p.set_defaults(func=run_capacities)
+
+
+def run_capacities(args: argparse.Namespace) -> int:
+    """`torchpp capacities`: capacities.json from layers files, one line per host."""
+    first, *more = [[(LayersFile.load(p), str(p)) for p in group] for group in args.inputs]
+    cap = capacities.compute_capacities([f for f, _ in first], args.ref_host, [s for _, s in first],
+                             again=[([f for f, _ in g], [s for _, s in g]) for g in more])
+    cap.save(args.out)
+    print(f"wrote {args.out} (reference {cap.ref_host})")
+    for h, c in sorted(cap.capacity.items(), key=lambda kv: -kv[1]):
+        opt = cap.optimizer_s_per_byte.get(h)
+        split = cap.backward_split_factor.get(h)
+        print(f"  {h:<16} capacity {c:.3f}  runtime {1e3 * cap.call_overhead_s.get(h, 0.0):.3f} ms/call"
+              + (f", optimizer step {opt * 1e9:.3g} s/GB" if opt else "")
+              + (f", split backward {split:.2f} x" if split else "")
+              + (f" + {cap.backward_split_layer_s[h] * 1e3:.2f} ms per layer and call"
+                 if cap.backward_split_layer_s.get(h) else "")
+              + (" (rounds " + "/".join(f"{r[h]:.3f}" if h in r else "-" for r in cap.rounds)
+                 + f": within {100 * cap.agreement[h]:.1f}% of the median, round {cap.consensus_round[h] + 1})"
+                 if cap.rounds and h in cap.agreement else ""))
+    for o in cap.outliers:
+        print(f"  outlier: {o.line()}")
+    return 0
+
+
+def configure_bandwidth(p: argparse.ArgumentParser) -> None:
+    """`torchpp bandwidth parse`'s arguments."""
+    p.add_argument("--csv", required=True, type=T.existing_path, help="rows src_host,dst_host,gbps[,latency_ms], no header")
+    p.add_argument("--out", type=T.out_file, default=Path("bandwidth.json"))
+    p.add_argument("--assume-symmetric", action="store_true", help="fill a missing direction from the other one")
+    p.set_defaults(func=run_bandwidth)
+
+
+def run_bandwidth(args: argparse.Namespace) -> int:
+    """`torchpp bandwidth parse`: bandwidth.json from an iperf3-style CSV."""
+    bw = bandwidth.parse_links_csv(args.csv, args.assume_symmetric)
+    bw.save(args.out)
+    slow = min(bw.bytes_per_sec.items(), key=lambda kv: kv[1])
+    print(f"wrote {args.out}: {len(bw.hosts())} hosts, {len(bw.bytes_per_sec)} links, slowest {slow[0]} "
+          f"{slow[1] * 8 / 1e9:.3g} Gbit/s")
     return 0

@@ -62,10 +62,12 @@ class Gap:
 
 
 def gap_to_bound(plan: Plan, profiles: Profiles, links, bound_s: float,
-                 optimizer_s_per_byte: Mapping[str, float] | float | None = None) -> Gap:
-    """The plan's replayed step split as the module says (``links``: what the plan was priced with)."""
+                 optimizer_s_per_byte: Mapping[str, float] | float | None = None, step_s: float | None = None) -> Gap:
+    """The plan's replayed step split as the module says (``links``: what the plan was priced with;
+    ``step_s``: its step on them where already replayed, else it is replayed here). The parts past
+    the step are the same plan replayed on other costs (free links; free links and calls)."""
     hosts = sorted({d.host for s in plan.stages for d in s.devices})
-    step, _ = price(plan, profiles, links, optimizer_s_per_byte)
+    step = step_s if step_s is not None else price(plan, profiles, links, optimizer_s_per_byte)[0]
     no_comm, _ = price(plan, profiles, FreeLinks(), optimizer_s_per_byte)
     work = profiles.per_sample_only(hosts)
     bare, tl = price(plan, work, FreeLinks(), optimizer_s_per_byte)

@@ -16,10 +16,16 @@ import time
 from dataclasses import replace
 from typing import Sequence
 
-from ..formats import Plan
-from .chunks import MULTI_CHUNK, ONE_CHUNK, ChunkLayout, descend, every_cut, group_sequences, layouts, price_layout
-from .search import (InfeasibleError, Problem, SearchResult, StageChoice, StageCosts, Tables, infeasible_message,
-                     refine, search_single)
+from ..formats import MULTI_CHUNK, ONE_CHUNK, Plan
+from ..schedules import REGISTRY
+from .build import build_plan
+from .pricing import price_plan
+from .prune import layout_bound
+from .chunks import ChunkLayout, descend, layout_bound_of, every_cut, group_sequences, layouts, price_layout
+from .refine import refine
+from .single import search_single
+from .tables import StageCosts, Tables, infeasible_message
+from .types import InfeasibleError, Problem, SearchResult, StageChoice, micro_batch_sizes
 
 SMALL_DEVICES = 3
 """Up to this many devices the kinds are searched exhaustively over device groups (see above)."""
@@ -45,7 +51,7 @@ def search_kinds(pb: Problem, kinds: Sequence[str], progress=None) -> SearchResu
     one = [k for k in kinds if k in ONE_CHUNK]
     multi = [k for k in kinds if k in MULTI_CHUNK]
     small = len(pb.hosts) <= SMALL_DEVICES
-    first = next((k for k in one if k != "zb-h1"), "1f1b")  # zb-h1's order does not run every m the DP tries
+    first = next((k for k in one if REGISTRY[k].spec.every_m), "1f1b")  # the DP tries every m
     base = search_single(replace(pb, schedule=first), progress)
     t = base.tables
     priced: list[tuple[float, Plan]] = list(base.priced) if first in one else []
@@ -60,7 +66,7 @@ def search_kinds(pb: Problem, kinds: Sequence[str], progress=None) -> SearchResu
     if not priced:
         if multi and not one and base.priced:  # the one-chunk DP found plans: only the chunked kinds do not fit
             best = min(base.priced, key=lambda x: x[0])
-            v = [k for k in multi if k in ("v", "zbv")]
+            v = [k for k in multi if REGISTRY[k].placement == "v"]
             why = (f"; a V placement ({'/'.join(v)}) holds both the embedding and the lm_head on one device"
                    if v else "")
             raise InfeasibleError(
@@ -115,17 +121,18 @@ def _layout_of(pb: Problem, plan: Plan) -> tuple[list[int], list[StageChoice]]:
 
 def _reprice(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]]) -> list[tuple[float, Plan]]:
     """The given one-chunk layouts priced under ``pb.schedule``, then refined by the local search."""
-    from ..sim.measured import price
-    from .search import build_plan
-
     out, seeds = [], []
     for _, p in plans:
         order, stages = _layout_of(pb, p)
+        groups = [(st.cut, [order[x] for x in range(*st.hosts)]) for st in stages]
+        if layout_bound(t, groups, p.micro_batch_size, p.num_microbatches,
+                        REGISTRY[pb.schedule].split_backward) >= pb.ledger.step_time_s:
+            continue  # cannot beat the best priced plan (planner/prune.py)
         try:
             plan = build_plan(pb, t, order, stages, p.micro_batch_size, "optimal")
             if plan is None:
                 continue
-            s = price(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte)[0]
+            s = price_plan(pb, plan)
         except ValueError:  # the kind's order does not run this micro-batch count on this many stages
             continue
         out.append((s, plan))
@@ -142,8 +149,6 @@ def _seed_groups(pb: Problem, plans: Sequence[tuple[float, Plan]], small: bool) 
             break
         out[(p.micro_batch_size, tuple(tuple(idx[d.host] for d in st.devices) for st in p.stages))] = None
     if small:
-        from .search import micro_batch_sizes
-
         for b in micro_batch_sizes(pb):
             for groups in group_sequences(len(pb.hosts), b):
                 out[(b, groups)] = None
@@ -172,6 +177,8 @@ def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], 
         for est, lay in found_here:
             cands.setdefault(lay.key, (est, lay))
     ranked = sorted(cands.values(), key=lambda x: x[0])
+    if small:  # ranked by the bound, so the first plans priced prune the most (planner/prune.py)
+        ranked = sorted(ranked, key=lambda x: layout_bound_of(t, x[1], pb.global_batch // x[1].b))
     if not small:
         top = {x[1].key: x for x in ranked[:PRICED]}
         for kind in kinds:
@@ -183,6 +190,8 @@ def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], 
     starts: list[tuple[float, ChunkLayout]] = []
     found: list[tuple[float, Plan]] = []
     for _, lay in ranked:
+        if layout_bound_of(t, lay, pb.global_batch // lay.b) >= pb.ledger.step_time_s:
+            continue  # cannot beat the best priced plan (planner/prune.py)
         got = price_layout(pb, t, lay)
         seen[lay.key] = got[0] if got else float("inf")
         if got:

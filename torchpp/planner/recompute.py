@@ -13,7 +13,7 @@ for the current flags, then the MILP for those shares, until they agree.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -21,13 +21,13 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from ..cost import Span, layer_forward, stage_time
 from .allocate import allocate
 
-if TYPE_CHECKING:
-    from ..schedules import PeakState
-    from .search import Problem, Tables
+from ..schedules import PeakState
+from .tables import Tables
+from .types import Problem
 
 
-def choose_recompute(pb: "Problem", t: "Tables", hosts: Sequence[int], cut: tuple[int, int], b: int,
-                     states: Sequence["PeakState"]) -> tuple[list[bool], list[int]] | None:
+def choose_recompute(pb: Problem, t: Tables, hosts: Sequence[int], cut: tuple[int, int], b: int,
+                     states: Sequence[PeakState]) -> tuple[list[bool], list[int]] | None:
     """(recompute flag per layer, samples per device) minimising the stage time; None if nothing fits.
     ``states``: the stage's order's (``schedules.peak_states``); every one must fit."""
     c, c2 = cut

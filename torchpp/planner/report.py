@@ -18,39 +18,24 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..formats import Plan, file_hash, write_json
+from ..formats import Plan, Predicted, file_hash, write_json
 from ..schedules import Kind
 from ..sim.replay import Timeline
-from ..cost import Links, MemoryEstimator, Profiles, StageMemory, stage_time
-from ..schedules import SPLIT_BACKWARD, peak_states, rank_profiles
+from ..cost import Links, MemoryEstimator, Profiles, device_memory, stage_time
+from ..schedules import SPLIT_BACKWARD
 from ..sim.measured import price
 from ..sim.trace import recompute_of, timeline_events
 from ..trace.analyze import analyze
 from .bound import lower_bound
 from .gap import Gap, gap_to_bound
-from .search import fmt_bytes
-
-
-def device_memory(plan: Plan, profiles: Profiles, memory: MemoryEstimator) -> dict[int, float]:
-    """Predicted peak bytes per rank (a rank holding several chunks: all of them, with the
-    micro-batches each holds at the worst moment of the rank's order)."""
-    out = {}
-    mem = StageMemory(profiles, memory)
-    for r in plan.ranks:
-        chunks = plan.stages_of_rank(r)
-        if len(chunks) == 1:
-            s = chunks[0]
-            states = peak_states(plan.schedule, plan.num_stages, s.index, plan.num_microbatches)
-            out[r] = float(mem.peak_over(s, s.device(r).samples, states))
-            continue
-        shared = profiles.tied_bytes if chunks[0].has_embed and chunks[-1].has_tail else 0.0
-        out[r] = mem.chunks_peak([(c, c.device(r).samples) for c in chunks], rank_profiles(plan, r), shared)
-    return out
+from .types import fmt_bytes
 
 
 def predict(plan: Plan, profiles: Profiles, links: Links, memory: MemoryEstimator, budget: Mapping[str, float],
-            optimizer_s_per_byte=None) -> tuple[dict[str, Any], Timeline]:
-    step, tl = price(plan, profiles, links, optimizer_s_per_byte)
+            optimizer_s_per_byte=None, replayed: tuple[float, Timeline] | None = None) -> tuple[Predicted, Timeline]:
+    """The plan's prediction and its replayed timeline; ``replayed``: the (step, timeline) the search
+    already priced it with (it is replayed here only without one)."""
+    step, tl = replayed if replayed is not None else price(plan, profiles, links, optimizer_s_per_byte)
     mem = device_memory(plan, profiles, memory)
     stages = []
     for s in plan.stages:
@@ -74,18 +59,15 @@ def predict(plan: Plan, profiles: Profiles, links: Links, memory: MemoryEstimato
     hosts = list(budget) or sorted({d.host for s in plan.stages for d in s.devices})
     lb = lower_bound(profiles, hosts, {h: budget.get(h, math.inf) for h in hosts}, memory, plan.global_batch,
                      optimizer_s_per_byte)
-    pred = {
-        "step_time_s": step, "throughput_samples_per_s": plan.global_batch / step,
-        "lower_bound_s": lb, "ratio_to_lower_bound": step / lb,
-        "gap_to_bound": gap_to_bound(plan, profiles, links, lb, optimizer_s_per_byte).as_dict()
+    pred = Predicted(
+        step_time_s=step, throughput_samples_per_s=plan.global_batch / step,
+        lower_bound_s=lb, ratio_to_lower_bound=step / lb,
+        gap_to_bound=gap_to_bound(plan, profiles, links, lb, optimizer_s_per_byte, step_s=step).as_dict()
         if math.isfinite(lb) else None,
-        "bubble": bubble,
-        "memory_model": memory.source,
-        "memory_bytes_per_rank": {str(r): int(v) for r, v in sorted(mem.items())},
-        "stages": stages,
-    }
+        bubble=bubble, memory_model=memory.source,
+        memory_bytes_per_rank={str(r): int(v) for r, v in sorted(mem.items())}, stages=stages)
     if plan.schedule in SPLIT_BACKWARD:
-        pred["backward_split"] = profiles.backward_split([d.host for s in plan.stages for d in s.devices])
+        pred.backward_split = profiles.backward_split([d.host for s in plan.stages for d in s.devices])
     return pred, tl
 
 

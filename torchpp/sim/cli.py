@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from .. import argtypes as T, validate as V
+from ..formats import FULL_BACKWARD_ONE_CHUNK
 
 
 def _pairs(text: str) -> dict[str, str]:
@@ -53,7 +54,7 @@ def _add_settings(p: argparse.ArgumentParser, defaults: bool = True) -> None:
     d = (lambda v: v) if defaults else (lambda v: None)
     p.add_argument("--policy", choices=["schedule", "seed002"], default=d("schedule"),
                    help="schedule: torchpp's own action lists (default); seed002: the original's greedy rules")
-    p.add_argument("--schedule", choices=["1f1b", "gpipe"], default=d("1f1b"))
+    p.add_argument("--schedule", choices=list(FULL_BACKWARD_ONE_CHUNK), default=d("1f1b"))
     p.add_argument("--congestion", action=argparse.BooleanOptionalAction, default=d(False),
                    help="receiver congestion: inbound transfers throttled to --recv-capacity")
     p.add_argument("--recv-capacity", type=T.float_in(0.0, 1e6, lo_open=True), default=d(1.0))

@@ -4,17 +4,19 @@ from __future__ import annotations
 import os
 from typing import Callable, Mapping, Sequence
 
-from ..cost import Links, MeasuredCost, Profiles
+from ..cost import Links, MeasuredCost, Profiles, boundary_bytes, stage_weights
 from ..formats import Bandwidth, Capacities, FormatError, LayersFile, Plan
 from ..schedules import Action, Kind, build
 from .replay import Timeline, replay
 
 
 def price(plan: Plan, profiles: Profiles, links: Links | Bandwidth,
-          optimizer_s_per_byte: Mapping[str, float] | float | None = None) -> tuple[float, Timeline]:
-    """Step time of ``plan``: replay its action lists (``schedules.build``) against measured costs."""
+          optimizer_s_per_byte: Mapping[str, float] | float | None = None,
+          schedule: dict[int, list[Action]] | None = None) -> tuple[float, Timeline]:
+    """Step time of ``plan``: replay its action lists (``schedules.build``, or ``schedule`` where the
+    caller already built them) against measured costs."""
     cost = MeasuredCost(plan, profiles, links, optimizer_s_per_byte)
-    tl = replay(build(plan), cost)
+    tl = replay(schedule if schedule is not None else build(plan), cost)
     return tl.makespan, tl
 
 
@@ -40,11 +42,11 @@ def measured_cost(plan: Plan, layers: Sequence[str | os.PathLike], bandwidth: st
     def bytes_of(rank: int, a: Action) -> float:
         n = a.samples[1] - a.samples[0] if a.samples is not None else plan.device_of_rank(rank).samples
         if a.kind == Kind.SEND_ACT or a.kind == Kind.RECV_ACT:
-            return prof.boundary_bytes(plan.stages[a.stage]) * n
+            return float(boundary_bytes(prof, plan.stages[a.stage])) * n
         if a.kind == Kind.SEND_GRAD or a.kind == Kind.RECV_GRAD:
-            return prof.boundary_bytes(plan.stages[a.stage - 1]) * n
+            return float(boundary_bytes(prof, plan.stages[a.stage - 1])) * n
         if a.kind == Kind.ALLREDUCE:
-            return prof.tied_bytes if a.tied else prof.stage_param_bytes(plan.stages[a.stage])
+            return prof.tied_bytes if a.tied else float(stage_weights(prof, plan.stages[a.stage]))
         return 0.0
 
     return cost, bytes_of

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..cost import stage_time
+from ..cost import boundary_bytes, stage_time, stage_weights
 from ..cost.workload import MEGATRON_GPT, Workload, config_dict, workload
 from ..formats import Plan
 from ..schedules import Action, Kind, build
@@ -42,11 +42,11 @@ class WorkloadCost:
         st = self.plan.stages
         n = a.samples[1] - a.samples[0] if a.samples is not None else self.samples[rank]
         if a.kind in (Kind.SEND_ACT, Kind.RECV_ACT):
-            return self.p.boundary_bytes(st[a.stage]) * n
+            return float(boundary_bytes(self.p, st[a.stage])) * n
         if a.kind in (Kind.SEND_GRAD, Kind.RECV_GRAD):
-            return self.p.boundary_bytes(st[a.stage - 1]) * n
+            return float(boundary_bytes(self.p, st[a.stage - 1])) * n
         if a.kind == Kind.ALLREDUCE:
-            return self.p.tied_bytes if a.tied else self.p.stage_param_bytes(st[a.stage])
+            return self.p.tied_bytes if a.tied else float(stage_weights(self.p, st[a.stage]))
         return 0.0
 
     def transfer_s(self, src: int, dst: int, a: Action) -> float:

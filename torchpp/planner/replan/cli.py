@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ...formats import LayersFile, Plan, write_json
+from ...formats import KIND_NAMES, LayersFile, Plan, write_json
 from ..report import json_ready
 from ...cost import Links, MemoryEstimator, Profiles
 from ...sim.measured import price
@@ -37,8 +37,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", type=T.out_dir, required=True)
     p.add_argument("--global-batch", type=T.int_in(1, V.MAX_GLOBAL_BATCH), default=None, help="default: the plan's")
     p.add_argument("--schedule", type=schedule_arg, default="auto",
-                   help="as `torchpp plan --schedule`: auto (default: the best over 1f1b, zb-h1, gpipe, interleaved, "
-                        "interleaved-zb, v, zbv), one kind or a comma-separated list")
+                   help=f"as `torchpp plan --schedule`: auto (default: the best over {', '.join(KIND_NAMES)}), one "
+                        "kind or a comma-separated list")
     p.add_argument("--max-stages", type=T.int_in(1, V.MAX_STAGES), default=None)
     p.add_argument("--micro-batch-sizes", type=T.int_list(1, V.MAX_GLOBAL_BATCH), default=None)
     p.add_argument("--no-recompute", action="store_true")
@@ -125,7 +125,7 @@ def _size_on_evidence(args: argparse.Namespace, plan: Plan, costs, result, measu
     from dataclasses import replace
 
     from .. import api
-    from ..search import InfeasibleError
+    from ..types import InfeasibleError
     from .size import choose_size
 
     try:

@@ -16,7 +16,7 @@ import numpy as np
 
 from ...formats import Bandwidth, MemoryModel, MemorySample, Plan
 from ...cost import (MemoryEstimator, Profiles, Span, StageMemory, block_time, layer_forward_calls, model_time,
-                     recompute_runs, stage_blocks, stage_time)
+                     rank_weights, recompute_runs, stage_blocks, stage_time)
 from ...schedules import peak_states, rank_profiles
 from .read import Measurements, Transfer
 
@@ -221,7 +221,7 @@ def fit_links(plan: Plan, meas: Measurements, old: Bandwidth) -> list[LinkFit]:
 def rank_param_bytes(plan: Plan, profiles: Profiles, rank: int) -> float:
     """Parameter bytes of every chunk ``rank`` holds, the tied weight once where it holds both ends
     (what its one optimizer step updates, as :class:`~torchpp.cost.MeasuredCost` prices it)."""
-    return profiles.rank_param_bytes(plan.stages_of_rank(rank))
+    return rank_weights(profiles, plan.stages_of_rank(rank))
 
 
 def fit_optimizer(plan: Plan, profiles: Profiles, meas: Measurements) -> dict[str, float]:

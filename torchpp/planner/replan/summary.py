@@ -17,7 +17,7 @@ LINK_CHANGE = 0.10
 
 def _mem_pred(plan: Plan, profiles: Profiles, memory: MemoryEstimator) -> dict[int, float]:
     """Predicted peak bytes per rank, every chunk it holds included (the planner's own report)."""
-    from ..report import device_memory
+    from ...cost import device_memory
 
     return device_memory(plan, profiles, memory)
 
