@@ -237,8 +237,6 @@ MAY_PARSE_OR_PRINT: dict[str, str] = {
     "argtypes.py": "argparse types for the command lines (ArgumentTypeError keeps their message)",
     "profiling/memory_probe.py": "the worker process `calibrate-memory` starts per span: its argv and its one "
                                  "JSON line on stdout are the protocol between the two processes",
-    "planner/capacities.py": "its command line is moving to planner/cli.py (issue 35, item 1); remove this entry then",
-    "planner/bandwidth.py": "its command line is moving to planner/cli.py (issue 35, item 1); remove this entry then",
 }
 """Library modules allowed to import argparse or print, each with its reason."""
 
