@@ -90,7 +90,7 @@ def test_sigterm_checkpoints_at_the_step_boundary_and_resuming_equals_an_unstopp
         assert "SIGTERM: stopping after this step" in err, err[-3000:]
     assert 2 <= k < 500 and ckpt.complete_steps(out) == [k], results[0][1][-2000:]
     assert f"stopped at step {k} of 500 by a signal; resume with --resume" in results[0][1]
-    assert not (out / "final").exists()  # not trained to the end: no final model
+    assert not (out / "final" / "config.json").exists()  # not trained to the end: no final model
     resumed = wait_ranks(launch([*common, "--steps", str(k + 2), "--resume"], world=2), timeout_s=300)
     assert all(code == 0 for code, _, _ in resumed), resumed[0][2][-3000:]
     assert f"resumed from {ckpt.step_dir(out, k)}" in resumed[0][1]
