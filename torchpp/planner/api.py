@@ -365,13 +365,9 @@ def _meta(res: Any, chosen: Plan, pb: Any, options: PlanOptions, compare: list[d
 
 def best_per_kind(priced: Sequence[tuple[float, Plan]], n: int) -> list[tuple[float, Plan]]:
     """The ``n`` best priced plans of each schedule kind, best first."""
-    per: dict[str, int] = {}
-    out = []
-    for s, p in sorted(priced, key=lambda x: x[0]):
-        if per.get(p.schedule, 0) < n:
-            per[p.schedule] = per.get(p.schedule, 0) + 1
-            out.append((s, p))
-    return out
+    from .types import best_per
+
+    return best_per(priced, n, lambda p: p.schedule)
 
 
 def write(result: PlanResult, out_dir: Path) -> list[Path]:

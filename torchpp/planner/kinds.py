@@ -25,7 +25,7 @@ from .chunks import ChunkLayout, descend, layout_bound_of, every_cut, group_sequ
 from .refine import refine
 from .single import search_single
 from .tables import StageCosts, Tables, infeasible_message
-from .types import InfeasibleError, Problem, SearchResult, StageChoice, micro_batch_sizes
+from .types import InfeasibleError, Problem, SearchResult, StageChoice, best_per, micro_batch_sizes
 
 SMALL_DEVICES = 3
 """Up to this many devices the kinds are searched exhaustively over device groups (see above)."""
@@ -99,13 +99,7 @@ def _search_one(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], sma
 
 def best_per_size(plans: Sequence[tuple[float, Plan]], n: int) -> list[tuple[float, Plan]]:
     """The ``n`` best priced plans of each micro-batch size, best first."""
-    per: dict[int, int] = {}
-    out = []
-    for s, p in sorted(plans, key=lambda x: x[0]):
-        if per.get(p.micro_batch_size, 0) < n:
-            per[p.micro_batch_size] = per.get(p.micro_batch_size, 0) + 1
-            out.append((s, p))
-    return out
+    return best_per(plans, n, lambda p: p.micro_batch_size)
 
 
 def _layout_of(pb: Problem, plan: Plan) -> tuple[list[int], list[StageChoice]]:

@@ -6,7 +6,7 @@ Everything else in planner/ imports this module; it imports nothing of planner/.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -142,3 +142,14 @@ def fmt_bytes(n: float) -> str:
             return f"{n / div:.2f} {unit}"
     return f"{n:.0f} B"
 
+
+def best_per(priced: Sequence[tuple[float, Plan]], n: int, key: Callable[[Plan], Hashable]) -> list[tuple[float, Plan]]:
+    """The ``n`` best priced plans of each ``key`` (schedule kind, micro-batch size), best first."""
+    per: dict[Hashable, int] = {}
+    out = []
+    for s, p in sorted(priced, key=lambda x: x[0]):
+        k = key(p)
+        if per.get(k, 0) < n:
+            per[k] = per.get(k, 0) + 1
+            out.append((s, p))
+    return out
