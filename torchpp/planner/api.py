@@ -378,9 +378,12 @@ def write(result: PlanResult, out_dir: Path) -> list[Path]:
     return [out_dir / name for name in OUTPUTS]
 
 
-def written_text(out_dir: Path) -> str:
-    """What `plan` and `replan` show after :func:`write`: the summary and the files written."""
-    return (out_dir / "summary.txt").read_text() + f"wrote {out_dir}/{', '.join(OUTPUTS)}\n"
+def written_text(result: PlanResult, out_dir: Path) -> str:
+    """What `plan` and `replan` show after :func:`write`: the summary (the text of summary.txt,
+    made from the result, not read back from disk) and the files written."""
+    from .report import summary_text
+
+    return summary_text(result.plan, result.meta, result.compare) + f"wrote {out_dir}/{', '.join(OUTPUTS)}\n"
 
 
 def compare_names(text: str | None) -> list[str]:

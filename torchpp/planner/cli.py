@@ -143,7 +143,7 @@ def run_search(args: argparse.Namespace) -> int:
         raise UsageError("--out-dir: expected a directory for plan.json and the reports")
     result = api.plan(inputs_of(args), options_of(args), progress=print)
     api.write(result, args.out_dir)
-    print(api.written_text(args.out_dir), end="")
+    print(api.written_text(result, args.out_dir), end="")
     return 0
 
 

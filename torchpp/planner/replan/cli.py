@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
             and result.plan.micro_batch_size != plan.micro_batch_size):
         result = _size_on_evidence(args, plan, costs, result, meas.step_time_s, repriced, meta)
     api.write(result, args.out_dir)
-    print(api.written_text(args.out_dir), end="")
+    print(api.written_text(result, args.out_dir), end="")
     add_new_plan(summary, plan, result.plan, old.all_hosts)
     summary["size_choice"] = meta["replan"].get("size_choice")
     _write_summary(args.out_dir, summary)
