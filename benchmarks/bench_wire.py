@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> dict:
     with RankPool(2, threads=1) as pool:
         for name, plan in plans.items():
             res = tmp / f"{name}.result.json"
-            cfg = dict(plan=plan, steps=args.steps, data=str(text), lr=args.lr, warmup_steps=min(20, args.steps // 10),
+            cfg = dict(plan=plan, steps=args.steps, data=str(text), tokenizer="bytes", lr=args.lr, warmup_steps=min(20, args.steps // 10),
                        seed=0, threads=1, timeout_s=120.0,
                        trace_dir=tmp / f"tr_{name}", trace_steps=(2,))
             pool.run(_run_rank, {"config": cfg, "result": str(res)}, world=2, timeout_s=3000, pg_timeout_s=120)
