@@ -183,7 +183,7 @@ def train_round(work: Path, model: Path, plan: Path, corpus: Path, steps: int, t
     """2 ranks train on ``corpus``; each rank's peak RSS and the first step's distance from set-up."""
     port, logs = _free_port(), work / f"logs-{tag}"
     args = ["--plan", str(plan), "--model", str(model), "--data", str(corpus), "--steps", str(steps), "--threads", "1",
-            "--log-dir", str(logs), "--timeout-s", "120"]
+            "--log-dir", str(logs), "--timeout-s", "120", "--no-output"]
     procs = [subprocess.Popen([sys.executable, "-c", RANK, "x", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env={**_env(), "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
                                               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
