@@ -9,20 +9,15 @@ from torchpp.cost import FreeLinks
 from torchpp.formats import Plan, Predicted
 from torchpp.planner import api
 from torchpp.planner.report import predict
-from torchpp.planner.synthetic import layers_file, uniform_links
+from test_planner_api import measured as measured_dir  # noqa: F401  (a fixture: the same files)
 import torchpp.sim.measured as measured_mod
 
 
 @pytest.fixture
-def measured(tmp_path):
-    for h, s in (("cpu1", 1.0), ("cpu2", 2.0)):
-        layers_file(h, num_layers=4, speed=s, batch=2).save(tmp_path / f"layers_{h}.json")
-    uniform_links(["cpu1", "cpu2", "cpu3"], 1e6).save(tmp_path / "bandwidth.json")
-    (tmp_path / "capacities.json").write_text(json.dumps({"ref_host": "cpu1", "capacity": {"cpu1": 1, "cpu3": 0.5}}))
-    (tmp_path / "devices.json").write_text(json.dumps({"cpu1": 1, "cpu2": 1, "cpu3": 1}))
-    return api.PlanInputs(layers=[tmp_path / "layers_cpu1.json", tmp_path / "layers_cpu2.json"],
-                          capacities=tmp_path / "capacities.json", bandwidth=tmp_path / "bandwidth.json",
-                          devices=tmp_path / "devices.json")
+def measured(measured_dir):
+    return api.PlanInputs(layers=[measured_dir / "layers_cpu1.json", measured_dir / "layers_cpu2.json"],
+                          capacities=measured_dir / "capacities.json", bandwidth=measured_dir / "bandwidth.json",
+                          devices=measured_dir / "devices.json")
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "auto"])
