@@ -45,6 +45,9 @@ NOT_RUN: dict[str, str] = {
     "torchrun": "multi-process training; tests/test_runtime*.py and test_training_essentials run it",
     "python benchmarks/": "benchmarks take minutes; their options are checked",
     "sudo": "root: emulated clusters (tests marked root); the command's options are checked",
+    "torchpp data prepare": "the README's own-data section; tests/test_readme_own_data.py runs it as written",
+    "MODEL=": "the README's own-data section's variables; tests/test_readme_own_data.py sets them",
+    "python -c": "the README's own-data section loads the export; tests/test_readme_own_data.py runs it",
 }
 
 # Commands run for real, with the arguments the page shows (in a temporary directory).
@@ -124,6 +127,10 @@ def check(command: str) -> None:
     elif ws[0] == "torchrun" or ws[:3] == ["python", "-m", "torchpp.train"]:
         from torchpp.train import build_parser
         check_options(build_parser(), ws[ws.index("torchpp.train") + 1:], command)
+    elif all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", w) for w in ws):
+        pass  # variables the commands below use
+    elif ws[0] == "python" and ws[1] == "-c":
+        compile(ws[2], command, "exec")  # the code parses
     elif ws[0] == "python" and ws[1] == "-m":
         assert importlib.util.find_spec(ws[2]) is not None, f"{command!r}: no module {ws[2]}"
     elif ws[0] == "python":
