@@ -40,3 +40,18 @@ def test_the_bound_is_below_every_priced_step(seed):
     assert len(kinds) > 1 and res.priced
     for step, plan in res.priced:
         assert bound_of(t, idx, plan) <= step * (1 + 1e-9), (plan.schedule, step)
+
+
+def test_a_zero_per_sample_time_bounds_that_part_by_zero():
+    """A tiny model's blocks can read 0 s per sample (all per-call): the bound stays finite and is
+    the per-call part alone (the quick demo's plan divided by zero here)."""
+    from types import SimpleNamespace
+
+    from torchpp.planner.prune import group_bound
+
+    c = (0, 2)
+    t = SimpleNamespace(memo={}, tau={(0, 0): {c: 0.0}, (1, 0): {c: 0.5}}, tau0={(0, 0): {c: 0.01}, (1, 0): {c: 0.02}})
+    assert group_bound(t, [0, 1], [c], b=4, m=3) == 3 * 0.01
+    t.memo.clear()
+    t.tau[(0, 0)][c] = 0.25
+    assert abs(group_bound(t, [0, 1], [c], b=4, m=3) - 3 * (4 / (1 / 0.25 + 1 / 0.5) + 0.01)) < 1e-12

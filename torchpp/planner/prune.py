@@ -33,7 +33,9 @@ def group_bound(t: Tables, group: Sequence[int], cuts: Sequence[tuple[int, int]]
 def _group_bound(t: Tables, group: Sequence[int], cuts: Sequence[tuple[int, int]], b: int, m: int) -> float:
     per_sample = [sum(float(t.tau[(h, 0)][c]) for c in cuts) for h in group]
     per_call = min(sum(float(t.tau0[(h, 0)][c]) for c in cuts) for h in group)
-    return m * (b / sum(1.0 / x for x in per_sample) + per_call)
+    # a device whose per-sample time reads 0 (a tiny model all per-call cost) bounds that part by 0
+    samples = 0.0 if min(per_sample) <= 0.0 else b / sum(1.0 / x for x in per_sample)
+    return m * (samples + per_call)
 
 
 def path_bound(t: Tables, chunks: Sequence[tuple[tuple[int, int], Sequence[int]]], b: int) -> float:
