@@ -48,7 +48,7 @@ def write_plan(path: Path, model: str = "qwen3-tiny", layers=((0, 2), (2, 4)), g
 def test_bad_plan_fails_on_every_rank_before_any_collective(tmp_path, problem):
     plan = write_plan(tmp_path / "plan.json", groups=(2, 1) if problem == "world_size" else (1, 1))
     expect = {"world_size": "field 'stages[*].devices'", "malformed": "field 'stages[1].layers'",
-              "wrong_type": "field 'micro_batch_size'", "model": "field 'model.tied_embeddings'"}[problem]
+              "wrong_type": "field 'micro_batch_size'", "model": "--model llama-tiny: expected the plan's model qwen3-tiny"}[problem]
     # A rank that reached a collective would wait --timeout-s (far beyond the test's limit) for the other.
     args = ["--plan", str(plan), "--steps", "1", "--threads", "1", "--timeout-s", "900"]
     data = json.loads(plan.read_text())
@@ -58,7 +58,7 @@ def test_bad_plan_fails_on_every_rank_before_any_collective(tmp_path, problem):
         data["micro_batch_size"] = "two"
     plan.write_text(json.dumps(data))
     if problem == "model":
-        args += ["--model", "llama-tiny"]  # untied; the plan says tied
+        args += ["--model", "llama-tiny"]  # not the plan's model: refused by name
     procs = launch(args, world=2)
     results = wait_ranks(procs, timeout_s=150)
     for rank, (code, _, err) in enumerate(results):
