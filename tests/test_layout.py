@@ -111,19 +111,7 @@ def test_no_import_cycle_between_parts():
     graph: dict[str, set[str]] = defaultdict(set)
     for a, b in part_edges():
         graph[a].add(b)
-    cycles = set()
-
-    def visit(u: str, path: list[str]) -> None:
-        for v in sorted(graph[u]):
-            if v in path:
-                cyc = path[path.index(v):]
-                k = cyc.index(min(cyc))
-                cycles.add(" -> ".join(cyc[k:] + cyc[:k] + [min(cyc)]))
-            else:
-                visit(v, path + [v])
-
-    for u in sorted(graph):
-        visit(u, [u])
+    cycles = graph_cycles(graph)
     assert not cycles, "import cycles between parts of torchpp: " + "; ".join(sorted(cycles))
 
 
@@ -163,6 +151,11 @@ def module_cycles() -> set[str]:
         a, b = module_name(path), module_of(target)
         if a != b:
             graph[a].add(b)
+    return graph_cycles(graph)
+
+
+def graph_cycles(graph: dict[str, set[str]]) -> set[str]:
+    """The circles a depth-first walk of ``graph`` meets, each written from its smallest node."""
     cycles: set[str] = set()
     done: set[str] = set()
 
