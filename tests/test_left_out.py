@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -129,12 +130,15 @@ def test_profile_leaves_out_the_ends_it_cannot_hold_of_a_config_only_model(tmp_p
                 num_key_value_heads=2, head_dim=16, tie_word_embeddings=True).save_pretrained(tmp_path / "m")
     assert [p.name for p in (tmp_path / "m").iterdir()] == ["config.json"]
     env = {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
-    # 200 MiB above the start-up of a child (torch, transformers) hold the layers, not the 155 MiB of logits and their
-    # gradient with the embedding's weight and gradient (78 MiB)
-    probe = subprocess.run([sys.executable, "-c", "import psutil, torch, transformers, torchpp.profiling.measure; "
-                            "print(psutil.Process().memory_info().rss)"], env=env, capture_output=True, text=True,
-                           timeout=300, check=True)
-    limit = int(probe.stdout) + 200 * MB
+    # 200 MiB above what the profile command itself holds when it reads the limit (torch, transformers and the
+    # model's modules, which building the model from its config imports: its own error says) hold the layers, not
+    # the 155 MiB of logits and their gradient with the embedding's weight and gradient (78 MiB)
+    probe = subprocess.run([sys.executable, "-m", "torchpp.cli", "profile", "--model", str(tmp_path / "m"), "--memory",
+                            "1", "--seq-len", "64", "--no-call-probe", "--quiet"], env=env, capture_output=True,
+                           text=True, timeout=300)
+    held = re.search(r"less the (\d+) MiB this process holds", probe.stderr)
+    assert probe.returncode == 2 and held, probe.stderr
+    limit = (int(held.group(1)) + 200) * MB
     r = subprocess.run([sys.executable, "-m", "torchpp.cli", "profile", "--model", str(tmp_path / "m"), "--host", "pi",
                         "--memory", str(limit), "--seq-len", "64", "--iters", "1", "--warmup", "0", "--no-call-probe",
                         "--out", str(tmp_path / "layers_pi.json")], env=env, capture_output=True, text=True, timeout=600)

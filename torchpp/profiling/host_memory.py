@@ -38,6 +38,8 @@ class HostMemory:
     """What set the limit: ``--memory``, ``cgroup <path>``, ``TORCHPP_HOST_MEMORY``, ``machine``."""
     room_bytes: int
     """What this process may still add."""
+    held_bytes: int = 0
+    """What this process already holds (its resident set when the limit was read)."""
 
 
 def _cgroup_limit() -> tuple[int, str] | None:
@@ -77,7 +79,8 @@ def host_memory(explicit: int | None = None) -> HostMemory:
         found.append(cg)
     limit, source = min(found)
     rss = psutil.Process().memory_info().rss
-    return HostMemory(limit_bytes=limit, source=source, room_bytes=max(0, min(limit - rss, int(vm.available))))
+    return HostMemory(limit_bytes=limit, source=source, room_bytes=max(0, min(limit - rss, int(vm.available))),
+                      held_bytes=int(rss))
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ def choose_blocks(cfg: Any, dtype: Any, batch: int, seq_len: int, explicit: int 
     hint = f"profile fewer with --layers {fit}" if fit >= 1 else "this host cannot hold one decoder layer"
     raise DoesNotFit(f"--memory: {len(sizes.layer)} decoder layer(s) alone need at least {_mib(need_layers)} "
                      f"(weights, gradients, outputs) and this host may add {_mib(mem.room_bytes)} (limit "
-                     f"{_mib(mem.limit_bytes)}, {mem.source}): {hint}")
+                     f"{_mib(mem.limit_bytes)}, {mem.source}, less the {_mib(mem.held_bytes)} this process holds): {hint}")
 
 
 def _mib(x: float) -> str:
