@@ -96,6 +96,19 @@ def tokenizer(out: Path, sample: Path, vocab: int = 8000) -> None:
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>").save_pretrained(str(out))
 
 
+def _pss(pid: int) -> int:
+    """A process's proportional set size from ``smaps_rollup`` (one line; the full ``smaps`` that
+    psutil reads costs a sampler most of a core on a 2 GB process)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def _tree_peak(proc: subprocess.Popen) -> list[int]:
     """Samples the summed PSS of ``proc`` and its children (shared pages split between the
     processes that share them) until it exits; returns [peak bytes]."""
@@ -107,12 +120,7 @@ def _tree_peak(proc: subprocess.Popen) -> list[int]:
         try:
             p = psutil.Process(proc.pid)
             while proc.poll() is None:
-                total = 0
-                for q in [p, *p.children(recursive=True)]:
-                    try:
-                        total += q.memory_full_info().pss
-                    except psutil.Error:
-                        pass
+                total = sum(_pss(q.pid) for q in [p, *p.children(recursive=True)])
                 peak[0] = max(peak[0], total)
                 time.sleep(0.1)
         except psutil.Error:

@@ -19,6 +19,13 @@ def run_demo(out: Path, *extra: str, timeout: float = 900) -> subprocess.Complet
                           env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def test_demo_refuses_what_is_not_a_prepared_corpus_before_any_host_starts(tmp_path):
+    (tmp_path / "a.txt").write_text("raw text")
+    res = run_demo(tmp_path / "demo", "--local", "--data", str(tmp_path / "a.txt"), timeout=120)
+    assert res.returncode == 2 and "--data" in res.stderr and "torchpp data prepare" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "demo").exists()
+
+
 def check_artefacts(out: Path, hosts: list[str]) -> dict:
     for h in hosts:
         lf = LayersFile.load(out / "hosts" / f"layers_{h}.json")
@@ -124,10 +131,19 @@ def test_run_verdict_reads_the_oom_line(tmp_path):
 
 @pytest.mark.slow
 def test_demo_on_local_processes(tmp_path):
+    """On a prepared corpus (UTF-8 bytes as ids): its runs train on it, checked before any host starts."""
+    from torchpp.data import prepare_corpus
+
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "a.txt").write_text("the demo reads a corpus of its user's own. " * 400)
+    prepare_corpus([tmp_path / "text"], tmp_path / "corpus", tokenizer="bytes", num_proc=1)
     out = tmp_path / "demo"
-    res = run_demo(out, "--local")
+    res = run_demo(out, "--local", "--data", str(tmp_path / "corpus"))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "not using the emulated cluster (--local was given)" in res.stdout
+    assert f"on corpus {tmp_path / 'corpus'}" in res.stdout
+    runs = [head for head in (p.read_text().splitlines()[0] for p in (out / "logs").iterdir()) if "torchpp.train" in head]
+    assert runs and all("--data " + str(tmp_path / "corpus") in head for head in runs), runs
     assert "[16/16]" in res.stdout  # numbered progress through every step
     summary = check_artefacts(out, ["local0", "local1"])
     assert summary["mode"] == "local processes"

@@ -53,6 +53,10 @@ class DemoConfig:
     steps: int = 6
     """Optimizer steps per training run; the first is warm-up and not counted."""
     memory_samples: int = 8
+    data: str = "synthetic"
+    """What the training runs read: ``synthetic`` tokens, or a corpus prepared by ``torchpp data
+    prepare``. Profiles time synthetic tokens either way (a call's time does not depend on the
+    token values), so a corpus changes what is learnt, not the plan."""
     cluster: str = "configs/cluster/homelab.json"
     local_hosts: int = 2
     timeout_s: float = 900.0
@@ -603,7 +607,7 @@ class Demo:
             *self.tp, "plan", "--strategy", "dp", "--devices", "1", "--hosts", host, "--model", c.model,
             "--global-batch", str(c.global_batch), "--microbatches", str(microbatches), "--seq-len", str(c.seq_len),
             "--out", str(plan)])
-        argv = ["-m", "torchpp.train", "--plan", str(plan), "--model", c.model, "--data", "synthetic", "--steps", "2",
+        argv = ["-m", "torchpp.train", "--plan", str(plan), "--model", c.model, "--data", c.data, "--steps", "2",
                 "--threads", "1", "--seed", "0", "--timeout-s", "120", "--no-output"]
         text = self.p.run(f"single device ({host}): train it (the planner says it does not fit)",
                           self.hosts.ranks(plan, argv, self.path("single", "hosts")), timeout=300, allow_failure=True)
@@ -632,7 +636,7 @@ class Demo:
             self.p.note(next(x for x in text.splitlines() if x.startswith("speed check")))
         traces, logs = d / "traces", d / "logs"
         trace_steps = ",".join(str(s) for s in range(2, c.steps + 1))
-        argv = ["-m", "torchpp.train", "--plan", str(plan), "--model", c.model, "--data", "synthetic", "--steps",
+        argv = ["-m", "torchpp.train", "--plan", str(plan), "--model", c.model, "--data", c.data, "--steps",
                 str(c.steps), "--threads", "1", "--seed", "0", "--trace-dir", str(traces), "--trace-steps",
                 trace_steps, "--log-dir", str(logs), "--timeout-s", "300", "--no-output"]
         self.p.run(f"{name}: train {c.steps} steps with traces", self.hosts.ranks(plan, argv, d / "hosts"),
@@ -674,7 +678,8 @@ class Demo:
     def measure_and_plan(self) -> Measured:
         """The loop's first half: every host measured, then the plan."""
         c = self.cfg
-        print(f"torchpp demo: {c.model}, seq {c.seq_len}, global batch {c.global_batch}, on {self.hosts.mode} "
+        data = "synthetic tokens" if c.data == "synthetic" else f"corpus {c.data}"
+        print(f"torchpp demo: {c.model} on {data}, seq {c.seq_len}, global batch {c.global_batch}, on {self.hosts.mode} "
               f"({', '.join(self.hosts.names)}); outputs in {self.out}", flush=True)
         files, rounds = self.profile()
         cap = self.settled_capacities(rounds)
@@ -798,6 +803,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help=f"preset (default {DemoConfig.model})")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 6)")
     p.add_argument("--quick", action="store_true", help="a small, fast run (tiny model, 3 steps)")
+    p.add_argument("--data", default=None,
+                   help="a corpus prepared by `torchpp data prepare` for the training runs (default synthetic tokens; "
+                   "profiles time synthetic tokens either way)")
     p.add_argument("--speed-check", action=argparse.BooleanOptionalAction, default=None,
                    help="time every host's profiled layers again before each run and predict the run at that speed "
                    "too (`torchpp speed-check`; off by default: it adds about two minutes to the homelab scenario)")
@@ -818,6 +826,8 @@ def run(args: argparse.Namespace) -> int:
         if args.steps < 2:
             raise UsageError(f"--steps: expected at least 2 (the first is warm-up), got {args.steps}")
         cfg.steps = args.steps
+    if args.data is not None:
+        cfg.data = check_corpus(args.data, cfg.model)
     if args.hosts < 1:
         raise UsageError(f"--hosts: expected at least 1, got {args.hosts}")
     if args.cluster is not None:
@@ -838,6 +848,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"torchpp demo: error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def check_corpus(data: str, model: str) -> str:
+    """A prepared corpus the demo's model can read, checked before any host starts: ranks on an
+    emulated host see this machine's files, so an absolute path reaches them all."""
+    from .data import DataError, resolve_data
+    from .data.corpus import is_corpus
+    from .errors import UsageError
+    from .models.presets import load_config
+
+    if data == "synthetic":
+        return data
+    if not is_corpus(data):
+        raise UsageError(f"--data: {data}: expected a corpus prepared by `torchpp data prepare` (a folder with "
+                         "index.json and tokens.bin) or 'synthetic'")
+    try:
+        resolve_data(data, flag="--data", tokenizer=None, model=model, model_vocab=int(load_config(model).vocab_size))
+    except DataError as e:
+        raise UsageError(str(e)) from None
+    return str(Path(data).resolve())
 
 
 @contextlib.contextmanager
