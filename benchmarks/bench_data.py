@@ -7,7 +7,7 @@
    the same processes, run alternately; the ratio of tokens/s (wall clock, and CPU seconds of
    the whole process tree, which the load of other work on the machine distorts less), and
    the peak memory of the prepare's whole process tree (PSS summed over the processes, sampled
-   every 100 ms).
+   every 250 ms).
 2. Per-rank data memory: a 2-stage pipeline (2 ranks) trains a small Llama-architecture model on
    the big corpus and on a 1 MB one; each rank's peak RSS (ru_maxrss) with the big corpus minus
    with the small one, and the seconds from the end of set-up (model built, data open) to the
@@ -122,7 +122,7 @@ def _tree_peak(proc: subprocess.Popen) -> list[int]:
             while proc.poll() is None:
                 total = sum(_pss(q.pid) for q in [p, *p.children(recursive=True)])
                 peak[0] = max(peak[0], total)
-                time.sleep(0.1)
+                time.sleep(0.25)  # a sample of a 1 GB tree costs ~10 ms of a core the measured runs share
         except psutil.Error:
             pass
 
