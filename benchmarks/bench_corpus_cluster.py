@@ -63,7 +63,8 @@ def main() -> int:
     order = [d for _ in range(a.rounds) for d in ("synthetic", corpus, corpus, "synthetic")]
     out = a.demo / "corpus_bench"
     runs = []
-    with demo_hosts(cfg, out, a.local, a.hosts, extra_steps=4 * len(order)) as demo:
+    with demo_hosts(cfg, out, a.local, a.hosts) as demo:
+        demo.p.total = demo.p.done + 3 * len(order) + (0 if demo.hosts.mode == "local processes" else 1)
         for i, data in enumerate(order):
             demo.cfg.data = data
             r = demo.train(f"{i:02d}_{'synthetic' if data == 'synthetic' else 'corpus'}", plan_path, m)

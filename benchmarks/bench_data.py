@@ -230,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--train-repeats", type=int, default=2, help="training runs per corpus (the least peak counts)")
     ap.add_argument("--rounds", default="plain,torchpp,torchpp,plain", help="the order of the prepare runs")
+    ap.add_argument("--corpus", type=Path, default=None,
+                    help="the big corpus already prepared (skips the prepare rounds; the memory part only)")
     ap.add_argument("--work", type=Path, default=None, help="keep files here (default: a temporary directory)")
     ap.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     a = ap.parse_args(argv)
@@ -246,22 +248,28 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer(tok, big)
     print(f"corpus {big}: {big.stat().st_size / 1e6:.1f} MB of JSONL (local Python sources and docs); tokenizer: "
           f"byte-level BPE, 8000 tokens; num_proc {a.num_proc}", flush=True)
-    res = [prepare_round(work, big, tok, a.num_proc, name) for name in rounds]
+    res = [prepare_round(work, big, tok, a.num_proc, name) for name in rounds] if a.corpus is None else []
     for r in res:
         print(f"  {r['name']:<8} {r['tokens']:>12,} tokens  {r['wall_s']:7.1f} s  {r['tokens_per_s']:>10,.0f} tokens/s  "
               f"{r['cpu_s']:7.1f} CPU s  peak tree PSS {r['peak_tree_pss'] / 2**20:,.0f} MiB", flush=True)
-    rate = {n: sum(r["tokens"] for r in res if r["name"] == n) / sum(r["wall_s"] for r in res if r["name"] == n)
-            for n in ("plain", "torchpp")}
-    ratio = rate["torchpp"] / rate["plain"]
-    cpu = {n: sum(r["tokens"] for r in res if r["name"] == n) / sum(r["cpu_s"] for r in res if r["name"] == n)
-           for n in ("plain", "torchpp")}
-    cpu_ratio = cpu["torchpp"] / cpu["plain"]
-    peak = max(r["peak_tree_pss"] for r in res if r["name"] == "torchpp")
-    print(f"prepare: torchpp / plain datasets.map tokens/s = {ratio:.3f} (wall), {cpu_ratio:.3f} (per CPU second); "
-          f"torchpp prepare peak tree PSS "
-          f"{peak / 2**20:,.0f} MiB", flush=True)
-
-    big_corpus = Path(next(r["corpus"] for r in res if r["name"] == "torchpp"))
+    names = {r["name"] for r in res}
+    ratio = cpu_ratio = peak = None
+    if names == {"plain", "torchpp"}:
+        rate = {n: sum(r["tokens"] for r in res if r["name"] == n) / sum(r["wall_s"] for r in res if r["name"] == n)
+                for n in names}
+        cpu = {n: sum(r["tokens"] for r in res if r["name"] == n) / sum(r["cpu_s"] for r in res if r["name"] == n)
+               for n in names}
+        ratio, cpu_ratio = rate["torchpp"] / rate["plain"], cpu["torchpp"] / cpu["plain"]
+        print(f"prepare: torchpp / plain datasets.map tokens/s = {ratio:.3f} (wall), {cpu_ratio:.3f} (per CPU second)",
+              flush=True)
+    if "torchpp" in names:
+        peak = max(r["peak_tree_pss"] for r in res if r["name"] == "torchpp")
+        print(f"prepare: torchpp prepare peak tree PSS {peak / 2**20:,.0f} MiB", flush=True)
+        big_corpus = Path(next(r["corpus"] for r in res if r["name"] == "torchpp"))
+    elif a.corpus is not None:
+        big_corpus = a.corpus
+    else:
+        raise SystemExit("bench_data: --rounds: expected at least one torchpp round, or --corpus")
     small_corpus = work / "small_corpus"
     if not (small_corpus / "index.json").is_file():
         subprocess.run([sys.executable, "-m", "torchpp.cli", "data", "prepare", "--data", str(small), "--tokenizer",
