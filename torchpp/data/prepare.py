@@ -56,10 +56,10 @@ def prepare_corpus(data: list[str | Path], out: str | Path, *, tokenizer: str | 
                    split: str | None = None, num_proc: int | None = None,
                    progress: Callable[[Progress], None] | None = None, inputs: Inputs | None = None) -> TokensIndex:
     """Tokenize ``data`` into ``out`` (created, or a previous corpus there replaced); returns its index."""
-    from .tokenizer import load_tokenizer
+    from .tokenizer import load_encoder
 
     inputs = inputs or discover(data, text_column=text_column, split=split)
-    tok, info = load_tokenizer(tokenizer)
+    tok, info = load_encoder(tokenizer)
     out = _out_dir(Path(out))
     dtype = token_dtype(info.vocab_size)
     scratch = out / ".prepare"
@@ -221,6 +221,9 @@ def _encode(batch: dict, *, tok: Any, eos: int | None, dtype: str) -> dict:
     ends = [o and e for o, e in zip(ok, batch.get("end") or [True] * len(texts))]
     if tok is None:
         ids = [list(t.encode("utf-8")) if o else [] for t, o in zip(texts, ok)]
+    elif hasattr(tok, "encode_batch"):  # the fast tokenizer's backend (``load_encoder``)
+        ids = [e.ids if o else [] for e, o in zip(tok.encode_batch([t if o else "" for t, o in zip(texts, ok)],
+                                                                    add_special_tokens=False), ok)]
     else:
         ids = tok([t if o else "" for t, o in zip(texts, ok)], add_special_tokens=False,
                   return_attention_mask=False)["input_ids"]

@@ -4,6 +4,9 @@ by name, never a silent fallback), known by a hash of its files."""
 from __future__ import annotations
 
 import hashlib
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +61,45 @@ def check_fits(info: TokenizerInfo, model_vocab: int, what: str, model: str) -> 
         raise DataError(f"{what}: the tokenizer '{info.name}' has {info.vocab_size} tokens, more than the "
                         f"vocab_size {model_vocab} of --model {model}; use the model's own tokenizer (--tokenizer) "
                         f"or a model whose vocab_size is at least {info.vocab_size}")
+
+
+_ENCODER = r"""
+import dataclasses, json, sys
+from torchpp.data.base import DataError
+from torchpp.data.tokenizer import load_tokenizer
+try:
+    tok, info = load_tokenizer(sys.argv[1], sys.argv[2])
+except DataError as e:
+    print(json.dumps({"error": str(e)}))
+    sys.exit(0)
+backend = tok.backend_tokenizer.to_str() if getattr(tok, "is_fast", False) else None
+print(json.dumps({"backend": backend, "info": dataclasses.asdict(info)}))
+"""
+
+
+def load_encoder(spec: str | Path, flag: str = "--tokenizer") -> tuple[Any, TokenizerInfo]:
+    """What ``prepare`` encodes with: the HF tokenizer's own ``tokenizers.Tokenizer`` backend, as
+    ``AutoTokenizer`` configures it (its ``__call__`` encodes through exactly this object, special
+    tokens off), else the HF tokenizer itself (slow ones; None for bytes). Where transformers is not
+    imported yet, a child process loads it and hands the backend over as JSON: importing
+    transformers imports torch, ~190 MiB that every tokenizing worker forked from this process
+    would share for nothing."""
+    if str(spec) == BYTES or "transformers" in sys.modules:
+        tok, info = load_tokenizer(spec, flag)
+        return (tok.backend_tokenizer if getattr(tok, "is_fast", False) else tok), info
+    if not has_tokenizer(Path(spec)):
+        return load_tokenizer(spec, flag)  # the one-line refusal, without a child
+    r = subprocess.run([sys.executable, "-c", _ENCODER, str(spec), flag], capture_output=True, text=True)
+    try:
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        tail = (r.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        raise DataError(f"{flag}: {spec}: loading the tokenizer failed ({tail})") from None
+    if "error" in got:
+        raise DataError(got["error"])
+    info = TokenizerInfo(**got["info"])
+    if got["backend"] is None:
+        return load_tokenizer(spec, flag)[0], info
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(got["backend"]), info
