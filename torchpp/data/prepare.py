@@ -23,12 +23,13 @@ from .sources import Inputs, Source, discover
 
 SHARD_BYTES = 32 << 20
 """Input bytes tokenized per ``datasets.map`` call (its arrow cache is deleted after it)."""
-BATCH_BYTES = 1 << 20
+BATCH_BYTES = 256 << 10
 """Input bytes per ``map`` batch (rows of about this much text together): the fast tokenizer holds
 ~450 bytes a token while it encodes a batch (offsets, token strings, words) and a worker keeps its
 high-water mark, so 1,000 rows of 200 kB source files — the ``datasets`` default — would hold
-~2 GB in each worker; 1 MB holds ~100 MB (measured on a 40 MB JSONL of Python sources: the
-whole prepare's peak PSS 1,067 MiB with 4 MB, 671 with 1 MB, 598 with 256 kB)."""
+~2 GB in each worker; 256 kB holds ~30 MB (measured on a 40 MB JSONL of Python sources: the
+whole prepare's peak PSS 1,067 MiB with 4 MB, 671 with 1 MB, 598 with 256 kB). A document larger
+than this is one batch alone: a 4.4 MB file holds ~600 MB while it is encoded."""
 INDEX = "index.json"
 
 
