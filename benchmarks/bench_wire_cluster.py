@@ -10,13 +10,16 @@ data (byte tokens of real text) and optimizer for every run; only the plan's wir
 - pipeline (seed 003's: qwen3-small cut to 3 layers, 3 stages, 3 micro-batches of 2 x 64 tokens):
   ``pp_fp32``; ``pp_bf16`` (links and the tied-weight all-reduce in bf16); ``pp_int8`` (links in
   int8, the tied-weight all-reduce in int8 with error feedback); ``pp_int8_psgd`` (links in int8,
-  the tied-weight all-reduce by PowerSGD);
+  the tied-weight all-reduce by PowerSGD of rank 4; ``pp_int8_psgd8``: of rank 8);
 - data parallel (2 replicas on pi0 and pi1, qwen3-tiny): ``dp_fp32`` (a gradient all-reduce every
-  step) and ``dp_diloco<H>`` (inner AdamW, outer Nesterov every H steps, the change in int8).
+  step) and ``dp_diloco<H>`` (inner AdamW, every H steps an outer SGD step of ``--outer-lr`` and
+  Nesterov ``--outer-momentum`` on the replicas' mean change, sent in int8).
 
 Wall-clock is rank 0's measured step time (metrics.jsonl), summed; the bytes per step are read from
-a traced step (every send and every all-reduce as encoded). With ``--plans DIR`` the runs also
-include ``pp_planned`` (the plan ``torchpp plan --allow-lossy`` wrote there, with its predicted step).
+a traced step (every send and every all-reduce as encoded). With ``--plan-lossy
+bf16,int8,powersgd`` every host is first profiled and the links probed on the cluster,
+``torchpp plan --allow-lossy`` plans from those files, that plan runs as ``pp_planned``, and every
+pipeline run's plan is priced by the same measurements (predicted vs measured step).
 Writes ``<out>/cluster_<rate>/``: ``results.json``, ``summary.md``, ``loss_vs_time.png``.
 """
 from __future__ import annotations
@@ -41,7 +44,9 @@ DP = dict(model="qwen3-tiny", layers=4, global_batch=8, seq_len=64)
 def make_plans(tmp: Path, H: list[int], outer_lr: float, outer_momentum: float) -> dict[str, Path]:
     from torchpp.formats import Plan, Sync
 
-    def plan(out: Path, *args: str) -> Plan:
+    def plan(out: Path, *args: str) -> Plan:  # kept from an earlier run in the same --work
+        if out.exists():
+            return Plan.load(out)
         subprocess.run([sys.executable, "-m", "torchpp", "plan", *args, "--out", str(out)], check=True, cwd=ROOT,
                        stdout=subprocess.DEVNULL)
         return Plan.load(out)
@@ -54,7 +59,8 @@ def make_plans(tmp: Path, H: list[int], outer_lr: float, outer_momentum: float) 
     out = {"pp_fp32": base}
     for name, link, tied in (("pp_bf16", "bf16", Sync(kind="allreduce", wire="bf16")),
                              ("pp_int8", "int8", Sync(kind="allreduce", wire="int8")),
-                             ("pp_int8_psgd", "int8", Sync(kind="powersgd"))):
+                             ("pp_int8_psgd", "int8", Sync(kind="powersgd")),
+                             ("pp_int8_psgd8", "int8", Sync(kind="powersgd", rank=8))):
         p = Plan.load(base)
         for s in p.stages[:-1]:
             s.wire = link
@@ -73,6 +79,39 @@ def make_plans(tmp: Path, H: list[int], outer_lr: float, outer_momentum: float) 
         out[f"dp_diloco{h}"] = tmp / f"dp_diloco{h}.json"
         p.save(out[f"dp_diloco{h}"])
     return out
+
+
+def measure_and_plan(cluster_name: str, work: Path, allow: str) -> dict:
+    """The planning loop on the running cluster: ``torchpp profile`` on every host at once (seed 003's
+    model, its per-byte codec CPU included), ``torchpp bandwidth probe`` over the shaped links, then
+    ``torchpp plan --allow-lossy`` from those files. Returns the planned plan's path and the costs
+    (to price the fixed runs' plans with the same measurements)."""
+    from torchpp.cluster import cluster
+    from torchpp.planner import api
+
+    d = work / "planning"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    hosts = ["pi0", "pi1", "pi2"]
+    prof = [sys.executable, "-m", "torchpp", "profile", "--model", PP["model"], "--layers", str(PP["layers"]),
+            "--seq-len", str(PP["seq_len"]), "--batch", "1,2", "--iters", "3", "--warmup", "1", "--threads", "1",
+            "--quiet", "--host", "{host}", "--out", str(d / "layers_{host}.json")]
+    probe = [sys.executable, "-m", "torchpp", "bandwidth", "probe", "--out-dir", str(d / "probe"), "--sizes",
+             "64K,512K,2M", "--pair-budget", "4", "--repeats", "2", "--pings", "5"]
+    for what, argv in (("profile", prof), ("probe", probe)):
+        rc, res = cluster.run(cluster_name, argv, d / "logs" / what, timeout=1200)
+        if rc != 0:
+            bad = next(r for r in res if r.returncode != 0)
+            raise RuntimeError(f"{what}: exit {rc}; {bad.log}:\n{cluster.tail(bad.log)}")
+    devices = d / "devices.json"
+    devices.write_text(json.dumps({h: {"memory_gb": 2, "rank": i} for i, h in enumerate(hosts)}))
+    layers = [d / f"layers_{h}.json" for h in hosts]
+    subprocess.run([sys.executable, "-m", "torchpp", "plan", "--layers", *map(str, layers), "--bandwidth",
+                    str(d / "probe" / "bandwidth.json"), "--devices", str(devices), "--global-batch",
+                    str(PP["global_batch"]), "--seq-len", str(PP["seq_len"]), "--allow-lossy", allow,
+                    "--out-dir", str(d / "plan")], check=True, cwd=ROOT)
+    costs = api.load(api.PlanInputs(layers=layers, bandwidth=d / "probe" / "bandwidth.json", devices=devices))
+    return {"plan": d / "plan" / "plan.json", "costs": costs}
 
 
 def traced_bytes(trace_dir: Path, step: int) -> int:
@@ -224,8 +263,6 @@ def main(args) -> int:
         text.write_text(src.read_text() if src.is_file() else
                         "\n".join(p.read_text(errors="replace") for p in sorted(src.glob("*.txt"))))
     plans = make_plans(work, [int(h) for h in args.H_list.split(",")], args.outer_lr, args.outer_momentum)
-    if args.plans:
-        plans["pp_planned"] = Path(args.plans) / "plan.json"
     names = args.runs.split(",") if args.runs else list(plans)
     saved = out / "results.json"
     results = json.loads(saved.read_text())["runs"] if saved.exists() else {}
@@ -234,6 +271,17 @@ def main(args) -> int:
         cfg = cfg.without_netem()
     cluster.up(cfg)
     try:
+        if args.plan_lossy:
+            got = measure_and_plan(cfg.name, work, args.plan_lossy)
+            plans["pp_planned"] = got["plan"]
+            names += [] if "pp_planned" in names else ["pp_planned"]
+            from torchpp.planner.api import predict_plan
+
+            for name, r in results.items():  # the runs already measured, priced by these measurements
+                if name.startswith("pp") and name != "pp_planned":
+                    from torchpp.formats import Plan
+
+                    r["predicted_step_s"] = predict_plan(Plan.load(plans[name]), got["costs"])["step_time_s"]
         for name in names:
             r = run_one(cfg.name, name, plans[name], args, text, work)
             results[name] = r
