@@ -114,6 +114,30 @@ def measure_and_plan(cluster_name: str, work: Path, allow: str) -> dict:
     return {"plan": d / "plan" / "plan.json", "costs": costs}
 
 
+def reprice(results: dict, plans: dict[str, Path], costs) -> None:
+    """Every pipeline run's plan priced by the planner from the cluster's measurements (``costs``)."""
+    from torchpp.formats import Plan
+    from torchpp.planner.api import predict_plan
+
+    for name, r in results.items():
+        if name.startswith("pp") and name != "pp_planned" and name in plans:
+            r["predicted_step_s"] = predict_plan(Plan.load(plans[name]), costs)["step_time_s"]
+
+
+def outer_bytes(plan: Path) -> float:
+    """DiLoCo's bytes per step, every replica's outer message (the traced steps skip the gradient
+    all-reduce and hold no outer step): its weights as the sync's wire sends them, over H."""
+    from torchpp.formats import Plan, wire_bytes
+    from torchpp.models.presets import build_model
+
+    p = Plan.load(plan)
+    s = p.stages[0].sync
+    if s is None or s.kind != "diloco":
+        return 0
+    n = sum(t.numel() for t in build_model(p.model.name, seed=0, num_layers=p.model.num_layers).parameters())
+    return len(p.stages[0].devices) * wire_bytes(s.wire, n, 256) / s.H
+
+
 def traced_bytes(trace_dir: Path, step: int) -> int:
     """Bytes every rank put on the wire in one traced step: p2p sends as encoded, and each rank's
     all-reduce payload as encoded (every group here has two members: a ring all-reduce of two, and
@@ -155,7 +179,8 @@ def run_one(cluster_name: str, name: str, plan: Path, args, text: Path, out: Pat
     times = [float(r["step_time_s"]) for r in recs]
     r = {"plan": str(plan), "losses": [float(x["loss"]) for x in recs], "step_times_s": times,
          "median_step_s": statistics.median(times[1:]), "run_wall_s": wall,
-         "bytes_per_step": traced_bytes(d / "trace", 3), "loadavg_before": load0, "loadavg_after": os.getloadavg(),
+         "bytes_per_step": traced_bytes(d / "trace", 3) or outer_bytes(plan), "loadavg_before": load0,
+         "loadavg_after": os.getloadavg(),
          "predicted_step_s": _predicted(plan)}
     (d / "result.json").write_text(json.dumps(r, indent=1))
     return r
@@ -213,10 +238,12 @@ def table(summary: dict, rate: str, window: int) -> str:
     for name, r in summary.items():
         t = ("not reached" if r["time_to_target_s"] is None
              else f"{r['time_to_target_s']:.0f} s at step {r['reaches_at_step']} ({r['speedup']:.2f}x)")
+        fewer = f"{r['fewer_bytes']:.1f}x" if r["bytes_per_step"] else "-"
         pred = "-" if r["predicted_step_s"] is None else (f"{r['predicted_step_s']:.3f} s "
                                                           f"({100 * r['predicted_vs_measured']:+.1f}%)")
         lines.append(f"| {name} | {r['steps']} | {r['loss']:.4f} | {100 * r['loss_vs_baseline']:+.2f}% | "
-                     f"{r['bytes_per_step'] / 1e3:.1f} kB | {r['fewer_bytes']:.1f}x | {r['median_step_s']:.3f} s | {pred} | "
+                     f"{r['bytes_per_step'] / 1e3:.1f} kB | {fewer} | "
+                     f"{r['median_step_s']:.3f} s | {pred} | "
                      f"N={r['target_step']}: {t} | {r['loadavg'][0]:.1f}, {r['loadavg'][1]:.1f} |")
     return "\n".join(lines) + "\n"
 
@@ -271,17 +298,16 @@ def main(args) -> int:
         cfg = cfg.without_netem()
     cluster.up(cfg)
     try:
+        got = None
         if args.plan_lossy:
-            got = measure_and_plan(cfg.name, work, args.plan_lossy)
+            try:
+                got = measure_and_plan(cfg.name, work, args.plan_lossy)
+            except (RuntimeError, subprocess.CalledProcessError) as e:  # the fixed runs still run
+                print(f"planning on the cluster failed: {e}", flush=True)
+                names = [n for n in names if n != "pp_planned"]
+        if got is not None:
             plans["pp_planned"] = got["plan"]
             names += [] if "pp_planned" in names else ["pp_planned"]
-            from torchpp.planner.api import predict_plan
-
-            for name, r in results.items():  # the runs already measured, priced by these measurements
-                if name.startswith("pp") and name != "pp_planned":
-                    from torchpp.formats import Plan
-
-                    r["predicted_step_s"] = predict_plan(Plan.load(plans[name]), got["costs"])["step_time_s"]
         for name in names:
             r = run_one(cfg.name, name, plans[name], args, text, work)
             results[name] = r
@@ -291,6 +317,8 @@ def main(args) -> int:
                   flush=True)
     finally:
         cluster.down(cfg.name)
+    if got is not None:
+        reprice(results, plans, got["costs"])
     window = args.window
     summary = summarize(results, args.target_step, window)
     saved.write_text(json.dumps({"rate": args.rate, "pp": PP, "dp": DP, "runs": results, "summary": summary}, indent=1))
