@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -81,10 +82,11 @@ def make_plans(tmp: Path, H: list[int], outer_lr: float, outer_momentum: float) 
     return out
 
 
-def measure_and_plan(cluster_name: str, work: Path, allow: str) -> dict:
-    """The planning loop on the running cluster: ``torchpp profile`` on every host at once (seed 003's
-    model, its per-byte codec CPU included), ``torchpp bandwidth probe`` over the shaped links, then
-    ``torchpp plan --allow-lossy`` from those files. Returns the planned plan's path and the costs
+def measure_and_plan(cluster_name: str, work: Path, allow: str, alone: bool = False) -> dict:
+    """The planning loop on the running cluster: ``torchpp profile`` of seed 003's model (its
+    per-byte codec CPU included) on every host at once (``alone``: one after the other),
+    ``torchpp bandwidth probe`` over the shaped links, then ``torchpp plan --allow-lossy`` from
+    those files. Returns the planned plan's path and the costs
     (to price the fixed runs' plans with the same measurements)."""
     from torchpp.cluster import cluster
     from torchpp.planner import api
@@ -98,7 +100,11 @@ def measure_and_plan(cluster_name: str, work: Path, allow: str) -> dict:
             "--quiet", "--host", "{host}", "--out", str(d / "layers_{host}.json")]
     probe = [sys.executable, "-m", "torchpp", "bandwidth", "probe", "--out-dir", str(d / "probe"), "--sizes",
              "64K,512K,2M", "--pair-budget", "4", "--repeats", "2", "--pings", "5"]
-    for what, argv in (("profile", prof), ("probe", probe)):
+    steps = [("profile", prof)]
+    if alone:  # one host at a time: no profile competes with another for this machine's cores
+        steps = [(f"profile_{h}", ["sh", "-c", f'[ "{{host}}" = {h} ] || exit 0; exec {shlex.join(prof)}'])
+                 for h in hosts]
+    for what, argv in (*steps, ("probe", probe)):
         rc, res = cluster.run(cluster_name, argv, d / "logs" / what, timeout=1200)
         if rc != 0:
             bad = next(r for r in res if r.returncode != 0)
@@ -301,7 +307,7 @@ def main(args) -> int:
         got = None
         if args.plan_lossy:
             try:
-                got = measure_and_plan(cfg.name, work, args.plan_lossy)
+                got = measure_and_plan(cfg.name, work, args.plan_lossy, args.profile_alone)
             except (RuntimeError, subprocess.CalledProcessError) as e:  # the fixed runs still run
                 print(f"planning on the cluster failed: {e}", flush=True)
                 names = [n for n in names if n != "pp_planned"]
