@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import tempfile
 from pathlib import Path
 
@@ -252,7 +253,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--text", default=None, help="a text file (default: the vim manual, else tests/data/corpus.txt)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_wire"))
     ap.add_argument("--quick", action="store_true", help="a few steps on the test corpus (for the tests)")
+    c = ap.add_argument_group("--cluster: real tc-shaped links (benchmarks/bench_wire_cluster.py; root)")
+    c.add_argument("--cluster", action="store_true", help="run on seed 003's emulated cluster instead of emulating the link")
+    c.add_argument("--rate", default="10mbit", help="every link's rate")
+    c.add_argument("--H-list", default="16", help="DiLoCo periods to run (comma-separated)")
+    c.add_argument("--warmup", type=int, default=20, help="learning-rate warm-up steps")
+    c.add_argument("--plan-lossy", default=None, metavar="bf16,int8,powersgd",
+                   help="profile and probe on the cluster, plan with --allow-lossy this, run that plan as pp_planned")
+    c.add_argument("--profile-alone", action="store_true", help="--plan-lossy: profile one host at a time")
+    c.add_argument("--work", default="/tmp/bench_wire_cluster", help="plans, traces and logs")
+    c.add_argument("--run-timeout", type=float, default=3600.0, help="seconds per run before it is killed")
     args = ap.parse_args(argv)
+    if args.cluster:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from bench_wire_cluster import main as cluster_main
+
+        return cluster_main(args)
     if args.quick:
         args.steps = min(args.steps, 6)
         args.H = min(args.H, 2)

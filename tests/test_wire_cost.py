@@ -96,3 +96,46 @@ def test_allow_lossy_is_checked(tmp_path, capsys):
     rc = main(["plan", "--layers", str(inputs.layers[0]), str(inputs.layers[1]), "--bandwidth", str(inputs.bandwidth),
                "--devices", str(inputs.devices), "--allow-lossy", "bf16,int3", "--out-dir", str(tmp_path / "o")])
     assert rc == 2 and "--allow-lossy" in capsys.readouterr().err
+
+
+def _tied_plan(groups):
+    from torchpp.models.presets import load_config, model_info
+    from torchpp.planner.simple import make_plan
+
+    info = model_info(load_config("qwen3-tiny"), "qwen3-tiny")
+    return make_plan(info, seq_len=16, global_batch=4 * max(groups), num_microbatches=2,
+                     layer_ranges=[(0, 2), (2, 4)], group_sizes=groups, schedule="1f1b")
+
+
+def _tied_price(p: Plan) -> float:
+    """A stand-in cost: 4 s of tied all-reduce in fp32, its bytes' share in int8, half in bf16."""
+    s = p.tied_sync
+    return 1.0 + (4.0 if s is None else 2.0 if s.wire == "bf16" else 1.05 if s.wire == "int8" else 3.0)
+
+
+def test_tied_allreduce_takes_int8_only_where_allowed_and_between_two():
+    got = choose(_tied_plan([1, 1]), _tied_price, parse_allow("bf16,int8"))
+    assert got.plan.tied_sync == Sync(kind="allreduce", wire="int8") and got.step_s == pytest.approx(2.05)
+    assert choose(_tied_plan([1, 1]), _tied_price, parse_allow("bf16")).plan.tied_sync.wire == "bf16"
+    # four members: an all-gather of int8 sends more than a ring of bf16, so int8 is not offered
+    assert choose(_tied_plan([2, 2]), _tied_price, parse_allow("int8")).plan.tied_sync is None
+
+
+def test_int8_allreduce_is_priced_with_its_bytes_and_codec_cpu(tmp_path):
+    from torchpp.cost.actions import MeasuredCost
+    from torchpp.plans import make_plan
+    from torchpp.schedules import Action, Kind
+
+    inputs = _setup(tmp_path, 1.25e6)
+    costs = api.load(inputs)
+    model = LayersFile.load(inputs.layers[0]).model
+    dp = make_plan(model, seq_len=16, global_batch=8, num_microbatches=1, layer_ranges=[(0, 4)], group_sizes=[2],
+                   hosts=["h1", "h2"])
+    ar = Action(kind=Kind.ALLREDUCE, stage=0, group=(0, 1))
+    fp32 = MeasuredCost(dp, costs.profiles, costs.links).allreduce_s(ar)
+    dp.stages[0].sync = Sync(kind="allreduce", wire="int8")
+    int8 = MeasuredCost(dp, costs.profiles, costs.links).allreduce_s(ar)
+    weights = 4 * 50_000_000  # four layers of 50 MB
+    wire = costs.links.ring_allreduce(["h1", "h2"], weights * 260 / 1024)  # codes and a scale per 256
+    assert int8 == pytest.approx(wire + weights * (4e-10 + 2 * 2e-10), rel=1e-3)  # encode once, decode both
+    assert int8 < fp32 / 3

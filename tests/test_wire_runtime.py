@@ -51,6 +51,12 @@ def runs(tmp_path_factory) -> Path:
     i8 = _plan(d / "pp_int8.json", "qwen3-tiny", [(0, 2), (2, 4)], [1, 1], 2, 2, wire=["int8"])
     psgd = _plan(d / "dp_powersgd.json", "gpt2-tiny", [(0, 4)], [2], 4, 2, sync=[Sync(kind="powersgd", rank=2)])
     bfar = _plan(d / "dp_bf16.json", "gpt2-tiny", [(0, 4)], [2], 4, 2, sync=[Sync(kind="allreduce", wire="bf16")])
+    i8ar = _plan(d / "dp_int8.json", "gpt2-tiny", [(0, 4)], [2], 4, 2, sync=[Sync(kind="allreduce", wire="int8")])
+    tied = _plan(d / "pp_tied_int8.json", "qwen3-tiny", [(0, 2), (2, 4)], [1, 1], 2, 2)
+    from torchpp.formats import Plan
+    tp = Plan.load(tied)
+    tp.tied_sync = Sync(kind="allreduce", wire="int8")
+    tp.save(tied)
     cases = [
         _case(d, "diloco1", dp, 2, 3, optimizer="sgd", lr=0.5),
         _case(d, "first", dil, 2, 2, checkpoint_dir=d / "ck_resumed", checkpoint_every=1),
@@ -60,6 +66,8 @@ def runs(tmp_path_factory) -> Path:
         _case(d, "int8", i8, 2, 3, trace_dir=d / "tr_int8", trace_steps=(2,)),
         _case(d, "powersgd", psgd, 2, 3),
         _case(d, "bf16ar", bfar, 2, 3),
+        _case(d, "int8ar", i8ar, 2, 3),
+        _case(d, "tied_int8", tied, 2, 3, trace_dir=d / "tr_tied_int8", trace_steps=(2,)),
     ]
     run_cases(cases, nprocs=2, workdir=d, timeout_s=480)
     return d
@@ -126,8 +134,21 @@ def test_compressed_links_train_closely_and_send_less(runs, name, fmt, tol):
     assert sent and all(b == want for b in sent)
 
 
-@pytest.mark.parametrize("name", ["powersgd", "bf16ar"])
+@pytest.mark.parametrize("name", ["powersgd", "bf16ar", "int8ar"])
 def test_compressed_allreduce_trains_closely(runs, name):
     ref = _reference("gpt2-tiny", 8, 3, "adamw", 1e-3)
     got = _losses(runs, name)
     assert all(abs(g - r) <= 0.02 * r for g, r in zip(got, ref))
+
+
+def test_tied_int8_allreduce_trains_closely_and_sends_int8(runs):
+    ref = _reference("qwen3-tiny", 4, 3, "adamw", 1e-3)
+    got = _losses(runs, "tied_int8")
+    assert got != ref and all(abs(g - r) <= 0.02 * r for g, r in zip(got, ref))
+    sent = []
+    for f in sorted((runs / "tr_tied_int8").rglob("*.json")):
+        if "_all" not in f.name:
+            sent += [e["args"]["bytes"] for e in json.loads(f.read_text()).get("traceEvents", [])
+                     if e.get("name") == "allreduce" and e.get("ph") == "X"]
+    n = 512 * 64  # the tied embedding of qwen3-tiny, in rows of 256 with one fp32 scale each
+    assert sent == [n + 4 * n // 256] * 2

@@ -110,6 +110,10 @@ class MeasuredCost:
         hosts = [self.rank[r].host for r in action.group or ()]
         nbytes = self.p.tied_bytes if action.tied else float(stage_weights(self.p, self.plan.stages[action.stage]))
         sync = self.plan.tied_sync if action.tied else self.plan.stages[action.stage].sync
-        if sync is not None:
-            nbytes = sync.allreduce_bytes(nbytes, self.plan.model.hidden_size)
-        return self.links.ring_allreduce(hosts, nbytes)
+        if sync is None:
+            return self.links.ring_allreduce(hosts, nbytes)
+        codec = 0.0
+        if sync.kind == "allreduce" and sync.wire != "fp32":  # every member encodes its own, decodes each
+            k = len(hosts) if sync.wire == "int8" else 1
+            codec = max((e + k * d for e, d in (self.p.codec_rate(h, sync.wire) for h in hosts)), default=0.0) * nbytes
+        return self.links.ring_allreduce(hosts, sync.allreduce_bytes(nbytes, self.plan.model.hidden_size)) + codec

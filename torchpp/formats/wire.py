@@ -6,12 +6,13 @@ Plan fields (all optional; absent is today's behaviour, fp32 every step):
   their gradients back up (``fp32``, ``bf16``, ``fp16``, ``int8``; gradients carry their rounding
   error to the next micro-batch).
 - ``stages[i].sync``: how chunk i's device group agrees on its weights: ``allreduce`` (every step,
-  its ``wire`` fp32 or bf16), ``powersgd`` (torch's PowerSGD of ``rank``), or ``diloco`` (every
+  its ``wire`` fp32, bf16, or int8: per-256-element codes all-gathered and summed in fp32, the
+  rounding error carried to the next step), ``powersgd`` (torch's PowerSGD of ``rank``), or ``diloco`` (every
   replica steps alone; every ``H`` steps the replicas all-reduce their parameter change, in
   ``wire`` fp32, bf16 or int8, and apply an outer Nesterov SGD step of ``outer_lr`` and
   ``outer_momentum``).
 - ``tied_sync``: the tied-weight all-reduce between the first and last stage (``allreduce``
-  with wire fp32/bf16, or ``powersgd``).
+  with wire fp32/bf16/int8, or ``powersgd``).
 
 Byte counts live here so the cost model prices a format without importing the codec.
 """
@@ -26,7 +27,7 @@ WIRE_FORMATS = ("fp32", "bf16", "fp16", "int8")
 """Every format of pipeline traffic; ``fp32`` sends the tensor as it is."""
 LOSSY = ("bf16", "fp16", "int8", "powersgd", "diloco")
 """The choices the planner makes only when the user allows them (``--allow-lossy``)."""
-SYNC_KINDS = {"allreduce": ("fp32", "bf16"), "powersgd": ("fp32",), "diloco": ("fp32", "bf16", "int8")}
+SYNC_KINDS = {"allreduce": ("fp32", "bf16", "int8"), "powersgd": ("fp32",), "diloco": ("fp32", "bf16", "int8")}
 """Each data-parallel sync kind and the wire formats its all-reduce may use."""
 SCALE_BYTES = 4
 """int8 carries one fp32 scale per row (a row: one token's hidden vector)."""

@@ -15,8 +15,9 @@ arithmetic of training:
 2. Each device group of two or more: ``diloco`` (if allowed) with the smallest H in
    :data:`PERIODS` whose predicted step is within ``min_gain`` of the best period's (the cost model
    does not price DiLoCo's staleness, so the shortest period that buys the time is taken), in the
-   wire format its ``outer`` all-reduce may use that is allowed; else a ``bf16`` gradient
-   all-reduce if allowed and it pays. Groups of the tied-weight all-reduce do not take diloco
+   wire format its ``outer`` all-reduce may use that is allowed; else a ``bf16`` (or, in a group
+   of two, ``int8`` with error feedback) gradient all-reduce if allowed and it pays. Groups of
+   the tied-weight all-reduce do not take diloco
    (``formats.plan`` refuses it). DiLoCo changes the optimisation itself (not a rounding of what
    crosses the link), so it is taken only where it shortens the predicted step by ``diloco_gain``
    (20%): where the all-reduce dominates, not where it is a tenth of the step.
@@ -97,6 +98,8 @@ def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], mi
         cands: list[Sync] = []  # least lossy first: the first near the best is taken
         if "bf16" in allow:
             cands.append(Sync(kind="allreduce", wire="bf16"))
+        if "int8" in allow and len(s.devices) == 2:  # all-gathered: beyond two members a ring sends less
+            cands.append(Sync(kind="allreduce", wire="int8"))
         if "powersgd" in allow:
             cands.append(Sync(kind="powersgd"))
         if "diloco" in allow and not (tied and (s.has_embed or s.has_tail)):
@@ -107,7 +110,8 @@ def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], mi
             out.decisions.append(f"stages[{s.index}] group {s.ranks}: {s.sync.kind}"
                                  + (f" H={s.sync.H}" if s.sync.kind == "diloco" else "") + f" ({s.sync.wire})")
     if tied:
-        cands = ([Sync(kind="allreduce", wire="bf16")] if "bf16" in allow else []) + (
+        pair = len(set(plan.stages[0].ranks) | set(plan.stages[-1].ranks)) == 2
+        cands = [Sync(kind="allreduce", wire=f) for f in ("bf16", "int8") if f in allow and (f != "int8" or pair)] + (
             [Sync(kind="powersgd")] if "powersgd" in allow else [])
         best.tied_sync, best_s = _best_sync(best, cands, best, price, best_s, min_gain, diloco_gain, key="tied_sync")
         if best.tied_sync is not None:

@@ -237,9 +237,10 @@ class Comm:
                 f"{_why(cause, self.timeout_s)}")
 
     # -- collectives
-    def all_reduce(self, action: Action, tensors: list[torch.Tensor], bucket_bytes: int = 32 << 20) -> None:
+    def all_reduce(self, action: Action, tensors: list[torch.Tensor], bucket_bytes: int = 32 << 20) -> int | None:
         """Sum ``tensors`` in place over ``action.group`` (flattened into buckets), or sync them as
-        the plan's ``sync`` for this group says (``runtime.wire_links``)."""
+        the plan's ``sync`` for this group says (``runtime.wire_links``; then the bytes this rank
+        sent are returned, else None)."""
         group = self.groups[tuple(action.group)]
         if self.wire is not None and self.wire.syncs(action):
             try:

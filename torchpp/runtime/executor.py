@@ -417,16 +417,16 @@ class Executor:
                 raise PeerError(f"rank {self.rank}: {describe(act)}: this stage holds no tied weight")
             g = self.tied.grad if self.tied.grad is not None else torch.zeros_like(self.tied)
             buf = g if self.tied_contributor else torch.zeros_like(g)
-            self.comm.all_reduce(act, [buf])
+            sent = self.comm.all_reduce(act, [buf])
             self.tied.grad = buf
-            return buf.numel() * buf.element_size()
+            return buf.numel() * buf.element_size() if sent is None else sent
         grads = []
         for p in self.params[act.stage]:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             grads.append(p.grad)
-        self.comm.all_reduce(act, grads)
-        return sum(g.numel() * g.element_size() for g in grads)
+        sent = self.comm.all_reduce(act, grads)
+        return sum(g.numel() * g.element_size() for g in grads) if sent is None else sent
 
 
 def _recomputed(stage: Stage) -> list[torch.nn.Parameter]:

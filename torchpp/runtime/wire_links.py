@@ -9,7 +9,10 @@ a group all-reduce whose plan entry names a ``sync`` goes through :meth:`WireLin
   (in every lossy format) carry their rounding error to the next message of the same stream: a
   bf16 gradient rounded without it drifted training measurably (benchmarks/bench_wire.py), with it
   the sum over micro-batches and steps of what arrives is what was sent.
-- ``allreduce`` in bf16: the gradients cast to bf16, summed by gloo, cast back.
+- ``allreduce`` in bf16: the gradients cast to bf16, summed by gloo, cast back. In int8: the
+  flat gradient in rows of :data:`INT8_ROW`, encoded with error feedback (what rounding lost this
+  step is added to the next step's gradient), all-gathered (an int8 sum would overflow), decoded
+  and summed in fp32 on every member.
 - ``powersgd``: torch's ``powerSGD_hook`` with its ``PowerSGDState`` (error feedback, warm
   start), fed a bucket object with the methods the hook calls (``GradBucket`` has no Python
   constructor); the hook averages, the plan's all-reduce sums, so the result is scaled back.
@@ -28,6 +31,9 @@ import torch.distributed as dist
 from .. import wire
 from ..formats import Plan, Sync
 from ..schedules import Action, Kind
+
+INT8_ROW = 256
+"""Elements per scale of an int8 all-reduce (a flat gradient has no rows of its own)."""
 
 
 def boundary(action: Action) -> int:
@@ -98,24 +104,52 @@ class WireLinks:
         s = self.sync_of(action)
         return s is not None and s.lossy
 
-    def all_reduce(self, action: Action, tensors: list[torch.Tensor], group: object, timeout_s: float) -> None:
+    def all_reduce(self, action: Action, tensors: list[torch.Tensor], group: object, timeout_s: float) -> int:
+        """Sync ``tensors`` in place as the plan says; returns this rank's payload in bytes as encoded
+        (what an fp32 all-reduce's trace records as its buffer's bytes; 0 for diloco's skipped one)."""
         s = self.sync_of(action)
         assert s is not None
         if s.kind == "diloco":
             frac = self.plan.stages[action.stage].device(self.rank).samples / self.plan.micro_batch_size
             for t in tensors:
                 t.div_(frac)
-            return
+            return 0
         flat = torch._utils._flatten_dense_tensors(tensors) if len(tensors) > 1 else tensors[0].reshape(-1).clone()
         timeout = datetime.timedelta(seconds=timeout_s)
-        if s.kind == "allreduce":  # bf16
+        if s.kind == "allreduce" and s.wire == "int8":
+            flat, sent = self._int8_all_reduce((action.tied, action.stage), flat, group, timeout)
+        elif s.kind == "allreduce":  # bf16
             half = flat.to(torch.bfloat16)
             dist.all_reduce(half, group=group, async_op=True).wait(timeout=timeout)
             flat = half.to(flat.dtype)
-        else:
+            sent = half.numel() * 2
+        else:  # the two rank-r factors of each matrix, vectors as they are
             flat = self._power_sgd(action, s, flat, tensors, group)
+            sent = sum(4 * (t.shape[0] + t[0].numel()) * s.rank if t.dim() > 1 else 4 * t.numel() for t in tensors)
         for t, r in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors)):
             t.copy_(r)
+        return sent
+
+    def _int8_all_reduce(self, key: tuple[bool, int], flat: torch.Tensor, group: object,
+                         timeout: datetime.timedelta) -> tuple[torch.Tensor, int]:
+        """The sum over ``group`` of ``flat`` sent as int8 with error feedback, and the message's bytes."""
+        n = flat.numel()
+        want = torch.cat([flat.float(), flat.new_zeros(-n % INT8_ROW, dtype=torch.float32)]).reshape(-1, INT8_ROW)
+        residual = self.feedback.setdefault("int8", wire.ErrorFeedback("int8")).residual
+        r = residual.get(("sync", *key))
+        if r is not None and r.shape == want.shape:
+            want.add_(r)
+        msg = wire.encode("int8", want)
+        mine = wire.decode("int8", msg, tuple(want.shape), torch.float32)  # decoded once: residual and sum
+        residual[("sync", *key)] = want.sub_(mine)
+        world, me = dist.get_world_size(group), dist.get_group_rank(group, self.rank)
+        parts = [torch.empty_like(msg) for _ in range(world)]
+        dist.all_gather(parts, msg, group=group, async_op=True).wait(timeout=timeout)
+        total = None
+        for i, m in enumerate(parts):  # in group order on every member: the same sum everywhere
+            x = mine if i == me else wire.decode("int8", m, tuple(want.shape), torch.float32)
+            total = x.clone() if total is None else total.add_(x)
+        return total.reshape(-1)[:n].to(flat.dtype), msg.numel()
 
     def _power_sgd(self, action: Action, s: Sync, flat: torch.Tensor, tensors: list[torch.Tensor],
                    group: object) -> torch.Tensor:
