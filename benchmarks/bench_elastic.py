@@ -28,6 +28,10 @@ recovery kills the host on Wi-Fi (pi4b) and re-plans over the three left.
 
     .venv/bin/python benchmarks/bench_elastic.py [--scenario hetero4|homelab] [--out out/bench_elastic]
         [--steps 8] [--cost-steps 21] [--full-every 10] [--only cost|recovery] [--cost-ranks 2 4] [--rounds 2]
+    .venv/bin/python benchmarks/bench_elastic.py --quick --out /tmp/elastic   # both parts, fewest steps: checks that it runs
+
+``--quick`` (hetero4): the checkpoint cost on 2 ranks, one round of 3 steps, a full checkpoint every 2; the
+recovery over 4 steps with the kill after checkpoint 2. Seconds, not a measurement.
 """
 from __future__ import annotations
 
@@ -375,7 +379,15 @@ def main() -> int:
     ap.add_argument("--full-every", type=int, default=10,
                     help="a full checkpoint every N steps, gradient logs between (torchpp.train's "
                          "--full-checkpoint-every)")
+    ap.add_argument("--quick", action="store_true", help="hetero4: 2-rank cost of 3 steps, one round, a 4-step "
+                    "recovery killed after checkpoint 2: checks that it runs, no measurement")
     args = ap.parse_args()
+    if args.quick and args.scenario != "hetero4":
+        ap.error("--quick: runs the hetero4 scenario only (the homelab one measures and plans on the emulated "
+                 "cluster for minutes)")
+    if args.quick:
+        args.steps, args.cost_steps, args.kill_after, args.rounds, args.full_every = 4, 3, 2, 1, 2
+        args.cost_ranks = [2]
     results = homelab(args) if args.scenario == "homelab" else hetero4(args)
     name = f"results{'_' + args.scenario if args.scenario != 'hetero4' else ''}{'_' + args.only if args.only else ''}"
     args.out.mkdir(parents=True, exist_ok=True)
