@@ -37,7 +37,7 @@ def test_bench_sim_quick():
     assert len(rows) == 6 and all(ln.endswith("True") for ln in rows), out  # one worker and the pool agree
 
 
-def _run_out(script: str, out: Path, *args: str, timeout_s: float = 900) -> str:
+def _run_out(script: str, out: Path, *args: str, timeout_s: float = 1800) -> str:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--out", str(out), *args],
                           capture_output=True, text=True, timeout=timeout_s, env=env, cwd=ROOT)
@@ -46,6 +46,7 @@ def _run_out(script: str, out: Path, *args: str, timeout_s: float = 900) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1900)  # several multi-process runs: room for a loaded machine
 def test_bench_chunked_quick(tmp_path):
     text = _run_out("bench_chunked.py", tmp_path)
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
@@ -58,6 +59,7 @@ def test_bench_chunked_quick(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1900)  # several multi-process runs: room for a loaded machine
 def test_bench_pipelining_quick(tmp_path):
     # --timeout-s 300: the alternating run (4 systems x 3 steps) has its deadline from it; 270 s was not enough on
     # a machine loaded by other work
@@ -71,6 +73,7 @@ def test_bench_pipelining_quick(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1900)  # several multi-process runs: room for a loaded machine
 def test_bench_call_cost_quick(tmp_path):
     text = _run_out("bench_call_cost.py", tmp_path)
     assert "runtime CPU per call" in text
