@@ -5,6 +5,7 @@ hooks between steps, so drift in machine load hits both alike); the printed rati
 median hooked step over the median bare step (and the same for means).
 
     python benchmarks/bench_hooks.py [--models qwen3-tiny qwen3-0.6b] [--layers 2] [--seq-len 128] [--batch 2]
+    python benchmarks/bench_hooks.py --quick      # qwen3-tiny, seq 16, 4 steps: checks that it runs, no measurement
 """
 from __future__ import annotations
 
@@ -61,7 +62,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="steps per model, half of them hooked (ABBA order); "
                     "default 200 for tiny presets, 24 for qwen3-0.6b")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--quick", action="store_true", help="qwen3-tiny, seq 16, 4 steps: checks that it runs, no measurement")
     a = ap.parse_args()
+    if a.quick:
+        a.models, a.seq_len, a.steps = ["qwen3-tiny"], 16, 4
     torch.set_num_threads(a.threads)
     print(f"seq {a.seq_len}, batch {a.batch}, {a.threads} thread(s), half of the steps hooked (ABBA)")
     print(f"{'model':<24} {'steps':>6} {'bare ms':>10} {'hooked ms':>10} {'ratio (medians)':>16} {'ratio (means)':>14}")

@@ -9,10 +9,12 @@ memory per rank, the planner's plan against the even split and DP, and the re-pl
 planner's best. Writes ``results.json``, ``results.md`` and ``predicted_vs_measured.png``.
 
     sudo .venv/bin/python benchmarks/bench_loop.py [--out out/bench_loop] [--local] [--steps 6]
+    python benchmarks/bench_loop.py --quick --local --out /tmp/loop   # the demo's quick sizes: checks that it runs
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -120,13 +122,17 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("out/bench_loop"))
     ap.add_argument("--local", action="store_true", help="local processes instead of the emulated cluster")
     ap.add_argument("--hosts", type=int, default=2, help="local processes (with --local)")
-    ap.add_argument("--steps", type=int, default=DemoConfig.steps)
+    ap.add_argument("--steps", type=int, default=None, help=f"default {DemoConfig.steps}; --quick 3")
     ap.add_argument("--scenario", default="hetero4", help="the demo's scenario (default hetero4; bench_prove "
                     "covers homelab)")
     ap.add_argument("--model", default=None, help="default: the scenario's")
+    ap.add_argument("--quick", action="store_true", help="the demo's quick sizes (qwen3-tiny, 3 steps) on the "
+                    "scenario's hosts: checks that it runs, no measurement")
     a = ap.parse_args()
     cfg = DemoConfig.scenario(a.scenario)
-    cfg.steps = a.steps
+    if a.quick:
+        cfg = dataclasses.replace(DemoConfig.quick(), cluster=cfg.cluster)
+    cfg.steps = a.steps if a.steps is not None else cfg.steps
     if a.model:
         cfg.model = a.model
     a.out.mkdir(parents=True, exist_ok=True)

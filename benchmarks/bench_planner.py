@@ -1,6 +1,10 @@
 """Planner benchmarks: planning time at 8 × 28 and 64 × 96, and the gap to exhaustive search.
 
     PYTHONPATH=. python benchmarks/bench_planner.py [--instances 12] [--skip-large]
+    PYTHONPATH=. python benchmarks/bench_planner.py --quick [--gantts /tmp/gantts]   # checks that it runs
+
+``--quick``: 8 × 28 only, one random cluster, one instance against exhaustive search (with
+``--gantts``: 1f1b and zbv only). Seconds, not a measurement.
 
 Planning time: synthetic clusters shaped like Qwen3-0.6B on CPU hosts (a tail costing about ten
 decoder layers, hosts 0.5–3× the reference speed with 2–16 GiB, links 0.1–1 Gbit/s), global
@@ -162,7 +166,7 @@ def gap(instances: int, seed: int = 7) -> list[float]:
     return ratios
 
 
-def gantts(out: str) -> None:
+def gantts(out: str, kinds: tuple[str, ...] | None = None) -> None:
     """The predicted Gantt of the best plan of each schedule kind on seed 000's instance (one renderer:
     planner/report.write_outputs), saved as ``out/<kind>.png``."""
     import shutil
@@ -175,7 +179,7 @@ def gantts(out: str) -> None:
     files, bw, mem, memory = seed000_instance()
     costs = api.Costs(profiles=Profiles.from_layers(files), links=Links(bw), hosts=list(mem), budget=mem, memory=memory)
     Path(out).mkdir(parents=True, exist_ok=True)
-    for kind in KINDS:
+    for kind in kinds or KINDS:
         try:
             res = api.plan(costs, api.PlanOptions(global_batch=20, micro_batch_sizes=[4], schedule=kind))
         except InfeasibleError as e:
@@ -193,9 +197,13 @@ def main() -> int:
     ap.add_argument("--skip-large", action="store_true")
     ap.add_argument("--random", type=int, default=20, help="random clusters of <= 8 hosts x <= 48 layers planned")
     ap.add_argument("--gantts", default=None, help="write each kind's predicted Gantt on seed 000's instance here")
+    ap.add_argument("--quick", action="store_true", help="8 x 28 only, 1 random cluster, 1 gap instance (--gantts: "
+                    "1f1b and zbv): checks that it runs, no measurement")
     a = ap.parse_args()
+    if a.quick:
+        a.skip_large, a.random, a.instances = True, 1, 1
     if a.gantts:
-        gantts(a.gantts)
+        gantts(a.gantts, ("1f1b", "zbv") if a.quick else None)
         return 0
     print("planning time")
     for hosts, layers, G, target in ((8, 28, 32, 1.0), (64, 96, 64, 10.0))[: 1 if a.skip_large else 2]:

@@ -36,6 +36,11 @@ Writes ``results.json``, ``results.md`` and ``step_times.png`` into ``--out`` (d
 benchmarks/results/bench_prove).
 
     sudo .venv/bin/python benchmarks/bench_prove.py [--window 2] [--peer-schedules 1F1B,GPipe]
+    .venv/bin/python benchmarks/bench_prove.py --quick --local --out /tmp/prove --work /tmp/prove/work
+
+``--quick``: the demo's quick sizes (qwen3-tiny, global batch 8), every strategy once with one step
+per window, the peer's 1F1B and FSDP2 at one micro-batching each, the cross-calibration on one pair:
+checks that it runs, no measurement.
 """
 from __future__ import annotations
 
@@ -45,7 +50,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -409,7 +414,7 @@ def run(demo: Demo, args: argparse.Namespace) -> dict:
     weighs on every plan's median alike instead of on whichever ran last."""
     t0, start_load = time.monotonic(), load()
     demo.p.total += demo.steps_per_run * (4 * args.repeats - 3)  # four plans `repeats` times (the demo counts three once)
-    speed = MachineSpeed(demo.cfg.model, demo.cfg.seq_len)
+    speed = MachineSpeed(demo.cfg.model, demo.cfg.seq_len, seconds=0.2 if args.quick else 3.0)
     speed.at_profile = speed()
     meas = demo.measure_and_plan()
     rows = [single_row(demo, meas)]
@@ -430,7 +435,8 @@ def run(demo: Demo, args: argparse.Namespace) -> dict:
             t.train(demo, meas, speed)
     rows += [plans["even"].row(), *baselines, *(plans[n].row() for n in ("plan", "unbalanced", "replan"))]
     runs = {"even": even, "plan": meas.plan, "unbalanced": bad, "replan": replanned}
-    calibrated = cross_calibrated(demo, meas, runs, {r.name: r.median_s for r in rows if r.name in runs})
+    calibrated = cross_calibrated(demo, meas, runs, {r.name: r.median_s for r in rows if r.name in runs},
+                                  "unbalanced" if args.quick else None)
     from torchpp.formats import Plan
 
     plan = Plan.load(meas.plan)
@@ -451,15 +457,17 @@ def run(demo: Demo, args: argparse.Namespace) -> dict:
                            if k in ("capacity", "rounds")}}
 
 
-def cross_calibrated(demo: Demo, meas: Any, runs: dict[str, Path], measured: dict[str, float | None]) -> list[dict]:
+def cross_calibrated(demo: Demo, meas: Any, runs: dict[str, Path], measured: dict[str, float | None],
+                     on: str | None = None) -> list[dict]:
     """Each trained plan predicted from the files `torchpp replan` corrects with *another* plan's
-    timelines (the loop's "look and re-plan" step, never the plan's own run): every ordered pair.
-    A prediction from the profile alone is the table's; this is what one measured run buys."""
+    timelines (the loop's "look and re-plan" step, never the plan's own run): every ordered pair
+    (``on``: only the pairs calibrated on that run). A prediction from the profile alone is the
+    table's; this is what one measured run buys."""
     import glob
 
     out = []
     demo.p.total += len(runs) * len(runs)
-    for y, plan_y in runs.items():
+    for y, plan_y in (runs if on is None else {on: runs[on]}).items():
         d = demo.path("calibrated", y)
         demo.p.run(f"calibrate on the {y} run (torchpp replan)",
                    [*demo.tp, "replan", "--plan", str(plan_y), "--traces", str(demo.path("runs", y, "traces")),
@@ -703,6 +711,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-speed-check", action="store_true", help="no `torchpp speed-check` before each torchpp run "
                     "(then no prediction at launch)")
     ap.add_argument("--local", action="store_true", help="local processes instead of the emulated cluster")
+    ap.add_argument("--quick", action="store_true", help="the demo's quick sizes, every strategy once, one step per "
+                    "window, one micro-batching of each baseline: checks that it runs, no measurement")
     ap.add_argument("--worker", choices=["peer", "fsdp"], default=None, help=argparse.SUPPRESS)
     ap.add_argument("--setup", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--result-dir", type=Path, default=None, help=argparse.SUPPRESS)
@@ -715,7 +725,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.worker:
         worker(a.worker, json.loads(a.setup), a.result_dir, a.tag)
         return 0
-    cfg = DemoConfig(steps=1 + 3 * a.window, speed_check=not a.no_speed_check)
+    if a.quick:
+        a.window, a.repeats, a.fsdp_window, a.peer_schedules = 1, 1, 1, "1F1B"
+        a.peer_microbatches, a.fsdp_microbatches = [2], [1]
+        cfg = replace(DemoConfig.quick(), cluster=DemoConfig().cluster, steps=1 + 3 * a.window)
+    else:
+        cfg = DemoConfig(steps=1 + 3 * a.window, speed_check=not a.no_speed_check)
     a.work.mkdir(parents=True, exist_ok=True)
     try:
         with demo_hosts(cfg, a.work, a.local, 2) as demo:

@@ -6,7 +6,7 @@ with the devices. Efficiency = throughput per device / that of the smallest clus
 Prints the simulation time (process CPU seconds, one core) for each size — the targets are
 ≤ 2 s at 1,024 devices and ≤ 30 s at 8,192 — and writes ``benchmarks/results/bench_scale/``.
 
-    PYTHONPATH=. python benchmarks/bench_scale.py [--sizes 64,1024,8192] [--quick]
+    PYTHONPATH=. python benchmarks/bench_scale.py [--sizes 64,1024,8192] [--quick] [--out DIR]
 
 ``--quick`` (the test suite's: it must keep running) prices the smallest and the largest size
 and writes nothing.
@@ -32,6 +32,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="64,128,256,512,1024,2048,4096,8192")
     ap.add_argument("--flops", type=float, default=125e12, help="FLOP/s of one GPU (A100 bf16 at ~40%%)")
     ap.add_argument("--quick", action="store_true", help="64 and 8,192 devices only; write no results")
+    ap.add_argument("--out", type=Path, default=OUT, help="where the table and plot go (default benchmarks/results/bench_scale)")
     args = ap.parse_args()
     if args.quick:
         args.sizes = "64,8192"
@@ -54,10 +55,10 @@ def main() -> int:
         r["efficiency"] = r["throughput_samples_per_s"] / r["devices"] / base
     if args.quick:
         return 0
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "scale.json").write_text(json.dumps(rows, indent=1) + "\n")
-    plot(rows, OUT / "scaling.png")
-    print(f"wrote {OUT / 'scale.json'} and {OUT / 'scaling.png'}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "scale.json").write_text(json.dumps(rows, indent=1) + "\n")
+    plot(rows, args.out / "scaling.png")
+    print(f"wrote {args.out / 'scale.json'} and {args.out / 'scaling.png'}")
     return 0
 
 

@@ -4,6 +4,7 @@ Times N begin/end pairs (and N mark() calls) in a tight Python loop, subtracts t
 the empty loop, and prints nanoseconds per span; the median of several repetitions.
 
     python benchmarks/bench_timer.py [--spans 200000] [--reps 7]
+    python benchmarks/bench_timer.py --quick      # 2,000 spans, 2 reps: checks that it runs, no measurement
 """
 from __future__ import annotations
 
@@ -41,7 +42,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spans", type=int, default=200_000)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--quick", action="store_true", help="2,000 spans, 2 reps: checks that it runs, no measurement")
     a = ap.parse_args()
+    if a.quick:
+        a.spans, a.reps = 2_000, 2
     backends = ["cpp", "python"] if tm._ext is not None else ["python"]
     if tm._ext is None:
         print("C++ timer not built: only the Python backend is measured")

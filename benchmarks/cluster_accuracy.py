@@ -1,6 +1,10 @@
 """How closely the emulation matches what it is configured to: CPU quotas and link rates.
 
     sudo python benchmarks/cluster_accuracy.py        # about 3 minutes
+    sudo python benchmarks/cluster_accuracy.py --quick --out /tmp/accuracy
+
+``--quick``: one quota (0.5 core) for 0.5 s, one link rate (50 Mbit/s), the profiles of qwen3-tiny with
+one layer and 2 steps: the same measurements and outputs in seconds, not a measurement.
 
 CPU: a CPU-bound loop's speed per wall-second inside a quota, over its speed per CPU-second
 unthrottled (a whole core), measured back to back. Links: `torchpp bandwidth probe` (gloo
@@ -58,7 +62,7 @@ def cpu_ratio(quota: float, seconds: float, rounds: int = 3) -> float:
     return sorted(ratios)[rounds // 2]
 
 
-def probe_rate(rate: str, tmp: Path) -> tuple[float, float]:
+def probe_rate(rate: str, tmp: Path, sizes: str = "64K,512K,2M,8M", budget_s: float = 12) -> tuple[float, float]:
     cfg_path = tmp / "bench.json"
     cfg_path.write_text(json.dumps({"name": "tpbench", "subnet": "10.77.98.0/24",
                                     "hosts": [{"name": "a", "rate": rate}, {"name": "b", "rate": rate}]}))
@@ -66,7 +70,7 @@ def probe_rate(rate: str, tmp: Path) -> tuple[float, float]:
     cluster.up(cfg, log=lambda *_: None)
     try:
         rc, res = cluster.run(cfg.name, [sys.executable, "-m", "torchpp", "bandwidth", "probe", "--out-dir",
-                                         str(tmp / rate), "--sizes", "64K,512K,2M,8M", "--pair-budget", "12"],
+                                         str(tmp / rate), "--sizes", sizes, "--pair-budget", f"{budget_s:g}"],
                               tmp / "logs", timeout=300, log=lambda *_: None)
         if rc != 0:
             raise RuntimeError(cluster.tail(res[0].log) + cluster.tail(res[1].log))
@@ -136,7 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-iters", type=int, default=6)
     p.add_argument("--cfs-period-ms", type=float, default=None,
                    help="CFS period of the profiled hosts (default: the kernel's 100 ms)")
+    p.add_argument("--quick", action="store_true", help="one quota for 0.5 s, one link, qwen3-tiny profiles of one "
+                   "layer and 2 steps: checks that it runs, no measurement")
     args = p.parse_args(argv)
+    if args.quick:
+        args.quotas, args.rates, args.seconds = "0.5", "50mbit", 0.5
+        args.profile_model, args.profile_layers, args.profile_iters = "qwen3-tiny", 1, 2
     os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
     rows = []
     for q in (float(x) for x in args.quotas.split(",") if x):
@@ -146,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cpu {q:5.2f} cores: runs at {r:.3f} of a full core ({r / q:.3f} of the quota)", flush=True)
     with tempfile.TemporaryDirectory(prefix="torchpp-bench-") as d:
         for rate in [] if args.skip_links else args.rates.split(","):
-            ab, ba = probe_rate(rate, Path(d))
+            ab, ba = probe_rate(rate, Path(d), *(("64K,512K", 2) if args.quick else ()))
             want = parse_rate(rate)
             for direction, got in (("a->b", ab), ("b->a", ba)):
                 rows.append({"what": f"link {direction} (Mbit/s)", "configured": want / 1e6,

@@ -1,6 +1,7 @@
 """Predicted Gantt charts of every schedule kind on seed 000's 4-host instance.
 
     PYTHONPATH=. python benchmarks/schedule_gantts.py [--out benchmarks/results/schedules]
+    PYTHONPATH=. python benchmarks/schedule_gantts.py --quick --out /tmp/gantts   # 1f1b and zbv only
 
 For each kind the planner searches that kind alone (micro-batches of 4, global batch 20, the
 instance's memory), prices the plan by replaying its action lists and draws the replayed timeline
@@ -27,6 +28,8 @@ from torchpp.trace.gantt import bars_from_events, save_gantt
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/schedules"))
+    ap.add_argument("--quick", action="store_true", help="1f1b and zbv only (one flat kind, one chunked): checks that "
+                    "it runs")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     files, bw, mem, memory = seed000_instance()
@@ -34,7 +37,7 @@ def main() -> int:
     hosts = [f.host for f in files]
     theirs = price(seed000_plan(prof.model), prof, links)[0]
     print(f"seed 000's own plan (1F1B, [0,12) host0 | [12,20) host1 | [20,25) host2 | [25,28) host3): {theirs:.2f} s")
-    for kind in PLAN_SCHEDULES:
+    for kind in ("1f1b", "zbv") if a.quick else PLAN_SCHEDULES:
         pb = Problem(profiles=prof, links=links, hosts=hosts, budget=memory.budgets(mem), memory=memory,
                      global_batch=20, micro_batch_sizes=[4], schedule=kind)
         try:

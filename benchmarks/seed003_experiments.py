@@ -2,6 +2,10 @@
 link rates (10 Mbit/s, 100 Mbit/s, 1 Gbit/s), same model, same global batch.
 
     sudo python benchmarks/seed003_experiments.py            # about 5 minutes on 2 cores
+    sudo python benchmarks/seed003_experiments.py --quick --out /tmp/seed003
+
+``--quick``: one rate (1 Gbit/s), qwen3-tiny, 3 steps, the probe at two small message sizes: the same
+runs and outputs in seconds, not a measurement.
 
 For each rate: bring up `configs/cluster/pi3.json` with every link at that rate, measure the
 links with `torchpp bandwidth probe`, run `python -m torchpp.train` once with a pp plan and
@@ -52,7 +56,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="plan: one python process per plan rank (`cluster run --plan`); torchrun: torchrun "
                         "--nproc-per-node 1 on every host, as seed 003 starts it")
     p.add_argument("--probe-sizes", default="64K,512K,2M,8M", help="message sizes of `torchpp bandwidth probe`")
-    return p.parse_args(argv)
+    p.add_argument("--quick", action="store_true", help="1gbit only, qwen3-tiny, 3 steps, two small probe sizes: checks "
+                   "that it runs, no measurement")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rates, args.model, args.seq_len, args.steps, args.probe_sizes = "1gbit", "qwen3-tiny", 16, 3, "64K,512K"
+    return args
 
 
 def make_plans(args: argparse.Namespace, hosts: list[str], out: Path) -> dict[str, Path]:

@@ -1,6 +1,10 @@
 """Does the topology-aware model predict a measured 4-host run? The star template vs the emulated cluster.
 
     sudo .venv/bin/python benchmarks/topology_accuracy.py          # about 1 minute
+    sudo .venv/bin/python benchmarks/topology_accuracy.py --quick --out /tmp/topo --work /tmp/topo/work
+
+``--quick``: qwen3-tiny, seq 16, 4 micro-batches of 1, 4 steps, 2 profiled steps: the same run and
+prediction in seconds, not a measurement.
 
 The emulated cluster is a star already: every host's veth ends on one bridge (the switch), its
 uplink and the switch port towards it shaped by tc to the host's rate. This brings up four
@@ -82,7 +86,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "topology_accuracy")
     p.add_argument("--work", type=Path, default=ROOT / "out" / "topology_accuracy",
                    help="profiles, plan, logs and traces")
-    return p.parse_args(argv)
+    p.add_argument("--quick", action="store_true", help="qwen3-tiny, seq 16, global batch 4 in 4 micro-batches, "
+                   "4 steps, 2 profiled steps: checks that it runs, no measurement")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.model, args.seq_len, args.global_batch, args.microbatches = "qwen3-tiny", 16, 4, 4
+        args.steps, args.profile_iters = 4, 2
+    return args
 
 
 def cluster_config(args: argparse.Namespace) -> dict:
