@@ -35,8 +35,8 @@ import numpy as np
 
 from ..cost import Span, stage_time
 from ..cost.actions import optimizer_rate
-from ..formats import MULTI_CHUNK, ONE_CHUNK
 from ..schedules import REGISTRY, peak_states, schedule_kinds
+from .allocate import waterfill
 from .tables import Tables
 from .types import INF, Problem, micro_batch_sizes
 
@@ -53,7 +53,7 @@ class Certificate:
     method: str
     time_s: float
     families: dict[str, float] = field(default_factory=dict)
-    """The bound of each family of kinds searched (one-chunk, interleaved, V), seconds."""
+    """The bound of each family of kinds searched (one placement, full or split backward), seconds."""
 
     @property
     def gap(self) -> float:
@@ -86,17 +86,15 @@ def space_bound(pb: Problem, cap: float = INF) -> tuple[float, dict[str, float]]
     kinds = schedule_kinds(pb.schedule)
     t = Tables(pb)
     fams: dict[str, float] = {}
-    one = [k for k in kinds if k in ONE_CHUNK]
-    inter = [k for k in kinds if k in MULTI_CHUNK and REGISTRY[k].placement == "interleaved"]
-    vee = [k for k in kinds if k in MULTI_CHUNK and REGISTRY[k].placement == "v"]
-    for name, ks in (("one-chunk", one), ("interleaved", inter), ("v", vee)):
-        if not ks:
-            continue
-        best = cap
-        for b in micro_batch_sizes(pb):
-            fam = _Family(pb, t, ks, b, name)
-            best = min(best, fam.solve(best))
-        fams[name] = best
+    for placement in ("single", "interleaved", "v"):
+        for split in (False, True):
+            ks = [k for k in kinds if REGISTRY[k].placement == placement and REGISTRY[k].split_backward == split]
+            if not ks:
+                continue
+            best = cap
+            for b in micro_batch_sizes(pb):
+                best = min(best, _Family(pb, t, ks, b, placement).solve(best))
+            fams["/".join(ks)] = best
     return min(fams.values(), default=cap), fams
 
 
@@ -110,11 +108,11 @@ def _subsets(mask: int):
 class _Family:
     """The bound's terms for one family of kinds at one micro-batch size, and the programme over them."""
 
-    def __init__(self, pb: Problem, t: Tables, kinds: Sequence[str], b: int, name: str):
-        self.pb, self.t, self.kinds, self.b, self.name = pb, t, list(kinds), b, name
+    def __init__(self, pb: Problem, t: Tables, kinds: Sequence[str], b: int, placement: str):
+        self.pb, self.t, self.kinds, self.b, self.name = pb, t, list(kinds), b, placement
         self.m = pb.global_batch // b
         self.N, self.L = len(pb.hosts), t.L
-        self.chunked = name != "one-chunk"
+        self.chunked = placement != "single"
         self.split = any(REGISTRY[k].split_backward for k in kinds)
         self.full = any(not REGISTRY[k].split_backward for k in kinds)
         self.vmin = 2 if self.chunked else 1
@@ -223,19 +221,34 @@ class _Family:
             h = g[0]
             load = m * (self.pc[h] + b * self.ps[h] + self._recompute(h, j)) + self.opt[h] * self.weights
         else:
-            inv = sum(1.0 / np.where(self.ps[h] > 0, self.ps[h], INF) for h in g)
-            samples = np.where(inv > 0, b / np.where(inv > 0, inv, 1.0), 0.0)
+            # samples shared as evenly as the devices' speeds and memory allow (every layer recomputed
+            # for the memory, none for the time: both only lower the group's time)
+            per = self._least_per_sample(j)
+            static = np.where(t.valid, t.static, INF)
+            caps = np.stack([np.maximum(pb.budget[pb.hosts[h]] - static, 0.0) / per for h in g])
+            samples = waterfill(b, np.stack([self.ps[h] for h in g]), caps)
             per_call = np.minimum.reduce([self.pc[h] for h in g])
             unit = pb.links.ring_allreduce(names, 1.0)
             lat = pb.links.ring_allreduce(names, 0.0)
             ar = lat + (unit - lat) * self.weights
             load = m * (samples + per_call) + ar + min(self.opt[h] for h in g) * self.weights
-            static = np.where(t.valid, t.static, INF)
-            for h in g:
-                load = np.where(static > pb.budget[pb.hosts[h]], INF, load)
         load = np.where(t.valid, load, INF)
         self._load[key] = load
         return load
+
+    def _least_per_sample(self, j: int) -> np.ndarray:
+        """Least bytes per sample a stage with ``j`` stages after it can hold (recomputing every
+        layer where allowed), over the kinds' ways to hold micro-batches there."""
+        key = ("per", j)
+        got = self._load.get(key)
+        if got is None:
+            t = self.t
+            span = t.span[1] if self.pb.allow_recompute else t.span[0]
+            got = np.minimum.reduce([
+                np.maximum.reduce([np.asarray(t.mem.per_sample(span, held, w, heap), dtype=float)
+                                   for held, w, heap in states]) for states in self._states(j)])
+            got = self._load[key] = np.where(t.valid, np.maximum(got, 1e-30), INF)
+        return got
 
     def _group_fd(self, g: tuple[int, ...]) -> np.ndarray:
         got = self._fd.get(g)
@@ -263,15 +276,16 @@ class _Family:
         has_tail = head if vee else (k1 == L)
         self.valid_k = ok
         w_cum = cum(pbytes[lay])
-        a_cum = cum(acts[lay])
         weights = w_cum[cnt] + np.where(head, pbytes[0], 0.0) + np.where(has_tail, pbytes[K - 1], 0.0)
         if vee and self.tied:
             weights = weights - np.where(head, self.tied, 0.0)
         self.weights = weights
         static = mem.base + mem.alpha * weights + mem.ke * np.where(has_tail, pbytes[K - 1], 0.0)
-        act = a_cum[cnt] + np.where(has_tail, acts[K - 1], 0.0)
-        self.static, self.act = static, act
-        self.ps, self.pc, self.fd1, self.fdb, self.extra = [], [], [], [], []
+        self.static, self.has_tail, self.cnt = static, has_tail, cnt
+        self.a_sorted = np.sort(np.asarray(acts[lay], dtype=float))
+        self.a_tail = float(acts[K - 1])
+        self.ps, self.pc, self.fd1, self.fdb, self.ratio_h = [], [], [], [], []
+        self._held: dict[int, tuple[np.ndarray, float]] = {}
         for h, name in enumerate(pb.hosts):
             f, bw = p.table(name)
             f0, b0 = p.fixed(name)
@@ -292,31 +306,92 @@ class _Family:
                 one.append(np.where(ok, chain + np.where(head, embed, 0.0), INF))
             self.fd1.append(one[0])
             self.fdb.append(one[1])
-            # recomputation: one micro-batch of every chunk held at once
-            r = np.array([f[k] / acts[k] if acts[k] > 0 else INF for k in range(1, L + 1)])
-            ratio = float(r.min()) if len(r) else INF
-            need = static + b * mem.kp * act - pb.budget[name]
-            coef = mem.kp - 1.0
-            if coef > 0 and pb.allow_recompute:
-                extra = np.where(need > 0, need * ratio / coef, 0.0)
-                extra = np.where(need > b * coef * a_cum[cnt] + 1e-6, INF, extra)
-            else:
-                extra = np.where(need > 0, INF, 0.0)
-            self.extra.append(np.where(static > pb.budget[name], INF, extra))
+            self.ratio_h.append(float(np.min([f[k] / acts[k] if acts[k] > 0 else INF for k in range(1, L + 1)]))
+                                if L else INF)
         self.out = float(np.min(p.act_bytes[1:K - 1])) if K > 2 else 0.0
 
-    def _chunk_load(self, g: tuple[int, ...]) -> np.ndarray:
-        got = self._load.get(g)
+    def _held_acts(self, j: int) -> tuple[np.ndarray, float]:
+        """(activation bytes per sample a device holds at its peak with ``j`` groups after it, over
+        (layers before, layers through) as :meth:`_chunk_terms`' matrices; the most micro-batches
+        one chunk holds): read off each kind's order at every pipeline depth it could have, the least
+        of them. Per order, the largest over its steps of the least its chunks can hold (the
+        layers it holds, cheapest first, given to the chunk holding the most where there are two)."""
+        got = self._held.get(j)
+        if got is not None:
+            return got
+        from ..schedules import held_profiles
+        from .chunks import chunk_counts, placement
+
+        L = self.L
+        cum = np.concatenate([[0.0], np.cumsum(self.a_sorted)])
+        k = np.arange(L + 1)
+        best = [np.full(L + 1, INF), np.full(L + 1, INF)]  # without, with the tail
+        n_top = 1.0
+        for kind in self.kinds:
+            for p in range(max(2, j + 1), self.N + 1):
+                q = p - 1 - j
+                for v in chunk_counts(kind, p, L):
+                    try:
+                        pl = placement(kind, p, v)
+                        profs = held_profiles(kind, pl, q, self.m)
+                    except (ValueError, RuntimeError):
+                        continue
+                    mine = pl.chunks[q]
+                    worst = [np.zeros(L + 1), np.zeros(L + 1)]
+                    for prof in profs:
+                        held = {c: n for c, n, *_ in prof}
+                        ns = [held.get(c, 0) for c in mine]
+                        n_top = max(n_top, max(ns))
+                        lo = min(ns)
+                        if len(mine) == 2:  # the chunk holding more gets the cheapest k1 layers, k1 >= 1
+                            big, small = max(ns), min(ns)
+                            k1 = np.arange(L + 1)[None, :]
+                            val = big * cum[np.clip(k1, 0, L)] + small * (cum[k[:, None]] - cum[np.clip(k1, 0, L)])
+                            val = np.where((k1 >= 1) & (k1 <= k[:, None] - 1), val, INF).min(axis=1)
+                            val = np.where(k >= 2, val, INF)
+                        else:
+                            val = lo * cum[k]
+                        for t, tail in enumerate((0.0, lo * self.a_tail)):
+                            worst[t] = np.maximum(worst[t], val + tail)
+                    for t in (0, 1):
+                        best[t] = np.minimum(best[t], worst[t])
+        out = np.where(self.has_tail, best[1][self.cnt], best[0][self.cnt])
+        self._held[j] = (out, n_top)
+        return out, n_top
+
+    def _chunk_extra(self, h: int, j: int) -> np.ndarray:
+        """Per micro-batch seconds device h adds by recomputation (inf where nothing fits)."""
+        pb, b = self.pb, self.b
+        mem = self.t.mem.memory
+        budget = pb.budget[pb.hosts[h]]
+        held, n_top = self._held_acts(j)
+        kp = mem.kp + min(0.0, mem.kw)
+        need = self.static + b * kp * held - budget
+        if pb.allow_recompute and mem.kp > 0:
+            # a recomputed layer saves at most kp x its bytes for each micro-batch its chunk holds
+            extra = np.where(need > 0, need * self.ratio_h[h] / (n_top * mem.kp), 0.0)
+            extra = np.where(need > b * mem.kp * held + 1e-6, INF, extra)
+        else:
+            extra = np.where(need > 0, INF, 0.0)
+        return np.where(self.static > budget, INF, extra)
+
+    def _chunk_load(self, g: tuple[int, ...], j: int) -> np.ndarray:
+        key = (g, j if len(g) == 1 else -1)
+        got = self._load.get(key)
         if got is not None:
             return got
         pb, b, m = self.pb, self.b, self.m
         if len(g) == 1:
             h = g[0]
-            load = m * (self.pc[h] + b * self.ps[h] + self.extra[h]) + self.opt[h] * self.weights
+            load = m * (self.pc[h] + b * self.ps[h] + self._chunk_extra(h, j)) + self.opt[h] * self.weights
         else:
             names = [pb.hosts[h] for h in g]
-            inv = sum(1.0 / np.where(self.ps[h] > 0, self.ps[h], INF) for h in g)
-            samples = np.where(inv > 0, b / np.where(inv > 0, inv, 1.0), 0.0)
+            held, _ = self._held_acts(j)
+            mem = self.t.mem.memory
+            factor = min(1.0, mem.kp + min(0.0, mem.kw)) if pb.allow_recompute else mem.kp + min(0.0, mem.kw)
+            per = np.maximum(factor * held, 1e-30)
+            caps = np.stack([np.maximum(pb.budget[pb.hosts[h]] - self.static, 0.0) / per for h in g])
+            samples = waterfill(b, np.stack([self.ps[h] for h in g]), caps)
             per_call = np.minimum.reduce([self.pc[h] for h in g])
             unit = pb.links.ring_allreduce(names, 1.0)
             lat = pb.links.ring_allreduce(names, 0.0)
@@ -324,7 +399,7 @@ class _Family:
             for h in g:
                 load = np.where(self.static > pb.budget[pb.hosts[h]], INF, load)
         load = np.where(self.valid_k, load, INF)
-        self._load[g] = load
+        self._load[key] = load
         return load
 
     # ------------------------------------------------------------------ links
@@ -361,26 +436,35 @@ class _Family:
                                self._xfer(x, a, 1.0) - self._xfer(x, a, 0.0))
         return 0.0 if best == INF else best
 
-    def _tied(self, g: tuple[int, ...], rest: int) -> float:
-        """Least tied-weight all-reduce between head group g and a device of the later stages."""
-        if not self.tied or self.name == "v":
-            return 0.0
+    def _tied(self, g: tuple[int, ...], U: int) -> np.ndarray:
+        """The tied-weight all-reduce between head group g and the last stage's device e, per tail
+        column e (the last column: a group, the least over the later stages' devices U)."""
+        out = np.zeros(self.cols)
+        if self.cols == 1:
+            return out
         names = [self.pb.hosts[h] for h in g]
-        return min(self.pb.links.ring_allreduce(sorted(names + [self.pb.hosts[e]]), self.tied)
-                   for e in range(self.N) if rest >> e & 1)
+        ring = [self.pb.links.ring_allreduce(sorted(names + [self.pb.hosts[e]]), self.tied) if U >> e & 1 else INF
+                for e in range(self.N)]
+        out[:self.N] = ring
+        out[self.N] = min(ring)
+        return out
 
     # ------------------------------------------------------------------ the programme
     def solve(self, cap: float) -> float:
-        """Least bound over the family's plans at this micro-batch size (``cap`` if none is lower)."""
+        """Least bound over the family's plans at this micro-batch size (``cap`` if none is lower).
+
+        V[j][U][head] is an array over (first position of a suffix of j + 1 stages using devices U
+        whose first group is ``head``: a device, or -1 for a group) x (the last stage's device, or
+        a group in the last column, where a tied weight is all-reduced between the ends)."""
         N, L, b = self.N, self.L, self.b
-        full = (1 << N) - 1
-        groups = {g: tuple(h for h in range(N) if g >> h & 1) for g in range(1, full + 1)}
+        self.cols = N + 1 if (self.tied and self.name != "v") else 1
+        whole = (1 << N) - 1
+        groups = {g: tuple(h for h in range(N) if g >> h & 1) for g in range(1, whole + 1)}
         groups = {g: hs for g, hs in groups.items() if len(hs) <= b}
-        load_of = (lambda hs, j: self._chunk_load(hs)) if self.chunked else self._group_load
+        load_of = self._chunk_load if self.chunked else self._group_load
         fd_of = (lambda hs: self.fdb[hs[0]] if len(hs) == 1 else np.minimum.reduce([self.fd1[h] for h in hs])) \
             if self.chunked else self._group_fd
         best = cap
-        # V[j][U] = {head: vector over the suffix's first position}
         V: list[dict[int, dict[int, np.ndarray]]] = [dict() for _ in range(N)]
         links: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         for g, hs in groups.items():
@@ -390,30 +474,36 @@ class _Family:
             last[last >= best] = INF
             last[0] = INF
             if np.isfinite(last).any():
-                V[0].setdefault(g, {})[hs[0] if len(hs) == 1 else -1] = last
+                arr = np.full((L + 1, self.cols), INF)
+                arr[:, (hs[0] if len(hs) == 1 else N) if self.cols > 1 else 0] = last
+                V[0].setdefault(g, {})[hs[0] if len(hs) == 1 else -1] = arr
         for j in range(N - 1):
             for U, heads in V[j].items():
-                rest = full & ~U
-                for g in _subsets(rest):
+                for g in _subsets(whole & ~U):
                     hs = groups.get(g)
                     if hs is None:
                         continue
                     M = None
-                    for h, vec in heads.items():
+                    for h, arr in heads.items():
                         key = (g, h)
                         if key not in links:
                             links[key] = self._link_terms(hs, None if h < 0 else h)
                         lat, thr = links[key]
-                        cand = np.maximum(lat + vec, thr)
+                        cand = np.maximum(lat[:, None] + arr, thr[:, None])
                         M = cand if M is None else np.minimum(M, cand)
                     load = load_of(hs, j + 1)
                     fd = fd_of(hs)
-                    tot = np.maximum(load, fd + M[None, :])
-                    tied = self._tied(hs, U)
-                    if tied:
-                        tot[0] = np.maximum(tot[0], load[0] + tied)
+                    tot = np.maximum(load[:, :, None], fd[:, :, None] + M[None, :, :])
+                    if self.cols > 1:
+                        tied = self._tied(hs, U)
+                        # the head stage all-reduces the tied weight after its own work; without a
+                        # split backward every stage's gradient reaches it first (its drain)
+                        head = np.maximum(load[0][:, None] + tied[None, :], tot[0])
+                        if not self.split:
+                            head = np.maximum(head, fd[0][:, None] + M + tied[None, :])
+                        tot[0] = head
                     new = tot.min(axis=1)
-                    best = min(best, float(new[0]))
+                    best = min(best, float(new[0].min()))
                     new[new >= best] = INF
                     new[0] = INF  # a suffix starting at layer 0 is a whole plan: counted above
                     if not np.isfinite(new).any():
