@@ -21,6 +21,9 @@ exhaustive search tries every micro-batch size, every sequence of disjoint devic
 order, any subset, idle devices allowed) and every contiguous layer split, gives each plan
 Algorithm 1 shares and the recompute MILP, and prices it by replaying its action lists — the
 same pricing the planner's answer gets. Target: planner / exhaustive <= 1.02.
+
+``--certify N``: `plan --certify` on seed 000's 8-host instance and N random 8-host clusters, each
+plan's step over the bound proven for every plan of its space (planner/certify.py; target 5%).
 """
 from __future__ import annotations
 
@@ -166,6 +169,38 @@ def gap(instances: int, seed: int = 7) -> list[float]:
     return ratios
 
 
+def certificates(count: int, seed: int = 5) -> list[float]:
+    """`plan --certify` on seed 000's 8-host instance and ``count`` random 8-host clusters (4-48
+    layers): the plan's step over the bound proven for every plan of the space (planner/certify.py).
+    Target: within 5%."""
+    from torchpp.planner.certify import certify
+    from torchpp.planner.synthetic import seed000_8host_instance
+
+    files, bw, mem, memory = seed000_8host_instance()
+    cases = [("seed 000, 8 hosts x 28 layers, G=32", files, bw, mem, memory, 32)]
+    rng = random.Random(seed)
+    for i in range(count):
+        layers, G = rng.randint(4, 48), rng.choice([8, 16, 32])
+        files, bw, mem = qwen_like(random.Random(rng.random()), 8, layers)
+        cases.append((f"random {i + 1}, 8 hosts x {layers} layers, G={G}", files, bw, mem, MemoryEstimator.analytic(), G))
+    gaps = []
+    for name, files, bw, mem, memory, G in cases:
+        pb = Problem(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files], budget=mem,
+                     memory=memory, global_batch=G, schedule="auto")
+        try:
+            res = search(pb)
+        except InfeasibleError:
+            print(f"  {name}: no plan fits", flush=True)
+            continue
+        c0 = time.process_time()
+        cert = certify(pb, res.step_time_s)
+        gaps.append(cert.gap)
+        fams = ", ".join(f"{k} {v:.4g}" for k, v in cert.families.items())
+        print(f"  {name}: {res.plan.schedule}, {cert.line()}; {time.process_time() - c0:.1f} s CPU; bound per "
+              f"family: {fams}", flush=True)
+    return gaps
+
+
 def gantts(out: str, kinds: tuple[str, ...] | None = None) -> None:
     """The predicted Gantt of the best plan of each schedule kind on seed 000's instance (one renderer:
     planner/report.write_outputs), saved as ``out/<kind>.png``."""
@@ -196,6 +231,8 @@ def main() -> int:
     ap.add_argument("--instances", type=int, default=12)
     ap.add_argument("--skip-large", action="store_true")
     ap.add_argument("--random", type=int, default=20, help="random clusters of <= 8 hosts x <= 48 layers planned")
+    ap.add_argument("--certify", type=int, default=0, metavar="N",
+                    help="certify seed 000's 8-host instance and N random 8-host clusters (planner/certify.py)")
     ap.add_argument("--gantts", default=None, help="write each kind's predicted Gantt on seed 000's instance here")
     ap.add_argument("--quick", action="store_true", help="8 x 28 only, 1 random cluster, 1 gap instance (--gantts: "
                     "1f1b and zbv): checks that it runs, no measurement")
@@ -204,6 +241,12 @@ def main() -> int:
         a.skip_large, a.random, a.instances = True, 1, 1
     if a.gantts:
         gantts(a.gantts, ("1f1b", "zbv") if a.quick else None)
+        return 0
+    if a.certify:
+        print("certificates at 8 devices (step over the bound proven for every plan of the space)")
+        g = certificates(a.certify)
+        if g:
+            print(f"  worst {100 * max(g):.1f}%, within 5%: {sum(x <= 0.05 for x in g)}/{len(g)} (target: all)")
         return 0
     print("planning time")
     for hosts, layers, G, target in ((8, 28, 32, 1.0), (64, 96, 64, 10.0))[: 1 if a.skip_large else 2]:

@@ -56,6 +56,9 @@ class MeasuredCost:
         profiles.ensure(hosts)
         self.backward_split = profiles.backward_split(hosts)
         """How I and W are priced: measured, or the halves assumption (``Profiles.backward_split``)."""
+        self._compute: dict[tuple, float] = {}
+        self._out_bytes: dict[int, float] = {}
+        """Bytes per sample leaving each stage (a plan's transfers ask for few stages, many times)."""
         self.rank: dict[int, _RankCost] = {}
         for r in plan.ranks:
             chunks = plan.stages_of_rank(r)
@@ -71,6 +74,14 @@ class MeasuredCost:
         return a.samples[1] - a.samples[0] if a.samples is not None else default
 
     def compute_s(self, rank: int, action: Action) -> float:
+        key = (rank, action.kind, action.stage, action.samples)
+        got = self._compute.get(key)
+        if got is None:
+            got = self._compute[key] = self._compute_s(rank, action)
+        return got
+
+    def _compute_s(self, rank: int, action: Action) -> float:
+        """One action's seconds (:meth:`compute_s` keeps them: every micro-batch asks again)."""
         rc = self.rank[rank]
         if action.kind == Kind.OPTIMIZER:
             return rc.optimizer
@@ -92,12 +103,15 @@ class MeasuredCost:
         n = self._samples(action, 1)
         stages = self.plan.stages
         if action.kind == Kind.SEND_ACT:
-            link = stages[action.stage]
+            at = action.stage
         elif action.kind == Kind.SEND_GRAD:
-            link = stages[action.stage - 1]
+            at = action.stage - 1
         else:
             raise ValueError(f"transfer_s: {action} is not a send")
-        per = float(boundary_bytes(self.p, link))
+        link = stages[at]
+        per = self._out_bytes.get(at)
+        if per is None:
+            per = self._out_bytes[at] = float(boundary_bytes(self.p, link))
         a, b = self.rank[src].host, self.rank[dst].host
         if link.wire in (None, "fp32"):
             return self.links.time(a, b, per * n)

@@ -119,6 +119,9 @@ class PlanOptions:
     compare: list[str] = field(default_factory=list)
     """Also price these on the same devices and costs: ``even``, ``dp``, ``pp``, ``single`` (each at
     its own best micro-batching) or plan.json files."""
+    certify: bool = False
+    """Prove how far the chosen plan can be from the optimum of the space searched (planner/certify.py;
+    at most 8 devices): the line "within X% of optimal in this space" and plan_meta's ``certificate``."""
     allow_lossy: frozenset[str] = frozenset()
     """Lossy choices the planner may make (``bf16``, ``fp16``, ``int8``, ``powersgd``, ``diloco``;
     planner/wire.py); empty: fp32 everywhere, every plan as without the option."""
@@ -267,6 +270,8 @@ def plan(inputs: PlanInputs | Costs, options: PlanOptions, *, progress: Progress
                  global_batch=options.global_batch, schedule=options.schedule, max_stages=options.max_stages,
                  micro_batch_sizes=options.micro_batch_sizes, allow_recompute=options.recompute,
                  exact_devices=options.exact_devices, max_group=options.max_group, optimizer_s_per_byte=opt)
+    if options.certify and len(hosts) > 8:
+        raise UsageError(f"--certify: at most 8 devices (planner/certify.py), got {len(hosts)}")
     say = progress or (lambda _: None)
     say(f"planning {prof.model.name} ({prof.model.num_layers} layers) on {len(hosts)} device(s), "
         f"global batch {options.global_batch}; memory: {costs.memory.source}")
@@ -274,6 +279,12 @@ def plan(inputs: PlanInputs | Costs, options: PlanOptions, *, progress: Progress
     say(f"optimizer step: {opt_source}")
     res = search(pb, progress=progress)
     chosen = res.plan
+    if options.certify:
+        from .certify import certify
+
+        cert = certify(pb, res.step_time_s)
+        say(cert.line())
+        extra_meta = {**(extra_meta or {}), "certificate": cert.as_dict()}
     replayed = (res.step_time_s, res.timeline) if res.timeline is not None else None
     ranks = [d.rank for s in chosen.stages for d in s.devices]
     if costs.devices is not None and apply_fixed_ranks(chosen, costs.devices) and \

@@ -49,6 +49,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    "plan_meta.json, summary.txt and gantt.png here")
     g.add_argument("--compare", default=None, help="e.g. even,pp,dp,single,other_plan.json: price these too, each fixed "
                    "strategy at its own best micro-batching (single: the best one device, or 'does not fit')")
+    g.add_argument("--certify", action="store_true",
+                   help="prove how close the plan is to the best plan of the space searched (at most 8 devices): "
+                        "prints 'within X%% of optimal in this space', plan_meta.json keeps the certificate")
     g.add_argument("--allow-lossy", default=None, metavar="bf16,int8,diloco",
                    help="let the planner choose lossy wire formats per link (bf16, fp16, int8) and group syncs "
                         "(bf16, powersgd, diloco with its period H) where they shorten the predicted step; the "
@@ -106,7 +109,8 @@ def options_of(args: argparse.Namespace) -> PlanOptions:
     return PlanOptions(global_batch=args.global_batch, schedule=args.schedule or "auto", max_stages=args.max_stages,
                        micro_batch_sizes=args.micro_batch_sizes, recompute=not args.no_recompute,
                        exact_devices=args.exact_devices, max_group=args.max_group,
-                       compare=api.compare_names(args.compare), allow_lossy=_allow_lossy(args.allow_lossy))
+                       compare=api.compare_names(args.compare), allow_lossy=_allow_lossy(args.allow_lossy),
+                       certify=getattr(args, "certify", False))
 
 
 def _allow_lossy(text: str | None) -> frozenset[str]:

@@ -3,13 +3,14 @@ timeline (``Problem.ledger``) so the chosen plan is never replayed again.
 
 Plans that differ only in their layer cuts have the same action lists (``schedules.build`` reads
 the kind, the micro-batch count, each chunk's devices with their ranks and samples, and whether
-the embedding is tied; never the layers), so the lists are built once per :func:`schedule_key`.
+the embedding is tied; never the layers), so the lists are built and flattened (``sim.compiled.Compiled``) once per :func:`schedule_key`.
 """
 from __future__ import annotations
 
 from ..formats import Plan
 from ..schedules import build
-from ..sim.measured import price
+from ..sim.compiled import Compiled
+from ..sim.measured import price, price_step
 from .types import Problem
 
 
@@ -20,11 +21,14 @@ def schedule_key(plan: Plan) -> tuple:
 
 
 def price_plan(pb: Problem, plan: Plan) -> float:
-    """``plan``'s replayed step time on ``pb``'s costs; the lowest so far is kept with its replay."""
+    """``plan``'s replayed step time on ``pb``'s costs; the lowest so far is kept with its replay
+    (replayed again with its spans recorded only when it is the lowest so far)."""
     key = schedule_key(plan)
     built = pb.ledger.schedules
     if key not in built:
-        built[key] = build(plan)
-    step, tl = price(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte, schedule=built[key])
-    pb.ledger.offer(step, plan, tl)
+        built[key] = Compiled(build(plan))
+    step = price_step(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte, schedule=built[key])
+    if pb.ledger.wants(step, plan):
+        again, tl = price(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte, schedule=built[key])
+        pb.ledger.offer(again, plan, tl)
     return step

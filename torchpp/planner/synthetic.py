@@ -97,6 +97,27 @@ def seed000_instance() -> tuple[list[LayersFile], Bandwidth, dict[str, int], "Me
     return files, uniform_links(list(SEED000_HOSTS), 12.5e6), mem, memory
 
 
+SEED000_8HOSTS = {f"cpu{i + 1}": SEED000_HOSTS[f"host{i % 4}"][0] for i in range(8)}
+"""Seed 000's 8-host instance: its devices.json (cpu1..cpu8, 24 GB each); the seed gives no speeds,
+so the 4-host instance's capacities are repeated (1, 0.7, 0.5, 0.35, 1, 0.7, 0.5, 0.35)."""
+
+
+def seed000_8host_instance() -> tuple[list[LayersFile], Bandwidth, dict[str, int], "MemoryEstimator"]:
+    """Seed 000's 8-host instance: the 4-host instance's model, links and memory model on
+    :data:`SEED000_8HOSTS` with 24 GB each (the seed's devices.json)."""
+    from ..formats import GB
+
+    files4, _, _, memory = seed000_instance()
+    ref = files4[0]
+    files = [layers_file(h, num_layers=28, speed=speed, batch=4, seq_len=512, layer_fwd_s=0.12, layer_bwd_s=0.24,
+                         embed_fwd_s=0.0, tail_fwd_s=0.0, layer_param_bytes=62_923_776,
+                         embed_param_bytes=622_329_856, tail_param_bytes=622_333_952,
+                         act_bytes_per_sample=2_097_152, tied=True, model_name=ref.model.name,
+                         hidden_size=1024, vocab_size=151_936)
+             for h, speed in SEED000_8HOSTS.items()]
+    return files, uniform_links(list(SEED000_8HOSTS), 12.5e6), {h: 24 * GB for h in SEED000_8HOSTS}, memory
+
+
 def seed000_plan(model: ModelInfo, global_batch: int = 20, micro_batch_size: int = 4) -> "Plan":
     """Seed 000's own plan ``[0,12) host0 | [12,20) host1 | [20,25) host2 | [25,28) host3`` under 1F1B."""
     from ..plans import make_plan

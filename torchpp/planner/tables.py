@@ -69,6 +69,7 @@ class StageCosts:
         self._compute: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._ar: dict[tuple, np.ndarray] = {}
         self._link: dict[tuple, float] = {}
+        self._stage: dict[tuple, np.ndarray] = {}
 
     def compute(self, g: tuple[int, ...], n: int, w: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """(time per micro-batch, recompute-all flag) matrices of group g holding n micro-batches,
@@ -124,6 +125,15 @@ class StageCosts:
         return lat + per_byte * nbytes
 
     def stage(self, g: tuple[int, ...], nxt: tuple[int, ...] | None, n: int, w: int = 0) -> np.ndarray:
+        """The stage cost matrix of group g before group nxt (kept: the DP of every device order
+        asks for the same pairs again)."""
+        key = (g, nxt, n, w)
+        got = self._stage.get(key)
+        if got is None:
+            got = self._stage[key] = self._stage_cost(g, nxt, n, w)
+        return got
+
+    def _stage_cost(self, g: tuple[int, ...], nxt: tuple[int, ...] | None, n: int, w: int = 0) -> np.ndarray:
         comp, _ = self.compute(g, n, w)
         cost = comp + self.allreduce(g) / self.m
         if nxt:

@@ -24,7 +24,7 @@ class InfeasibleError(ValueError):
 class Ledger:
     """What a search keeps across its kinds: the lowest priced plan so far with the replay that
     priced it (the chosen plan's prediction reuses that replay instead of replaying the plan again),
-    and the action lists already built, by :func:`planner.pricing.schedule_key`."""
+    and the action lists already built and flattened, by :func:`planner.pricing.schedule_key`."""
 
     step_time_s: float = float("inf")
     plan: Plan | None = None
@@ -35,10 +35,12 @@ class Ledger:
     """The kinds searched (None: any): a plan of another kind, priced only to seed them (the stage
     DP's 1F1B layouts under ``--schedule interleaved``), is neither kept nor a bar to prune at."""
 
+    def wants(self, step: float, plan: Plan) -> bool:
+        """Whether ``plan`` priced ``step`` would be kept (its timeline is then worth recording)."""
+        return (self.kinds is None or plan.schedule in self.kinds) and step < self.step_time_s
+
     def offer(self, step: float, plan: Plan, timeline: Any) -> None:
-        if self.kinds is not None and plan.schedule not in self.kinds:
-            return
-        if step < self.step_time_s:
+        if self.wants(step, plan):
             self.step_time_s, self.plan, self.timeline = step, plan, timeline
 
 

@@ -7,17 +7,30 @@ from typing import Callable, Mapping, Sequence
 from ..cost import Links, MeasuredCost, Profiles, boundary_bytes, stage_weights
 from ..formats import Bandwidth, Capacities, FormatError, LayersFile, Plan
 from ..schedules import Action, Kind, build
+from .compiled import Compiled
+from .engine import simulate
 from .replay import Timeline, replay
+from .types import SimOptions
 
 
 def price(plan: Plan, profiles: Profiles, links: Links | Bandwidth,
           optimizer_s_per_byte: Mapping[str, float] | float | None = None,
-          schedule: dict[int, list[Action]] | None = None) -> tuple[float, Timeline]:
+          schedule: dict[int, list[Action]] | Compiled | None = None) -> tuple[float, Timeline]:
     """Step time of ``plan``: replay its action lists (``schedules.build``, or ``schedule`` where the
-    caller already built them) against measured costs."""
+    caller already built them, or flattened them: ``sim.compiled.Compiled``) against measured costs."""
     cost = MeasuredCost(plan, profiles, links, optimizer_s_per_byte)
     tl = replay(schedule if schedule is not None else build(plan), cost)
     return tl.makespan, tl
+
+
+def price_step(plan: Plan, profiles: Profiles, links: Links | Bandwidth,
+               optimizer_s_per_byte: Mapping[str, float] | float | None = None,
+               schedule: Compiled | None = None) -> float:
+    """:func:`price`'s step time alone, the same replay without recording its spans (a search
+    prices many plans and keeps the timeline of the best only)."""
+    cost = MeasuredCost(plan, profiles, links, optimizer_s_per_byte)
+    return simulate(schedule if schedule is not None else build(plan), cost, SimOptions(comm="links"),
+                    spans=False).makespan
 
 
 def measured_cost(plan: Plan, layers: Sequence[str | os.PathLike], bandwidth: str | os.PathLike,

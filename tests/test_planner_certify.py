@@ -1,0 +1,126 @@
+"""The certificate (planner/certify.py): its bound is never above the priced step of any plan of
+the space, checked against brute force (every plan of every kind of small instances, priced by the
+planner's own replay), and `plan --certify` reports it."""
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from dataclasses import replace
+
+import pytest
+
+from torchpp.cost import Links, MemoryEstimator, Profiles
+from torchpp.formats import MULTI_CHUNK, ONE_CHUNK
+from torchpp.planner import api
+from torchpp.planner.build import build_plan
+from torchpp.planner.certify import certify, space_bound
+from torchpp.planner.chunks import ChunkLayout, build_chunk_plan, chunk_counts, group_sequences
+from torchpp.planner.search import search
+from torchpp.planner.synthetic import random_instance, seed000_8host_instance
+from torchpp.planner.tables import Tables
+from torchpp.planner.types import InfeasibleError, Problem, StageChoice
+from torchpp.schedules import ScheduleError
+from torchpp.sim.measured import price
+
+def every_plan(pb: Problem) -> dict[str, float]:
+    """The least priced step of each kind over every micro-batch size, sequence of device groups and
+    layer cut (Algorithm 1 shares and the recompute MILP per plan, as the planner builds them)."""
+    t = Tables(pb)
+    N, L = len(pb.hosts), t.L
+    best: dict[str, float] = {}
+
+    def offer(kind: str, plan) -> None:
+        if plan is None:
+            return
+        try:
+            step = price(plan, pb.profiles, pb.links)[0]
+        except (ValueError, ScheduleError):
+            return
+        best[kind] = min(best.get(kind, float("inf")), step)
+
+    for b in [x for x in range(1, pb.global_batch + 1) if pb.global_batch % x == 0]:
+        for groups in group_sequences(N, b):
+            S = len(groups)
+            order = [d for g in groups for d in g]
+            spans = list(itertools.accumulate([0] + [len(g) for g in groups]))
+            for kind in ONE_CHUNK:
+                for cuts in itertools.combinations(range(1, L), S - 1):
+                    bd = (0, *cuts, L)
+                    stages = [StageChoice(cut=(bd[i], bd[i + 1]), hosts=(spans[i], spans[i + 1]), recompute_all=False,
+                                          cost=0.0) for i in range(S)]
+                    try:
+                        offer(kind, build_plan(replace(pb, schedule=kind), t, order, stages, b, "brute"))
+                    except ValueError:
+                        continue
+            for kind in MULTI_CHUNK:
+                for v in chunk_counts(kind, S, L):
+                    for cuts in itertools.combinations(range(1, L), S * v - 1):
+                        offer(kind, build_chunk_plan(pb, t, ChunkLayout(kind=kind, v=v, b=b, groups=groups,
+                                                                        bounds=(0, *cuts, L))))
+    return best
+
+
+def small_instances(count: int, seed: int):
+    rng = random.Random(seed)
+    while count:
+        N, L = rng.randint(2, 3), rng.randint(3, 5)
+        if count == 1:
+            N, L = 4, 3
+        files, bw, mem = random_instance(rng, hosts=N, layers=L, batch=2)
+        pb = Problem(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files], budget=mem,
+                     memory=MemoryEstimator.analytic(), global_batch=rng.choice([2, 4]), schedule="auto")
+        try:
+            res = search(pb)
+        except InfeasibleError:
+            continue
+        count -= 1
+        yield pb, res
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_bound_is_below_every_plan_of_the_space(seed):
+    """bound <= the best of every plan of every kind (brute force) <= the planner's plan, and each
+    family's bound <= the best plan of its kinds."""
+    for pb, res in small_instances(4, seed):
+        bound, families = space_bound(pb)
+        best = every_plan(pb)
+        floor = min(best.values())
+        assert bound <= floor * (1 + 1e-9) <= res.step_time_s * (1 + 1e-9), (bound, floor, res.step_time_s)
+        for fam in families:  # named by their kinds: "1f1b/gpipe", "zb-h1", ...
+            got = [best[k] for k in fam.split("/") if k in best]
+            if got:
+                assert families[fam] <= min(got) * (1 + 1e-9), (fam, families[fam], min(got))
+        # one kind asked: its own space, its own bound
+        pb1 = replace(pb, schedule="1f1b")
+        assert space_bound(pb1)[0] <= best["1f1b"] * (1 + 1e-9)
+        assert space_bound(pb1)[0] >= bound * (1 - 1e-9)
+
+
+def test_certificate_of_seed000_eight_hosts():
+    """Seed 000's 8 hosts under 1F1B at 8 micro-batches of 4 (the whole space, every kind and size, is
+    `bench_planner.py --certify`'s: about a minute of CPU): a bound below the plan is proven."""
+    files, bw, mem, memory = seed000_8host_instance()
+    pb = Problem(profiles=Profiles.from_layers(files), links=Links(bw), hosts=list(mem), budget=mem, memory=memory,
+                 global_batch=32, micro_batch_sizes=[4], schedule="1f1b")
+    res = search(pb)
+    cert = certify(pb, res.step_time_s)
+    assert 0 < cert.bound_s <= res.step_time_s
+    assert cert.gap == pytest.approx(res.step_time_s / cert.bound_s - 1)
+    assert "of optimal in this space" in cert.line()
+
+
+def test_plan_certify_writes_the_certificate(tmp_path):
+    rng = random.Random(3)
+    files, bw, mem = random_instance(rng, hosts=3, layers=4, batch=2)
+    costs = api.Costs(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files],
+                      budget={h: 10 * m for h, m in mem.items()}, memory=MemoryEstimator.analytic())
+    said: list[str] = []
+    res = api.plan(costs, api.PlanOptions(global_batch=4, certify=True), progress=said.append)
+    cert = res.meta["certificate"]
+    assert cert["bound_s"] <= cert["step_s"] == pytest.approx(res.plan.predicted["step_time_s"])
+    assert any("of optimal in this space" in s for s in said)
+    api.write(res, tmp_path)
+    assert json.loads((tmp_path / "plan_meta.json").read_text())["certificate"]["method"]
+    plain = api.plan(costs, api.PlanOptions(global_batch=4))
+    assert "certificate" not in plain.meta

@@ -1,0 +1,514 @@
+"""A certificate for a plan: a lower bound on the priced step of every plan in the planner's own
+space (contiguous stage splits or chunk placements × device groups in pipeline order × micro-batch
+size × recomputation × the schedule kinds searched, under each device's memory), so the chosen
+plan is proven within ``step / bound − 1`` of the optimum of that space.
+
+Every bound term is something the replay (``sim.replay``, the planner's one pricing) cannot avoid:
+
+- a rank's compute actions run one after another: ``m`` forwards and backwards of its samples
+  (per call + samples × per sample; a split backward counted as ``min(1, split)`` of the whole),
+  the recomputation memory forces (at least the bytes it lacks times the cheapest seconds per
+  byte any of its layers saves), its all-reduces and its optimizer step;
+- the first forward of a stage waits for one micro-batch's forward through every stage before
+  it and the transfers between, and after its last backward the gradient still crosses every
+  stage before it (their input-gradient passes where the backward is split);
+- a directed link between two single-device stages carries ``m`` activations one after another
+  (and ``m`` gradients back), and a tied embedding kept on two groups is all-reduced between them.
+
+These are minimised exactly over the one-chunk kinds' space by a dynamic programme over (first
+layer of a suffix of stages, the devices it uses, its head device, stages after the head), with
+groups of any devices not used yet. For the chunked kinds (interleaved, V) a device's chunks are
+not contiguous: the programme runs over the number of decoder layers each group holds, pricing
+them as its cheapest that many layers (a relaxation, so still a bound), with one micro-batch of
+each chunk's activations held at once (every placement holds that much at some point).
+States whose value already reaches the plan's step are dropped (they cannot lower the bound).
+
+With at most :data:`MAX_DEVICES` devices the programme's ``3^N`` (device set, group) pairs stay small.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ..cost import Span, stage_time
+from ..cost.actions import optimizer_rate
+from ..schedules import REGISTRY, peak_states, schedule_kinds
+from .allocate import waterfill
+from .tables import Tables
+from .types import INF, Problem, micro_batch_sizes
+
+MAX_DEVICES = 8
+"""Largest cluster certified: the programme visits every (devices used, next group) pair, 3^N of them."""
+
+
+@dataclass
+class Certificate:
+    """A lower bound on the step of every plan in the space, and the plan's distance to it."""
+
+    bound_s: float
+    step_s: float
+    method: str
+    time_s: float
+    families: dict[str, float] = field(default_factory=dict)
+    """The bound of each family of kinds searched (one placement, full or split backward), seconds."""
+
+    @property
+    def gap(self) -> float:
+        """How far above the optimum the plan can be, as a fraction (0.03: within 3%)."""
+        return max(0.0, self.step_s / self.bound_s - 1.0) if self.bound_s > 0 else INF
+
+    def line(self) -> str:
+        return (f"within {100 * self.gap:.1f}% of optimal in this space (step {self.step_s:.4g} s, proven bound "
+                f"{self.bound_s:.4g} s; {self.method}, {self.time_s:.2f} s)")
+
+    def as_dict(self) -> dict:
+        return {"bound_s": self.bound_s, "step_s": self.step_s, "gap": self.gap, "method": self.method,
+                "time_s": self.time_s, "families": dict(self.families)}
+
+
+def certify(pb: Problem, step_s: float) -> Certificate:
+    """The certificate of a plan priced ``step_s`` on ``pb``'s costs, over ``pb``'s space."""
+    if len(pb.hosts) > MAX_DEVICES:
+        raise ValueError(f"certify: at most {MAX_DEVICES} devices, got {len(pb.hosts)}")
+    t0 = time.perf_counter()
+    bound, fams = space_bound(pb, cap=step_s)
+    return Certificate(bound_s=min(bound, step_s), step_s=step_s, time_s=time.perf_counter() - t0, families=fams,
+                       method="exact DP over splits, device groups and micro-batch sizes of a per-plan lower bound "
+                              "(compute, forced recomputation, fill/drain, links, all-reduces)")
+
+
+def space_bound(pb: Problem, cap: float = INF) -> tuple[float, dict[str, float]]:
+    """The least lower bound over the space, each family's (values at or above ``cap`` read as ``cap``)."""
+    pb.profiles.ensure(pb.hosts)
+    kinds = schedule_kinds(pb.schedule)
+    t = Tables(pb)
+    fams: dict[str, float] = {}
+    for placement in ("single", "interleaved", "v"):
+        for split in (False, True):
+            ks = [k for k in kinds if REGISTRY[k].placement == placement and REGISTRY[k].split_backward == split]
+            if not ks:
+                continue
+            best = cap
+            for b in micro_batch_sizes(pb):
+                best = min(best, _Family(pb, t, ks, b, placement).solve(best))
+            fams["/".join(ks)] = best
+    return min(fams.values(), default=cap), fams
+
+
+def _subsets(mask: int):
+    s = mask
+    while s:
+        yield s
+        s = (s - 1) & mask
+
+
+class _Family:
+    """The bound's terms for one family of kinds at one micro-batch size, and the programme over them."""
+
+    def __init__(self, pb: Problem, t: Tables, kinds: Sequence[str], b: int, placement: str):
+        self.pb, self.t, self.kinds, self.b, self.name = pb, t, list(kinds), b, placement
+        self.m = pb.global_batch // b
+        self.N, self.L = len(pb.hosts), t.L
+        self.chunked = placement != "single"
+        self.split = any(REGISTRY[k].split_backward for k in kinds)
+        self.full = any(not REGISTRY[k].split_backward for k in kinds)
+        self.vmin = 2 if self.chunked else 1
+        p = pb.profiles
+        self.tied = float(p.tied_bytes) if p.model.tied_embeddings else 0.0
+        self.opt = [optimizer_rate(pb.optimizer_s_per_byte, h) if pb.optimizer_s_per_byte is not None
+                    else p.optimizer_rate(h)[0] for h in pb.hosts]
+        self._load: dict = {}
+        self._fd: dict = {}
+        if self.chunked:
+            self._chunk_terms()
+        else:
+            self._stage_terms()
+
+    # ------------------------------------------------------------------ one-chunk terms over cuts (c, c2)
+    def _stage_terms(self) -> None:
+        pb, t, b, L = self.pb, self.t, self.b, self.L
+        p = pb.profiles
+        span = t.span[0]
+        valid = t.valid
+        self.ps, self.pc, self.fd1, self.fdb = [], [], [], []
+        for h, name in enumerate(pb.hosts):
+            st = stage_time(p, name, span)
+            sf = min(1.0, float(st.split)) if self.split else 1.0
+            ps = st.fwd + sf * st.bwd
+            pc = st.fwd0 + sf * st.bwd0 + 2 * st.call
+            self.ps.append(np.where(valid, ps, INF))
+            self.pc.append(np.where(valid, pc, INF))
+            fd = []
+            for n in (1, b):
+                fwd = st.fwd0 + st.call + n * st.fwd
+                # where the backward is split a stage's W may run after the gradient left it: its
+                # drain is not on every path, only its forward's fill
+                back = 0.0 if self.split else st.bwd0 + st.call + n * st.bwd
+                fd.append(np.where(valid, fwd + back, INF))
+            self.fd1.append(fd[0])
+            self.fdb.append(fd[1])
+        # seconds of forward per byte of activations a recomputed layer saves (per in-flight unit),
+        # the cheapest layer of each cut
+        acts = t.mem.memory.activations(p.act_bytes)
+        self.ratio = []
+        for h, name in enumerate(pb.hosts):
+            f = p.table(name)[0]
+            r = np.full(p.num_blocks, INF)
+            for k in range(1, L + 1):  # decoder layer k-1 is block k
+                if acts[k] > 0:
+                    r[k] = f[k] / acts[k]
+            mat = np.full((L + 1, L + 1), INF)
+            for c in range(L):
+                mat[c, c + 1:] = np.minimum.accumulate(r[c + 1:L + 1])
+            self.ratio.append(mat)
+        self.weights = np.where(valid, t.W, 0.0)
+        if self.tied:
+            self.weights[0, L] -= self.tied  # one stage holds both ends: the tied weight once
+        self.out = t.out_bytes
+
+    def _states(self, j: int) -> list[tuple]:
+        """Each way the kinds can hold micro-batches at a stage with ``j`` stages after it: a
+        list of states (held, past I, after a W); the bound takes the least demanding way."""
+        out = []
+        for k in self.kinds:
+            for S in range(j + 1, self.N + 1):
+                try:
+                    out.append(peak_states(k, S, S - 1 - j, self.m))
+                except ValueError:
+                    continue
+        return list(dict.fromkeys(out)) or [((1, 0, False),)]
+
+    def _recompute(self, h: int, j: int) -> np.ndarray:
+        """Per micro-batch seconds device h must add by recomputation holding b samples of each cut
+        with j stages after it (inf where nothing fits)."""
+        pb, t, b = self.pb, self.t, self.b
+        mem = t.mem.memory
+        budget = pb.budget[pb.hosts[h]]
+        static = np.where(t.valid, t.static, INF)
+        acts = mem.activations(pb.profiles.act_bytes)
+        total_acts = np.concatenate([[0.0], np.cumsum(acts)])
+        layer_acts = np.zeros((self.L + 1, self.L + 1))
+        c, c2 = np.arange(self.L + 1)[:, None], np.arange(self.L + 1)[None, :]
+        layer_acts = np.where(t.valid, total_acts[np.minimum(c2, self.L) + 1] - total_acts[np.minimum(c, self.L) + 1],
+                              0.0)
+        best = np.full((self.L + 1, self.L + 1), INF)
+        for states in self._states(j):
+            extra = np.zeros_like(best)
+            for held, w, heap in states:
+                ps = np.maximum(t.mem.per_sample(t.span[0], held, w, heap), 0.0)
+                need = static + b * ps - budget
+                coef = held * (mem.kp - 1.0) + w * mem.kw
+                if coef > 0 and pb.allow_recompute:
+                    add = np.where(need > 0, need * self.ratio[h] / coef, 0.0)
+                    add = np.where(need > b * coef * layer_acts + 1e-6, INF, add)
+                else:
+                    add = np.where(need > 0, INF, 0.0)
+                extra = np.maximum(extra, add)
+            best = np.minimum(best, np.where(static > budget, INF, extra))
+        return best
+
+    def _group_load(self, g: tuple[int, ...], j: int) -> np.ndarray:
+        key = (g, j if len(g) == 1 else -1)
+        got = self._load.get(key)
+        if got is not None:
+            return got
+        pb, t, b, m = self.pb, self.t, self.b, self.m
+        names = [pb.hosts[h] for h in g]
+        if len(g) == 1:
+            h = g[0]
+            load = m * (self.pc[h] + b * self.ps[h] + self._recompute(h, j)) + self.opt[h] * self.weights
+        else:
+            # samples shared as evenly as the devices' speeds and memory allow (every layer recomputed
+            # for the memory, none for the time: both only lower the group's time)
+            per = self._least_per_sample(j)
+            static = np.where(t.valid, t.static, INF)
+            caps = np.stack([np.maximum(pb.budget[pb.hosts[h]] - static, 0.0) / per for h in g])
+            samples = waterfill(b, np.stack([self.ps[h] for h in g]), caps)
+            per_call = np.minimum.reduce([self.pc[h] for h in g])
+            unit = pb.links.ring_allreduce(names, 1.0)
+            lat = pb.links.ring_allreduce(names, 0.0)
+            ar = lat + (unit - lat) * self.weights
+            load = m * (samples + per_call) + ar + min(self.opt[h] for h in g) * self.weights
+        load = np.where(t.valid, load, INF)
+        self._load[key] = load
+        return load
+
+    def _least_per_sample(self, j: int) -> np.ndarray:
+        """Least bytes per sample a stage with ``j`` stages after it can hold (recomputing every
+        layer where allowed), over the kinds' ways to hold micro-batches there."""
+        key = ("per", j)
+        got = self._load.get(key)
+        if got is None:
+            t = self.t
+            span = t.span[1] if self.pb.allow_recompute else t.span[0]
+            got = np.minimum.reduce([
+                np.maximum.reduce([np.asarray(t.mem.per_sample(span, held, w, heap), dtype=float)
+                                   for held, w, heap in states]) for states in self._states(j)])
+            got = self._load[key] = np.where(t.valid, np.maximum(got, 1e-30), INF)
+        return got
+
+    def _group_fd(self, g: tuple[int, ...]) -> np.ndarray:
+        got = self._fd.get(g)
+        if got is None:
+            got = self._fd[g] = self.fdb[g[0]] if len(g) == 1 else np.minimum.reduce([self.fd1[h] for h in g])
+        return got
+
+    # ------------------------------------------------------------------ chunked terms over layer counts
+    def _chunk_terms(self) -> None:
+        """Matrices over (layers before, layers through) a group: its cheapest that many layers."""
+        pb, t, b, L = self.pb, self.t, self.b, self.L
+        p = pb.profiles
+        mem = t.mem.memory
+        vee = self.name == "v"
+        K = p.num_blocks
+        acts = mem.activations(p.act_bytes)
+        pbytes = np.asarray(p.param_bytes, dtype=float)
+        lay = slice(1, L + 1)
+        cum = lambda x: np.concatenate([[0.0], np.cumsum(np.sort(np.asarray(x, dtype=float)))])  # noqa: E731
+        k0 = np.arange(L + 1)[:, None]
+        k1 = np.arange(L + 1)[None, :]
+        cnt = np.clip(k1 - k0, 0, L)
+        ok = (k1 - k0) >= self.vmin
+        head = (k0 == 0)
+        has_tail = head if vee else (k1 == L)
+        self.valid_k = ok
+        w_cum = cum(pbytes[lay])
+        weights = w_cum[cnt] + np.where(head, pbytes[0], 0.0) + np.where(has_tail, pbytes[K - 1], 0.0)
+        if vee and self.tied:
+            weights = weights - np.where(head, self.tied, 0.0)
+        self.weights = weights
+        static = mem.base + mem.alpha * weights + mem.ke * np.where(has_tail, pbytes[K - 1], 0.0)
+        self.static, self.has_tail, self.cnt = static, has_tail, cnt
+        self.a_sorted = np.sort(np.asarray(acts[lay], dtype=float))
+        self.a_tail = float(acts[K - 1])
+        self.ps, self.pc, self.fd1, self.fdb, self.ratio_h = [], [], [], [], []
+        self._held: dict[int, tuple[np.ndarray, float]] = {}
+        for h, name in enumerate(pb.hosts):
+            f, bw = p.table(name)
+            f0, b0 = p.fixed(name)
+            call = p.call.get(name, 0.0)
+            split = p.backward_split_factor(name)
+            sf = min(1.0, split) if self.split else 1.0
+            ls, lc = f + sf * bw, f0 + sf * b0
+            ends_s = np.where(head, ls[0], 0.0) + np.where(has_tail, ls[K - 1], 0.0)
+            ends_c = np.where(head, lc[0], 0.0) + np.where(has_tail, lc[K - 1], 0.0)
+            self.ps.append(np.where(ok, cum(ls[lay])[cnt] + ends_s, INF))
+            self.pc.append(np.where(ok, cum(lc[lay])[cnt] + ends_c + 2 * self.vmin * call, INF))
+            # one chain element: the cheapest one-layer chunk's forward (and backward, unless split)
+            one = []
+            for n in (1, b):
+                back = 0.0 if self.split else 1.0
+                chain = np.min(f0[lay] + n * f[lay] + back * (b0[lay] + n * bw[lay])) + (1 + back) * call
+                embed = f0[0] + n * f[0] + back * (b0[0] + n * bw[0])  # the head's first chunk holds the embedding
+                one.append(np.where(ok, chain + np.where(head, embed, 0.0), INF))
+            self.fd1.append(one[0])
+            self.fdb.append(one[1])
+            self.ratio_h.append(float(np.min([f[k] / acts[k] if acts[k] > 0 else INF for k in range(1, L + 1)]))
+                                if L else INF)
+        self.out = float(np.min(p.act_bytes[1:K - 1])) if K > 2 else 0.0
+
+    def _held_acts(self, j: int) -> tuple[np.ndarray, float]:
+        """(activation bytes per sample a device holds at its peak with ``j`` groups after it, over
+        (layers before, layers through) as :meth:`_chunk_terms`' matrices; the most micro-batches
+        one chunk holds): read off each kind's order at every pipeline depth it could have, the least
+        of them. Per order, the largest over its steps of the least its chunks can hold (the
+        layers it holds, cheapest first, given to the chunk holding the most where there are two)."""
+        got = self._held.get(j)
+        if got is not None:
+            return got
+        from ..schedules import held_profiles
+        from .chunks import chunk_counts, placement
+
+        L = self.L
+        cum = np.concatenate([[0.0], np.cumsum(self.a_sorted)])
+        k = np.arange(L + 1)
+        best = [np.full(L + 1, INF), np.full(L + 1, INF)]  # without, with the tail
+        n_top = 1.0
+        for kind in self.kinds:
+            for p in range(max(2, j + 1), self.N + 1):
+                q = p - 1 - j
+                for v in chunk_counts(kind, p, L):
+                    try:
+                        pl = placement(kind, p, v)
+                        profs = held_profiles(kind, pl, q, self.m)
+                    except (ValueError, RuntimeError):
+                        continue
+                    mine = pl.chunks[q]
+                    worst = [np.zeros(L + 1), np.zeros(L + 1)]
+                    for prof in profs:
+                        held = {c: n for c, n, *_ in prof}
+                        ns = [held.get(c, 0) for c in mine]
+                        n_top = max(n_top, max(ns))
+                        lo = min(ns)
+                        if len(mine) == 2:  # the chunk holding more gets the cheapest k1 layers, k1 >= 1
+                            big, small = max(ns), min(ns)
+                            k1 = np.arange(L + 1)[None, :]
+                            val = big * cum[np.clip(k1, 0, L)] + small * (cum[k[:, None]] - cum[np.clip(k1, 0, L)])
+                            val = np.where((k1 >= 1) & (k1 <= k[:, None] - 1), val, INF).min(axis=1)
+                            val = np.where(k >= 2, val, INF)
+                        else:
+                            val = lo * cum[k]
+                        for t, tail in enumerate((0.0, lo * self.a_tail)):
+                            worst[t] = np.maximum(worst[t], val + tail)
+                    for t in (0, 1):
+                        best[t] = np.minimum(best[t], worst[t])
+        out = np.where(self.has_tail, best[1][self.cnt], best[0][self.cnt])
+        self._held[j] = (out, n_top)
+        return out, n_top
+
+    def _chunk_extra(self, h: int, j: int) -> np.ndarray:
+        """Per micro-batch seconds device h adds by recomputation (inf where nothing fits)."""
+        pb, b = self.pb, self.b
+        mem = self.t.mem.memory
+        budget = pb.budget[pb.hosts[h]]
+        held, n_top = self._held_acts(j)
+        kp = mem.kp + min(0.0, mem.kw)
+        need = self.static + b * kp * held - budget
+        if pb.allow_recompute and mem.kp > 0:
+            # a recomputed layer saves at most kp x its bytes for each micro-batch its chunk holds
+            extra = np.where(need > 0, need * self.ratio_h[h] / (n_top * mem.kp), 0.0)
+            extra = np.where(need > b * mem.kp * held + 1e-6, INF, extra)
+        else:
+            extra = np.where(need > 0, INF, 0.0)
+        return np.where(self.static > budget, INF, extra)
+
+    def _chunk_load(self, g: tuple[int, ...], j: int) -> np.ndarray:
+        key = (g, j if len(g) == 1 else -1)
+        got = self._load.get(key)
+        if got is not None:
+            return got
+        pb, b, m = self.pb, self.b, self.m
+        if len(g) == 1:
+            h = g[0]
+            load = m * (self.pc[h] + b * self.ps[h] + self._chunk_extra(h, j)) + self.opt[h] * self.weights
+        else:
+            names = [pb.hosts[h] for h in g]
+            held, _ = self._held_acts(j)
+            mem = self.t.mem.memory
+            factor = min(1.0, mem.kp + min(0.0, mem.kw)) if pb.allow_recompute else mem.kp + min(0.0, mem.kw)
+            per = np.maximum(factor * held, 1e-30)
+            caps = np.stack([np.maximum(pb.budget[pb.hosts[h]] - self.static, 0.0) / per for h in g])
+            samples = waterfill(b, np.stack([self.ps[h] for h in g]), caps)
+            per_call = np.minimum.reduce([self.pc[h] for h in g])
+            unit = pb.links.ring_allreduce(names, 1.0)
+            lat = pb.links.ring_allreduce(names, 0.0)
+            load = m * (samples + per_call) + lat + (unit - lat) * self.weights + min(self.opt[h] for h in g) * self.weights
+            for h in g:
+                load = np.where(self.static > pb.budget[pb.hosts[h]], INF, load)
+        load = np.where(self.valid_k, load, INF)
+        self._load[key] = load
+        return load
+
+    # ------------------------------------------------------------------ links
+    def _xfer(self, a: int, c: int, nbytes) -> np.ndarray | float:
+        pb = self.pb
+        return pb.links.time(pb.hosts[a], pb.hosts[c], nbytes)
+
+    def _link_terms(self, g: tuple[int, ...], h: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """(the two transfers a micro-batch makes between group g and the next, g's head device h
+        (None: a group), the links' throughput bound) over the boundary position."""
+        b, m = self.b, self.m
+        if self.chunked:
+            nbytes = np.full(self.L + 1, self.out)
+        else:
+            nbytes = np.asarray(self.out, dtype=float)
+        if len(g) == 1 and h is not None:
+            d = g[0]
+            fw, bw = self._xfer(d, h, b * nbytes), self._xfer(h, d, b * nbytes)
+            lat = fw if self.split else fw + bw  # a split stage's last W may follow its gradient's return
+            if self.chunked:  # each direction carries 2m transfers (V: m activations and m gradients)
+                return lat, 2 * m * np.maximum(fw, bw)
+            return lat, np.maximum(m * fw + bw, m * bw + fw)
+        one = min((self._xfer(a, x, 0.0) + (0.0 if self.split else self._xfer(x, a, 0.0))
+                   for a in g for x in range(self.N) if x != a), default=0.0)
+        per = (1 if self.split else 2) * self._per_byte_min(g)
+        return np.full(self.L + 1, one) + per * nbytes, np.zeros(self.L + 1)
+
+    def _per_byte_min(self, g: tuple[int, ...]) -> float:
+        best = INF
+        for a in g:
+            for x in range(self.N):
+                if x != a:
+                    best = min(best, self._xfer(a, x, 1.0) - self._xfer(a, x, 0.0),
+                               self._xfer(x, a, 1.0) - self._xfer(x, a, 0.0))
+        return 0.0 if best == INF else best
+
+    def _tied(self, g: tuple[int, ...], U: int) -> np.ndarray:
+        """The tied-weight all-reduce between head group g and the last stage's device e, per tail
+        column e (the last column: a group, the least over the later stages' devices U)."""
+        out = np.zeros(self.cols)
+        if self.cols == 1:
+            return out
+        names = [self.pb.hosts[h] for h in g]
+        ring = [self.pb.links.ring_allreduce(sorted(names + [self.pb.hosts[e]]), self.tied) if U >> e & 1 else INF
+                for e in range(self.N)]
+        out[:self.N] = ring
+        out[self.N] = min(ring)
+        return out
+
+    # ------------------------------------------------------------------ the programme
+    def solve(self, cap: float) -> float:
+        """Least bound over the family's plans at this micro-batch size (``cap`` if none is lower).
+
+        V[j][U][head] is an array over (first position of a suffix of j + 1 stages using devices U
+        whose first group is ``head``: a device, or -1 for a group) x (the last stage's device, or
+        a group in the last column, where a tied weight is all-reduced between the ends)."""
+        N, L, b = self.N, self.L, self.b
+        self.cols = N + 1 if (self.tied and self.name != "v") else 1
+        whole = (1 << N) - 1
+        groups = {g: tuple(h for h in range(N) if g >> h & 1) for g in range(1, whole + 1)}
+        groups = {g: hs for g, hs in groups.items() if len(hs) <= b}
+        load_of = self._chunk_load if self.chunked else self._group_load
+        fd_of = (lambda hs: self.fdb[hs[0]] if len(hs) == 1 else np.minimum.reduce([self.fd1[h] for h in hs])) \
+            if self.chunked else self._group_fd
+        best = cap
+        V: list[dict[int, dict[int, np.ndarray]]] = [dict() for _ in range(N)]
+        links: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        for g, hs in groups.items():
+            last = load_of(hs, 0)[:, L].copy()
+            if not self.chunked:  # one stage: the whole model on one group
+                best = min(best, float(last[0]))
+            last[last >= best] = INF
+            last[0] = INF
+            if np.isfinite(last).any():
+                arr = np.full((L + 1, self.cols), INF)
+                arr[:, (hs[0] if len(hs) == 1 else N) if self.cols > 1 else 0] = last
+                V[0].setdefault(g, {})[hs[0] if len(hs) == 1 else -1] = arr
+        for j in range(N - 1):
+            for U, heads in V[j].items():
+                for g in _subsets(whole & ~U):
+                    hs = groups.get(g)
+                    if hs is None:
+                        continue
+                    M = None
+                    for h, arr in heads.items():
+                        key = (g, h)
+                        if key not in links:
+                            links[key] = self._link_terms(hs, None if h < 0 else h)
+                        lat, thr = links[key]
+                        cand = np.maximum(lat[:, None] + arr, thr[:, None])
+                        M = cand if M is None else np.minimum(M, cand)
+                    load = load_of(hs, j + 1)
+                    fd = fd_of(hs)
+                    tot = np.maximum(load[:, :, None], fd[:, :, None] + M[None, :, :])
+                    if self.cols > 1:
+                        tied = self._tied(hs, U)
+                        # the head stage all-reduces the tied weight after its own work; without a
+                        # split backward every stage's gradient reaches it first (its drain)
+                        head = np.maximum(load[0][:, None] + tied[None, :], tot[0])
+                        if not self.split:
+                            head = np.maximum(head, fd[0][:, None] + M + tied[None, :])
+                        tot[0] = head
+                    new = tot.min(axis=1)
+                    best = min(best, float(new[0].min()))
+                    new[new >= best] = INF
+                    new[0] = INF  # a suffix starting at layer 0 is a whole plan: counted above
+                    if not np.isfinite(new).any():
+                        continue
+                    slot = V[j + 1].setdefault(U | g, {})
+                    key = hs[0] if len(hs) == 1 else -1
+                    slot[key] = np.minimum(slot[key], new) if key in slot else new
+        return best
