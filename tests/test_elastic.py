@@ -159,3 +159,28 @@ def test_replan_keeps_the_batch_and_uses_only_survivors(tmp_path):
     assert set(new.hosts) <= {"h0", "h2"} and new.plan.global_batch == old.global_batch
     assert new.plan.seq_len == old.seq_len and new.plan.model.name == "qwen3-tiny"
     assert json.loads((tmp_path / "out" / "devices.json").read_text()) == {"h0": 4.0, "h2": 4.0}
+
+
+def test_ranks_setting_up_have_startup_s_before_they_count_as_stalled(tmp_path):
+    """Imports and setup on a loaded machine may take longer than --timeout-s: until every rank
+    has written its first heartbeat, only --startup-s applies."""
+    from types import SimpleNamespace
+
+    from torchpp.elastic.driver import Watch, Worker
+    from torchpp.runtime.elastic_hooks import heartbeat
+
+    running = SimpleNamespace(poll=lambda: None, pid=-1)
+    workers = [Worker(r, f"h{r}", running, tmp_path / f"r{r}.log") for r in range(2)]
+    cfg = ElasticConfig(plan=tmp_path / "plan.json", train_args=[], checkpoint_dir=tmp_path / "ck",
+                        work_dir=tmp_path / "w", timeout_s=0.05, startup_s=60, elastic=False)
+    hb = tmp_path / "hb"
+    watch = Watch(cfg, workers, hb, ["h0", "h1"], lambda: None)
+    heartbeat(hb, 0, 0)  # rank 0 is ready, rank 1 still importing
+    for _ in range(5):
+        time.sleep(0.05)
+        assert watch.poll() is None
+    heartbeat(hb, 1, 0)  # every rank set up: from here a step is due within --timeout-s
+    watch.poll()
+    time.sleep(0.2)
+    out = watch.poll()
+    assert out is not None and out.kind == "failure" and sorted(out.failed) == ["h0", "h1"], out

@@ -34,12 +34,40 @@ def show_progress() -> None:
     log.propagate = False
 
 
+class _BadArguments(Exception):
+    """argparse's complaint, to be said in one line like every other error of a rank."""
+
+
+def _refuse(rank: str, problem: str, timeout_s: float) -> int:
+    """One line on this rank, and the same problem posted for the other ranks before they build
+    their process group (``runtime.preflight``): every rank then exits 2 with its own line."""
+    from .runtime.preflight import tell_peers
+
+    print(f"torchpp.train: rank {rank}: error: {problem}", file=sys.stderr, flush=True)
+    tell_peers(problem, timeout_s)
+    sys.stdout.flush()
+    os._exit(2)  # a store's threads must not delay the exit
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    rank = os.environ.get("RANK", "0")
+    parser = build_parser()
+
+    def bad_arguments(message: str) -> None:
+        raise _BadArguments(" ".join(message.split()) + " (see torchpp.train -h)")
+
+    parser.error = bad_arguments  # type: ignore[method-assign]
     if argv is None:  # a rank process: it ends when its launcher does (a call from Python is not one)
         from .runtime.lifecycle import die_with_parent
 
         die_with_parent()
+    try:
+        args = parser.parse_args(argv)
+    except _BadArguments as e:
+        if argv is not None:
+            print(f"torchpp.train: rank {rank}: error: {e}", file=sys.stderr, flush=True)
+            return 2
+        return _refuse(rank, str(e), parser.get_default("timeout_s"))
     show_progress()
     from .data import DataError
     from .formats import FormatError
@@ -49,7 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     from .runtime.cli import config_from_args
     from .runtime.trainer import TrainConfig, prepare, train, world_from_env
 
-    rank = os.environ.get("RANK", "0")
     if args.output_dir is None and not args.no_output:  # as HF Trainer's output_dir: nothing lost by default
         from .runtime.safekeeping import default_output_dir
 
@@ -58,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(TrainConfig, args)
         prepared = prepare(cfg, world_from_env()[1])
     except (FormatError, ModelSpecError, DataError, ValueError) as e:
-        print(f"torchpp.train: rank {rank}: error: {e}", file=sys.stderr, flush=True)
-        return 2
+        if argv is not None:  # called from Python: no peers started with it
+            print(f"torchpp.train: rank {rank}: error: {e}", file=sys.stderr, flush=True)
+            return 2
+        return _refuse(rank, str(e), args.timeout_s if args.timeout_s > 0 else parser.get_default("timeout_s"))
     try:
         summary = train(cfg, prepared)
     except DisagreementError as e:
@@ -80,4 +109,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything is written and closed: skip the interpreter's teardown, whose garbage collection of
+    # torch's and transformers' objects takes seconds (tens on a loaded host) while the launcher waits
+    os._exit(code)

@@ -273,8 +273,10 @@ class Watch:
         codes = {w.rank: w.proc.poll() for w in self.workers}
         steps = {r: s for r, (s, _) in read_heartbeats(self.hb_dir).items()}
         last = max(steps.values(), default=-1)
-        if sum(steps.values()) > self.last_progress[1]:
-            self.last_progress = (time.monotonic(), sum(steps.values()))
+        # -1 (``startup_s`` applies) until every rank has set up and written its first heartbeat
+        progress = sum(steps.values()) if len(steps) >= len(self.workers) else -1
+        if progress > self.last_progress[1]:
+            self.last_progress = (time.monotonic(), progress)
         if all(c == 0 for c in codes.values()):
             return Outcome("done", detected_at=time.time(), last_step=last)
         config = [w for w in self.workers if codes[w.rank] == self.CONFIG_ERROR]

@@ -66,5 +66,8 @@ def env_store(rank: int, world_size: int, timeout: datetime.timedelta) -> dist.S
     try:
         return dist.TCPStore(addr, port, world_size, True, timeout, master_listen_fd=fd)
     except BaseException:
-        os.close(fd)
+        try:
+            os.close(fd)
+        except OSError:  # the server had taken it (it closes it itself when waiting for clients fails)
+            pass
         raise

@@ -29,7 +29,8 @@ from . import checkpoint as ckpt
 from . import diloco, elastic_hooks, wire_links
 from .allocator import retain_freed_memory
 from .comm import Comm, guarded
-from .exchange import all_gather_json, require_agreement, require_no_errors
+from . import preflight
+from .exchange import DisagreementError, all_gather_json, require_agreement, require_no_errors
 from .evaluate import Evaluator
 from .executor import Executor, StepResult, describe_failure
 from .optim import OptimSettings, SteppedOptimizer
@@ -229,6 +230,8 @@ class Prepared:
     eval_data: str | None = None
     tokenizer: str | None = None
     """The tokenizer the corpus was checked against (exported with the model), or None."""
+    sources: tuple[Any, Any] = (None, None)
+    """(training, evaluation) token sources, opened by :func:`prepare`."""
 
 
 @dataclass
@@ -269,7 +272,11 @@ def prepare(cfg: TrainConfig, world_size: int) -> Prepared:
     if plan.micro_batch_size >= 1 << 16:
         raise FormatError(source, "micro_batch_size", "fewer than 65536 samples", plan.micro_batch_size)
     _check_positions(plan, mcfg, source, model)
-    return Prepared(plan, model, mcfg, build(plan), file_hash(cfg.plan), **_prepare_data(cfg, model, mcfg))
+    prep = Prepared(plan, model, mcfg, build(plan), file_hash(cfg.plan), **_prepare_data(cfg, model, mcfg))
+    # opened on every rank, even those that read no tokens: too few tokens or a held-out split that
+    # leaves nothing is then every rank's error before any collective
+    prep.sources = _sources(cfg, prep)
+    return prep
 
 
 def _prepare_data(cfg: TrainConfig, model: str, mcfg: Any) -> dict[str, Any]:
@@ -313,9 +320,11 @@ def init_world(rank: int, world_size: int, timeout_s: float) -> bool:
     if "MASTER_ADDR" in os.environ:
         # Keys of a restarted attempt must never meet the ones a killed rank left in a store that
         # outlived it (a stale gloo address means "connection refused" in the next group).
-        store = env_store(rank, world_size, timeout)
-        attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
-        store = dist.PrefixStore(f"torchpp/attempt{attempt}", store)
+        store = preflight.attempt_store(env_store(rank, world_size, timeout))
+        # before the group exists: a rank that failed its own checks has posted why (train.py)
+        problems = preflight.peer_problems(preflight.exchange(store, rank, world_size, None, timeout_s), rank)
+        if problems:
+            raise DisagreementError(problems)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
     elif world_size == 1:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
@@ -569,7 +578,8 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
     hosts = [str(n[0]) for n in names]  # what traces say (torchpp.hostname's rule)
     roles = _roles(plan, rank, [str(n[1]) for n in names])  # who shares a file system: the machines
     # the data is opened before the baseline: the stage's growth is what the memory model predicts
-    source, eval_source = _sources(cfg, prep, any(c.has_embed or c.has_tail for c in chunks))
+    source, eval_source = prep.sources if any(c.has_embed or c.has_tail for c in chunks) else (None, None)
+    prep.sources = (None, None)  # held by the session from here (or, on a rank that reads no tokens, dropped)
     mark_base_rss()  # what the stage adds to this process is what the planner's memory model predicts
     stage = _build_chunks(prep, plan, [c.index for c in chunks], cfg.seed)
     params = stage.parameters()
@@ -793,12 +803,10 @@ def _torch_profiler(cfg: TrainConfig, rec: Any, step: int, rank: int) -> Any:
     return capture(cfg.trace_dir / f"torch_step{step}_rank{rank}.json")
 
 
-def _sources(cfg: TrainConfig, prep: Prepared, needs_tokens: bool) -> tuple[Any, Any]:
-    """(training, evaluation) token sources; None on ranks that need no tokens (or no evaluation)."""
+def _sources(cfg: TrainConfig, prep: Prepared) -> tuple[Any, Any]:
+    """(training, evaluation) token sources; evaluation None without evaluation."""
     from ..data import held_out, open_source
 
-    if not needs_tokens:
-        return None, None
     plan = prep.plan
     kw = dict(seq_len=plan.seq_len, global_batch=plan.global_batch, vocab_size=plan.model.vocab_size, seed=cfg.seed)
     source = open_source(prep.data, **kw)
