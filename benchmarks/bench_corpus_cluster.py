@@ -10,7 +10,7 @@ analysed as the demo does (``Demo.train``), then prints tokens/s per run, the ra
 medians, and each run's worst-rank memory error.
 
     python benchmarks/bench_corpus_cluster.py --demo out/demo --corpus corpus   # root: the emulated cluster
-    python benchmarks/bench_corpus_cluster.py --demo out/demo --corpus corpus --local --rounds 1 --steps 3
+    python benchmarks/bench_corpus_cluster.py --demo out/demo --corpus corpus --quick   # local, 1 round, 3 steps
 """
 from __future__ import annotations
 
@@ -52,7 +52,10 @@ def main() -> int:
     ap.add_argument("--local", action="store_true", help="local processes (for a smoke run; no limits apply)")
     ap.add_argument("--hosts", type=int, default=2, help="local processes with --local")
     ap.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
+    ap.add_argument("--quick", action="store_true", help="--local, one round of 3 steps: checks that it runs")
     a = ap.parse_args()
+    if a.quick:
+        a.local, a.rounds, a.steps = True, 1, 3
     m = measured(a.demo)
     plan_path = a.plan or m.plan
     plan = Plan.load(plan_path)

@@ -166,9 +166,10 @@ def test_quick_mode(script, args, lines, tmp_path):
 
 
 ELSEWHERE = {"bench_data.py": "test_bench_data.py", "bench_wire.py": "test_bench_wire.py",
-             "bench_fidelity.py": "test_bench_fidelity.py"}
+             "bench_fidelity.py": "test_bench_fidelity.py", "bench_corpus_cluster.py": "test_demo.py"}
 """Scripts whose quick mode a test file of their own runs (it also checks their figures)."""
-MODULES = {"peer_part.py": "the peer's stage, imported by bench_pipelining.py and bench_chunked.py (run above)"}
+MODULES = {"peer_part.py": "the peer's stage, imported by bench_pipelining.py and bench_chunked.py (run above)",
+           "bench_wire_cluster.py": "bench_wire.py --cluster's runs on the emulated cluster, imported by bench_wire.py"}
 
 
 def test_every_benchmark_has_its_quick_run():

@@ -144,6 +144,11 @@ def test_demo_on_local_processes(tmp_path):
     assert f"on corpus {tmp_path / 'corpus'}" in res.stdout
     runs = [head for head in (p.read_text().splitlines()[0] for p in (out / "logs").iterdir()) if "torchpp.train" in head]
     assert runs and all("--data " + str(tmp_path / "corpus") in head for head in runs), runs
+    bench = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_corpus_cluster.py"), "--quick", "--demo",
+                            str(out), "--corpus", str(tmp_path / "corpus")], cwd=ROOT, capture_output=True, text=True,
+                           timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
+    assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-3000:]
+    assert "corpus / synthetic tokens/s (medians of 2 runs each): " in bench.stdout, bench.stdout[-3000:]
     assert "[16/16]" in res.stdout  # numbered progress through every step
     summary = check_artefacts(out, ["local0", "local1"])
     assert summary["mode"] == "local processes"
