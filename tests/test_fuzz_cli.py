@@ -203,7 +203,8 @@ LAYERS_MUTATIONS = [("layers.0.param_bytes", 10**30), ("layers.0.param_bytes", -
                     ("model.num_layers", 10**9), ("host", "../../evil"), ("run.seq_len", 0),
                     ("format", "torchpp.layers/9"), ("layers", []), ("embed", None), ("run.batch", 10**12)]
 CAPS_MUTATIONS = [("capacity.a", 0), ("capacity.a", 1e300), ("capacity.a", -1), ("ref_host", "zz"),
-                  ("format", "torchpp.capacities/9"), ("capacity", {"../x": 1.0})]
+                  ("format", "torchpp.capacities/9"), ("capacity", {"../x": 1.0}), ("tables.a.batch", 10**40),
+                  ("tables.a.batch", 1e40)]
 MEM_MUTATIONS = [("base", -1e9), ("base", 1e300), ("alpha", -1), ("Kp", 1e300), ("format", "torchpp.memory_model/9"),
                  ("Kt", -1)]
 TRACE_MUTATIONS = [("format", "torchpp.trace/9"), ("traceEvents", 5), ("traceEvents", [5]),
