@@ -208,7 +208,8 @@ CAPS_MUTATIONS = [("capacity.a", 0), ("capacity.a", 1e300), ("capacity.a", -1), 
 MEM_MUTATIONS = [("base", -1e9), ("base", 1e300), ("alpha", -1), ("Kp", 1e300), ("format", "torchpp.memory_model/9"),
                  ("Kt", -1)]
 TRACE_MUTATIONS = [("format", "torchpp.trace/9"), ("traceEvents", 5), ("traceEvents", [5]),
-                   ("metadata.plan_hash", "sha256:0000000000000000")]
+                   ("metadata.plan_hash", "sha256:0000000000000000"), ("metadata.world_size", float("inf")),
+                   ("metadata.world_size", 99), ("metadata.ranks.0.stage", "x"), ("metadata.ranks.0.clock_rtt_s", "x")]
 EXP_MUTATIONS = [("n", [10**9]), ("stages", [0]), ("fwd_len", [1e308]), ("bwd_len", [-1]), ("fwd_impact", [1.5]),
                  ("format", "torchpp.experiment/9")]
 CLUSTER_MUTATIONS = [("hosts.0.memory", "1e30G"), ("hosts.0.memory", 1), ("hosts.0.memory", "0"),
@@ -221,7 +222,8 @@ def _trace_event_mutations(trace: dict[str, Any]) -> list[tuple[str, Any]]:
     i = next(i for i, e in enumerate(trace["traceEvents"]) if e.get("ph") == "X")
     return [(f"traceEvents.{i}.{k}", v) for k, v in (("ts", float("nan")), ("dur", -5.0), ("ts", "x"), ("pid", "x"),
                                                      ("dur", float("inf")), ("args", 5), ("args.stage", "x"),
-                                                     ("args.bytes", -1), ("pid", -1), ("ts", None))]
+                                                     ("args.bytes", -1), ("pid", -1), ("ts", None), ("pid", 99),
+                                                     ("name", "F99"), ("args.layers", 5), ("args.layers", [3, 0]))]
 
 
 def _content_cases(w: dict[str, Path]) -> list[tuple[str, list[str]]]:
@@ -245,7 +247,9 @@ def _content_cases(w: dict[str, Path]) -> list[tuple[str, list[str]]]:
                                                                  "--out-dir", o]]),
                ("trace", trace_file, TRACE_MUTATIONS + _trace_event_mutations(trace), [
                    lambda x: ["analyze", str(Path(x).parent), "--plan", s["plan"], "--out", o],
-                   lambda x: ["replan", "--plan", s["plan"], "--traces", str(Path(x).parent), "--out-dir", o]]),
+                   lambda x: ["analyze", str(Path(x).parent), "--out", o],
+                   lambda x: ["replan", "--plan", s["plan"], "--traces", str(Path(x).parent), *_search(w)[:5],
+                              "--out-dir", o]]),
                ("experiment", w["exp"], EXP_MUTATIONS, [lambda x: ["simulate", "sweep", "-c", x, "--output", o]]),
                ("cluster config", w["cluster"], CLUSTER_MUTATIONS, [lambda x: ["cluster", "up", "-c", x]])]
     mm = {"format": "torchpp.memory_model/1", "base": 1e8, "alpha": 1.0, "Kp": 1.0}

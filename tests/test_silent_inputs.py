@@ -65,3 +65,73 @@ def test_capacities_table_batch_beyond_any_profile_is_refused(world, capsys):
                         lambda c: c["tables"]["a"].__setitem__("batch", v))
         _refused(capsys, ["plan", *_search(world, caps=caps), "--out-dir", str(world["root"] / "o")],
                  str(caps), "tables.a.batch", "<= 4096")
+
+
+def _trace(world: dict[str, Path], name: str, edit: Any) -> Path:
+    """A copy of the simulated timeline with ``edit`` applied, alone in its folder."""
+    return _mutated(world["traces"] / "timeline_step1_all.json",
+                    world["root"] / f"tr_{name}" / "timeline_step1_all.json", edit).parent
+
+
+def _first_forward(trace: dict[str, Any]) -> dict[str, Any]:
+    return next(e for e in trace["traceEvents"] if e.get("ph") == "X" and e["name"].startswith("F"))
+
+
+def _set_pids(trace: dict[str, Any], pid: int, every: bool) -> None:
+    for e in trace["traceEvents"] if every else [_first_forward(trace)]:
+        e["pid"] = pid
+
+
+def _beyond_plan(trace: dict[str, Any]) -> None:
+    e = _first_forward(trace)
+    e["name"], e["args"]["microbatch"] = "F99", 99
+
+
+@pytest.mark.parametrize("every", [True, False], ids=["every-event", "one-event"])
+def test_a_pid_that_is_no_rank_is_refused_by_analyze_and_replan(world, capsys, every):
+    """Events of pid 99 were analysed as a 'rank 99' running every stage."""
+    tr = _trace(world, f"pid99_{every}", lambda t: _set_pids(t, 99, every))
+    o = str(world["root"] / "o")
+    for argv in (["analyze", str(tr), "--out", o], ["analyze", str(tr), "--plan", str(world["plan"]), "--out", o],
+                 ["replan", "--plan", str(world["plan"]), "--traces", str(tr), *_search(world)[:7], "--out-dir", o]):
+        _refused(capsys, argv, str(tr), ".pid'", "0..1", "got 99")
+
+
+def test_a_pid_beyond_the_plan_without_world_size_is_refused_with_the_plan(world, capsys):
+    tr = _trace(world, "pid99_nows", lambda t: (_set_pids(t, 99, True), t["metadata"].pop("world_size")))
+    _refused(capsys, ["analyze", str(tr), "--plan", str(world["plan"]), "--out", str(world["root"] / "o")],
+             str(tr), ".pid'", f"a rank of {world['plan']} (0..1)", "got 99")
+
+
+def test_a_microbatch_beyond_the_plan_is_refused(world, capsys):
+    tr = _trace(world, "mb99", _beyond_plan)
+    o = str(world["root"] / "o")
+    _refused(capsys, ["analyze", str(tr), "--plan", str(world["plan"]), "--out", o],
+             str(tr), "F<mb> of rank 0", "micro-batches 0..7", "num_microbatches", "99]")
+    _refused(capsys, ["analyze", str(tr), "--out", o], str(tr), "F<mb> of rank 0", "micro-batches 0..7", "99]")
+    _refused(capsys, ["replan", "--plan", str(world["plan"]), "--traces", str(tr), *_search(world)[:7],
+                      "--out-dir", o], str(tr), "micro-batches 0..7", "num_microbatches")
+
+
+def test_a_world_size_the_events_do_not_fill_is_refused(world, capsys):
+    tr = _trace(world, "ws5", lambda t: t["metadata"].__setitem__("world_size", 5))
+    _refused(capsys, ["analyze", str(tr), "--out", str(world["root"] / "o")], str(tr), "metadata.world_size", "got 5")
+
+
+@pytest.mark.parametrize("verb", ["analyze", "replan"])
+def test_an_infinite_world_size_is_one_line(world, capsys, verb):
+    """``"world_size": Infinity`` (JSON's spelling, which Python reads) was an OverflowError in replan."""
+    tr = _trace(world, "wsinf", lambda t: t["metadata"].__setitem__("world_size", float("inf")))
+    assert "Infinity" in (tr / "timeline_step1_all.json").read_text()
+    o = str(world["root"] / "o")
+    argv = (["analyze", str(tr), "--plan", str(world["plan"]), "--out", o] if verb == "analyze" else
+            ["replan", "--plan", str(world["plan"]), "--traces", str(tr), *_search(world)[:7], "--out-dir", o])
+    _refused(capsys, argv, str(tr), "metadata.world_size", "an integer")
+
+
+def test_the_untouched_timeline_is_still_analysed(world, capsys):
+    """The checks refuse what is wrong, not the simulator's own timeline."""
+    o = world["root"] / "ok"
+    assert main(["analyze", str(world["traces"]), "--plan", str(world["plan"]), "--out", str(o)]) == 0
+    assert main(["analyze", str(world["traces"]), "--out", str(o)]) == 0
+    assert json.loads((o / "report.json").read_text())["measured"]["num_stages"] == 2
