@@ -197,7 +197,8 @@ BW_MUTATIONS = [("bytes_per_sec.a|b", 1e400), ("bytes_per_sec.a|b", -1), ("bytes
                 ("bytes_per_sec.a|b", 1e300), ("latency_s", {"a|b": -1}), ("format", "torchpp.bandwidth/9"),
                 ("bytes_per_sec", [])]
 DEV_MUTATIONS = [("a", 1e300), ("a", -4), ("a", 0), ("a", "4G"), ("a", {"memory_gb": 1e300}),
-                 ("a", {"memory_gb": 4, "rank": -1}), ("evil/x", 4), ("a|a", 4), ("a", None)]
+                 ("a", {"memory_gb": 4, "rank": -1}), ("evil/x", 4), ("a|a", 4), ("a", None),
+                 ("a", {"memory_gb": 4, "rank": 99}), ("a", {"memory_gb": 4, "rank": 2})]
 LAYERS_MUTATIONS = [("layers.0.param_bytes", 10**30), ("layers.0.param_bytes", -1), ("layers.0.forward_time_s", -1),
                     ("layers.0.forward_time_s", 1e300), ("layers.0.activation_bytes_per_sample", 1e30),
                     ("model.num_layers", 10**9), ("host", "../../evil"), ("run.seq_len", 0),

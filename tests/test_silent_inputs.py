@@ -135,3 +135,14 @@ def test_the_untouched_timeline_is_still_analysed(world, capsys):
     assert main(["analyze", str(world["traces"]), "--plan", str(world["plan"]), "--out", str(o)]) == 0
     assert main(["analyze", str(world["traces"]), "--out", str(o)]) == 0
     assert json.loads((o / "report.json").read_text())["measured"]["num_stages"] == 2
+
+
+@pytest.mark.parametrize("rank", [99, 2])
+def test_a_devices_rank_beyond_its_hosts_is_refused(world, capsys, rank):
+    """``"rank": 99`` among two hosts was ignored (the planner numbered the ranks itself)."""
+    dev = world["root"] / f"devices_rank{rank}.json"
+    dev.write_text(json.dumps({"a": {"memory_gb": 4, "rank": rank}, "b": 4}))
+    _refused(capsys, ["plan", *_search(world, devices=dev), "--out-dir", str(world["root"] / "o")],
+             str(dev), "a.rank", "0..1", f"got {rank}")
+    _refused(capsys, ["replan", "--plan", str(world["plan"]), "--traces", str(world["traces"]),
+                      *_search(world, devices=dev), "--out-dir", str(world["root"] / "o")], str(dev), "a.rank")
