@@ -212,7 +212,8 @@ TRACE_MUTATIONS = [("format", "torchpp.trace/9"), ("traceEvents", 5), ("traceEve
                    ("metadata.plan_hash", "sha256:0000000000000000"), ("metadata.world_size", float("inf")),
                    ("metadata.world_size", 99), ("metadata.ranks.0.stage", "x"), ("metadata.ranks.0.clock_rtt_s", "x")]
 EXP_MUTATIONS = [("n", [10**9]), ("stages", [0]), ("fwd_len", [1e308]), ("bwd_len", [-1]), ("fwd_impact", [1.5]),
-                 ("format", "torchpp.experiment/9")]
+                 ("format", "torchpp.experiment/9"), ("n", []), ("sync_freq", []), ("sync_freq", [64]),
+                 ("n", {"start": 3, "stop": 1, "step": 1})]
 CLUSTER_MUTATIONS = [("hosts.0.memory", "1e30G"), ("hosts.0.memory", 1), ("hosts.0.memory", "0"),
                      ("hosts.0.cpu", 1e-9), ("hosts.0.cpu", 1e9), ("hosts.0.cpu", "inf"), ("hosts.0.name", "../x"),
                      ("name", "../../x"), ("hosts.0.rate", "1e308mbit"), ("format", "torchpp.cluster/9")]

@@ -146,3 +146,16 @@ def test_a_devices_rank_beyond_its_hosts_is_refused(world, capsys, rank):
              str(dev), "a.rank", "0..1", f"got {rank}")
     _refused(capsys, ["replan", "--plan", str(world["plan"]), "--traces", str(world["traces"]),
                       *_search(world, devices=dev), "--out-dir", str(world["root"] / "o")], str(dev), "a.rank")
+
+
+@pytest.mark.parametrize("edit,field", [({"n": []}, "'n'"), ({"sync_freq": []}, "'sync_freq'"),
+                                        ({"n": [2], "sync_freq": [4, 8]}, "'sync_freq'")],
+                         ids=["empty-list", "empty-sync", "every-point-dropped"])
+def test_a_sweep_of_no_points_is_refused(world, capsys, edit, field):
+    """A grid with no point (an empty list, or every sync_freq above every n, which the sweep
+    drops) wrote a header-only CSV and exited 0."""
+    exp = _mutated(Path(__file__).parents[1] / "configs" / "sim_experiment.json",
+                   world["root"] / f"exp_{len(str(edit))}.json", lambda e: e.update(edit))
+    out = world["root"] / "sweep.csv"
+    _refused(capsys, ["simulate", "sweep", "-c", str(exp), "--output", str(out)], str(exp), field)
+    assert not out.exists()
