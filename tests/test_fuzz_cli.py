@@ -280,7 +280,17 @@ def _audit_cases(w: dict[str, Path]) -> list[tuple[str, list[str]]]:
         with open(big, "w") as f:
             f.write("a,b,1\nb,a,1\n" * 1_000_000)
     o = str(d / "audit_out.json")
-    return [("audit", ["bandwidth", "parse", "--csv", src, "--out", o]) for src in ("/dev/zero", str(fifo), str(big))] \
+    topo = str(Path(__file__).parents[1] / "configs" / "topologies" / "wifi_8.json")
+    sim_topo = ["simulate", "topology", str(w["plan"]), "--topology", topo, "--model", "qwen3-tiny", "--flops", "1e12"]
+    cases = [("audit", [*sim_topo, f"{f}={v}"]) for f in ("--flops", "--tp") for v in ("0", "-1", "nan", "inf", "1e400")]
+    for j, bad in enumerate(({"flops": -1}, {"flops": "x"}, [], {"flops": float("inf")}, {"devices": {"g": 5}},
+                             {"devices": {}})):
+        spec = d / f"audit_spec{j}.json"
+        spec.write_text(json.dumps(bad))
+        cases.append(("audit", ["plan", "--estimate", "--model", "qwen3-tiny", "--device-spec", str(spec),
+                                "--topology", topo, "--devices", "8", "--out-dir", str(d / "audit_topo")]))
+    return cases + [("audit", ["bandwidth", "parse", "--csv", src, "--out", o])
+                    for src in ("/dev/zero", str(fifo), str(big))] \
         + [("audit", ["run", "--cluster", "nonexistent", "--plan", str(w["plan"]), "--checkpoint-dir",
                       str(d / "audit_ck"), "--", "--steps", "1"])]
 

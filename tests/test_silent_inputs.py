@@ -1,7 +1,8 @@
 """Inputs that were once answered silently or with a traceback (issue 37): each is now one line
 naming the file, the field and what was expected (exit 2), or a correct answer.
 
-In-process through ``torchpp.cli.main`` on files torchpp itself made; none needs torch.
+In-process through ``torchpp.cli.main`` on files torchpp itself made (only the topology plan
+builds a preset's config, on the meta device).
 """
 from __future__ import annotations
 
@@ -159,3 +160,31 @@ def test_a_sweep_of_no_points_is_refused(world, capsys, edit, field):
     out = world["root"] / "sweep.csv"
     _refused(capsys, ["simulate", "sweep", "-c", str(exp), "--output", str(out)], str(exp), field)
     assert not out.exists()
+
+
+def test_plan_estimate_on_a_topology_without_dtype_plans_in_bfloat16(world, capsys):
+    """The documented command has no --dtype: it was ``KeyError: None``; it now prices bfloat16,
+    the precision ``simulate topology`` assumes by default for the same plan."""
+    spec = world["root"] / "spec.json"
+    spec.write_text(json.dumps({"devices": {"gpu": {"flops": 1e14, "memory_gb": 80}}, "link_gbps": 100}))
+    topo = Path(__file__).parents[1] / "configs" / "topologies" / "wifi_8.json"
+    out = world["root"] / "topo_plan"
+    assert main(["plan", "--estimate", "--model", "qwen3-tiny", "--device-spec", str(spec), "--topology", str(topo),
+                 "--devices", "8", "--seq-len", "32", "--out-dir", str(out)]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["model"]["dtype"] == "bfloat16"
+    assert main(["simulate", "topology", str(out / "plan.json"), "--topology", str(topo), "--model", "qwen3-tiny",
+                 "--flops", "1e14", "--trace", str(out / "t.json")]) == 0
+    for bad, field in (({"flops": -1}, "'flops'"), ({"devices": {"g": {"flops": "x"}}}, "devices.g.flops"), ([], "<root>"),
+                       ({"devices": {}}, "'flops'")):
+        spec.write_text(json.dumps(bad))
+        _refused(capsys, ["plan", "--estimate", "--model", "qwen3-tiny", "--device-spec", str(spec), "--topology",
+                          str(topo), "--devices", "8", "--out-dir", str(out)], str(spec), field)
+
+
+@pytest.mark.parametrize("flag,value", [(f, v) for f in ("--flops", "--tp") for v in ("0", "-1", "nan", "inf")]
+                         + [("--flops", "1e300"), ("--tp", "1e12")])
+def test_simulate_topology_refuses_a_flag_out_of_range(world, capsys, flag, value):
+    topo = Path(__file__).parents[1] / "configs" / "topologies" / "wifi_8.json"
+    _refused(capsys, ["simulate", "topology", str(world["plan"]), "--topology", str(topo), "--model", "qwen3-tiny",
+                      "--flops", "1e12", f"{flag}={value}"], f"argument {flag}: expected")
