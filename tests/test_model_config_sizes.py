@@ -34,3 +34,16 @@ def test_profile_and_estimate_refuse_a_bad_size(tmp_path, field, value):
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
         assert str(model / "config.json") in lines[0] and f"'{field}'" in lines[0] and "integer >= 1" in lines[0]
+
+
+def test_profile_refuses_pickled_weights_in_one_line(tmp_path):
+    """A ``pytorch_model.bin`` that is a pickle (not weights-only tensors) was refused with a
+    33-41-line traceback."""
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**CONFIG, "num_hidden_layers": 2}))
+    (model / "pytorch_model.bin").write_bytes(b"\x80\x04\x95" + bytes(range(256)) * 4)
+    r = _cli("profile", "--model", str(model), "--out", str(tmp_path / "l.json"))
+    errors = [ln for ln in r.stderr.splitlines() if ": error: " in ln]  # the call probe's progress line precedes it
+    assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert str(model) in errors[0] and "weights-only" in errors[0]

@@ -333,7 +333,15 @@ def build_model(model: str, *, seed: int = 0, dtype: str = "float32", num_layers
         if getattr(cfg, "tie_word_embeddings", False):
             m.tie_weights()
     else:
-        m = AutoModelForCausalLM.from_pretrained(resolve_model(model), config=cfg, dtype=DTYPES[dtype], local_files_only=True,
-                                                 trust_remote_code=False)
+        import pickle
+
+        try:
+            m = AutoModelForCausalLM.from_pretrained(resolve_model(model), config=cfg, dtype=DTYPES[dtype],
+                                                     local_files_only=True, trust_remote_code=False)
+        except (pickle.UnpicklingError, EOFError, RuntimeError, OSError) as e:  # pickled weights refused: one line
+            first = ("torch.load(weights_only=True) refused a pickle" if isinstance(e, pickle.UnpicklingError)
+                     else (str(e).strip().splitlines() or [type(e).__name__])[0])
+            raise ModelSpecError(f"{resolve_model(model)}: its weights cannot be read as weights-only tensors "
+                                 f"({first[:200]}); torchpp never unpickles code") from None
     m.train()
     return m
