@@ -180,8 +180,8 @@ def _set(data: Any, path: str, value: Any) -> Any:
     *head, last = [int(p) if p.isdigit() else p for p in path.split(".")]
     node = data
     for p in head:
-        node = node[p]
-    node[int(last) if isinstance(node, list) else last] = value
+        node = node[p] if isinstance(node, list) or p in node else node[str(p)]  # "0": a rank-keyed object
+    node[int(last) if isinstance(node, list) else (last if last in node else str(last))] = value
     return data
 
 
