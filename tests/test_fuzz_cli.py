@@ -249,7 +249,6 @@ def _content_cases(w: dict[str, Path]) -> list[tuple[str, list[str]]]:
                                                                  "--out-dir", o]]),
                ("trace", trace_file, TRACE_MUTATIONS + _trace_event_mutations(trace), [
                    lambda x: ["analyze", str(Path(x).parent), "--plan", s["plan"], "--out", o],
-                   lambda x: ["analyze", str(Path(x).parent), "--out", o],
                    lambda x: ["replan", "--plan", s["plan"], "--traces", str(Path(x).parent), *_search(w)[:5],
                               "--out-dir", o]]),
                ("experiment", w["exp"], EXP_MUTATIONS, [lambda x: ["simulate", "sweep", "-c", x, "--output", o]]),
