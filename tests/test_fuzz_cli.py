@@ -180,8 +180,8 @@ def _set(data: Any, path: str, value: Any) -> Any:
     *head, last = [int(p) if p.isdigit() else p for p in path.split(".")]
     node = data
     for p in head:
-        node = node[p]
-    node[int(last) if isinstance(node, list) else last] = value
+        node = node[p] if isinstance(node, list) or p in node else node[str(p)]  # "0": a rank-keyed object
+    node[int(last) if isinstance(node, list) else (last if last in node else str(last))] = value
     return data
 
 
@@ -197,19 +197,23 @@ BW_MUTATIONS = [("bytes_per_sec.a|b", 1e400), ("bytes_per_sec.a|b", -1), ("bytes
                 ("bytes_per_sec.a|b", 1e300), ("latency_s", {"a|b": -1}), ("format", "torchpp.bandwidth/9"),
                 ("bytes_per_sec", [])]
 DEV_MUTATIONS = [("a", 1e300), ("a", -4), ("a", 0), ("a", "4G"), ("a", {"memory_gb": 1e300}),
-                 ("a", {"memory_gb": 4, "rank": -1}), ("evil/x", 4), ("a|a", 4), ("a", None)]
+                 ("a", {"memory_gb": 4, "rank": -1}), ("evil/x", 4), ("a|a", 4), ("a", None),
+                 ("a", {"memory_gb": 4, "rank": 99}), ("a", {"memory_gb": 4, "rank": 2})]
 LAYERS_MUTATIONS = [("layers.0.param_bytes", 10**30), ("layers.0.param_bytes", -1), ("layers.0.forward_time_s", -1),
                     ("layers.0.forward_time_s", 1e300), ("layers.0.activation_bytes_per_sample", 1e30),
                     ("model.num_layers", 10**9), ("host", "../../evil"), ("run.seq_len", 0),
                     ("format", "torchpp.layers/9"), ("layers", []), ("embed", None), ("run.batch", 10**12)]
 CAPS_MUTATIONS = [("capacity.a", 0), ("capacity.a", 1e300), ("capacity.a", -1), ("ref_host", "zz"),
-                  ("format", "torchpp.capacities/9"), ("capacity", {"../x": 1.0})]
+                  ("format", "torchpp.capacities/9"), ("capacity", {"../x": 1.0}), ("tables.a.batch", 10**40),
+                  ("tables.a.batch", 1e40)]
 MEM_MUTATIONS = [("base", -1e9), ("base", 1e300), ("alpha", -1), ("Kp", 1e300), ("format", "torchpp.memory_model/9"),
                  ("Kt", -1)]
 TRACE_MUTATIONS = [("format", "torchpp.trace/9"), ("traceEvents", 5), ("traceEvents", [5]),
-                   ("metadata.plan_hash", "sha256:0000000000000000")]
+                   ("metadata.plan_hash", "sha256:0000000000000000"), ("metadata.world_size", float("inf")),
+                   ("metadata.world_size", 99), ("metadata.ranks.0.stage", "x"), ("metadata.ranks.0.clock_rtt_s", "x")]
 EXP_MUTATIONS = [("n", [10**9]), ("stages", [0]), ("fwd_len", [1e308]), ("bwd_len", [-1]), ("fwd_impact", [1.5]),
-                 ("format", "torchpp.experiment/9")]
+                 ("format", "torchpp.experiment/9"), ("n", []), ("sync_freq", []), ("sync_freq", [64]),
+                 ("n", {"start": 3, "stop": 1, "step": 1})]
 CLUSTER_MUTATIONS = [("hosts.0.memory", "1e30G"), ("hosts.0.memory", 1), ("hosts.0.memory", "0"),
                      ("hosts.0.cpu", 1e-9), ("hosts.0.cpu", 1e9), ("hosts.0.cpu", "inf"), ("hosts.0.name", "../x"),
                      ("name", "../../x"), ("hosts.0.rate", "1e308mbit"), ("format", "torchpp.cluster/9")]
@@ -220,7 +224,8 @@ def _trace_event_mutations(trace: dict[str, Any]) -> list[tuple[str, Any]]:
     i = next(i for i, e in enumerate(trace["traceEvents"]) if e.get("ph") == "X")
     return [(f"traceEvents.{i}.{k}", v) for k, v in (("ts", float("nan")), ("dur", -5.0), ("ts", "x"), ("pid", "x"),
                                                      ("dur", float("inf")), ("args", 5), ("args.stage", "x"),
-                                                     ("args.bytes", -1), ("pid", -1), ("ts", None))]
+                                                     ("args.bytes", -1), ("pid", -1), ("ts", None), ("pid", 99),
+                                                     ("name", "F99"), ("args.layers", 5), ("args.layers", [3, 0]))]
 
 
 def _content_cases(w: dict[str, Path]) -> list[tuple[str, list[str]]]:
@@ -244,7 +249,8 @@ def _content_cases(w: dict[str, Path]) -> list[tuple[str, list[str]]]:
                                                                  "--out-dir", o]]),
                ("trace", trace_file, TRACE_MUTATIONS + _trace_event_mutations(trace), [
                    lambda x: ["analyze", str(Path(x).parent), "--plan", s["plan"], "--out", o],
-                   lambda x: ["replan", "--plan", s["plan"], "--traces", str(Path(x).parent), "--out-dir", o]]),
+                   lambda x: ["replan", "--plan", s["plan"], "--traces", str(Path(x).parent), *_search(w)[:5],
+                              "--out-dir", o]]),
                ("experiment", w["exp"], EXP_MUTATIONS, [lambda x: ["simulate", "sweep", "-c", x, "--output", o]]),
                ("cluster config", w["cluster"], CLUSTER_MUTATIONS, [lambda x: ["cluster", "up", "-c", x]])]
     mm = {"format": "torchpp.memory_model/1", "base": 1e8, "alpha": 1.0, "Kp": 1.0}
@@ -273,7 +279,17 @@ def _audit_cases(w: dict[str, Path]) -> list[tuple[str, list[str]]]:
         with open(big, "w") as f:
             f.write("a,b,1\nb,a,1\n" * 1_000_000)
     o = str(d / "audit_out.json")
-    return [("audit", ["bandwidth", "parse", "--csv", src, "--out", o]) for src in ("/dev/zero", str(fifo), str(big))] \
+    topo = str(Path(__file__).parents[1] / "configs" / "topologies" / "wifi_8.json")
+    sim_topo = ["simulate", "topology", str(w["plan"]), "--topology", topo, "--model", "qwen3-tiny", "--flops", "1e12"]
+    cases = [("audit", [*sim_topo, f"{f}={v}"]) for f in ("--flops", "--tp") for v in ("0", "-1", "nan", "inf", "1e400")]
+    for j, bad in enumerate(({"flops": -1}, {"flops": "x"}, [], {"flops": float("inf")}, {"devices": {"g": 5}},
+                             {"devices": {}})):
+        spec = d / f"audit_spec{j}.json"
+        spec.write_text(json.dumps(bad))
+        cases.append(("audit", ["plan", "--estimate", "--model", "qwen3-tiny", "--device-spec", str(spec),
+                                "--topology", topo, "--devices", "8", "--out-dir", str(d / "audit_topo")]))
+    return cases + [("audit", ["bandwidth", "parse", "--csv", src, "--out", o])
+                    for src in ("/dev/zero", str(fifo), str(big))] \
         + [("audit", ["run", "--cluster", "nonexistent", "--plan", str(w["plan"]), "--checkpoint-dir",
                       str(d / "audit_ck"), "--", "--steps", "1"])]
 

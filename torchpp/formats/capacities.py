@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from .. import validate as V
 from .base import FormatError, Reader, V_host, _load, check_format, to_dict, write_json
 from .devices import _device_host
 
@@ -114,8 +115,9 @@ class Capacities:
             for key, vals in (("forward_fixed_s", f0), ("backward_fixed_s", b0)):
                 if vals and (len(vals) != len(fw) or min(vals) < 0):
                     raise t.fail(key, f"{len(fw)} numbers >= 0 (one per block) or absent", vals)
-            tables[h] = HostTable(batch=t.int("batch", min_value=1), forward_time_s=fw, backward_time_s=bw,
-                                  forward_fixed_s=f0, backward_fixed_s=b0)
+            # a profile's batch (layers files' run.batch): per-sample times are the table's over it
+            tables[h] = HostTable(batch=t.int("batch", min_value=1, max_value=V.MAX_GLOBAL_BATCH), forward_time_s=fw,
+                                  backward_time_s=bw, forward_fixed_s=f0, backward_fixed_s=b0)
         co = r.obj("call_overhead_s", {})
         call = {_device_host(source, h): co.float(h, min_value=0.0, max_value=1e3) for h in co.data}
         return Capacities(ref_host=ref, capacity=capacity, tables=tables, call_overhead_s=call,

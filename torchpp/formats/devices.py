@@ -63,6 +63,10 @@ class Devices:
                 out[h] = DeviceInfo(host=h, memory_bytes=int(r.float(h, positive=True, max_value=V.MAX_MEMORY_GB) * GB))
         if not out:
             raise FormatError(source, "<root>", "at least one host")
+        for d in out.values():  # one rank per host: a rank beyond them could never be used
+            if d.rank is not None and d.rank >= len(out):
+                raise FormatError(source, f"{d.host}.rank", f"a rank in 0..{len(out) - 1} (one per host of the file)",
+                                  d.rank)
         ranks = [d.rank for d in out.values() if d.rank is not None]
         if len(set(ranks)) != len(ranks):
             raise FormatError(source, "*.rank", "distinct ranks", sorted(ranks))

@@ -197,6 +197,10 @@ class ExperimentConfig:
                 except FormatError as e:
                     raise FormatError(source, f"{k}[{i}]" if isinstance(v, list) else k, e.expected, x) from None
             grid[k] = vals
+        sync, n = grid.get("sync_freq", [SimParams.sync_freq]), grid.get("n", [SimParams.n])
+        if min(sync) > max(n):  # points() drops sync_freq > n: the grid would be empty
+            raise FormatError(source, "sync_freq", f"at least one value <= n (at most {max(n)}): a sweep of no "
+                              "points", sync)
         step = r.float("priority_step", 0.1, positive=True)
         if step > 1 or abs(round(1 / step) * step - 1) > 1e-9:
             raise FormatError(source, "priority_step", "a step that divides 1 (e.g. 0.1, 0.25)", step)

@@ -17,6 +17,8 @@ def check_trace(data: Any, source: str) -> dict[str, Any]:
     if "format" in r.data:
         check_format(data, source, TRACE_KIND, [TRACE_VERSION])
     events = r.list("traceEvents")
+    meta = r.obj("metadata", {})
+    world = meta.int("world_size", None, min_value=1, max_value=V.MAX_STAGES)
     for i, ev in enumerate(events):
         if not isinstance(ev, Mapping):
             raise FormatError(source, f"traceEvents[{i}]", "an event object", ev)
@@ -25,25 +27,55 @@ def check_trace(data: Any, source: str) -> dict[str, Any]:
         e = Reader(ev, source, f"traceEvents[{i}]")
         e.float("ts", min_value=-V.MAX_SECONDS * 1e6, max_value=V.MAX_SECONDS * 1e6)
         e.float("dur", 0.0, min_value=0.0, max_value=V.MAX_SECONDS * 1e6)
-        e.int("pid", min_value=0, max_value=V.MAX_STAGES)
-        a = e.obj("args", {})
-        for key in ("stage", "microbatch"):
-            if a.has(key):
-                a.int(key, min_value=0, max_value=V.MAX_STAGES if key == "stage" else V.MAX_MICROBATCHES)
-        if a.has("bytes"):
-            a.int("bytes", min_value=0, max_value=V.MAX_BYTES)
-        for key in ("recompute_s", "blocked_s"):
-            if a.has(key):
-                a.float(key, min_value=0.0)
-    meta = r.obj("metadata", {})
-    for rank, m in (meta.obj("ranks", {}).data or {}).items():
-        mr = meta.obj("ranks").obj(rank)
+        pid = e.int("pid", min_value=0, max_value=V.MAX_STAGES)
+        if world is not None and pid >= world:
+            raise e.fail("pid", f"a rank of the trace (0..{world - 1}, metadata.world_size)", pid)
+        _check_args(e.obj("args", {}), world)
+    ranks = meta.obj("ranks", {})
+    for rank in ranks.data:
+        mr = ranks.obj(rank)
         if not str(rank).isdigit():
             raise mr.fail("", "ranks keyed by rank number", rank)
+        if world is not None and int(rank) >= world:
+            raise ranks.fail(rank, f"a rank of the trace (0..{world - 1}, metadata.world_size)")
         for key in ("peak_rss_bytes", "base_rss_bytes"):
             if mr.has(key):
                 mr.int(key, min_value=0, max_value=V.MAX_BYTES)
+        if mr.has("stage"):
+            mr.int("stage", min_value=0, max_value=V.MAX_STAGES)
+        if mr.has("stages"):
+            _ints(mr, "stages", V.MAX_STAGES)
+        for key in ("clock_offset_s", "clock_rtt_s"):
+            if mr.has(key):
+                mr.float(key, min_value=-V.MAX_SECONDS if key == "clock_offset_s" else 0.0, max_value=V.MAX_SECONDS)
     return data
+
+
+def _check_args(a: Reader, world: int | None) -> None:
+    """An ``X`` event's ``args``: the fields the analysis reads, typed and bounded."""
+    for key in ("stage", "microbatch"):
+        if a.has(key):
+            a.int(key, min_value=0, max_value=V.MAX_STAGES if key == "stage" else V.MAX_MICROBATCHES)
+    if a.has("peer"):
+        a.int("peer", min_value=0, max_value=(world - 1) if world else V.MAX_STAGES)
+    if a.has("layers"):
+        lr = _ints(a, "layers", V.MAX_LAYERS + 2)
+        if len(lr) != 2 or lr[0] > lr[1]:
+            raise a.fail("layers", "a layer range [start, end]", lr)
+    if a.has("bytes"):
+        a.int("bytes", min_value=0, max_value=V.MAX_BYTES)
+    for key in ("recompute_s", "blocked_s"):
+        if a.has(key):
+            a.float(key, min_value=0.0)
+
+
+def _ints(r: Reader, key: str, most: int) -> list[int]:
+    """A list of integers in ``0..most``."""
+    out = r.ints(key)
+    for i, v in enumerate(out):
+        if not 0 <= v <= most:
+            raise r.fail(f"{key}[{i}]", f"an integer in 0..{most}", v)
+    return out
 
 
 def trace_plan_hashes(data: Mapping[str, Any]) -> set[str]:

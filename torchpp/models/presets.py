@@ -109,10 +109,15 @@ def load_config(model: str, num_layers: int | None = None, attn_implementation: 
             raise ModelSpecError(f"--model: {model!r} is neither a preset ({', '.join(PRESETS)}), a local "
                                  "checkpoint directory with config.json, nor a hub id in the local HF cache")
         refuse_remote_code(p)
+        check_config_sizes(p / "config.json")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from transformers import AutoConfig
 
-        cfg = AutoConfig.from_pretrained(str(p), local_files_only=True, trust_remote_code=False)
+        try:
+            cfg = AutoConfig.from_pretrained(str(p), local_files_only=True, trust_remote_code=False)
+        except Exception as e:  # noqa: BLE001 (transformers' own validation: one line naming the file)
+            raise ModelSpecError(f"{p / 'config.json'}: transformers refuses it: "
+                                 f"{(str(e).strip().splitlines() or [type(e).__name__])[-1].strip()}") from None
     cfg._attn_implementation = choose_attn_implementation(cfg, attn_implementation)
     if num_layers is not None:
         total = num_hidden_layers(cfg)
@@ -206,6 +211,26 @@ def refuse_remote_code(model_dir: Path) -> None:
     tok_path = model_dir / "tokenizer_config.json"
     if tok_path.is_file() and "auto_map" in _read_object(tok_path):
         raise ModelSpecError(f"{tok_path}: refused: 'auto_map' names the directory's own Python code; {why}")
+
+
+CONFIG_SIZES = ("num_hidden_layers", "n_layer", "hidden_size", "n_embd", "vocab_size", "num_attention_heads",
+                "n_head", "num_key_value_heads", "intermediate_size", "head_dim")
+"""A config's sizes: each, where present, a positive integer (``num_hidden_layers: -1`` reached
+transformers' validators as a 20-line traceback)."""
+
+
+def check_config_sizes(cfg_path: Path) -> None:
+    """Raise :class:`ModelSpecError` naming the file and field of a size that is no positive integer."""
+    from ..validate import MAX_LAYERS
+
+    conf = _read_object(cfg_path)
+    for key in CONFIG_SIZES:
+        v = conf.get(key)
+        if key in conf and v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1
+                                               or (key in ("num_hidden_layers", "n_layer") and v > MAX_LAYERS)):
+            most = MAX_LAYERS if key in ("num_hidden_layers", "n_layer") else None
+            raise ModelSpecError(f"{cfg_path}: field '{key}': expected an integer >= 1"
+                                 f"{f' and <= {most}' if most else ''}, got {v!r}")
 
 
 def num_hidden_layers(cfg: PretrainedConfig) -> int:
@@ -308,7 +333,15 @@ def build_model(model: str, *, seed: int = 0, dtype: str = "float32", num_layers
         if getattr(cfg, "tie_word_embeddings", False):
             m.tie_weights()
     else:
-        m = AutoModelForCausalLM.from_pretrained(resolve_model(model), config=cfg, dtype=DTYPES[dtype], local_files_only=True,
-                                                 trust_remote_code=False)
+        import pickle
+
+        try:
+            m = AutoModelForCausalLM.from_pretrained(resolve_model(model), config=cfg, dtype=DTYPES[dtype],
+                                                     local_files_only=True, trust_remote_code=False)
+        except (pickle.UnpicklingError, EOFError, RuntimeError, OSError) as e:  # pickled weights refused: one line
+            first = ("torch.load(weights_only=True) refused a pickle" if isinstance(e, pickle.UnpicklingError)
+                     else (str(e).strip().splitlines() or [type(e).__name__])[0])
+            raise ModelSpecError(f"{resolve_model(model)}: its weights cannot be read as weights-only tensors "
+                                 f"({first[:200]}); torchpp never unpickles code") from None
     m.train()
     return m

@@ -76,7 +76,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=T.int_in(1, V.MAX_SEQ_LEN), default=None, help="default: the layers files' (or 128)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="precision of the plan; bfloat16: fp32 master weights and optimizer state with bf16 "
-                        "autocast. Measured plans must match the layers files' (default: theirs; else float32)")
+                        "autocast. Measured plans must match the layers files' (default: theirs; with --topology bfloat16, as "
+                        "`simulate topology`; else float32)")
     p.add_argument("--schedule", type=schedule_arg, default=None,
                    help=f"search: auto (default: the best over {', '.join(KIND_NAMES)}), one kind or a "
                         f"comma-separated list; fixed strategies: {' or '.join(FULL_BACKWARD_ONE_CHUNK)} (default 1f1b)")
@@ -175,18 +176,15 @@ def run_fixed(args: argparse.Namespace) -> int:
 def run_topology(args: argparse.Namespace) -> int:
     """`plan --estimate --topology T --devices N`: the fastest pp × dp × tp layout, written as plan.json."""
     from ..sim.scale import load_workload
-    from ..formats import read_json, write_json
+    from ..formats import write_json
     from ..topology import Network, Topology
     from .scale import layouts
 
     if args.device_spec is None or not (args.devices and str(args.devices).isdigit()):
         raise UsageError("--topology: expected --device-spec (FLOP/s of one device) and --devices N (a count)")
-    spec = read_json(args.device_spec)
-    flops = spec.get("flops") or next(iter(spec.get("devices", {}).values()), {}).get("flops")
-    if not flops:
-        raise UsageError(f"--device-spec {args.device_spec}: expected 'flops' or a device with 'flops'")
+    flops = _spec_flops(args.device_spec)
     net = Network(Topology.load(args.topology))
-    wl = load_workload(args.model, args.seq_len or 128, args.dtype)
+    wl = load_workload(args.model, args.seq_len or 128, args.dtype or "bfloat16")  # as `simulate topology`
     found = layouts(wl, net, int(args.devices), float(flops), args.global_batch, max_pp=args.max_stages)
     print(f"{len(found)} layouts of {args.devices} devices on {net.topology.name}; fastest first:")
     for x in found[:10]:
@@ -202,6 +200,19 @@ def run_topology(args: argparse.Namespace) -> int:
                                                 "step_time_s": x.step_time_s} for x in found])
     print(f"wrote {out} (pp {best.pp} × dp {best.dp} × tp {best.tp}) and {out.with_name('layouts.json')}")
     return 0
+
+
+def _spec_flops(path: Path) -> float:
+    """FLOP/s of one device of a device spec: its ``flops``, or its first device's."""
+    from ..formats import FormatError, Reader, read_json
+
+    r = Reader(read_json(path), str(path))
+    if "flops" in r.data:
+        return r.float("flops", positive=True, max_value=V.MAX_NUMBER)
+    devs = r.obj("devices", {})
+    if not devs.data:
+        raise FormatError(str(path), "flops", "FLOP/s of one device (or 'devices' with one that has 'flops')")
+    return devs.obj(next(iter(devs.data))).float("flops", positive=True, max_value=V.MAX_NUMBER)
 
 
 def configure_capacities(p: argparse.ArgumentParser) -> None:

@@ -154,8 +154,9 @@ def _configure_plans(sub) -> None:
     tp.add_argument("plan", type=Path)
     tp.add_argument("--topology", type=Path, required=True, help="topology.json or seed 001 text")
     tp.add_argument("--model", required=True, help="megatron-gpt-7b|13b|175b, a preset or a local HF config")
-    tp.add_argument("--flops", type=float, required=True, help="FLOP/s of one device")
-    tp.add_argument("--tp", type=int, default=1, help="devices per plan rank (tensor parallelism)")
+    tp.add_argument("--flops", type=T.float_in(0.0, V.MAX_NUMBER, lo_open=True), required=True,
+                    help="FLOP/s of one device")
+    tp.add_argument("--tp", type=T.int_in(1, V.MAX_STAGES), default=1, help="devices per plan rank (tensor parallelism)")
     tp.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     tp.add_argument("--full", action="store_true", help="simulate every rank (default: one replica if uniform)")
     tp.add_argument("--trace", type=T.out_file, default=None,

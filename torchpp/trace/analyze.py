@@ -298,6 +298,7 @@ def critical_path(evs: list[Event]) -> dict[str, float]:
         return {}
     for lst in seq.values():
         lst.sort(key=lambda e: (e.end, e.start))
+    ends = {r: [e.end for e in lst] for r, lst in seq.items()}  # built once: the walk stays linear
     sends = {message_key(e): e for e in evs if e.kind.startswith("send")}
     t_first = min(e.start for e in evs)
     rank = max(seq, key=lambda r: seq[r][-1].end)
@@ -305,7 +306,7 @@ def critical_path(evs: list[Event]) -> dict[str, float]:
     path: dict[str, float] = defaultdict(float)
     for _ in range(2 * len(evs) + 2):
         lst = seq[rank]
-        k = bisect.bisect_right([e.end for e in lst], frontier + eps) - 1
+        k = bisect.bisect_right(ends[rank], frontier + eps) - 1
         while k >= 0 and lst[k].start >= frontier - eps and lst[k].dur > eps:
             k -= 1  # already walked (or starts after the frontier)
         if k < 0:

@@ -25,7 +25,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.plan:
         check_traces_of_plan([p for _, p in find_timelines(args.trace_dir)]
                              + ([args.predicted] if args.predicted else []), args.plan)
-    rep = run_analyze(args.trace_dir, args.out, plan, args.predicted)
+    rep = run_analyze(args.trace_dir, args.out, plan, args.predicted, str(args.plan))
     b = rep["measured"]["bubble"]
     print(f"step time {rep['step_time_s']:.4f} s; bubble real {b['real']:.4f} = ideal {b['ideal']:.4f} + "
           f"imbalance {b['imbalance']:.4f} + communication {b['communication']:.4f} + recompute {b['recompute']:.4f}")

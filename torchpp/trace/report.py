@@ -16,6 +16,7 @@ from ..errors import UsageError
 from ..formats import Plan, file_hash, trace_plan_hashes, write_json
 from .analyze import StepAnalysis, analyze, events_from_trace
 from .chrome import load_trace
+from .of_plan import check_trace_alone, check_trace_of_plan
 
 _STEP = re.compile(r"timeline_step(\d+)_all\.json$")
 
@@ -57,12 +58,21 @@ def _rel(pred: float, meas: float) -> float | None:
     return (pred - meas) / meas if meas > 0 else None
 
 
-def build_report(trace_dir: Path, plan: Plan | None = None, predicted: Path | None = None) -> dict[str, Any]:
+def build_report(trace_dir: Path, plan: Plan | None = None, predicted: Path | None = None,
+                 plan_src: str = "plan.json") -> dict[str, Any]:
+    """Each traced step analysed; the timelines are first held to ``plan`` (its ranks, chunks, layer
+    ranges and micro-batches) or, without one, to themselves: a wrong pid or micro-batch is refused,
+    never reported as a rank or micro-batch of its own."""
     steps = find_timelines(trace_dir)
     analyses: list[tuple[int, StepAnalysis, dict[str, Any]]] = []
     for n, path in steps:
         tr = load_trace(path)
-        analyses.append((n, analyze(events_from_trace(tr)), tr))
+        evs = events_from_trace(tr)
+        if plan is None:
+            check_trace_alone(str(path), tr, evs)
+        else:
+            check_trace_of_plan(str(path), tr, evs, plan, plan_src)
+        analyses.append((n, analyze(evs), tr))
     # the first traced step still warms caches; report the median step and keep every step's time
     times = [a.step_time_s for _, a, _ in analyses]
     med = statistics.median(times)
@@ -167,14 +177,15 @@ def write_stage_chart(rep: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def run_analyze(trace_dir: Path, out: Path, plan: Plan | None = None, predicted: Path | None = None) -> dict[str, Any]:
+def run_analyze(trace_dir: Path, out: Path, plan: Plan | None = None, predicted: Path | None = None,
+                plan_src: str = "plan.json") -> dict[str, Any]:
     from .gantt import bars_from_events, rank_names, save_gantt
 
     from ..validate import output_file
 
     for name in ("report.json", "report.md", "gantt.png", "stages.png"):  # before any work: no link written through
         output_file(out / name, "--out")
-    rep = build_report(trace_dir, plan, predicted)
+    rep = build_report(trace_dir, plan, predicted, plan_src)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "report.json", rep)
     write_markdown(rep, out / "report.md")

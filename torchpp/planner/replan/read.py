@@ -16,6 +16,7 @@ from ...schedules import Kind, build
 from ...trace.analyze import COMPUTE_KINDS, Event, analyze, events_from_trace, message_key
 from ...trace.call_gaps import call_gaps
 from ...trace.chrome import load_trace
+from ...trace.of_plan import check_trace_of_plan
 from ...cost import ANALYTIC_KP, Links, MeasuredCost, MemoryEstimator, Profiles
 from .write import template_from_model
 
@@ -85,63 +86,6 @@ def find_merged(trace_dir: Path) -> list[tuple[int, Path]]:
         raise FileNotFoundError(f"{trace_dir}: no merged timelines (timeline_step<N>_all.json){hint}") from None
 
 
-def _check_trace(path: str, trace: dict[str, Any], events: list[Event], plan: Plan, plan_src: str) -> None:
-    """The timeline must come from this plan: same ranks, chunks, layer ranges and micro-batches."""
-    md = trace.get("metadata") or {}
-    ws = md.get("world_size")
-    if ws is not None and int(ws) != plan.world_size:
-        raise FormatError(path, "metadata.world_size", f"{plan.world_size} (the ranks of {plan_src})", ws)
-    ranks = set(plan.ranks)
-    chunks = {r: [s.index for s in plan.stages_of_rank(r)] for r in ranks}
-    for r, info in (md.get("ranks") or {}).items():
-        if int(r) not in ranks:
-            raise FormatError(path, f"metadata.ranks.{r}", f"a rank of {plan_src} (0..{plan.world_size - 1})")
-        want = chunks[int(r)]
-        if isinstance(info, Mapping) and info.get("stage") is not None and int(info["stage"]) != want[0]:
-            raise FormatError(path, f"metadata.ranks.{r}.stage", f"{want[0]} (rank {r}'s {_which(want)} in {plan_src})",
-                              info["stage"])
-        if isinstance(info, Mapping) and info.get("stages") is not None and list(info["stages"]) != want:
-            raise FormatError(path, f"metadata.ranks.{r}.stages", f"{want} (rank {r}'s chunks in {plan_src})",
-                              info["stages"])
-    for i, ev in enumerate(trace["traceEvents"]):
-        args = ev.get("args") or {}
-        if ev.get("ph") != "X" or "stage" not in args or "layers" not in args or ev.get("cat") == "block":
-            continue
-        r = int(ev["pid"])
-        if r not in ranks:
-            raise FormatError(path, f"traceEvents[{i}].pid", f"a rank of {plan_src} (0..{plan.world_size - 1})", r)
-        if int(args["stage"]) not in chunks[r]:
-            want = chunks[r][0] if len(chunks[r]) == 1 else f"one of {chunks[r]}"
-            raise FormatError(path, f"traceEvents[{i}].args.stage",
-                              f"{want} (rank {r}'s {_which(chunks[r])} in {plan_src})", args["stage"])
-        st = plan.stages[int(args["stage"])]
-        if list(args["layers"]) != list(st.layers):
-            raise FormatError(path, f"traceEvents[{i}].args.layers",
-                              f"{list(st.layers)} (stage {st.index}'s layers in {plan_src})", args["layers"])
-    _check_microbatches(path, events, plan, plan_src, chunks)
-
-
-def _which(chunks: Sequence[int]) -> str:
-    return "stage" if len(chunks) == 1 else f"first chunk (of {list(chunks)})"
-
-
-def _check_microbatches(path: str, events: list[Event], plan: Plan, plan_src: str,
-                        chunks: Mapping[int, Sequence[int]]) -> None:
-    """Every chunk of every rank forwarded every micro-batch of the plan."""
-    seen: dict[tuple[int, int], set] = defaultdict(set)
-    for e in events:
-        if e.kind == "F":
-            seen[(e.rank, e.stage)].add(e.microbatch)
-    want_mb = set(range(plan.num_microbatches))
-    for r in sorted(chunks):
-        for c in chunks[r]:
-            if seen.get((r, c), set()) != want_mb:
-                where = f"rank {r}" if len(chunks[r]) == 1 else f"rank {r}, stage {c}"
-                raise FormatError(path, f"traceEvents (F<mb> of {where})",
-                                  f"micro-batches 0..{plan.num_microbatches - 1} ({plan_src}: num_microbatches)",
-                                  sorted(seen.get((r, c), set())))
-
-
 def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "plan.json",
              steps: Sequence[int] | None = None) -> Measurements:
     """Measured compute (with the plan's predictions), transfers, optimizer time and peaks."""
@@ -167,7 +111,7 @@ def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "p
         evs = events_from_trace(tr)
         if not evs:
             raise FormatError(str(path), "traceEvents", "pipeline events (F<mb>/B<mb>/send/recv with args.stage)")
-        _check_trace(str(path), tr, evs, plan, plan_src)
+        check_trace_of_plan(str(path), tr, evs, plan, plan_src)
         out.files.append(str(path))
         out.steps[n] = analyze(evs).step_time_s
         for r, v in rank_memory(tr).items():
