@@ -6,9 +6,13 @@ are given explicitly, so optimal plans can be worked out by hand.
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ..formats import Bandwidth, BlockProfile, LayersFile, ModelInfo, RunInfo
+
+if TYPE_CHECKING:
+    from ..cost import MemoryEstimator
+    from ..formats import Plan
 
 
 def layers_file(host: str, *, num_layers: int = 4, speed: float = 1.0, batch: int = 4, seq_len: int = 16,
