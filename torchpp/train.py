@@ -16,6 +16,13 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+
+def _say(line: str) -> None:
+    """One write per line: ranks share torchrun's stderr, and print's separate newline let two ranks'
+    lines run together."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
 def build_parser() -> argparse.ArgumentParser:
     """Every ``TrainConfig`` field is an option (``torchpp/runtime/cli.py``): add a field, not a line here."""
     from .runtime.cli import build_parser as derived
@@ -43,7 +50,7 @@ def _refuse(rank: str, problem: str, timeout_s: float) -> int:
     their process group (``runtime.preflight``): every rank then exits 2 with its own line."""
     from .runtime.preflight import tell_peers
 
-    print(f"torchpp.train: rank {rank}: error: {problem}", file=sys.stderr, flush=True)
+    _say(f"torchpp.train: rank {rank}: error: {problem}")
     tell_peers(problem, timeout_s)
     sys.stdout.flush()
     os._exit(2)  # a store's threads must not delay the exit
@@ -65,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except _BadArguments as e:
         if argv is not None:
-            print(f"torchpp.train: rank {rank}: error: {e}", file=sys.stderr, flush=True)
+            _say(f"torchpp.train: rank {rank}: error: {e}")
             return 2
         return _refuse(rank, str(e), parser.get_default("timeout_s"))
     show_progress()
@@ -86,21 +93,21 @@ def main(argv: list[str] | None = None) -> int:
         prepared = prepare(cfg, world_from_env()[1])
     except (FormatError, ModelSpecError, DataError, ValueError) as e:
         if argv is not None:  # called from Python: no peers started with it
-            print(f"torchpp.train: rank {rank}: error: {e}", file=sys.stderr, flush=True)
+            _say(f"torchpp.train: rank {rank}: error: {e}")
             return 2
         return _refuse(rank, str(e), args.timeout_s if args.timeout_s > 0 else parser.get_default("timeout_s"))
     try:
         summary = train(cfg, prepared)
     except DisagreementError as e:
-        print(f"torchpp.train: rank {rank}: error: {e}", file=sys.stderr, flush=True)
+        _say(f"torchpp.train: rank {rank}: error: {e}")
         sys.stdout.flush()
         os._exit(2)  # the same error on every rank; nothing was trained or written
     except (PeerError, DataError, ModelSpecError) as e:
-        print(f"torchpp.train: error: {e}", file=sys.stderr, flush=True)
+        _say(f"torchpp.train: error: {e}")
         sys.stdout.flush()
         os._exit(1)  # waiter threads and a broken process group must not delay the exit
     except KeyboardInterrupt:
-        print(f"torchpp.train: rank {rank}: interrupted", file=sys.stderr, flush=True)
+        _say(f"torchpp.train: rank {rank}: interrupted")
         os._exit(130)
     if summary.stopped_by:
         sys.stdout.flush()
