@@ -42,6 +42,11 @@ def exchange(store: dist.Store, rank: int, world: int, problem: str | None, time
     try:
         while store.add(f"{KEY}/read", 0) < world and time.monotonic() < deadline:
             time.sleep(0.02)
+        # rank 0 may host the store: it leaves last, so no rank's next request meets a closed store
+        # (c10d prints a multi-line warning for that, even when the error is caught)
+        store.add(f"{KEY}/left", 1)
+        while rank == 0 and store.add(f"{KEY}/left", 0) < world and time.monotonic() < deadline:
+            time.sleep(0.02)
     except RuntimeError:  # the store's host has read everything and left
         pass
     return out
