@@ -200,13 +200,9 @@ def _predicted(plan: Path) -> float | None:
 
 
 def smooth(xs: list[float], w: int) -> list[float]:
-    out, acc = [], 0.0
-    for i, x in enumerate(xs):
-        acc += x
-        if i >= w:
-            acc -= xs[i - w]
-        out.append(acc / min(i + 1, w))
-    return out
+    from bench_wire import _smooth  # the same trailing mean as the compute-bound runs (its caller's folder is on the path)
+
+    return _smooth(xs, w)
 
 
 def summarize(results: dict, target_step: int, window: int) -> dict:
