@@ -63,6 +63,8 @@ def check_fits(info: TokenizerInfo, model_vocab: int, what: str, model: str) -> 
                         f"or a model whose vocab_size is at least {info.vocab_size}")
 
 
+LOAD_TIMEOUT_S = 600.0
+"""The longest the child that loads a tokenizer may take (imports included, on a slow host)."""
 _ENCODER = r"""
 import dataclasses, json, sys
 from torchpp.data.base import DataError
@@ -89,7 +91,11 @@ def load_encoder(spec: str | Path, flag: str = "--tokenizer") -> tuple[Any, Toke
         return (tok.backend_tokenizer if getattr(tok, "is_fast", False) else tok), info
     if not has_tokenizer(Path(spec)):
         return load_tokenizer(spec, flag)  # the one-line refusal, without a child
-    r = subprocess.run([sys.executable, "-c", _ENCODER, str(spec), flag], capture_output=True, text=True)
+    try:
+        r = subprocess.run([sys.executable, "-c", _ENCODER, str(spec), flag], capture_output=True, text=True,
+                           timeout=LOAD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise DataError(f"{flag}: {spec}: loading the tokenizer took over {LOAD_TIMEOUT_S:.0f} s") from None
     try:
         got = json.loads(r.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
