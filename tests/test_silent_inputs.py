@@ -12,25 +12,8 @@ from typing import Any
 
 import pytest
 
+from test_fuzz_cli import world  # noqa: F401 (the fixture: measured files, capacities, a plan, its trace)
 from torchpp.cli import main
-from torchpp.planner.synthetic import layers_file, uniform_links
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("silent")
-    for h, speed in (("a", 1.0), ("b", 2.0)):
-        layers_file(h, speed=speed).save(d / f"layers_{h}.json")
-    uniform_links(["a", "b"]).save(d / "bw.json")
-    (d / "devices.json").write_text(json.dumps({"a": 4, "b": 4}))
-    w = {"root": d, "la": d / "layers_a.json", "lb": d / "layers_b.json", "bw": d / "bw.json",
-         "devices": d / "devices.json", "caps": d / "caps.json", "plan": d / "planned" / "plan.json",
-         "traces": d / "traces"}
-    assert main(["capacities", "--inputs", str(w["la"]), str(w["lb"]), "--ref-host", "a", "--out", str(w["caps"])]) == 0
-    assert main(["plan", *_search(w), "--out-dir", str(d / "planned")]) == 0
-    assert main(["simulate", "plan", str(w["plan"]), "--bandwidth", str(w["bw"]), "--layers", str(w["la"]),
-                 str(w["lb"]), "--trace", str(w["traces"] / "timeline_step1_all.json")]) == 0
-    return w
 
 
 def _search(w: dict[str, Path], **swap: Path) -> list[str]:
