@@ -56,6 +56,9 @@ def check_artefacts(out: Path, hosts: list[str]) -> dict:
         # every run, the even baseline too, is priced for memory and compared rank by rank
         assert sorted(x["rank"] for x in r["memory_mib"]) == list(range(plan.world_size)), r["memory_mib"]
         assert r["memory_error"] == max((x["error"] for x in r["memory_mib"]), key=abs)
+        # what bench_fidelity reads for its "MAPE at launch": written, even where no speed check ran
+        now = r["predicted_now_s"]
+        assert r["error_now"] == (None if now is None else pytest.approx(now / r["measured_step_s"] - 1))
     for f in ("plan.json", "summary.txt", "gantt.png", "stages.csv"):
         assert (out / "plan" / f).exists(), f
     assert (out / "replan" / "plan.json").exists() and (out / "replan" / "replan_summary.txt").exists()

@@ -712,7 +712,8 @@ class Demo:
                             f"- every command and its output: {self.p.log_dir}"])
         self.path("summary.md").write_text(text + "\n")
         summary = {"format": "torchpp.demo/1", "mode": self.hosts.mode, "hosts": self.hosts.names,
-                   "config": asdict(self.cfg), "runs": [{**asdict(r), "error": r.error, "memory_error": r.memory_error,
+                   "config": asdict(self.cfg), "runs": [{**asdict(r), "error": r.error, "error_now": r.error_now,
+                                                         "memory_error": r.memory_error,
                                                          "windows_s": r.windows, "spread": r.spread} for r in results],
                    "baselines": [asdict(b) for b in baselines],
                    "lower_bound_s": (plan.predicted or {}).get("lower_bound_s"),
