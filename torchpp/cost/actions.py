@@ -13,7 +13,7 @@ from ..formats import Bandwidth, FormatError, Plan, PlanStage
 from ..schedules import Action, Kind
 from .links import Links
 from .profiles import Profiles
-from .stage import StageTime, boundary_bytes, rank_weights, stage_time, stage_weights
+from .stage import StageTime, boundary_bytes, rank_weights, stage_time, stage_weights, tied_rows_bytes
 
 
 def optimizer_rate(optimizer_s_per_byte: Mapping[str, float] | float | None, host: str) -> float:
@@ -120,10 +120,16 @@ class MeasuredCost:
 
     def allreduce_s(self, action: Action) -> float:
         """A ring all-reduce of the group's weights, or of what its ``sync`` puts on the wire per step
-        (diloco: its outer all-reduce spread over H steps)."""
+        (diloco: its outer all-reduce spread over H steps; the tied pair's ``rows``: two one-way
+        transfers of the touched rows, which the runtime makes one at the step's end and one at
+        the next step's start, both on the critical path)."""
         hosts = [self.rank[r].host for r in action.group or ()]
         nbytes = self.p.tied_bytes if action.tied else float(stage_weights(self.p, self.plan.stages[action.stage]))
         sync = self.plan.tied_sync if action.tied else self.plan.stages[action.stage].sync
+        if sync is not None and sync.kind == "rows":  # the gradient's rows up, the next step's rows down
+            a, b = (self.rank[self.plan.stages[i].devices[0].rank].host for i in (0, -1))
+            rows = tied_rows_bytes(self.p, self.plan)
+            return self.links.time(a, b, rows) + self.links.time(b, a, rows)
         if sync is None:
             return self.links.ring_allreduce(hosts, nbytes)
         codec = 0.0

@@ -12,7 +12,10 @@ Plan fields (all optional; absent is today's behaviour, fp32 every step):
   ``wire`` fp32, bf16 or int8, and apply an outer Nesterov SGD step of ``outer_lr`` and
   ``outer_momentum``).
 - ``tied_sync``: the tied-weight all-reduce between the first and last stage (``allreduce``
-  with wire fp32/bf16/int8, or ``powersgd``).
+  with wire fp32/bf16/int8, or ``powersgd``), or ``rows`` (exact): the last stage alone updates
+  the tied weight; the first stage sends it only the rows of its embedding gradient that the
+  step's tokens touched and receives only the rows the next step reads (``rows``: the expected
+  distinct token ids of a step, for pricing; 0: every token of the step, at most the vocabulary).
 
 Byte counts live here so the cost model prices a format without importing the codec.
 """
@@ -27,8 +30,11 @@ WIRE_FORMATS = ("fp32", "bf16", "fp16", "int8")
 """Every format of pipeline traffic; ``fp32`` sends the tensor as it is."""
 LOSSY = ("bf16", "fp16", "int8", "powersgd", "diloco")
 """The choices the planner makes only when the user allows them (``--allow-lossy``)."""
-SYNC_KINDS = {"allreduce": ("fp32", "bf16", "int8"), "powersgd": ("fp32",), "diloco": ("fp32", "bf16", "int8")}
-"""Each data-parallel sync kind and the wire formats its all-reduce may use."""
+SYNC_KINDS = {"allreduce": ("fp32", "bf16", "int8"), "powersgd": ("fp32",), "diloco": ("fp32", "bf16", "int8"),
+              "rows": ("fp32",)}
+"""Each data-parallel sync kind and the wire formats its all-reduce may use (``rows``: the tied pair only)."""
+EXACT_SYNCS = ("allreduce", "rows")
+"""Sync kinds that in fp32 give every member the single-process sum, bit for bit."""
 SCALE_BYTES = 4
 """int8 carries one fp32 scale per row (a row: one token's hidden vector)."""
 
@@ -55,7 +61,8 @@ class Sync:
     """How a device group (or the tied pair) agrees on its weights."""
 
     kind: str = "allreduce"
-    """``allreduce`` every step, ``powersgd`` every step, or ``diloco`` every ``H`` steps."""
+    """``allreduce`` every step, ``powersgd`` every step, ``diloco`` every ``H`` steps, or ``rows``
+    (the tied pair: the touched rows each way, exact)."""
     wire: str = "fp32"
     """Format of the all-reduce (for diloco: of the parameter change)."""
     H: int = 1
@@ -66,12 +73,17 @@ class Sync:
     """diloco: the outer SGD's Nesterov momentum (0: plain SGD)."""
     rank: int = 4
     """powersgd: the rank of its low-rank approximation."""
+    rows: int = 0
+    """rows: the distinct token ids a step is expected to touch (pricing only; 0: every token of
+    the step, at most the vocabulary)."""
 
     def __post_init__(self) -> None:
         if self.kind not in SYNC_KINDS:
             raise ValueError(f"kind: expected one of {sorted(SYNC_KINDS)}, got {self.kind!r}")
         if self.wire not in SYNC_KINDS[self.kind]:
             raise ValueError(f"wire: expected one of {list(SYNC_KINDS[self.kind])} for {self.kind}, got {self.wire!r}")
+        if self.rows < 0:
+            raise ValueError(f"rows: expected an integer >= 0 (0: every token of a step), got {self.rows}")
         if self.H < 1 or self.rank < 1:
             raise ValueError(f"H and rank: expected integers >= 1, got H={self.H}, rank={self.rank}")
         if not self.outer_lr > 0 or not 0 <= self.outer_momentum < 1:
@@ -79,13 +91,13 @@ class Sync:
 
     @property
     def lossy(self) -> bool:
-        return self.kind != "allreduce" or self.wire != "fp32"
+        return self.kind not in EXACT_SYNCS or self.wire != "fp32"
 
     def to_json(self) -> dict[str, Any]:
         """Only the fields the kind reads."""
         d = to_dict(self)
         keep = {"allreduce": ("kind", "wire"), "powersgd": ("kind", "rank"),
-                "diloco": ("kind", "wire", "H", "outer_lr", "outer_momentum")}[self.kind]
+                "diloco": ("kind", "wire", "H", "outer_lr", "outer_momentum"), "rows": ("kind", "rows")}[self.kind]
         return {k: d[k] for k in keep}
 
     def allreduce_bytes(self, fp32_bytes: float, hidden: int) -> float:
@@ -98,6 +110,12 @@ class Sync:
         return per / self.H if self.kind == "diloco" else per
 
 
+def tied_rows(sync: Sync, vocab: int, tokens: int) -> int:
+    """Rows of the tied weight one ``rows`` sync moves each way per step: the plan's expected
+    distinct token ids, else every token of the step, never more than the vocabulary."""
+    return max(1, min(vocab, sync.rows or tokens))
+
+
 def parse_sync(r: Reader, key: str) -> Sync | None:
     """``key`` of ``r`` as a :class:`Sync` (None when absent)."""
     if not r.has(key):
@@ -106,7 +124,7 @@ def parse_sync(r: Reader, key: str) -> Sync | None:
     try:
         return Sync(kind=s.str("kind", "allreduce"), wire=s.str("wire", "fp32"), H=s.int("H", 1, min_value=1),
                     outer_lr=s.float("outer_lr", 0.7), outer_momentum=s.float("outer_momentum", 0.9),
-                    rank=s.int("rank", 4, min_value=1))
+                    rank=s.int("rank", 4, min_value=1), rows=s.int("rows", 0, min_value=0))
     except ValueError as e:
         if isinstance(e, FormatError):
             raise
