@@ -97,7 +97,7 @@ def _cluster(tmp_path, rate: float) -> api.PlanInputs:
 
 
 def test_planner_compresses_on_a_10_mbit_3_pi_cluster_and_keeps_fp32_at_a_gigabit(tmp_path):
-    allow = parse_allow("bf16,int8,powersgd")
+    allow = parse_allow("bf16,int8")  # (PowerSGD, lossier and its CPU unpriced, is priced near the rows here)
     (tmp_path / "slow").mkdir()
     (tmp_path / "fast").mkdir()
     slow = _cluster(tmp_path / "slow", 1.25e6)
@@ -114,3 +114,17 @@ def test_planner_compresses_on_a_10_mbit_3_pi_cluster_and_keeps_fp32_at_a_gigabi
     # group's all-reduce, an eighth of this step, may still be compressed where that pays 3%)
     assert all(s.wire is None for s in gig.stages)
     assert [s.layers for s in gig.stages] == [s.layers for s in base.stages]
+
+
+def test_powersgd_of_the_tied_weight_is_priced_by_its_factors():
+    """torch's PowerSGD sends P (vocabulary x r) and Q (hidden x r) of the 4096 x 256 tied weight:
+    (4096 + 256) r values, not 2r/hidden of the weight (which takes it as hidden x hidden)."""
+    files = [_pi(h) for h in PIS]
+    prof = Profiles.from_layers(files)
+    plan = make_plan(files[0].model, seq_len=64, global_batch=6, num_microbatches=3,
+                     layer_ranges=[(0, 1), (1, 2), (2, 3)], group_sizes=[1, 1, 1], schedule="1f1b", hosts=list(PIS))
+    links = Links(uniform_links(list(PIS), 1.25e6))
+    plan.tied_sync = Sync(kind="powersgd", rank=8)
+    got = MeasuredCost(plan, prof, links).allreduce_s(Action(Kind.ALLREDUCE, 0, group=(0, 2), tied=True))
+    assert got == pytest.approx(links.ring_allreduce(["pi0", "pi2"], 4 * 8 * (4096 + 256)))
+    assert Sync(kind="powersgd", rank=8).allreduce_bytes(4e6, 256) == pytest.approx(4e6 * 16 / 256)  # other weights

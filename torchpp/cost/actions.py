@@ -136,4 +136,6 @@ class MeasuredCost:
         if sync.kind == "allreduce" and sync.wire != "fp32":  # every member encodes its own, decodes each
             k = len(hosts) if sync.wire == "int8" else 1
             codec = max((e + k * d for e, d in (self.p.codec_rate(h, sync.wire) for h in hosts)), default=0.0) * nbytes
-        return self.links.ring_allreduce(hosts, sync.allreduce_bytes(nbytes, self.plan.model.hidden_size)) + codec
+        m = self.plan.model
+        shape = (m.vocab_size, m.hidden_size) if action.tied else None
+        return self.links.ring_allreduce(hosts, sync.allreduce_bytes(nbytes, m.hidden_size, shape)) + codec

@@ -100,11 +100,14 @@ class Sync:
                 "diloco": ("kind", "wire", "H", "outer_lr", "outer_momentum"), "rows": ("kind", "rows")}[self.kind]
         return {k: d[k] for k in keep}
 
-    def allreduce_bytes(self, fp32_bytes: float, hidden: int) -> float:
+    def allreduce_bytes(self, fp32_bytes: float, hidden: int, shape: tuple[int, int] | None = None) -> float:
         """Average bytes one step all-reduces for ``fp32_bytes`` of weights: diloco its outer all-reduce
         spread over H steps (int8: codes plus one scale per 256 elements); powersgd its two rank-r
-        factors of each weight matrix, taken as ``hidden`` × ``hidden`` (2r/hidden of the bytes)."""
+        factors of each weight matrix: (n + m)·r values of an n × m ``shape`` (the tied weight:
+        vocabulary × hidden), else every matrix taken as ``hidden`` × ``hidden`` (2r/hidden of the bytes)."""
         if self.kind == "powersgd":
+            if shape is not None:
+                return min(fp32_bytes, 4.0 * self.rank * (shape[0] + shape[1]))
             return fp32_bytes * min(1.0, 2 * self.rank / max(1, hidden))
         per = wire_ratio(self.wire, 256) * fp32_bytes
         return per / self.H if self.kind == "diloco" else per
