@@ -42,6 +42,10 @@ PP = dict(model="qwen3-small", layers=3, global_batch=6, seq_len=64, microbatche
 """Seed 003's pipeline (benchmarks/seed003_experiments.py)."""
 DP = dict(model="qwen3-tiny", layers=4, global_batch=8, seq_len=64)
 """A data-parallel model small enough for hundreds of steps over 10 Mbit/s on this machine."""
+PROFILE_ITERS = 10
+"""Timed iterations per block in the cluster's ``torchpp profile``: with 3 (until this measurement),
+one layer's samples on a loaded machine ranged 5-48 ms and its mean priced the middle stage's
+backward at 2-3x what the traced steps took."""
 
 
 def distinct_per_step(text: Path, samples: int = 200, seed: int = 0) -> int:
@@ -117,8 +121,8 @@ def measure_and_plan(cluster_name: str, work: Path, allow: str, alone: bool = Fa
     d.mkdir(parents=True)
     hosts = ["pi0", "pi1", "pi2"]
     prof = [sys.executable, "-m", "torchpp", "profile", "--model", PP["model"], "--layers", str(PP["layers"]),
-            "--seq-len", str(PP["seq_len"]), "--batch", "1,2", "--iters", "3", "--warmup", "1", "--threads", "1",
-            "--quiet", "--host", "{host}", "--out", str(d / "layers_{host}.json")]
+            "--seq-len", str(PP["seq_len"]), "--batch", "1,2", "--iters", str(PROFILE_ITERS), "--warmup", "2",
+            "--threads", "1", "--quiet", "--host", "{host}", "--out", str(d / "layers_{host}.json")]
     probe = [sys.executable, "-m", "torchpp", "bandwidth", "probe", "--out-dir", str(d / "probe"), "--sizes",
              "64K,512K,2M", "--pair-budget", "4", "--repeats", "2", "--pings", "5"]
     steps = [("profile", prof)]
