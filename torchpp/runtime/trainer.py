@@ -272,6 +272,11 @@ def prepare(cfg: TrainConfig, world_size: int) -> Prepared:
     if plan.micro_batch_size >= 1 << 16:
         raise FormatError(source, "micro_batch_size", "fewer than 65536 samples", plan.micro_batch_size)
     _check_positions(plan, mcfg, source, model)
+    if plan.tied_sync is not None and plan.tied_sync.kind == "rows" and cfg.checkpoint_dir is not None \
+            and cfg.full_every > 1:
+        raise ValueError(f"--full-checkpoint-every: expected 1 with {source}'s tied_sync rows (its tied gradient "
+                         "lives on the last stage only, and a gradient log needs it at both ends), "
+                         f"got {cfg.full_every}")
     prep = Prepared(plan, model, mcfg, build(plan), file_hash(cfg.plan), **_prepare_data(cfg, model, mcfg))
     # opened on every rank, even those that read no tokens: too few tokens or a held-out split that
     # leaves nothing is then every rank's error before any collective
