@@ -128,3 +128,16 @@ def test_powersgd_of_the_tied_weight_is_priced_by_its_factors():
     got = MeasuredCost(plan, prof, links).allreduce_s(Action(Kind.ALLREDUCE, 0, group=(0, 2), tied=True))
     assert got == pytest.approx(links.ring_allreduce(["pi0", "pi2"], 4 * 8 * (4096 + 256)))
     assert Sync(kind="powersgd", rank=8).allreduce_bytes(4e6, 256) == pytest.approx(4e6 * 16 / 256)  # other weights
+
+
+def test_plan_command_takes_tied_rows(tmp_path, capsys):
+    from torchpp.cli import main
+
+    inputs = _cluster(tmp_path, 1.25e6)
+    argv = ["plan", "--layers", *map(str, inputs.layers), "--bandwidth", str(inputs.bandwidth), "--devices",
+            str(inputs.devices), "--global-batch", "6", "--seq-len", "64", "--allow-lossy", "int8"]
+    assert main([*argv, "--tied-rows", "64", "--out-dir", str(tmp_path / "o")]) == 0
+    assert json.loads((tmp_path / "o" / "plan.json").read_text())["tied_sync"] == {"kind": "rows", "rows": 64}
+    assert "tied-weight sync: the touched rows (exact)" in capsys.readouterr().out
+    assert main([*argv, "--tied-rows", "-1", "--out-dir", str(tmp_path / "bad")]) == 2
+    assert "--tied-rows" in capsys.readouterr().err
