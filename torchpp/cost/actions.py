@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..formats import Bandwidth, FormatError, Plan, PlanStage
+from ..formats.wire import POWERSGD_RANK
 from ..schedules import Action, Kind
 from .links import Links
 from .profiles import Profiles
@@ -136,6 +137,9 @@ class MeasuredCost:
         if sync.kind == "allreduce" and sync.wire != "fp32":  # every member encodes its own, decodes each
             k = len(hosts) if sync.wire == "int8" else 1
             codec = max((e + k * d for e, d in (self.p.codec_rate(h, sync.wire) for h in hosts)), default=0.0) * nbytes
+        elif sync.kind == "powersgd":  # every member's matrix products, in proportion to the rank
+            codec = max((e + d for e, d in (self.p.codec_rate(h, "powersgd") for h in hosts)), default=0.0) * nbytes \
+                * sync.rank / POWERSGD_RANK
         m = self.plan.model
         shape = (m.vocab_size, m.hidden_size) if action.tied else None
         return self.links.ring_allreduce(hosts, sync.allreduce_bytes(nbytes, m.hidden_size, shape)) + codec

@@ -35,6 +35,9 @@ SYNC_KINDS = {"allreduce": ("fp32", "bf16", "int8"), "powersgd": ("fp32",), "dil
 """Each data-parallel sync kind and the wire formats its all-reduce may use (``rows``: the tied pair only)."""
 EXACT_SYNCS = ("allreduce", "rows")
 """Sync kinds that in fp32 give every member the single-process sum, bit for bit."""
+POWERSGD_RANK = 4
+"""The rank ``torchpp profile`` times PowerSGD's arithmetic at (``codec_s_per_byte.powersgd``); the
+cost model scales it by the plan's rank over this."""
 SCALE_BYTES = 4
 """int8 carries one fp32 scale per row (a row: one token's hidden vector)."""
 
