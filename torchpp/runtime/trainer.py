@@ -652,8 +652,9 @@ def _train_step(ss: _Session, step: int, summary: TrainSummary) -> None:
     summary.steps_done = step
     checkpoints = cfg.checkpoint_dir is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
                                                       or step == cfg.steps or ss.stopping)
-    if ss.executor.tied_rows is not None and (checkpoints or step == cfg.steps or _evaluates(cfg, ss.evaluator, step)):
-        g(f"step {step}: sending the tied weight to the first stage", ss.executor.tied_rows.whole)
+    rows = ss.executor.tied_rows  # the first stage's copy is made whole before anything reads it whole
+    if rows is not None and (checkpoints or step == cfg.steps or _evaluates(cfg, ss.evaluator, step)):
+        g(f"step {step}: sending the tied weight to the first stage", rows.whole)
     extra = _step_extras(cfg, step, ss.stepper, ss.evaluator, ss.eval_source, g, summary)
     _report_step(ss.log, step, cfg.steps, stats, S, dt, plan.global_batch * plan.seq_len, extra,
                  background=ss.saver is not None)
