@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             res[name] = r
     lines = [f"Seed 003's pipeline on 3 local gloo ranks (loopback), {args.steps} steps each, {rows} distinct "
              "byte tokens a step on average (the rows plans' pricing).", "",
-             "| run | losses vs baseline | tied sync bytes/step | all bytes/step | median step |", "|---|---|---|---|---|"]
+             "| run | losses vs baseline | tied sync bytes/step | all bytes/step | median step |",
+             "|---|---|---|---|---|"]
     for name, r in res.items():
         base = res["pp_fp32" if "int8" not in name else "pp_int8"]
         same = "baseline" if r is base else ("bit-identical" if r["losses"] == base["losses"] else
