@@ -144,3 +144,13 @@ def test_plan_command_takes_tied_rows(tmp_path, capsys):
     assert "tied-weight sync: the touched rows (exact)" in capsys.readouterr().out
     assert main([*argv, "--tied-rows", "-1", "--out-dir", str(tmp_path / "bad")]) == 2
     assert "--tied-rows" in capsys.readouterr().err
+
+
+def test_powersgd_rate_is_profiled_and_kept_in_the_layers_file(tmp_path):
+    from torchpp.profiling.measure import codec_costs
+
+    got = codec_costs(8, 32)
+    assert set(got) == {"bf16", "fp16", "int8", "powersgd"} and min(got["powersgd"]) > 0
+    lf = _pi("pi0")
+    lf.save(tmp_path / "l.json")
+    assert LayersFile.load(tmp_path / "l.json").codec_s_per_byte["powersgd"] == [4.3e-9, 1.0e-9]
