@@ -150,7 +150,7 @@ def test_powersgd_rate_is_profiled_and_kept_in_the_layers_file(tmp_path):
     from torchpp.profiling.measure import codec_costs
 
     got = codec_costs(8, 32)
-    assert set(got) == {"bf16", "fp16", "int8", "powersgd"} and min(got["powersgd"]) > 0
+    assert set(got) == {"bf16", "fp16", "int8", "powersgd"} and got["powersgd"][0] > 0 <= got["powersgd"][1]
     lf = _pi("pi0")
     lf.save(tmp_path / "l.json")
     assert LayersFile.load(tmp_path / "l.json").codec_s_per_byte["powersgd"] == [4.3e-9, 1.0e-9]
