@@ -62,13 +62,13 @@ def runs(tmp_path_factory) -> Path:
     }
     with RankPool(3, threads=1) as pool:
         for name, cfg in cases.items():
-            pool.run(_result, {"result": str(d / f"{name}.json"), "config": {**common, **cfg}}, world=3,
+            pool.run(_result, {"result": str(d / f"{name}_result.json"), "config": {**common, **cfg}}, world=3,
                      timeout_s=300, pg_timeout_s=60)
     return d
 
 
 def _get(d: Path, name: str) -> dict:
-    return json.loads((d / f"{name}.json").read_text())
+    return json.loads((d / f"{name}_result.json").read_text())
 
 
 def test_rows_sync_equals_the_dense_all_reduce_bit_for_bit(runs):
