@@ -69,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
             cfg = dict(plan=plans[name], layers=3, steps=args.steps, data=str(text), tokenizer="bytes", lr=1e-3,
                        warmup_steps=min(20, args.steps // 10), seed=0, threads=1, timeout_s=300.0,
                        trace_dir=tmp / f"tr_{name}", trace_steps=(3,), data_cache=tmp / "cache")
-            pool.run(_rank, {"config": cfg, "result": str(tmp / f"{name}.json")}, world=3, timeout_s=3000,
+            pool.run(_rank, {"config": cfg, "result": str(tmp / f"{name}.result.json")}, world=3, timeout_s=3000,
                      pg_timeout_s=300)
-            r = json.loads((tmp / f"{name}.json").read_text())
+            r = json.loads((tmp / f"{name}.result.json").read_text())
             r["tied_bytes"], r["bytes_per_step"] = traced_bytes(tmp / f"tr_{name}")
             r["median_step_s"] = statistics.median(r["step_times_s"][1:])
             res[name] = r
