@@ -10,7 +10,9 @@ data (byte tokens of real text) and optimizer for every run; only the plan's wir
 - pipeline (seed 003's: qwen3-small cut to 3 layers, 3 stages, 3 micro-batches of 2 x 64 tokens):
   ``pp_fp32``; ``pp_bf16`` (links and the tied-weight all-reduce in bf16); ``pp_int8`` (links in
   int8, the tied-weight all-reduce in int8 with error feedback); ``pp_int8_psgd`` (links in int8,
-  the tied-weight all-reduce by PowerSGD of rank 4; ``pp_int8_psgd8``: of rank 8);
+  the tied-weight all-reduce by PowerSGD of rank 4; ``pp_int8_psgd8``: of rank 8); ``pp_rows``
+  (fp32 links, the tied weight synced exactly by the rows a step touches) and ``pp_int8_rows``
+  (the same with int8 links), priced with the distinct byte tokens of a step on the text;
 - data parallel (2 replicas on pi0 and pi1, qwen3-tiny): ``dp_fp32`` (a gradient all-reduce every
   step) and ``dp_diloco<H>`` (inner AdamW, every H steps an outer SGD step of ``--outer-lr`` and
   Nesterov ``--outer-momentum`` on the replicas' mean change, sent in int8).
@@ -40,9 +42,30 @@ PP = dict(model="qwen3-small", layers=3, global_batch=6, seq_len=64, microbatche
 """Seed 003's pipeline (benchmarks/seed003_experiments.py)."""
 DP = dict(model="qwen3-tiny", layers=4, global_batch=8, seq_len=64)
 """A data-parallel model small enough for hundreds of steps over 10 Mbit/s on this machine."""
+PROFILE_ITERS = 10
+"""Timed iterations per block in the cluster's ``torchpp profile``: with 3 (until this measurement),
+one layer's samples on a loaded machine ranged 5-48 ms and its mean priced the middle stage's
+backward at 2-3x what the traced steps took."""
 
 
-def make_plans(tmp: Path, H: list[int], outer_lr: float, outer_momentum: float) -> dict[str, Path]:
+def distinct_per_step(text: Path, samples: int = 200, seed: int = 0) -> int:
+    """The distinct byte tokens a pipeline step touches on ``text``, on average over ``samples`` steps of
+    random windows: what a ``rows`` tied sync moves each way (the plan's ``tied_sync.rows``)."""
+    import random
+
+    data = text.read_bytes()
+    rng, n, T = random.Random(seed), PP["global_batch"], PP["seq_len"]
+    counts = []
+    for _ in range(samples):
+        seen: set[int] = set()
+        for _ in range(n):
+            i = rng.randrange(0, max(1, len(data) - T))
+            seen.update(data[i:i + T])
+        counts.append(len(seen))
+    return round(statistics.mean(counts))
+
+
+def make_plans(tmp: Path, H: list[int], outer_lr: float, outer_momentum: float, rows: int = 0) -> dict[str, Path]:
     from torchpp.formats import Plan, Sync
 
     def plan(out: Path, *args: str) -> Plan:  # kept from an earlier run in the same --work
@@ -61,7 +84,9 @@ def make_plans(tmp: Path, H: list[int], outer_lr: float, outer_momentum: float) 
     for name, link, tied in (("pp_bf16", "bf16", Sync(kind="allreduce", wire="bf16")),
                              ("pp_int8", "int8", Sync(kind="allreduce", wire="int8")),
                              ("pp_int8_psgd", "int8", Sync(kind="powersgd")),
-                             ("pp_int8_psgd8", "int8", Sync(kind="powersgd", rank=8))):
+                             ("pp_int8_psgd8", "int8", Sync(kind="powersgd", rank=8)),
+                             ("pp_rows", None, Sync(kind="rows", rows=rows)),
+                             ("pp_int8_rows", "int8", Sync(kind="rows", rows=rows))):
         p = Plan.load(base)
         for s in p.stages[:-1]:
             s.wire = link
@@ -82,7 +107,7 @@ def make_plans(tmp: Path, H: list[int], outer_lr: float, outer_momentum: float) 
     return out
 
 
-def measure_and_plan(cluster_name: str, work: Path, allow: str, alone: bool = False) -> dict:
+def measure_and_plan(cluster_name: str, work: Path, allow: str, alone: bool = False, rows: int = 0) -> dict:
     """The planning loop on the running cluster: ``torchpp profile`` of seed 003's model (its
     per-byte codec CPU included) on every host at once (``alone``: one after the other),
     ``torchpp bandwidth probe`` over the shaped links, then ``torchpp plan --allow-lossy`` from
@@ -96,8 +121,8 @@ def measure_and_plan(cluster_name: str, work: Path, allow: str, alone: bool = Fa
     d.mkdir(parents=True)
     hosts = ["pi0", "pi1", "pi2"]
     prof = [sys.executable, "-m", "torchpp", "profile", "--model", PP["model"], "--layers", str(PP["layers"]),
-            "--seq-len", str(PP["seq_len"]), "--batch", "1,2", "--iters", "3", "--warmup", "1", "--threads", "1",
-            "--quiet", "--host", "{host}", "--out", str(d / "layers_{host}.json")]
+            "--seq-len", str(PP["seq_len"]), "--batch", "1,2", "--iters", str(PROFILE_ITERS), "--warmup", "2",
+            "--threads", "1", "--quiet", "--host", "{host}", "--out", str(d / "layers_{host}.json")]
     probe = [sys.executable, "-m", "torchpp", "bandwidth", "probe", "--out-dir", str(d / "probe"), "--sizes",
              "64K,512K,2M", "--pair-budget", "4", "--repeats", "2", "--pings", "5"]
     steps = [("profile", prof)]
@@ -115,6 +140,7 @@ def measure_and_plan(cluster_name: str, work: Path, allow: str, alone: bool = Fa
     subprocess.run([sys.executable, "-m", "torchpp", "plan", "--layers", *map(str, layers), "--bandwidth",
                     str(d / "probe" / "bandwidth.json"), "--devices", str(devices), "--global-batch",
                     str(PP["global_batch"]), "--seq-len", str(PP["seq_len"]), "--allow-lossy", allow,
+                    "--tied-rows", str(rows),
                     "--out-dir", str(d / "plan")], check=True, cwd=ROOT)
     costs = api.load(api.PlanInputs(layers=layers, bandwidth=d / "probe" / "bandwidth.json", devices=devices))
     return {"plan": d / "plan" / "plan.json", "costs": costs}
@@ -291,7 +317,8 @@ def main(args) -> int:
         src = Path(args.text) if args.text else Path("/usr/share/vim/vim90/doc")
         text.write_text(src.read_text() if src.is_file() else
                         "\n".join(p.read_text(errors="replace") for p in sorted(src.glob("*.txt"))))
-    plans = make_plans(work, [int(h) for h in args.H_list.split(",")], args.outer_lr, args.outer_momentum)
+    rows = distinct_per_step(text)
+    plans = make_plans(work, [int(h) for h in args.H_list.split(",")], args.outer_lr, args.outer_momentum, rows)
     names = args.runs.split(",") if args.runs else list(plans)
     saved = out / "results.json"
     results = json.loads(saved.read_text())["runs"] if saved.exists() else {}
@@ -303,7 +330,7 @@ def main(args) -> int:
         got = None
         if args.plan_lossy:
             try:
-                got = measure_and_plan(cfg.name, work, args.plan_lossy, args.profile_alone)
+                got = measure_and_plan(cfg.name, work, args.plan_lossy, args.profile_alone, rows)
             except (RuntimeError, subprocess.CalledProcessError) as e:  # the fixed runs still run
                 print(f"planning on the cluster failed: {e}", flush=True)
                 names = [n for n in names if n != "pp_planned"]

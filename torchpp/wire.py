@@ -26,7 +26,7 @@ from typing import Hashable
 
 import torch
 
-from .formats.wire import SCALE_BYTES, WIRE_FORMATS, wire_bytes
+from .formats.wire import POWERSGD_RANK, SCALE_BYTES, WIRE_FORMATS, wire_bytes
 
 _HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -125,3 +125,31 @@ def measure_codec(fmt: str, shape: tuple[int, int] = (512, 1024), iters: int = 2
     enc.sort()
     dec.sort()
     return CodecCost(enc[len(enc) // 2] / nbytes, dec[len(dec) // 2] / nbytes)
+
+
+def measure_powersgd(shape: tuple[int, int] = (1024, 256), rank: int = POWERSGD_RANK, iters: int = 10) -> CodecCost:
+    """Median CPU time per fp32 byte of PowerSGD's arithmetic on one ``shape`` gradient, as torch's
+    ``powerSGD_hook`` does it (error feedback added, P = M Q, P orthogonalized, Q = Mᵀ P; then
+    the approximation P Qᵀ and the new error): (compress, decompress), communication left out."""
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize
+
+    g, err = torch.randn(shape), torch.zeros(shape)
+    q = torch.randn(shape[1], rank)
+    enc, dec = [], []
+    for _ in range(iters):
+        t0 = time.process_time()
+        m = g + err
+        p = m @ q
+        _orthogonalize(p.unsqueeze(0))
+        q = m.t() @ p
+        t1 = time.process_time()
+        approx = p @ q.t()
+        err = m - approx
+        t2 = time.process_time()
+        enc.append(t1 - t0)
+        dec.append(t2 - t1)
+    nbytes = g.numel() * 4
+    enc.sort()
+    dec.sort()
+    return CodecCost(enc[len(enc) // 2] / nbytes, dec[len(dec) // 2] / nbytes)
+

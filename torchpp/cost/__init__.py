@@ -9,10 +9,10 @@ from .memory import ANALYTIC_ALPHA, ANALYTIC_KP, MemoryEstimator
 from .profiles import Profiles
 from .stage import (BlockMax, BlockSums, MemoryTerms, Span, StageMemory, StageTime, block_time, boundary_bytes,
                     layer_forward, layer_forward_calls, model_time, rank_weights, recompute_runs, stage_blocks, stage_time,
-                    stage_weights)
+                    stage_weights, tied_rows_bytes, tied_sync_bytes)
 from .ranks import device_memory
 
 __all__ = ["ANALYTIC_ALPHA", "ANALYTIC_KP", "BlockMax", "BlockSums", "FreeLinks", "Links", "MeasuredCost",
            "MemoryEstimator", "MemoryTerms", "Profiles", "Span", "StageMemory", "StageTime", "block_time", "boundary_bytes",
            "layer_forward", "layer_forward_calls", "model_time", "recompute_runs", "stage_blocks", "stage_time",
-           "stage_weights", "rank_weights", "device_memory"]
+           "stage_weights", "rank_weights", "device_memory", "tied_rows_bytes", "tied_sync_bytes"]

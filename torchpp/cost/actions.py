@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..formats import Bandwidth, FormatError, Plan, PlanStage
+from ..formats.wire import POWERSGD_RANK
 from ..schedules import Action, Kind
 from .links import Links
 from .profiles import Profiles
-from .stage import StageTime, boundary_bytes, rank_weights, stage_time, stage_weights
+from .stage import StageTime, boundary_bytes, rank_weights, stage_time, stage_weights, tied_rows_bytes
 
 
 def optimizer_rate(optimizer_s_per_byte: Mapping[str, float] | float | None, host: str) -> float:
@@ -120,14 +121,25 @@ class MeasuredCost:
 
     def allreduce_s(self, action: Action) -> float:
         """A ring all-reduce of the group's weights, or of what its ``sync`` puts on the wire per step
-        (diloco: its outer all-reduce spread over H steps)."""
+        (diloco: its outer all-reduce spread over H steps; the tied pair's ``rows``: two one-way
+        transfers of the touched rows, which the runtime makes one at the step's end and one at
+        the next step's start, both on the critical path)."""
         hosts = [self.rank[r].host for r in action.group or ()]
         nbytes = self.p.tied_bytes if action.tied else float(stage_weights(self.p, self.plan.stages[action.stage]))
         sync = self.plan.tied_sync if action.tied else self.plan.stages[action.stage].sync
+        if sync is not None and sync.kind == "rows":  # the gradient's rows up, the next step's rows down
+            a, b = (self.rank[self.plan.stages[i].devices[0].rank].host for i in (0, -1))
+            rows = tied_rows_bytes(self.p, self.plan)
+            return self.links.time(a, b, rows) + self.links.time(b, a, rows)
         if sync is None:
             return self.links.ring_allreduce(hosts, nbytes)
         codec = 0.0
         if sync.kind == "allreduce" and sync.wire != "fp32":  # every member encodes its own, decodes each
             k = len(hosts) if sync.wire == "int8" else 1
             codec = max((e + k * d for e, d in (self.p.codec_rate(h, sync.wire) for h in hosts)), default=0.0) * nbytes
-        return self.links.ring_allreduce(hosts, sync.allreduce_bytes(nbytes, self.plan.model.hidden_size)) + codec
+        elif sync.kind == "powersgd":  # every member's matrix products, in proportion to the rank
+            codec = max((e + d for e, d in (self.p.codec_rate(h, "powersgd") for h in hosts)), default=0.0) * nbytes \
+                * sync.rank / POWERSGD_RANK
+        m = self.plan.model
+        shape = (m.vocab_size, m.hidden_size) if action.tied else None
+        return self.links.ring_allreduce(hosts, sync.allreduce_bytes(nbytes, m.hidden_size, shape)) + codec

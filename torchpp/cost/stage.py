@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence, Union
 
 import numpy as np
 
-from ..formats import PlanStage
+from ..formats import Plan, PlanStage, tied_rows
 from ..schedules import PeakState
 from .memory import held_activation_bytes
 
@@ -278,6 +278,23 @@ def rank_weights(profiles: "Profiles", chunks: Sequence[PlanStage]) -> float:
     ends (one chunk holding the whole model included): what its one optimizer step updates."""
     w = sum(float(stage_weights(profiles, s)) for s in chunks)
     return w - (profiles.tied_bytes if chunks and chunks[0].has_embed and chunks[-1].has_tail else 0)
+
+
+def tied_rows_bytes(profiles: "Profiles", plan: Plan) -> float:
+    """Bytes a ``rows`` tied sync moves each way per step: the touched rows of the tied weight
+    (``formats.tied_rows``), in the weight's own dtype (no indices: both ends read them off the batch)."""
+    assert plan.tied_sync is not None
+    vocab = max(1, plan.model.vocab_size)
+    return profiles.tied_bytes * tied_rows(plan.tied_sync, vocab, plan.global_batch * plan.seq_len) / vocab
+
+
+def tied_sync_bytes(profiles: "Profiles", plan: Plan) -> float:
+    """Bytes of the tied-weight sync as an all-reduce buffer: the weight, or for ``rows`` both of its
+    one-way messages (sent one after the other, they take what a two-member ring all-reduce of
+    that many bytes takes)."""
+    if plan.tied_sync is not None and plan.tied_sync.kind == "rows":
+        return 2 * tied_rows_bytes(profiles, plan)
+    return float(profiles.tied_bytes)
 
 
 @dataclass(frozen=True)

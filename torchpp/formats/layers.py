@@ -176,8 +176,9 @@ def _codec(r: Reader) -> dict[str, list[float]] | None:
     out = {}
     for fmt in c.data:
         v = c.floats(fmt)
-        if fmt not in ("bf16", "fp16", "int8") or len(v) != 2 or min(v) < 0:
-            raise c.fail(fmt, "a wire format (bf16, fp16, int8) -> [encode, decode] seconds per byte, each >= 0", v)
+        if fmt not in ("bf16", "fp16", "int8", "powersgd") or len(v) != 2 or min(v) < 0:
+            raise c.fail(fmt, "a wire format (bf16, fp16, int8) or powersgd -> [encode, decode] seconds per byte, "
+                         "each >= 0", v)
         out[fmt] = v
     return out
 
@@ -223,8 +224,9 @@ class LayersFile:
     batch sizes. Optional: None (absent) = not measured (priced as 0)."""
     codec_s_per_byte: dict[str, list[float]] | None = None
     """Per wire format (``bf16``, ``fp16``, ``int8``): [encode, decode] CPU seconds per fp32 byte on
-    this host, measured by ``torchpp profile`` (``torchpp.wire.measure_codec``). Optional: None
-    (absent) = not measured (priced as 0)."""
+    this host, measured by ``torchpp profile`` (``torchpp.wire.measure_codec``); ``powersgd``: its
+    compress/decompress arithmetic at rank 4 (``measure_powersgd``). Optional: None (absent) = not
+    measured (priced as 0)."""
     left_out: list[str] = field(default_factory=list)
     """Blocks (of ``LEFT_OUT_BLOCKS``) this host did not time because its memory cannot hold them:
     their bytes are the model's, their times 0, and the planner prices them from the hosts that

@@ -422,6 +422,9 @@ def _validate_wire(plan: Plan, source: str) -> None:
         if len(s.devices) < 2:
             raise FormatError(source, f"stages[{s.index}].sync", "no sync (a group of one device all-reduces nothing)",
                               s.sync.kind)
+        if s.sync.kind == "rows":
+            raise FormatError(source, f"stages[{s.index}].sync.kind", "allreduce, powersgd or diloco (rows is the "
+                              "tied pair's)", s.sync.kind)
         if s.sync.kind == "diloco" and tied and (s.has_embed or s.has_tail):
             raise FormatError(source, f"stages[{s.index}].sync.kind", "allreduce or powersgd (diloco replicas of the "
                               "first or last stage would disagree in the tied-weight all-reduce)", s.sync.kind)
@@ -430,7 +433,10 @@ def _validate_wire(plan: Plan, source: str) -> None:
             raise FormatError(source, "tied_sync", "no value (this plan has no tied-weight all-reduce)",
                               plan.tied_sync.kind)
         if plan.tied_sync.kind == "diloco":
-            raise FormatError(source, "tied_sync.kind", "allreduce or powersgd", "diloco")
+            raise FormatError(source, "tied_sync.kind", "allreduce, powersgd or rows", "diloco")
+        if plan.tied_sync.kind == "rows" and (len(plan.stages[0].devices) != 1 or len(plan.stages[-1].devices) != 1):
+            raise FormatError(source, "tied_sync.kind", "allreduce or powersgd (rows: the first and the last stage "
+                              "on one device each)", "rows")
 
 
 def _check_plan_sizes(plan: Plan, source: str) -> None:

@@ -12,7 +12,10 @@ Plan fields (all optional; absent is today's behaviour, fp32 every step):
   ``wire`` fp32, bf16 or int8, and apply an outer Nesterov SGD step of ``outer_lr`` and
   ``outer_momentum``).
 - ``tied_sync``: the tied-weight all-reduce between the first and last stage (``allreduce``
-  with wire fp32/bf16/int8, or ``powersgd``).
+  with wire fp32/bf16/int8, or ``powersgd``), or ``rows`` (exact): the last stage alone updates
+  the tied weight; the first stage sends it only the rows of its embedding gradient that the
+  step's tokens touched and receives only the rows the next step reads (``rows``: the expected
+  distinct token ids of a step, for pricing; 0: every token of the step, at most the vocabulary).
 
 Byte counts live here so the cost model prices a format without importing the codec.
 """
@@ -27,8 +30,14 @@ WIRE_FORMATS = ("fp32", "bf16", "fp16", "int8")
 """Every format of pipeline traffic; ``fp32`` sends the tensor as it is."""
 LOSSY = ("bf16", "fp16", "int8", "powersgd", "diloco")
 """The choices the planner makes only when the user allows them (``--allow-lossy``)."""
-SYNC_KINDS = {"allreduce": ("fp32", "bf16", "int8"), "powersgd": ("fp32",), "diloco": ("fp32", "bf16", "int8")}
-"""Each data-parallel sync kind and the wire formats its all-reduce may use."""
+SYNC_KINDS = {"allreduce": ("fp32", "bf16", "int8"), "powersgd": ("fp32",), "diloco": ("fp32", "bf16", "int8"),
+              "rows": ("fp32",)}
+"""Each data-parallel sync kind and the wire formats its all-reduce may use (``rows``: the tied pair only)."""
+EXACT_SYNCS = ("allreduce", "rows")
+"""Sync kinds that in fp32 give every member the single-process sum, bit for bit."""
+POWERSGD_RANK = 4
+"""The rank ``torchpp profile`` times PowerSGD's arithmetic at (``codec_s_per_byte.powersgd``); the
+cost model scales it by the plan's rank over this."""
 SCALE_BYTES = 4
 """int8 carries one fp32 scale per row (a row: one token's hidden vector)."""
 
@@ -55,7 +64,8 @@ class Sync:
     """How a device group (or the tied pair) agrees on its weights."""
 
     kind: str = "allreduce"
-    """``allreduce`` every step, ``powersgd`` every step, or ``diloco`` every ``H`` steps."""
+    """``allreduce`` every step, ``powersgd`` every step, ``diloco`` every ``H`` steps, or ``rows``
+    (the tied pair: the touched rows each way, exact)."""
     wire: str = "fp32"
     """Format of the all-reduce (for diloco: of the parameter change)."""
     H: int = 1
@@ -66,12 +76,17 @@ class Sync:
     """diloco: the outer SGD's Nesterov momentum (0: plain SGD)."""
     rank: int = 4
     """powersgd: the rank of its low-rank approximation."""
+    rows: int = 0
+    """rows: the distinct token ids a step is expected to touch (pricing only; 0: every token of
+    the step, at most the vocabulary)."""
 
     def __post_init__(self) -> None:
         if self.kind not in SYNC_KINDS:
             raise ValueError(f"kind: expected one of {sorted(SYNC_KINDS)}, got {self.kind!r}")
         if self.wire not in SYNC_KINDS[self.kind]:
             raise ValueError(f"wire: expected one of {list(SYNC_KINDS[self.kind])} for {self.kind}, got {self.wire!r}")
+        if self.rows < 0:
+            raise ValueError(f"rows: expected an integer >= 0 (0: every token of a step), got {self.rows}")
         if self.H < 1 or self.rank < 1:
             raise ValueError(f"H and rank: expected integers >= 1, got H={self.H}, rank={self.rank}")
         if not self.outer_lr > 0 or not 0 <= self.outer_momentum < 1:
@@ -79,23 +94,32 @@ class Sync:
 
     @property
     def lossy(self) -> bool:
-        return self.kind != "allreduce" or self.wire != "fp32"
+        return self.kind not in EXACT_SYNCS or self.wire != "fp32"
 
     def to_json(self) -> dict[str, Any]:
         """Only the fields the kind reads."""
         d = to_dict(self)
         keep = {"allreduce": ("kind", "wire"), "powersgd": ("kind", "rank"),
-                "diloco": ("kind", "wire", "H", "outer_lr", "outer_momentum")}[self.kind]
+                "diloco": ("kind", "wire", "H", "outer_lr", "outer_momentum"), "rows": ("kind", "rows")}[self.kind]
         return {k: d[k] for k in keep}
 
-    def allreduce_bytes(self, fp32_bytes: float, hidden: int) -> float:
+    def allreduce_bytes(self, fp32_bytes: float, hidden: int, shape: tuple[int, int] | None = None) -> float:
         """Average bytes one step all-reduces for ``fp32_bytes`` of weights: diloco its outer all-reduce
         spread over H steps (int8: codes plus one scale per 256 elements); powersgd its two rank-r
-        factors of each weight matrix, taken as ``hidden`` × ``hidden`` (2r/hidden of the bytes)."""
+        factors of each weight matrix: (n + m)·r values of an n × m ``shape`` (the tied weight:
+        vocabulary × hidden), else every matrix taken as ``hidden`` × ``hidden`` (2r/hidden of the bytes)."""
         if self.kind == "powersgd":
+            if shape is not None:
+                return min(fp32_bytes, 4.0 * self.rank * (shape[0] + shape[1]))
             return fp32_bytes * min(1.0, 2 * self.rank / max(1, hidden))
         per = wire_ratio(self.wire, 256) * fp32_bytes
         return per / self.H if self.kind == "diloco" else per
+
+
+def tied_rows(sync: Sync, vocab: int, tokens: int) -> int:
+    """Rows of the tied weight one ``rows`` sync moves each way per step: the plan's expected
+    distinct token ids, else every token of the step, never more than the vocabulary."""
+    return max(1, min(vocab, sync.rows or tokens))
 
 
 def parse_sync(r: Reader, key: str) -> Sync | None:
@@ -106,7 +130,7 @@ def parse_sync(r: Reader, key: str) -> Sync | None:
     try:
         return Sync(kind=s.str("kind", "allreduce"), wire=s.str("wire", "fp32"), H=s.int("H", 1, min_value=1),
                     outer_lr=s.float("outer_lr", 0.7), outer_momentum=s.float("outer_momentum", 0.9),
-                    rank=s.int("rank", 4, min_value=1))
+                    rank=s.int("rank", 4, min_value=1), rows=s.int("rows", 0, min_value=0))
     except ValueError as e:
         if isinstance(e, FormatError):
             raise

@@ -125,6 +125,9 @@ class PlanOptions:
     allow_lossy: frozenset[str] = frozenset()
     """Lossy choices the planner may make (``bf16``, ``fp16``, ``int8``, ``powersgd``, ``diloco``;
     planner/wire.py); empty: fp32 everywhere, every plan as without the option."""
+    tied_rows: int = 0
+    """Distinct token ids a step is expected to touch, for pricing the exact ``rows`` tied-weight sync
+    the wire pass also offers (0: every token of the step, at most the vocabulary)."""
 
     def __post_init__(self) -> None:
         try:
@@ -326,7 +329,7 @@ def _choose_wire(chosen: Plan, costs: Costs, pb: Any, options: PlanOptions,
     price_of = lambda p: predict_plan(p, costs)["step_time_s"]  # noqa: E731
     fp32 = price_of(chosen)
     # a lossy plan must beat the searched fp32 plan by the pass's own margins (planner/wire.py)
-    paying = [(i, c) for i, c in enumerate(choose(p, price_of, allow) for p in cands)
+    paying = [(i, c) for i, c in enumerate(choose(p, price_of, allow, tied_rows=options.tied_rows) for p in cands)
               if c.decisions and c.step_s < fp32 * (1 - (DILOCO_GAIN if any("diloco" in x for x in c.plan.lossy)
                                                           else MIN_GAIN))]
     i, got = min(paying, key=lambda c: (c[1].step_s, c[0])) if paying else (0, None)

@@ -56,6 +56,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="let the planner choose lossy wire formats per link (bf16, fp16, int8) and group syncs "
                         "(bf16, powersgd, diloco with its period H) where they shorten the predicted step; the "
                         "plan names each (stages[i].wire, stages[i].sync). Default: fp32 everywhere")
+    g.add_argument("--tied-rows", type=T.int_in(0, 2**31 - 1), default=0,
+                   metavar="N", help="with --allow-lossy: distinct token ids a step touches, to price the exact "
+                   "tied-weight sync that sends only those rows (default 0: every token of the step)")
     e = p.add_argument_group("estimate-only")
     e.add_argument("--estimate", action="store_true", help="no measurements: costs from --model and --device-spec")
     e.add_argument("--device-spec", type=T.existing_path, default=None)
@@ -111,6 +114,7 @@ def options_of(args: argparse.Namespace) -> PlanOptions:
                        micro_batch_sizes=args.micro_batch_sizes, recompute=not args.no_recompute,
                        exact_devices=args.exact_devices, max_group=args.max_group,
                        compare=api.compare_names(args.compare), allow_lossy=_allow_lossy(args.allow_lossy),
+                       tied_rows=getattr(args, "tied_rows", 0),
                        certify=getattr(args, "certify", False))
 
 

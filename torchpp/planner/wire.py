@@ -21,6 +21,9 @@ arithmetic of training:
    (``formats.plan`` refuses it). DiLoCo changes the optimisation itself (not a rounding of what
    crosses the link), so it is taken only where it shortens the predicted step by ``diloco_gain``
    (20%): where the all-reduce dominates, not where it is a tenth of the step.
+3. The tied weight between the first and the last stage: ``rows`` first (exact: only the rows the
+   step's tokens touch cross, each way; the first and the last stage on one device each), then
+   the lossy all-reduces; the least lossy within ``min_gain`` of the best that pays.
 
 ``price(plan) -> seconds`` is the planner's own prediction, so this module needs nothing of the
 search's internals and applies to any plan.
@@ -64,8 +67,9 @@ class WireChoice:
 
 
 def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], min_gain: float = MIN_GAIN,
-           diloco_gain: float = DILOCO_GAIN) -> WireChoice:
-    """``plan`` with the wire format of each link and the sync of each group that pay (module docstring)."""
+           diloco_gain: float = DILOCO_GAIN, tied_rows: int = 0) -> WireChoice:
+    """``plan`` with the wire format of each link and the sync of each group that pay (module docstring);
+    ``tied_rows``: the distinct token ids a step is expected to touch (0: every token of the step)."""
     best = copy.deepcopy(plan)
     base = best_s = price(best)
     out = WireChoice(plan=best, fp32_step_s=base, step_s=base)
@@ -111,10 +115,14 @@ def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], mi
                                  + (f" H={s.sync.H}" if s.sync.kind == "diloco" else "") + f" ({s.sync.wire})")
     if tied:
         pair = len(set(plan.stages[0].ranks) | set(plan.stages[-1].ranks)) == 2
-        cands = [Sync(kind="allreduce", wire=f) for f in ("bf16", "int8") if f in allow and (f != "int8" or pair)] + (
+        ends_alone = len(plan.stages[0].devices) == 1 == len(plan.stages[-1].devices)
+        cands = ([Sync(kind="rows", rows=tied_rows)] if ends_alone else []) + [
+            Sync(kind="allreduce", wire=f) for f in ("bf16", "int8") if f in allow and (f != "int8" or pair)] + (
             [Sync(kind="powersgd")] if "powersgd" in allow else [])
         best.tied_sync, best_s = _best_sync(best, cands, best, price, best_s, min_gain, diloco_gain, key="tied_sync")
-        if best.tied_sync is not None:
+        if best.tied_sync is not None and best.tied_sync.kind == "rows":
+            out.decisions.append("tied-weight sync: the touched rows (exact)")
+        elif best.tied_sync is not None:
             out.decisions.append(f"tied-weight all-reduce: {best.tied_sync.kind} ({best.tied_sync.wire})")
     out.step_s = best_s
     return out

@@ -214,14 +214,17 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
 def codec_costs(rows: int, hidden: int) -> dict[str, list[float]]:
     """[encode, decode] CPU seconds per fp32 byte of each lossy wire format on this host, on one
     activation-sized message (``rows`` tokens of ``hidden`` values): what the cost model adds to a
-    compressed link."""
+    compressed link; and PowerSGD's compress/decompress arithmetic per byte of a gradient at
+    rank ``wire.POWERSGD_RANK``."""
     from ..formats import WIRE_FORMATS
-    from ..wire import measure_codec
+    from ..wire import measure_codec, measure_powersgd
 
     out = {}
     for fmt in WIRE_FORMATS[1:]:
         c = measure_codec(fmt, (max(1, rows), hidden))
         out[fmt] = [c.encode_s_per_byte, c.decode_s_per_byte]
+    c = measure_powersgd((max(4 * hidden, rows), hidden))  # a weight matrix's gradient, at rank POWERSGD_RANK
+    out["powersgd"] = [c.encode_s_per_byte, c.decode_s_per_byte]
     return out
 
 

@@ -28,10 +28,11 @@ import torch
 
 from ..formats import Plan
 from ..models.stages import Stage, StageSet, WeightTask, backward_input, backward_weight
-from ..schedules import GRAD_OUT, PASSES, Action, Kind, sample_ranges
+from ..schedules import GRAD_OUT, PASSES, Action, Kind, sample_ranges, tied_group
 
 BACKWARDS = (Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)
 from .comm import Comm, Pending, PeerError, describe
+from .tied_rows import TiedRows, uses_rows
 
 RECV_LOOKAHEAD = 2
 """A receive is posted this many forward/backward passes before the pass that consumes it."""
@@ -157,6 +158,9 @@ class Executor:
         self.forward_only = not any(a.kind in BACKWARDS for a in actions)
         """A forward-only list (``schedules.build_forward``, evaluation): no backward consumes the
         outputs and no optimizer action awaits the sends, so the step's end does both."""
+        self.tied_rows = (TiedRows(plan, rank, self.tied, comm.groups[tied_group(plan)], comm.timeout_s)
+                          if uses_rows(plan) and self.tied is not None and not self.forward_only else None)
+        """The tied pair's ``rows`` sync (``runtime.tied_rows``) in place of its dense all-reduce."""
 
     @property
     def stage(self) -> Stage:
@@ -211,6 +215,10 @@ class Executor:
         chunk_wait = s.chunk_wait = dict.fromkeys(self.pstages, 0.0)
         pending, dtype, empty = s.pending, self._recv_dtype, torch.empty
         waiting = self.before_backward
+        if self.tied_rows is not None:
+            t0 = time.perf_counter()
+            self.tied_rows.begin(ids)
+            s.wait_s += time.perf_counter() - t0
         for run, act, chunk, is_pass, backward, posts in self._program:
             for r, shape in posts:
                 pending[r] = comm.irecv(r, empty(shape, dtype=dtype))
@@ -415,6 +423,8 @@ class Executor:
         if act.tied:
             if self.tied is None:
                 raise PeerError(f"rank {self.rank}: {describe(act)}: this stage holds no tied weight")
+            if self.tied_rows is not None:
+                return self.tied_rows.exchange()
             g = self.tied.grad if self.tied.grad is not None else torch.zeros_like(self.tied)
             buf = g if self.tied_contributor else torch.zeros_like(g)
             sent = self.comm.all_reduce(act, [buf])

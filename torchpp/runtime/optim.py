@@ -67,12 +67,26 @@ def make_scheduler(optimizer: torch.optim.Optimizer, settings: OptimSettings,
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(settings), last_epoch=done_steps - 1)
 
 
-def owned_gradients(params: list[torch.nn.Parameter], *, counts_stage: bool,
-                    skip: torch.nn.Parameter | None) -> list[torch.Tensor]:
-    """The gradients this rank counts in the global norm (see the module docstring)."""
+class Square:
+    """A gradient's squared norm (0-d float64) counted in place of a gradient this rank does not hold:
+    the tied weight's summed gradient lives on the last stage under a ``rows`` sync, and the first
+    stage counts its square where a dense all-reduce would have left the gradient itself."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: torch.Tensor):
+        self.value = value
+
+
+def owned_gradients(params: list[torch.nn.Parameter], *, counts_stage: bool, skip: torch.nn.Parameter | None,
+                    squares: dict[int, Square] | None = None) -> list[torch.Tensor | Square]:
+    """The gradients this rank counts in the global norm (see the module docstring), in parameter
+    order, a :class:`Square` in the place of a parameter ``squares`` names."""
     if not counts_stage:
         return []
-    return [p.grad for p in params if p.grad is not None and p is not skip]
+    squares = squares or {}
+    return [squares[id(p)] if id(p) in squares else p.grad for p in params
+            if (p.grad is not None or id(p) in squares) and p is not skip]
 
 
 class GradNorm:
@@ -81,10 +95,10 @@ class GradNorm:
     slowest rank's last backward (an end-of-step barrier the cost model does not have, and
     which replan would read as a slow optimizer)."""
 
-    def __init__(self, grads: list[torch.Tensor], group: object = None):
+    def __init__(self, grads: list[torch.Tensor | Square], group: object = None):
         self.sq = torch.zeros((), dtype=torch.float64)
         for g in grads:
-            self.sq += torch.linalg.vector_norm(g.detach(), dtype=torch.float32).double() ** 2
+            self.sq += g.value if isinstance(g, Square) else squared_norm(g)
         self.work = (dist.all_reduce(self.sq, group=group, async_op=True)
                      if dist.is_initialized() and dist.get_world_size(group) > 1 else None)
         self._value: float | None = None
@@ -96,6 +110,11 @@ class GradNorm:
                 self.work.wait()
             self._value = float(self.sq.sqrt())
         return self._value
+
+
+def squared_norm(grad: torch.Tensor) -> torch.Tensor:
+    """One gradient's term of the global norm (0-d float64), the same expression wherever it is taken."""
+    return torch.linalg.vector_norm(grad.detach(), dtype=torch.float32).double() ** 2
 
 
 def global_grad_norm(grads: list[torch.Tensor], group: object = None) -> float:
@@ -130,6 +149,8 @@ class SteppedOptimizer:
         self.sync_s = 0.0
         """Seconds the last step waited for the other ranks (the norm's all-reduce, when clipping)."""
         self.last_lrs = tuple(float(g["lr"]) for g in optimizer.param_groups)
+        self.squares: Callable[[], dict[int, Square]] | None = None
+        """The squared norms this rank counts for gradients it does not hold (``Square``), asked each step."""
         self.keep_grads = keep_grads
         self._kept: dict[int, torch.Tensor] | None = None
 
@@ -144,7 +165,8 @@ class SteppedOptimizer:
         return self._norm.value() if self._norm is not None else float("nan")
 
     def step(self) -> None:
-        grads = owned_gradients(self.params, counts_stage=self.counts_stage, skip=self.skip)
+        grads = owned_gradients(self.params, counts_stage=self.counts_stage, skip=self.skip,
+                                squares=self.squares() if self.squares is not None else None)
         t0 = time.perf_counter()
         self._norm = GradNorm(grads)
         self.sync_s = 0.0

@@ -272,6 +272,11 @@ def prepare(cfg: TrainConfig, world_size: int) -> Prepared:
     if plan.micro_batch_size >= 1 << 16:
         raise FormatError(source, "micro_batch_size", "fewer than 65536 samples", plan.micro_batch_size)
     _check_positions(plan, mcfg, source, model)
+    if plan.tied_sync is not None and plan.tied_sync.kind == "rows" and cfg.checkpoint_dir is not None \
+            and cfg.full_every > 1:
+        raise ValueError(f"--full-checkpoint-every: expected 1 with {source}'s tied_sync rows (its tied gradient "
+                         "lives on the last stage only, and a gradient log needs it at both ends), "
+                         f"got {cfg.full_every}")
     prep = Prepared(plan, model, mcfg, build(plan), file_hash(cfg.plan), **_prepare_data(cfg, model, mcfg))
     # opened on every rank, even those that read no tokens: too few tokens or a held-out split that
     # leaves nothing is then every rank's error before any collective
@@ -601,6 +606,10 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
                         checkpoint_dir=cfg.checkpoint_dir)
     executor = Executor(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm, optimizer=outer)
     executor.step_index = start
+    if executor.tied_rows is not None:
+        stepper.squares = executor.tied_rows.squares
+        if start > 0:  # a replayed gradient log stepped the owner's weight only
+            g("sending the tied weight to the first stage", executor.tied_rows.whole)
     if cfg.torch_profiler:
         executor.label_actions()
     evaluator = Evaluator(rank=rank, plan=plan, stage=stage, comm=comm) if cfg.evaluates else None
@@ -641,11 +650,15 @@ def _train_step(ss: _Session, step: int, summary: TrainSummary) -> None:
     summary.losses.append(float(stats[0]))
     summary.step_times_s.append(dt)
     summary.steps_done = step
+    checkpoints = cfg.checkpoint_dir is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+                                                      or step == cfg.steps or ss.stopping)
+    rows = ss.executor.tied_rows  # the first stage's copy is made whole before anything reads it whole
+    if rows is not None and (checkpoints or step == cfg.steps or _evaluates(cfg, ss.evaluator, step)):
+        g(f"step {step}: sending the tied weight to the first stage", rows.whole)
     extra = _step_extras(cfg, step, ss.stepper, ss.evaluator, ss.eval_source, g, summary)
     _report_step(ss.log, step, cfg.steps, stats, S, dt, plan.global_batch * plan.seq_len, extra,
                  background=ss.saver is not None)
-    if cfg.checkpoint_dir is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-                                           or step == cfg.steps or ss.stopping):
+    if checkpoints:
         _checkpoint(ss, step)
     elastic_hooks.heartbeat(cfg.heartbeat_dir, rank, step)
 
@@ -779,12 +792,16 @@ def _recycle_keep(cfg: TrainConfig) -> int:
     return max(ckpt.RECYCLE_KEEP, cfg.full_every)
 
 
+def _evaluates(cfg: TrainConfig, evaluator: Evaluator | None, step: int) -> bool:
+    return evaluator is not None and (step == cfg.steps or bool(cfg.eval_every and step % cfg.eval_every == 0))
+
+
 def _step_extras(cfg: TrainConfig, step: int, stepper: SteppedOptimizer, evaluator: Evaluator | None,
                  eval_source: Any, g: Any, summary: TrainSummary) -> dict[str, float]:
     """Learning rate and gradient norm of the step, and the evaluation loss when it is due
     (every rank evaluates together); recorded in ``summary`` and returned as scalars."""
     extra = {"train/learning_rate": stepper.last_lr, "train/grad_norm": stepper.last_grad_norm}
-    if evaluator is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)):
+    if _evaluates(cfg, evaluator, step):
         extra["eval/loss"] = g(f"step {step}: evaluation with all ranks", _evaluate, evaluator, eval_source,
                                cfg.eval_batches)
         summary.eval_losses.append((step, extra["eval/loss"]))

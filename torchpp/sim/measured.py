@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Mapping, Sequence
 
-from ..cost import Links, MeasuredCost, Profiles, boundary_bytes, stage_weights
+from ..cost import Links, MeasuredCost, Profiles, boundary_bytes, stage_weights, tied_sync_bytes
 from ..formats import Bandwidth, Capacities, FormatError, LayersFile, Plan
 from ..schedules import Action, Kind, build
 from .compiled import Compiled
@@ -59,7 +59,7 @@ def measured_cost(plan: Plan, layers: Sequence[str | os.PathLike], bandwidth: st
         if a.kind == Kind.SEND_GRAD or a.kind == Kind.RECV_GRAD:
             return float(boundary_bytes(prof, plan.stages[a.stage - 1])) * n
         if a.kind == Kind.ALLREDUCE:
-            return prof.tied_bytes if a.tied else float(stage_weights(prof, plan.stages[a.stage]))
+            return tied_sync_bytes(prof, plan) if a.tied else float(stage_weights(prof, plan.stages[a.stage]))
         return 0.0
 
     return cost, bytes_of

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..cost import boundary_bytes, stage_time, stage_weights
+from ..cost import boundary_bytes, stage_time, stage_weights, tied_sync_bytes
 from ..cost.workload import MEGATRON_GPT, Workload, config_dict, workload
 from ..formats import Plan
 from ..schedules import Action, Kind, build
@@ -46,7 +46,7 @@ class WorkloadCost:
         if a.kind in (Kind.SEND_GRAD, Kind.RECV_GRAD):
             return float(boundary_bytes(self.p, st[a.stage - 1])) * n
         if a.kind == Kind.ALLREDUCE:
-            return self.p.tied_bytes if a.tied else float(stage_weights(self.p, st[a.stage]))
+            return tied_sync_bytes(self.p, self.plan) if a.tied else float(stage_weights(self.p, st[a.stage]))
         return 0.0
 
     def transfer_s(self, src: int, dst: int, a: Action) -> float:
