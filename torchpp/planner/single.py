@@ -78,9 +78,10 @@ def bottlenecks(pb: Problem, t: Tables | None = None, orders: Sequence[tuple[int
     for b in micro_batch_sizes(pb, exact):
         m = pb.global_batch // b
         sc = StageCosts(t, b, m, pb.allow_recompute)
+        suffixes: dict = {}  # the exact DP's states, shared by every order at this size
         for order in orders:
             if exact:
-                found = dp_order(order, sc, max_stages, len(pb.hosts))
+                found = dp_order(order, sc, max_stages, len(pb.hosts), suffixes)
             else:
                 found = dp_order_fast(order, sc, max_stages, pb.max_group, shared.setdefault(tuple(order), {}))
             for S, (val, stages) in found.items():
