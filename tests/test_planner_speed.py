@@ -32,3 +32,36 @@ def test_dp_states_shared_across_orders_give_each_order_its_own_result(seed):
             alone = dp_order(order, sc, N, N)  # states kept for this order only
             assert _shape(dp_order(order, sc, N, N, shared)) == _shape(alone), (b, order)
         assert shared  # the states were kept
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_durations_priced_once_per_distinct_action_equal_every_action_priced(seed):
+    """planner/pricing.py's Distinct: every plan the search priced, one-chunk and chunked, groups and
+    tied all-reduces included, gets the durations the simulator's generic path gives."""
+    from torchpp.cost import MeasuredCost
+    from torchpp.planner.pricing import Distinct, DistinctCost, schedule_key
+    from torchpp.planner.search import search
+    from torchpp.planner.types import InfeasibleError
+    from torchpp.schedules import build
+    from torchpp.sim.compiled import Compiled, durations_generic
+
+    rng = random.Random(10 + seed)
+    files, bw, mem = random_instance(rng, hosts=rng.randint(3, 4), layers=rng.randint(4, 6), batch=2)
+    pb = Problem(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files], budget=mem,
+                 memory=MemoryEstimator.analytic(), global_batch=4, schedule="auto")
+    try:
+        res = search(pb)
+    except InfeasibleError:
+        pytest.skip("no plan fits this instance")
+    shapes = {}
+    for _, plan in res.priced:
+        shapes.setdefault(schedule_key(plan), plan)
+    assert len({p.schedule for p in shapes.values()}) > 1
+    fewer = 0
+    for plan in shapes.values():
+        c = Compiled(build(plan))
+        cost = MeasuredCost(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte)
+        distinct = Distinct.of(c)
+        fewer += len(distinct.first) < len(c.acts)
+        assert DistinctCost(cost, distinct).durations(c) == durations_generic(c, cost), plan.schedule
+    assert fewer
