@@ -65,3 +65,29 @@ def test_durations_priced_once_per_distinct_action_equal_every_action_priced(see
         fewer += len(distinct.first) < len(c.acts)
         assert DistinctCost(cost, distinct).durations(c) == durations_generic(c, cost), plan.schedule
     assert fewer
+
+
+def test_stage_times_kept_across_plans_price_as_worked_out_anew():
+    """cost.MeasuredCost's ``stage_times`` memo (a search's ledger keeps one): every action priced
+    the same as without it, for plans sharing hosts and spans."""
+    from torchpp.cost import MeasuredCost
+    from torchpp.planner.search import search
+    from torchpp.planner.types import InfeasibleError
+    from torchpp.schedules import build
+    from torchpp.sim.compiled import Compiled, durations_generic
+
+    rng = random.Random(21)
+    files, bw, mem = random_instance(rng, hosts=3, layers=5, batch=2)
+    pb = Problem(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files], budget=mem,
+                 memory=MemoryEstimator.analytic(), global_batch=4, schedule="auto")
+    try:
+        res = search(pb)
+    except InfeasibleError:
+        pytest.skip("no plan fits this instance")
+    memo: dict = {}
+    for _, plan in res.priced[:40]:
+        c = Compiled(build(plan))
+        kept = MeasuredCost(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte, stage_times=memo)
+        assert durations_generic(c, kept) == durations_generic(c, MeasuredCost(plan, pb.profiles, pb.links,
+                                                                               pb.optimizer_s_per_byte))
+    assert 0 < len(memo) < sum(len(s.devices) for _, p in res.priced[:40] for s in p.stages)  # shared spans

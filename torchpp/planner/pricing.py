@@ -104,7 +104,8 @@ def price_plan(pb: Problem, plan: Plan) -> float:
         c = Compiled(build(plan))
         built[key] = (c, Distinct.of(c))
     c, distinct = built[key]
-    cost: Any = DistinctCost(MeasuredCost(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte), distinct)
+    cost: Any = DistinctCost(MeasuredCost(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte,
+                                          stage_times=pb.ledger.stage_times), distinct)
     step = simulate(c, cost, SimOptions(comm="links"), spans=False).makespan
     if pb.ledger.wants(step, plan):
         again, tl = price(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte, schedule=c)
