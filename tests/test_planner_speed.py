@@ -1,37 +1,76 @@
-"""What makes the search fast keeps its answers: the exact stage DP's states shared across device
-orders give every order the result it gets alone."""
+"""What makes the search fast keeps its answers: the exact stage DP solved for every device order
+at once gives each order the stages the DP of that order alone gives (written apart below, as it
+was before the orders shared their states); durations priced once per distinct action and stage
+times kept across plans price every action as before."""
 import random
 
+import numpy as np
 import pytest
 
 from torchpp.cost import Links, MemoryEstimator, Profiles
-from torchpp.planner.dp import dp_order
+from torchpp.planner.dp import dp_orders, suffix_in_flight
 from torchpp.planner.single import device_orders
 from torchpp.planner.synthetic import random_instance
 from torchpp.planner.tables import StageCosts, Tables
 from torchpp.planner.types import Problem
 
 
-def _shape(found):
-    return {S: (v, [(st.cut, st.hosts) for st in stages]) for S, (v, stages) in found.items()}
+def one_order(order, sc, max_stages, max_group):
+    """The stage DP of one device order: {stages: (bottleneck, [(cut, (a, i)) per stage])}."""
+    t, m, L, N = sc.t, sc.m, sc.t.L, len(order)
+    K = min(max_group, N, sc.b)
+    grp = {(a, i): tuple(sorted(order[a:i])) for a in range(N) for i in range(a + 1, min(N, a + K) + 1)}
+    V = {k: sc.stage(g, None, *suffix_in_flight(t.pb.schedule, 0, m))[:, L] for k, g in grp.items()}
+    ptr, best, S_max = [{}], {}, min(max_stages, L, N)
+    for j in range(S_max):
+        heads = [(V[(0, i)][0], i) for i in range(1, N + 1) if (0, i) in V]
+        if heads:
+            val, i = min(heads, key=lambda x: x[0])
+            if np.isfinite(val):
+                stages, c, a, jj = [], 0, 0, j
+                while jj > 0:
+                    c2, nxt = ptr[jj][(a, i)][int(c)]
+                    stages.append(((c, c2), (a, i)))
+                    c, a, i, jj = c2, i, nxt, jj - 1
+                best[j + 1] = (float(val), stages + [((c, L), (a, i))])
+        if j + 1 >= S_max:
+            break
+        n, w = suffix_in_flight(t.pb.schedule, j + 1, m)
+        newV, newptr = {}, {}
+        for (a2, a), g in grp.items():
+            cands = [(i, V[(a, i)]) for i in range(a + 1, N + 1) if (a, i) in V and np.isfinite(V[(a, i)]).any()]
+            if a >= N or not cands:
+                continue
+            tots = [np.maximum(sc.stage(g, grp[(a, i)], n, w), v[None, :]) for i, v in cands]
+            args = [x.argmin(axis=1) for x in tots]
+            vals = np.stack([x[np.arange(L + 1), arg] for x, arg in zip(tots, args)])
+            which = vals.argmin(axis=0)
+            newV[(a2, a)] = vals[which, np.arange(L + 1)]
+            newptr[(a2, a)] = [(int(args[k][c]), cands[k][0]) for c, k in enumerate(which)]
+        V = newV
+        ptr.append(newptr)
+    return best
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_dp_states_shared_across_orders_give_each_order_its_own_result(seed):
+@pytest.mark.parametrize("seed", range(8))
+def test_dp_of_every_order_at_once_gives_each_order_its_own_stages(seed):
     rng = random.Random(seed)
-    files, bw, mem = random_instance(rng, hosts=rng.randint(3, 5), layers=rng.randint(3, 7), batch=2)
+    files, bw, mem = random_instance(rng, hosts=rng.randint(2, 5), layers=rng.randint(3, 9), batch=2)
+    G = rng.choice([4, 8])
     pb = Problem(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files], budget=mem,
-                 memory=MemoryEstimator.analytic(), global_batch=4, schedule=rng.choice(["1f1b", "gpipe"]))
+                 memory=MemoryEstimator.analytic(), global_batch=G, schedule=rng.choice(["1f1b", "gpipe"]))
     t = Tables(pb)
     orders, _ = device_orders(pb, t)
-    N = len(pb.hosts)
+    N, shapes, found = len(pb.hosts), {}, 0
     for b in (1, 2, 4):
-        shared: dict = {}
-        sc = StageCosts(t, b, 4 // b, pb.allow_recompute)
-        for order in orders:
-            alone = dp_order(order, sc, N, N)  # states kept for this order only
-            assert _shape(dp_order(order, sc, N, N, shared)) == _shape(alone), (b, order)
-        assert shared  # the states were kept
+        sc = StageCosts(t, b, G // b, pb.allow_recompute)
+        for order, got in zip(orders, dp_orders(orders, sc, N, N, shapes)):
+            shaped = {S: (v, [(st.cut, st.hosts) for st in stages]) for S, (v, stages) in got.items()}
+            assert shaped == one_order(order, sc, N, N), (b, order)
+            found += len(got)
+    assert shapes  # the states' shape was kept across sizes
+    if not found:
+        pytest.skip("no plan fits this instance")
 
 
 @pytest.mark.parametrize("seed", range(4))
