@@ -46,10 +46,8 @@ def choose_recompute(pb: Problem, t: Tables, hosts: Sequence[int], cut: tuple[in
     nl = c2 - c
 
     def alloc(flags):
-        span = Span.of_cut(c, c2, t.L, flags)
-        ps = max(float(t.mem.peak_per_sample(span, states)), 1e-30)  # Kp may be 0 in a fitted model
+        ps, secs = _span_costs(pb, t, names, cut, tuple(flags), tuple(states))
         caps = [max(0.0, bu) / ps for bu in budget]
-        secs = [float(stage_time(pb.profiles, nm, span).per_sample) for nm in names]
         return allocate(b, secs, caps)
 
     flags = [False] * nl
@@ -79,6 +77,26 @@ def choose_recompute(pb: Problem, t: Tables, hosts: Sequence[int], cut: tuple[in
             break
         flags, samples = new, s2
     return flags, samples
+
+
+def _span_costs(pb: Problem, t: Tables, names: Sequence[str], cut: tuple[int, int], flags: tuple[bool, ...],
+                states: tuple[PeakState, ...]) -> tuple[float, list[float]]:
+    """The stage's peak bytes per sample over ``states`` and each host's seconds per sample, with
+    these flags (kept in ``t.memo``: neither depends on the micro-batch size or the group, which
+    the search varies around the same cuts)."""
+    key = ("peak per sample", cut, flags, states)
+    ps = t.memo.get(key)
+    if ps is None:
+        span = Span.of_cut(cut[0], cut[1], t.L, flags)
+        ps = t.memo[key] = max(float(t.mem.peak_per_sample(span, states)), 1e-30)  # Kp may be 0 in a fitted model
+    secs = []
+    for nm in names:
+        k2 = ("seconds per sample", nm, cut, flags)
+        got = t.memo.get(k2)
+        if got is None:
+            got = t.memo[k2] = float(stage_time(pb.profiles, nm, Span.of_cut(cut[0], cut[1], t.L, flags)).per_sample)
+        secs.append(got)
+    return ps, secs
 
 
 def _solve(memo: dict, terms: Sequence[tuple[float, np.ndarray, float]], tau, f, budget, samples
