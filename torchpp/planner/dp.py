@@ -86,6 +86,14 @@ class _Shape:
     head states per level (``heads[j][x]``: (i, row) for head group order[:i])."""
 
     def __init__(self, orders: list[Order], N: int, K: int, S_max: int):
+        after: dict[Order, list[Key]] = {}  # _next_keys, once per order after a head
+
+        def next_keys(rest: Order) -> list[Key]:
+            got = after.get(rest)
+            if got is None:
+                got = after[rest] = _next_keys(rest, K)
+            return got
+
         need: list[dict[Key, None]] = [{} for _ in range(S_max)]
         head_keys = [[(i, (tuple(sorted(o[:i])), o[i:])) for i in range(1, min(N, K) + 1)] for o in orders]
         for j in range(S_max):
@@ -93,7 +101,7 @@ class _Shape:
                 need[j].update(dict.fromkeys(k for _, k in hk))
         for j in range(S_max - 1, 0, -1):
             for _, rest in need[j]:
-                need[j - 1].update(dict.fromkeys(_next_keys(rest, K)))
+                need[j - 1].update(dict.fromkeys(next_keys(rest)))
         self.keys = [list(x) for x in need]
         self.row = [{k: r for r, k in enumerate(keys)} for keys in self.keys]
         # level 0: a state's value is its group's last-stage cost
@@ -110,15 +118,17 @@ class _Shape:
             pairs: dict[tuple, int] = {}
             first = np.zeros(len(self.keys[j]), dtype=np.intp)
             width = 1
+            below = self.row[j - 1]
             for r, (g, rest) in enumerate(self.keys[j]):
                 first[r] = len(rows)
-                for s, nk in enumerate(_next_keys(rest, K)):
+                nks = next_keys(rest)
+                width = max(width, len(nks))
+                for s, nk in enumerate(nks):
                     rows.append(r)
                     slots.append(s)
-                    nexts.append(self.row[j - 1][nk])
+                    nexts.append(below[nk])
                     sizes.append(len(nk[0]))
                     gidx.append(pairs.setdefault((g, nk[0]), len(pairs)))
-                    width = max(width, s + 1)
             self.pair_row.append(np.array(rows, dtype=np.intp))
             self.pair_slot.append(np.array(slots, dtype=np.intp))
             self.pair_next.append(np.array(nexts, dtype=np.intp))
