@@ -130,3 +130,31 @@ def test_stage_times_kept_across_plans_price_as_worked_out_anew():
         assert durations_generic(c, kept) == durations_generic(c, MeasuredCost(plan, pb.profiles, pb.links,
                                                                                pb.optimizer_s_per_byte))
     assert 0 < len(memo) < sum(len(s.devices) for _, p in res.priced[:40] for s in p.stages)  # shared spans
+
+
+def test_chunks_held_counted_in_one_pass_equal_the_orders_profiles():
+    """planner/chunks.py's chunk_in_flight (one pass over each group's order) equals the largest
+    count of every profile ``schedules.in_flight_chunks`` reads off the same orders."""
+    from torchpp.formats import MULTI_CHUNK
+    from torchpp.planner.chunks import chunk_counts, chunk_in_flight, placement
+    from torchpp.schedules import ScheduleError, in_flight_chunks
+
+    checked = 0
+    for kind in MULTI_CHUNK:
+        for p in (2, 3, 5):
+            for v in chunk_counts(kind, p, 24):
+                pl = placement(kind, p, v)
+                for m in (1, 2, 4, 6, 8, 12):
+                    try:
+                        profiles = [prof for pos in range(pl.p) for prof in in_flight_chunks(kind, pl, pos, m)]
+                    except (ValueError, ScheduleError):
+                        with pytest.raises((ValueError, ScheduleError)):
+                            chunk_in_flight(kind, pl, m)
+                        continue
+                    want = [0] * len(pl.position)
+                    for prof in profiles:
+                        for c, n in prof:
+                            want[c] = max(want[c], n)
+                    assert chunk_in_flight(kind, pl, m) == tuple(want), (kind, p, v, m)
+                    checked += 1
+    assert checked > 50

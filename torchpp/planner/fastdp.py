@@ -170,15 +170,16 @@ class _FastDP:
         infeasible = (asum < b * Pc) | (amin < Pc) | ~valid
         bad = (tt * rmax * Pc > 1.0) & ~infeasible              # a proportional share overflows a device
         best = np.where(infeasible, f32(np.inf), tt)
-        ia, ic, ic2 = np.nonzero(bad)
-        if len(ia):
+        if bad.any():  # (np.nonzero of an all-False array costs as much as of any other)
+            ia, ic, ic2 = np.nonzero(bad)
             best[ia, ic, ic2] = self.fill(0, k, P, ia, ic, ic2 + c0)
         best = np.where(np.isnan(best), np.inf, best)
         if self.rec:  # recomputing every layer can only help where keeping activations does not fit
             P1 = self.per_sample32(1, n, w)
             P1c = P1[:, c0:]
             fits1 = (asum >= b * P1c) & (amin >= P1c)         # memory allows it with every layer recomputed
-            ia, ic, ic2 = np.nonzero((infeasible | bad) & valid & fits1)
+            helps = (infeasible | bad) & valid & fits1
+            ia, ic, ic2 = np.nonzero(helps) if helps.any() else ((),) * 3
             if len(ia):
                 g2 = ic2 + c0
                 tt1, r1 = self.times(k, 1)[ia, ic, g2], self.window(k, 1)[1][ia, ic, g2]
