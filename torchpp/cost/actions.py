@@ -14,7 +14,7 @@ from ..formats.wire import POWERSGD_RANK
 from ..schedules import Action, Kind
 from .links import Links
 from .profiles import Profiles
-from .stage import StageTime, boundary_bytes, rank_weights, stage_time, stage_weights, tied_rows_bytes
+from .stage import Span, StageTime, boundary_bytes, rank_weights, stage_time, stage_weights, tied_rows_bytes
 
 
 def optimizer_rate(optimizer_s_per_byte: Mapping[str, float] | float | None, host: str) -> float:
@@ -37,6 +37,16 @@ class _RankCost:
     """chunk index -> that chunk's compute time on this rank's host."""
 
 
+def _stage_time(profiles: Profiles, host: str, stage: PlanStage, memo: dict | None) -> StageTime:
+    if memo is None:
+        return stage_time(profiles, host, stage)
+    key = (host, Span.of_stage(stage))
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = stage_time(profiles, host, key[1])
+    return got
+
+
 class MeasuredCost:
     """replay's CostModel for one plan, from measured profiles and links.
 
@@ -47,7 +57,10 @@ class MeasuredCost:
     """
 
     def __init__(self, plan: Plan, profiles: Profiles, links: Links | Bandwidth,
-                 optimizer_s_per_byte: Mapping[str, float] | float | None = None):
+                 optimizer_s_per_byte: Mapping[str, float] | float | None = None,
+                 stage_times: dict | None = None):
+        """``stage_times``: a dict kept across plans priced on the same, unchanged ``profiles``
+        (a search prices thousands): each (host, span)'s compute time is worked out once."""
         self.plan, self.p = plan, profiles
         self.links = links if isinstance(links, Links) else Links(links)
         if plan.model.num_layers != profiles.model.num_layers:
@@ -67,7 +80,7 @@ class MeasuredCost:
             o = (optimizer_rate(optimizer_s_per_byte, host) if optimizer_s_per_byte is not None
                  else profiles.optimizer_rate(host)[0])
             w = rank_weights(profiles, chunks)
-            times = {s.index: stage_time(profiles, host, s) for s in chunks}
+            times = {s.index: _stage_time(profiles, host, s, stage_times) for s in chunks}
             self.rank[r] = _RankCost(host, chunks[0], times[chunks[0].index], o * w, times)
 
     @staticmethod

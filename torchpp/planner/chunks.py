@@ -25,7 +25,7 @@ import numpy as np
 from ..cost import device_memory
 from ..formats import Placement, Plan, placement_of
 from ..plans import make_chunked_plan
-from ..schedules import REGISTRY, ScheduleError, in_flight_chunks
+from ..schedules import REGISTRY, RELEASES, Kind, ScheduleError, position_order
 from .allocate import allocate
 from .pricing import price_plan
 from .prune import chunk_bound
@@ -70,12 +70,19 @@ def placement(kind: str, p: int, v: int) -> Placement:
 @functools.lru_cache(maxsize=1024)
 def chunk_in_flight(kind: str, pl: Placement, m: int) -> tuple[int, ...]:
     """Most micro-batches each chunk holds at once, read off its group's order (kept: a pure
-    function of the order, which every group sequence of the same shape asks again)."""
+    function of the order, which every group sequence of the same shape asks again): a chunk
+    holds the most right after one of its forwards, so one pass over each order counts it
+    (``schedules.in_flight_chunks`` has every profile a device passes through)."""
     out = [0] * len(pl.position)
     for pos in range(pl.p):
-        for prof in in_flight_chunks(kind, pl, pos, m):
-            for c, n in prof:
-                out[c] = max(out[c], n)
+        held = [0] * len(pl.position)
+        for k, c, _ in position_order(kind, pl, pos, m):
+            if k == Kind.FORWARD:
+                held[c] += 1
+                if held[c] > out[c]:
+                    out[c] = held[c]
+            elif k in RELEASES:
+                held[c] -= 1
     return tuple(out)
 
 

@@ -52,6 +52,14 @@ def _group_links(names: Sequence[str], links: Links, Kmax: int) -> tuple[np.ndar
     N = len(names)
     ar_unit, ar_lat = np.zeros((Kmax + 1, N)), np.zeros((Kmax + 1, N))
     nx_byte, nx_lat = np.zeros((Kmax + 1, N)), np.zeros((Kmax + 1, N))
+    pair: dict[tuple[str, str], tuple[float, float]] = {}  # (latency, seconds per byte + latency) of a link
+
+    def link(x: str, y: str) -> tuple[float, float]:
+        got = pair.get((x, y))
+        if got is None:
+            got = pair[(x, y)] = (links.time(x, y, 0.0), links.time(x, y, 1.0))
+        return got
+
     for k in range(1, Kmax + 1):
         for a in range(N - k + 1):
             g = names[a:a + k]
@@ -63,8 +71,8 @@ def _group_links(names: Sequence[str], links: Links, Kmax: int) -> tuple[np.ndar
                 pb_, lt = 0.0, 0.0
                 for s in g:
                     for x, y in ((s, d), (d, s)):
-                        l0 = links.time(x, y, 0.0)
-                        pb_, lt = max(pb_, links.time(x, y, 1.0) - l0), max(lt, l0)
+                        l0, l1 = link(x, y)
+                        pb_, lt = max(pb_, l1 - l0), max(lt, l0)
                 nx_byte[k, a], nx_lat[k, a] = pb_, lt
     return tuple(x.astype(f32) for x in (ar_lat, ar_unit, nx_lat, nx_byte))
 
@@ -170,15 +178,16 @@ class _FastDP:
         infeasible = (asum < b * Pc) | (amin < Pc) | ~valid
         bad = (tt * rmax * Pc > 1.0) & ~infeasible              # a proportional share overflows a device
         best = np.where(infeasible, f32(np.inf), tt)
-        ia, ic, ic2 = np.nonzero(bad)
-        if len(ia):
+        if bad.any():  # (np.nonzero of an all-False array costs as much as of any other)
+            ia, ic, ic2 = np.nonzero(bad)
             best[ia, ic, ic2] = self.fill(0, k, P, ia, ic, ic2 + c0)
         best = np.where(np.isnan(best), np.inf, best)
         if self.rec:  # recomputing every layer can only help where keeping activations does not fit
             P1 = self.per_sample32(1, n, w)
             P1c = P1[:, c0:]
             fits1 = (asum >= b * P1c) & (amin >= P1c)         # memory allows it with every layer recomputed
-            ia, ic, ic2 = np.nonzero((infeasible | bad) & valid & fits1)
+            helps = (infeasible | bad) & valid & fits1
+            ia, ic, ic2 = np.nonzero(helps) if helps.any() else ((),) * 3
             if len(ia):
                 g2 = ic2 + c0
                 tt1, r1 = self.times(k, 1)[ia, ic, g2], self.window(k, 1)[1][ia, ic, g2]

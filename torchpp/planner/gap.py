@@ -26,7 +26,8 @@ from typing import Mapping
 
 from ..cost import FreeLinks, Profiles
 from ..formats import Plan
-from ..schedules import COMPUTE, Kind
+from ..schedules import COMPUTE, Kind, build
+from ..sim.compiled import Compiled
 from ..sim.measured import price
 from ..sim.trace import recompute_of
 
@@ -67,10 +68,11 @@ def gap_to_bound(plan: Plan, profiles: Profiles, links, bound_s: float,
     ``step_s``: its step on them where already replayed, else it is replayed here). The parts past
     the step are the same plan replayed on other costs (free links; free links and calls)."""
     hosts = sorted({d.host for s in plan.stages for d in s.devices})
-    step = step_s if step_s is not None else price(plan, profiles, links, optimizer_s_per_byte)[0]
-    no_comm, _ = price(plan, profiles, FreeLinks(), optimizer_s_per_byte)
+    lists = Compiled(build(plan))  # the same action lists on every cost: built once
+    step = step_s if step_s is not None else price(plan, profiles, links, optimizer_s_per_byte, schedule=lists)[0]
+    no_comm, _ = price(plan, profiles, FreeLinks(), optimizer_s_per_byte, schedule=lists)
     work = profiles.per_sample_only(hosts)
-    bare, tl = price(plan, work, FreeLinks(), optimizer_s_per_byte)
+    bare, tl = price(plan, work, FreeLinks(), optimizer_s_per_byte, schedule=lists)
     rec = recompute_of(plan, work)
     busy = {r: sum(sp.end - sp.start for sp in spans if sp.action.kind in COMPUTE) for r, spans in tl.spans.items()}
     busiest = max(busy, key=busy.get)

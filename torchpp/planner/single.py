@@ -34,7 +34,7 @@ from typing import Sequence
 
 from ..formats import Plan
 from .build import build_plan
-from .dp import dp_order
+from .dp import dp_orders
 from .fastdp import dp_order_fast
 from .pricing import price_plan
 from .prune import layout_bound
@@ -75,12 +75,14 @@ def bottlenecks(pb: Problem, t: Tables | None = None, orders: Sequence[tuple[int
     max_stages = max_stages_of(pb)
     best: dict[tuple[int, int], tuple[float, tuple[int, ...], list[StageChoice]]] = {}
     shared: dict[tuple[int, ...], dict] = {}
+    dp_shapes: dict = {}  # the exact DP's states and their links, the same at every micro-batch size
     for b in micro_batch_sizes(pb, exact):
         m = pb.global_batch // b
         sc = StageCosts(t, b, m, pb.allow_recompute)
-        for order in orders:
-            if exact:
-                found = dp_order(order, sc, max_stages, len(pb.hosts))
+        every = dp_orders(orders, sc, max_stages, len(pb.hosts), dp_shapes) if exact else None
+        for x, order in enumerate(orders):
+            if every is not None:
+                found = every[x]
             else:
                 found = dp_order_fast(order, sc, max_stages, pb.max_group, shared.setdefault(tuple(order), {}))
             for S, (val, stages) in found.items():

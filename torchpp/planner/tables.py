@@ -135,11 +135,10 @@ class StageCosts:
 
     def _stage_cost(self, g: tuple[int, ...], nxt: tuple[int, ...] | None, n: int, w: int = 0) -> np.ndarray:
         comp, _ = self.compute(g, n, w)
-        cost = comp + self.allreduce(g) / self.m
         if nxt:
             comm = self.link_time(g, nxt, self.t.out_bytes * self.b)
-            cost = np.maximum(comp, comm[None, :]) + self.allreduce(g) / self.m
-        return cost
+            return np.maximum(comp, comm[None, :]) + self.allreduce(g) / self.m
+        return comp + self.allreduce(g) / self.m
 
 
 def stage_cost(pb: Problem, group: Sequence[str], next_group: Sequence[str] | None, cut: tuple[int, int],

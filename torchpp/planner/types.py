@@ -31,6 +31,8 @@ class Ledger:
     timeline: Any = None
     """``sim.replay.Timeline`` of ``plan``'s step."""
     schedules: dict = field(default_factory=dict)
+    stage_times: dict = field(default_factory=dict)
+    """Each (host, span)'s compute time, worked out once per search (``cost.MeasuredCost``'s memo)."""
     kinds: frozenset[str] | None = None
     """The kinds searched (None: any): a plan of another kind, priced only to seed them (the stage
     DP's 1F1B layouts under ``--schedule interleaved``), is neither kept nor a bar to prune at."""
