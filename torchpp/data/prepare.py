@@ -19,6 +19,7 @@ import numpy as np
 
 from ..formats import SourceFile, TokenizerInfo, TokensIndex, token_dtype
 from .base import DataError
+from .docsplit import DocSplitter
 from .sources import Inputs, Source, discover
 
 SHARD_BYTES = 32 << 20
@@ -29,7 +30,8 @@ BATCH_BYTES = 256 << 10
 high-water mark, so 1,000 rows of 200 kB source files — the ``datasets`` default — would hold
 ~2 GB in each worker; 256 kB holds ~30 MB (measured on a 40 MB JSONL of Python sources: the
 whole prepare's peak PSS 1,067 MiB with 4 MB, 671 with 1 MB, 598 with 256 kB). A document larger
-than this is one batch alone: a 4.4 MB file holds ~600 MB while it is encoded."""
+than ``docsplit.SPLIT_CHARS`` is encoded in pieces cut where the ids provably do not change (a 4.4 MB
+file held ~600 MB encoded whole)."""
 INDEX = "index.json"
 
 
@@ -222,16 +224,16 @@ def _encode(batch: dict, *, tok: Any, eos: int | None, dtype: str) -> dict:
     ends = [o and e for o, e in zip(ok, batch.get("end") or [True] * len(texts))]
     if tok is None:
         ids = [list(t.encode("utf-8")) if o else [] for t, o in zip(texts, ok)]
-    elif hasattr(tok, "encode_batch"):  # the fast tokenizer's backend (``load_encoder``)
-        ids = [e.ids if o else [] for e, o in zip(tok.encode_batch([t if o else "" for t, o in zip(texts, ok)],
-                                                                    add_special_tokens=False), ok)]
+    elif isinstance(tok, DocSplitter):  # the fast tokenizer's backend (``load_encoder``)
+        ids = [x if o else [] for x, o in zip(tok.ids_batch([t if o else "" for t, o in zip(texts, ok)]), ok)]
     else:
         ids = tok([t if o else "" for t, o in zip(texts, ok)], add_special_tokens=False,
                   return_attention_mask=False)["input_ids"]
         ids = [x if o else [] for x, o in zip(ids, ok)]
+    out = [np.asarray(x, dtype=dtype) for x in ids]
     if eos is not None:
-        ids = [x + [eos] if e else x for x, e in zip(ids, ends)]
-    return {"ids": [np.asarray(x, dtype=dtype) for x in ids], "doc": ends}
+        out = [np.append(x, np.asarray([eos], dtype=dtype)) if e else x for x, e in zip(out, ends)]
+    return {"ids": out, "doc": ends}
 
 
 def _tokenize(ds: Any, tok: Any, info: TokenizerInfo, dtype: str, num_proc: int | None, scratch: Path,
