@@ -203,3 +203,28 @@ def test_prepare_cuts_a_long_document_and_keeps_its_ids(tmp_path, monkeypatch):
     want = [t for d in rows for t in hf(d, add_special_tokens=False)["input_ids"] + [hf.eos_token_id]]
     assert np.fromfile(tmp_path / "c" / "tokens.bin", dtype="<u2").tolist() == want
     assert len(cut) == 3  # the three long documents went through the pieces
+
+
+def test_a_long_text_file_is_read_in_pieces_recut_where_the_ids_do_not_change(tmp_path, monkeypatch):
+    """Text files are read in ~PIECE_BYTES pieces cut after a newline; encoded apart, such pieces
+    change the ids of indented text (a newline and the next line's indent are one pre-token)."""
+    import torchpp.data.docsplit as D
+    import torchpp.data.sources as S
+    from torchpp.data import discover, prepare_corpus
+    from transformers import PreTrainedTokenizerFast
+
+    tok = _gpt2()
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    hf.save_pretrained(str(tmp_path / "tok"))
+    text = _docs()["code"] * 2
+    (tmp_path / "big.py.txt").write_text(text)
+    monkeypatch.setattr(S, "PIECE_BYTES", 2000)
+    monkeypatch.setattr(D, "SPLIT_CHARS", BOUND)
+    src = discover([tmp_path / "big.py.txt"]).sources[0]
+    raw = (tmp_path / "big.py.txt").read_bytes()
+    naive = [t for a, b in src.pieces for t in tok.encode(raw[a:b].decode(), add_special_tokens=False).ids]
+    want = hf(text, add_special_tokens=False)["input_ids"] + [hf.eos_token_id]
+    assert len(src.pieces) > 10 and naive + [hf.eos_token_id] != want  # the pieces alone would change ids
+    index = prepare_corpus([tmp_path / "big.py.txt"], tmp_path / "c", tokenizer=tmp_path / "tok", num_proc=2)
+    assert index.documents == 1
+    assert np.fromfile(tmp_path / "c" / "tokens.bin", dtype="<u2").tolist() == want

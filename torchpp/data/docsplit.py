@@ -131,27 +131,34 @@ class DocSplitter:
             parts = [np.asarray(pre, dtype=np.uint32), *parts, np.asarray(post, dtype=np.uint32)]
         return np.concatenate(parts)
 
-    def cuts(self, text: str) -> Iterator[int]:
-        """0, the proven cuts, ``len(text)``."""
+    def cuts(self, text: str, final: bool = True) -> Iterator[int]:
+        """0, the proven cuts, ``len(text)``; a text that is not ``final`` (its document goes on past
+        it) ends at its last cut, with at most ``bound`` characters after it, and none within
+        ``context`` of its end."""
         yield 0
         s, n = 0, len(text)
         if n > self.bound and self.reason is not None:
             self._say(f"a document of {n:,} characters is encoded whole: {self.reason}")
             s = n
         while n - s > self.bound:
-            e = self._cut(text, s)
+            e = self._cut(text, s, final)
             if e is None:
-                self._say(f"a document of {n:,} characters is encoded whole from character {s:,}: {self._why}")
+                if final:
+                    self._say(f"a document of {n:,} characters is encoded whole from character {s:,}: {self._why}")
                 break
             yield e
             s = e
-        yield n
+        if final:
+            yield n
 
-    def _cut(self, text: str, s: int) -> int | None:
+    def _cut(self, text: str, s: int, final: bool = True) -> int | None:
         """The first proven cut in ``(s + bound/2, s + bound]`` (from the right), else further on."""
+        last = len(text) - 1 if final else len(text) - self.context
         for lo, hi in ((s + self.bound // 2, s + self.bound), (s + self.bound, s + 2 * self.bound),
                        (s + 2 * self.bound, s + 4 * self.bound)):
-            hi = min(hi, len(text) - 1)
+            hi = min(hi, last)
+            if hi < lo:
+                break
             end = min(len(text), hi + self.context)
             window = text[s:end]
             if self._holds_added(window):
@@ -169,7 +176,7 @@ class DocSplitter:
                 tries += 1
                 if tries >= TRIES:
                     break
-            if hi >= len(text) - 1:
+            if hi >= last:
                 break
         self._why = f"no cut in the next {4 * self.bound:,} characters proves safe"
         return None

@@ -11,6 +11,7 @@ import hashlib
 import os
 import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -73,7 +74,7 @@ def prepare_corpus(data: list[str | Path], out: str | Path, *, tokenizer: str | 
     try:
         for s in inputs.sources:
             w.source_start()
-            for shard in _shards(s, text_column, split, scratch):
+            for shard in _shards(s, text_column, split, scratch, tok):
                 w.write(_tokenize(shard.ds, tok, info, dtype, num_proc, scratch, shard.bytes))
                 done += shard.bytes
                 if progress is not None:
@@ -156,21 +157,19 @@ class _Shard:
     bytes: int
 
 
-def _shards(s: Source, column: str, split: str | None, scratch: Path) -> Iterator[_Shard]:
+def _shards(s: Source, column: str, split: str | None, scratch: Path, tok: Any = None) -> Iterator[_Shard]:
     """The source as ``datasets`` shards of about ``SHARD_BYTES`` input bytes, columns ``text`` (+ ``end``)."""
     if s.kind == "text":
-        groups, cur, size = [], [], 0
-        for a, b in s.pieces:
-            cur.append((a, b))
-            size += b - a
+        group: list[tuple[int, int, bool]] = []
+        size, shards = 0, 0
+        for row in _text_rows(s, tok):
+            group.append(row)
+            size += row[1] - row[0]
             if size >= SHARD_BYTES:
-                groups.append(cur)
-                cur, size = [], 0
-        if cur or not groups:
-            groups.append(cur)
-        last = s.pieces[-1]
-        for g in groups:
-            yield _Shard(_text_dataset(s.path, g, last, scratch), sum(b - a for a, b in g))
+                yield _Shard(_text_dataset(s.path, group, scratch), size)
+                group, size, shards = [], 0, shards + 1
+        if group or not shards:
+            yield _Shard(_text_dataset(s.path, group, scratch), size)
         return
     ds = _table(s, column, split, scratch)
     n = len(ds)
@@ -180,18 +179,42 @@ def _shards(s: Source, column: str, split: str | None, scratch: Path) -> Iterato
         yield _Shard(ds.select(range(a, b)), s.bytes * (b - a) // max(1, n))
 
 
-def _pieces(path: str, pieces: list[tuple[int, int]], last: tuple[int, int]) -> Iterator[dict]:
+def _text_rows(s: Source, tok: Any) -> Iterator[tuple[int, int, bool]]:
+    """A text file's rows (byte ranges, and whether the file ends there): its pieces (read to bound
+    memory) cut again where the tokenizer's ids provably do not change (``DocSplitter.cuts``), each
+    from the last proven cut, so the rows encoded apart give the ids of the file encoded whole.
+    UTF-8 bytes cut anywhere; a tokenizer that cannot be proven is cut at the pieces' newlines, said once."""
+    last = len(s.pieces) - 1
+    if not isinstance(tok, DocSplitter) or tok.reason is not None:
+        if isinstance(tok, DocSplitter) and last > 0:
+            warnings.warn(f"{s.path}: read in {last + 1} pieces cut after a newline: the ids beside each cut may "
+                          f"differ from the file's encoded whole ({tok.reason})", stacklevel=2)
+        yield from ((a, b, i == last) for i, (a, b) in enumerate(s.pieces))
+        return
+    start = s.pieces[0][0]
+    with open(s.path, "rb") as f:
+        for i, (_, b) in enumerate(s.pieces):
+            f.seek(start)
+            text = f.read(b - start).decode("utf-8")
+            cuts = list(tok.cuts(text, final=i == last))
+            for x, y in zip(cuts, cuts[1:]):
+                n = len(text[x:y].encode("utf-8"))
+                yield start, start + n, i == last and y == len(text)
+                start += n
+
+
+def _rows(path: str, rows: list[tuple[int, int, bool]]) -> Iterator[dict]:
     with open(path, "rb") as f:
-        for a, b in pieces:
+        for a, b, end in rows:
             f.seek(a)
-            yield {"text": f.read(b - a).decode("utf-8"), "end": (a, b) == tuple(last)}
+            yield {"text": f.read(b - a).decode("utf-8"), "end": end}
 
 
-def _text_dataset(path: Path, pieces: list[tuple[int, int]], last: tuple[int, int], scratch: Path) -> Any:
+def _text_dataset(path: Path, rows: list[tuple[int, int, bool]], scratch: Path) -> Any:
     from datasets import Dataset, Features, Value
 
-    return Dataset.from_generator(_pieces, features=Features({"text": Value("string"), "end": Value("bool")}),
-                                  gen_kwargs={"path": str(path), "pieces": pieces, "last": last},
+    return Dataset.from_generator(_rows, features=Features({"text": Value("string"), "end": Value("bool")}),
+                                  gen_kwargs={"path": str(path), "rows": rows},
                                   cache_dir=str(scratch / "cache"), keep_in_memory=False)
 
 
