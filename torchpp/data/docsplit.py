@@ -18,15 +18,17 @@ proven one after another, each from the previous one (the document's start first
   ``text[e:E]``, the right side holding at least two: this catches what acts on a whole text
   (a ``Prepend``/``Strip`` normalizer, Metaspace's or ByteLevel's prefix on a text's start, ``^``,
   look-behind, a regex that reads a long run ahead) and what differs at the text's end;
-- no added token's text may occur in ``text[s:E]`` (they are taken out before normalizing, and
-  some take the whitespace beside them).
+- where an added token's text occurs in ``text[s:E]`` (they are taken out before normalizing, and
+  some take the whitespace beside them), the same two checks are made on the whole pipeline's
+  tokens and ids instead of the pre-tokens (an encoding of the window more).
 
 The left side starts at a proven cut, so it is what the whole document's pipeline sees from
 there; the right side's context covers what a pre-tokenizer reads past ``e``: the Split regexes
 accepted look ahead one character at most (``\\s+(?!\\S)``), one with any other look-ahead is
 not split. A tokenizer whose pipeline cannot be cut (no pre-tokenizer, a ``Prepend``/``Strip``
 normalizer, Metaspace or ByteLevel pre-tokenizing the whole text as one piece, BPE dropout) or a
-document where no cut proves safe is encoded whole, said once per process.
+document where no cut proves safe is encoded whole, said once per process. With special tokens,
+the post-processor's ids go around the pieces' ids as it puts them around one sequence's.
 """
 from __future__ import annotations
 
@@ -97,7 +99,6 @@ class DocSplitter:
     pieces: int = field(default=0, init=False)
     """Pieces encoded so far (for tests and reports)."""
     _said: bool = field(default=False, init=False)
-    _why: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
         self.reason = unsplittable(self.tok)
@@ -144,7 +145,8 @@ class DocSplitter:
             e = self._cut(text, s, final)
             if e is None:
                 if final:
-                    self._say(f"a document of {n:,} characters is encoded whole from character {s:,}: {self._why}")
+                    self._say(f"a document of {n:,} characters is encoded whole from character {s:,}: no cut in "
+                              f"the next {4 * self.bound:,} characters proves safe")
                 break
             yield e
             s = e
@@ -161,24 +163,23 @@ class DocSplitter:
                 break
             end = min(len(text), hi + self.context)
             window = text[s:end]
-            if self._holds_added(window):
-                self._why = "it holds an added token's text (only the whole pipeline knows where one is taken out)"
-                return None
-            splits = self._pretokens(window)
+            # pre-tokens, or (where an added token's text occurs: it is taken out before normalizing,
+            # and may take the whitespace beside it) the whole pipeline's tokens and ids
+            same = self._same_ids if self._holds_added(window) else self._same
+            splits = self._pretokens(window) if same == self._same else self._tokens(window)
             starts = [a for _, (a, _) in splits]
             tries = 0
             for e in _candidates(text, lo, hi, reverse=hi == s + self.bound):
                 i = _boundary(splits, starts, e - s)
-                if i is None or not self._same(splits[i:], text[e:end], least=2):
+                if i is None or not same(splits[i:], text[e:end], least=2):
                     continue  # the cheap checks first: what the window holds past ``e``
-                if self._same(splits[:i], text[s:e]):
+                if same(splits[:i], text[s:e]):
                     return e
                 tries += 1
                 if tries >= TRIES:
                     break
             if hi >= last:
                 break
-        self._why = f"no cut in the next {4 * self.bound:,} characters proves safe"
         return None
 
     def _holds_added(self, window: str) -> bool:
@@ -191,6 +192,15 @@ class DocSplitter:
     def _same(self, splits: list, text: str, least: int = 1) -> bool:
         """Whether ``text`` alone pre-tokenizes into the strings of ``splits`` (at least ``least`` of them)."""
         return len(splits) >= least and [p for p, _ in self._pretokens(text)] == [p for p, _ in splits]
+
+    def _same_ids(self, tokens: list, text: str, least: int = 1) -> bool:
+        """Whether ``text`` alone encodes into the ids of ``tokens`` (at least ``least`` of them)."""
+        return len(tokens) >= least and [t for t, _ in self._tokens(text)] == [t for t, _ in tokens]
+
+    def _tokens(self, text: str) -> list[tuple[int, tuple[int, int]]]:
+        """The ids of ``text`` and their offsets in ``text``'s characters."""
+        enc = self.tok.encode(text, add_special_tokens=False)
+        return list(zip(enc.ids, enc.offsets))
 
     def _pretokens(self, text: str) -> list[tuple[str, tuple[int, int]]]:
         """The pre-tokens of ``text`` (normalized, as ``tokenizers`` does), offsets in ``text``'s characters."""
