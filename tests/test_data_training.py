@@ -1,6 +1,6 @@
 """Training on prepared and raw data: a 2-stage pipeline trains to the losses of plain HF on
 the same token file (fp32, relative 1e-6) for raw forms prepared through the cache, a DatasetDict split
-and a prepared corpus with held-out documents; the wrong tokens are refused on every rank
+and a prepared corpus with held-out blocks; the wrong tokens are refused on every rank
 before any collective (exit 2), and the tokenizer goes into the export."""
 from __future__ import annotations
 
