@@ -8,27 +8,31 @@ Why the ids do not change: ``tokenizers`` encodes a text as added-token extracti
 pre-tokenizer, then the model on each pre-token alone (BPE, WordPiece, Unigram and WordLevel
 never look across a pre-token), then the post-processor. The ids are the model's ids of the
 pre-tokens one after another, so cutting the text at ``e`` changes none exactly when the
-pre-tokens of the text are those of ``text[:e]`` followed by those of ``text[e:]``. The cuts are
-proven one after another, each from the previous one (the document's start first):
+pre-tokens of the text are those of ``text[:e]`` followed by those of ``text[e:]``. A candidate
+``e`` (after or before a newline, else before a space, about ``SPLIT_CHARS`` after the previous
+cut; those with no other whitespace beside them first) is proven on windows of ``context``
+characters around it, normalized and pre-tokenized as the tokenizer does, offsets read in the
+original text:
 
-- a candidate ``e`` (after or before a newline, else before a space, about ``SPLIT_CHARS`` after
-  the previous cut ``s``) must be a pre-token boundary of ``text[s:E]``, ``E = e + context``
-  normalized and pre-tokenized as ``tokenizers`` does (read in original-text offsets);
-- the pre-token strings of ``text[s:E]`` must equal those of ``text[s:e]`` followed by those of
-  ``text[e:E]``, the right side holding at least two: this catches what acts on a whole text
-  (a ``Prepend``/``Strip`` normalizer, Metaspace's or ByteLevel's prefix on a text's start, ``^``,
-  look-behind, a regex that reads a long run ahead) and what differs at the text's end;
-- where an added token's text occurs in ``text[s:E]`` (they are taken out before normalizing, and
-  some take the whitespace beside them), the same two checks are made on the whole pipeline's
-  tokens and ids instead of the pre-tokens (an encoding of the window more).
+- ``e`` is a pre-token boundary of ``text[e-C:e+C]``, whose pre-token strings are those of
+  ``text[e-C:e]`` followed by those of ``text[e:e+C]`` (two at least): this catches what acts on a
+  whole text (a ``Prepend``/``Strip`` normalizer, Metaspace's or ByteLevel's prefix on a text's
+  start, ``^``, look-behind) and what differs at a text's end;
+- the window is in step with the whole document's pre-tokenization: started ``C`` characters
+  earlier, the pre-tokens from ``e - C/2`` on are the same, with a boundary before ``e`` (a
+  window that starts at the text's start needs no such check);
+- where an added token's text is near (they are taken out before normalizing, and some take the
+  whitespace beside them), the same checks run on the whole pipeline's ids instead.
 
-The left side starts at a proven cut, so it is what the whole document's pipeline sees from
-there; the right side's context covers what a pre-tokenizer reads past ``e``: the Split regexes
-accepted look ahead one character at most (``\\s+(?!\\S)``), one with any other look-ahead is
-not split. A tokenizer whose pipeline cannot be cut (no pre-tokenizer, a ``Prepend``/``Strip``
-normalizer, Metaspace or ByteLevel pre-tokenizing the whole text as one piece, BPE dropout) or a
-document where no cut proves safe is encoded whole, said once per process. With special tokens,
-the post-processor's ids go around the pieces' ids as it puts them around one sequence's.
+A check costs ~7 contexts of pre-tokenizing, against a piece's whole encoding (pre-tokenizing a
+text costs about what encoding it does, so proofs over whole pieces would double the work). What
+the windows assume is locality: the pre-tokenizer's decision at ``e`` depends on characters within
+``C`` of it. HF's pre-tokenizers and normalizers are local; the Split regexes accepted look ahead
+one character at most (``\\s+(?!\\S)``), one with any other look-ahead is not cut. A tokenizer whose
+pipeline cannot be cut (no pre-tokenizer, a ``Prepend``/``Strip`` normalizer, Metaspace or ByteLevel
+pre-tokenizing the whole text as one piece, BPE dropout) or a document where no cut proves safe is
+encoded whole, said once per process. With special tokens, the post-processor's ids go around
+the pieces' ids as it puts them around one sequence's.
 """
 from __future__ import annotations
 
@@ -46,8 +50,8 @@ SPLIT_CHARS = 1 << 17
 of the tokenizer's memory each, like one ``BATCH_BYTES`` batch)."""
 CONTEXT_CHARS = 1024
 """Characters past a cut that its proof pre-tokenizes."""
-TRIES = 8
-"""Candidate cuts proven (each a pre-tokenization of the piece) before looking further on."""
+TRIES = 16
+"""Candidate cuts that fail their proof (each pre-tokenizes ~7 contexts) before a range is given up."""
 
 _LOOKAHEAD = re.compile(r"\(\?(?:=|!(?!\\S\)))")
 _WHOLE_TEXT_NORMALIZERS = {"Prepend", "Strip"}
@@ -155,32 +159,65 @@ class DocSplitter:
 
     def _cut(self, text: str, s: int, final: bool = True) -> int | None:
         """The first proven cut in ``(s + bound/2, s + bound]`` (from the right), else further on."""
-        last = len(text) - 1 if final else len(text) - self.context
-        for lo, hi in ((s + self.bound // 2, s + self.bound), (s + self.bound, s + 2 * self.bound),
-                       (s + 2 * self.bound, s + 4 * self.bound)):
+        n, C = len(text), self.context
+        last = n - 1 if final else n - C
+        for k, (lo, hi) in enumerate(((s + self.bound // 2, s + self.bound), (s + self.bound, s + 2 * self.bound),
+                                      (s + 2 * self.bound, s + 4 * self.bound))):
             hi = min(hi, last)
-            if hi < lo:
-                break
-            end = min(len(text), hi + self.context)
-            window = text[s:end]
-            # pre-tokens, or (where an added token's text occurs: it is taken out before normalizing,
-            # and may take the whitespace beside it) the whole pipeline's tokens and ids
-            same = self._same_ids if self._holds_added(window) else self._same
-            splits = self._pretokens(window) if same == self._same else self._tokens(window)
-            starts = [a for _, (a, _) in splits]
             tries = 0
-            for e in _candidates(text, lo, hi, reverse=hi == s + self.bound):
-                i = _boundary(splits, starts, e - s)
-                if i is None or not same(splits[i:], text[e:end], least=2):
-                    continue  # the cheap checks first: what the window holds past ``e``
-                if same(splits[:i], text[s:e]):
-                    return e
-                tries += 1
+            for r_lo, r_hi in _regions(lo, hi, 4 * C, reverse=k == 0):
+                a, b = max(0, r_lo - C), min(n, r_hi + C)
+                units = self._units(text, a, b, self._holds_added(text[a:b]))  # which candidates are boundaries
+                starts = [x for _, (x, _) in units]
+                for e in _candidates(text, r_lo, r_hi, reverse=k == 0):
+                    if _boundary(units, starts, e) is None:
+                        continue
+                    if self._proves(text, e):
+                        return e
+                    tries += 1
+                    if tries >= TRIES:
+                        break
                 if tries >= TRIES:
                     break
             if hi >= last:
                 break
         return None
+
+    def _proves(self, text: str, e: int) -> bool:
+        """Whether cutting ``text`` at ``e`` keeps its ids (the checks of the module's docstring)."""
+        C = self.context
+        a, b = max(0, e - C), min(len(text), e + C)
+        ids = self._holds_added(text[max(0, e - 2 * C):b])
+        units = self._units(text, a, b, ids)
+        i = _boundary(units, [x for _, (x, _) in units], e)
+        if i is None:
+            return False
+        right = self._units(text, e, b, ids)
+        if len(right) < 2 or [u for u, _ in right] != [u for u, _ in units[i:]]:
+            return False
+        if [u for u, _ in self._units(text, a, e, ids)] != [u for u, _ in units[:i]]:
+            return False
+        if a == 0:
+            return True  # the window starts where the text does
+        near = [t for t in units if t[1][0] >= e - C // 2]
+        wider = [t for t in self._units(text, max(0, e - 2 * C), b, ids) if t[1][0] >= e - C // 2]
+        return near == wider and any(x < e for _, (x, _) in near)
+
+    def _units(self, text: str, a: int, b: int, ids: bool) -> list[tuple[Any, tuple[int, int]]]:
+        """``text[a:b]``'s pre-tokens (strings), or with ``ids`` (an added token's text is near) the
+        whole pipeline's ids; with their offsets in ``text``'s characters."""
+        window = text[a:b]
+        if ids:
+            enc = self.tok.encode(window, add_special_tokens=False)
+            return [(t, (a + x, a + y)) for t, (x, y) in zip(enc.ids, enc.offsets)]
+        from tokenizers import PreTokenizedString
+
+        pts = PreTokenizedString(window)
+        if self.tok.normalizer is not None:
+            pts.normalize(self.tok.normalizer.normalize)
+        self.tok.pre_tokenizer.pre_tokenize(pts)
+        return [(p, (a + x, a + y)) for p, (x, y), _ in pts.get_splits(offset_referential="original",
+                                                                     offset_type="char")]
 
     def _holds_added(self, window: str) -> bool:
         """Whether an added token's text occurs in ``window`` (raw, or normalized for normalized tokens)."""
@@ -188,29 +225,6 @@ class DocSplitter:
             return True
         return self._added_normalized is not None and bool(
             self._added_normalized.search(self.tok.normalizer.normalize_str(window)))
-
-    def _same(self, splits: list, text: str, least: int = 1) -> bool:
-        """Whether ``text`` alone pre-tokenizes into the strings of ``splits`` (at least ``least`` of them)."""
-        return len(splits) >= least and [p for p, _ in self._pretokens(text)] == [p for p, _ in splits]
-
-    def _same_ids(self, tokens: list, text: str, least: int = 1) -> bool:
-        """Whether ``text`` alone encodes into the ids of ``tokens`` (at least ``least`` of them)."""
-        return len(tokens) >= least and [t for t, _ in self._tokens(text)] == [t for t, _ in tokens]
-
-    def _tokens(self, text: str) -> list[tuple[int, tuple[int, int]]]:
-        """The ids of ``text`` and their offsets in ``text``'s characters."""
-        enc = self.tok.encode(text, add_special_tokens=False)
-        return list(zip(enc.ids, enc.offsets))
-
-    def _pretokens(self, text: str) -> list[tuple[str, tuple[int, int]]]:
-        """The pre-tokens of ``text`` (normalized, as ``tokenizers`` does), offsets in ``text``'s characters."""
-        from tokenizers import PreTokenizedString
-
-        pts = PreTokenizedString(text)
-        if self.tok.normalizer is not None:
-            pts.normalize(self.tok.normalizer.normalize)
-        self.tok.pre_tokenizer.pre_tokenize(pts)
-        return [(p, o) for p, o, _ in pts.get_splits(offset_referential="original", offset_type="char")]
 
     def _specials(self) -> tuple[list[int], list[int]] | None:
         """The ids the post-processor puts before and after one sequence, when that is all it does."""
@@ -239,14 +253,35 @@ def _any_of(words: Iterator[str]) -> re.Pattern | None:
 
 
 def _candidates(text: str, lo: int, hi: int, reverse: bool) -> Iterator[int]:
-    """Cut positions in ``[lo, hi]``: after and before each newline, then before each space."""
-    for ch, offsets in (("\n", (1, 0)), (" ", (0,))):
-        pos = text.rfind(ch, lo, hi) if reverse else text.find(ch, lo, hi)
+    """Cut positions in ``[lo, hi]``: after and before each newline, then before each space; first
+    those with no other whitespace beside them (where most pre-tokenizers cut), then the rest."""
+    def at(ch: str) -> Iterator[int]:
+        pos = text.rfind(ch, lo, hi + 1) if reverse else text.find(ch, lo, hi + 1)
         while pos >= 0:
-            for d in offsets:
-                if lo <= pos + d <= hi and not (d == 0 and ch == "\n" and text[pos - 1:pos] == "\r"):
-                    yield pos + d
-            pos = text.rfind(ch, lo, pos) if reverse else text.find(ch, pos + 1, hi)
+            yield pos
+            pos = text.rfind(ch, lo, pos) if reverse else text.find(ch, pos + 1, hi + 1)
+
+    def clean(e: int) -> bool:
+        return not text[e - 1:e].isspace() or not text[e:e + 1].isspace() or text[e - 1:e + 1] == "\n "
+
+    for pick in (clean, lambda e: not clean(e)):
+        for pos in at("\n"):
+            for e in (pos + 1, pos):
+                if lo <= e <= hi and pick(e) and not (e == pos and text[pos - 1:pos] == "\r"):
+                    yield e
+        for pos in at(" "):
+            if lo <= pos <= hi and pick(pos) and not text[pos - 1:pos] == " ":
+                yield pos
+
+
+def _regions(lo: int, hi: int, size: int, reverse: bool) -> Iterator[tuple[int, int]]:
+    """``[lo, hi]`` in spans of ``size``, from the right when ``reverse``."""
+    if reverse:
+        for r_hi in range(hi, lo - 1, -size):
+            yield max(lo, r_hi - size + 1), r_hi
+    else:
+        for r_lo in range(lo, hi + 1, size):
+            yield r_lo, min(hi, r_lo + size - 1)
 
 
 def _boundary(splits: list, starts: list[int], e: int) -> int | None:
