@@ -166,10 +166,13 @@ class DocSplitter:
             hi = min(hi, last)
             tries = 0
             for r_lo, r_hi in _regions(lo, hi, 4 * C, reverse=k == 0):
+                candidates = list(_candidates(text, r_lo, r_hi, reverse=k == 0))
+                if not candidates:
+                    continue
                 a, b = max(0, r_lo - C), min(n, r_hi + C)
                 units = self._units(text, a, b, self._holds_added(text[a:b]))  # which candidates are boundaries
                 starts = [x for _, (x, _) in units]
-                for e in _candidates(text, r_lo, r_hi, reverse=k == 0):
+                for e in candidates:
                     if _boundary(units, starts, e) is None:
                         continue
                     if self._proves(text, e):
