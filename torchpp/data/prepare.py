@@ -181,8 +181,8 @@ def _shards(s: Source, column: str, split: str | None, scratch: Path, tok: Any =
 
 def _text_rows(s: Source, tok: Any) -> Iterator[tuple[int, int, bool]]:
     """A text file's rows (byte ranges, and whether the file ends there): its pieces (read to bound
-    memory) cut again where the tokenizer's ids provably do not change (``DocSplitter.cuts``), each
-    from the last proven cut, so the rows encoded apart give the ids of the file encoded whole.
+    memory) cut again where the tokenizer's ids do not change (``DocSplitter.cuts``), so the rows
+    encoded apart give the ids of the file encoded whole.
     UTF-8 bytes cut anywhere; a tokenizer that cannot be proven is cut at the pieces' newlines, said once."""
     last = len(s.pieces) - 1
     if not isinstance(tok, DocSplitter) or tok.reason is not None:
