@@ -104,6 +104,10 @@ QUICK = [
                  [rf"^seed 000's own plan \(1F1B, .*\): {NUM} s$",
                   *(rf"^  {k}\s+{NUM} s  \({NUM}x seed 000's\)  \[0,.* -> .*{k}\.png$" for k in ("1f1b", "zbv"))],
                  id="schedule_gantts"),
+    pytest.param("bench_docsplit.py", ["--quick"],
+                 [r"^one document of [\d,]+ characters, [\d,]+ tokens \(\d+ pieces\); ids equal$",
+                  *(rf"^  {m}\s*: \+{NUM} MiB while encoding, {NUM} CPU s$" for m in ("whole", "pieces")),
+                  rf"^memory {NUM}x, CPU {NUM}x of encoding it whole$"], id="bench_docsplit"),
     pytest.param("bench_planner.py", ["--quick"],
                  [*(rf"^   8 devices x 28 layers \(G=32, --schedule {k}\): {NUM} s wall, {NUM} s CPU .*planner / "
                     rf"proven lower bound {NUM}$" for k in ("1f1b", "auto")),

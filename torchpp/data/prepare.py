@@ -11,6 +11,7 @@ import hashlib
 import os
 import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -19,6 +20,7 @@ import numpy as np
 
 from ..formats import SourceFile, TokenizerInfo, TokensIndex, token_dtype
 from .base import DataError
+from .docsplit import DocSplitter
 from .sources import Inputs, Source, discover
 
 SHARD_BYTES = 32 << 20
@@ -29,7 +31,8 @@ BATCH_BYTES = 256 << 10
 high-water mark, so 1,000 rows of 200 kB source files — the ``datasets`` default — would hold
 ~2 GB in each worker; 256 kB holds ~30 MB (measured on a 40 MB JSONL of Python sources: the
 whole prepare's peak PSS 1,067 MiB with 4 MB, 671 with 1 MB, 598 with 256 kB). A document larger
-than this is one batch alone: a 4.4 MB file holds ~600 MB while it is encoded."""
+than ``docsplit.SPLIT_CHARS`` is encoded in pieces cut where the ids provably do not change (a 4.4 MB
+file held ~600 MB encoded whole)."""
 INDEX = "index.json"
 
 
@@ -71,7 +74,7 @@ def prepare_corpus(data: list[str | Path], out: str | Path, *, tokenizer: str | 
     try:
         for s in inputs.sources:
             w.source_start()
-            for shard in _shards(s, text_column, split, scratch):
+            for shard in _shards(s, text_column, split, scratch, tok):
                 w.write(_tokenize(shard.ds, tok, info, dtype, num_proc, scratch, shard.bytes))
                 done += shard.bytes
                 if progress is not None:
@@ -154,21 +157,19 @@ class _Shard:
     bytes: int
 
 
-def _shards(s: Source, column: str, split: str | None, scratch: Path) -> Iterator[_Shard]:
+def _shards(s: Source, column: str, split: str | None, scratch: Path, tok: Any = None) -> Iterator[_Shard]:
     """The source as ``datasets`` shards of about ``SHARD_BYTES`` input bytes, columns ``text`` (+ ``end``)."""
     if s.kind == "text":
-        groups, cur, size = [], [], 0
-        for a, b in s.pieces:
-            cur.append((a, b))
-            size += b - a
+        group: list[tuple[int, int, bool]] = []
+        size, shards = 0, 0
+        for row in _text_rows(s, tok):
+            group.append(row)
+            size += row[1] - row[0]
             if size >= SHARD_BYTES:
-                groups.append(cur)
-                cur, size = [], 0
-        if cur or not groups:
-            groups.append(cur)
-        last = s.pieces[-1]
-        for g in groups:
-            yield _Shard(_text_dataset(s.path, g, last, scratch), sum(b - a for a, b in g))
+                yield _Shard(_text_dataset(s.path, group, scratch), size)
+                group, size, shards = [], 0, shards + 1
+        if group or not shards:
+            yield _Shard(_text_dataset(s.path, group, scratch), size)
         return
     ds = _table(s, column, split, scratch)
     n = len(ds)
@@ -178,18 +179,42 @@ def _shards(s: Source, column: str, split: str | None, scratch: Path) -> Iterato
         yield _Shard(ds.select(range(a, b)), s.bytes * (b - a) // max(1, n))
 
 
-def _pieces(path: str, pieces: list[tuple[int, int]], last: tuple[int, int]) -> Iterator[dict]:
+def _text_rows(s: Source, tok: Any) -> Iterator[tuple[int, int, bool]]:
+    """A text file's rows (byte ranges, and whether the file ends there): its pieces (read to bound
+    memory) cut again where the tokenizer's ids do not change (``DocSplitter.cuts``), so the rows
+    encoded apart give the ids of the file encoded whole.
+    UTF-8 bytes cut anywhere; a tokenizer that cannot be proven is cut at the pieces' newlines, said once."""
+    last = len(s.pieces) - 1
+    if not isinstance(tok, DocSplitter) or tok.reason is not None:
+        if isinstance(tok, DocSplitter) and last > 0:
+            warnings.warn(f"{s.path}: read in {last + 1} pieces cut after a newline: the ids beside each cut may "
+                          f"differ from the file's encoded whole ({tok.reason})", stacklevel=2)
+        yield from ((a, b, i == last) for i, (a, b) in enumerate(s.pieces))
+        return
+    start = s.pieces[0][0]
+    with open(s.path, "rb") as f:
+        for i, (_, b) in enumerate(s.pieces):
+            f.seek(start)
+            text = f.read(b - start).decode("utf-8")
+            cuts = list(tok.cuts(text, final=i == last))
+            for x, y in zip(cuts, cuts[1:]):
+                n = len(text[x:y].encode("utf-8"))
+                yield start, start + n, i == last and y == len(text)
+                start += n
+
+
+def _rows(path: str, rows: list[tuple[int, int, bool]]) -> Iterator[dict]:
     with open(path, "rb") as f:
-        for a, b in pieces:
+        for a, b, end in rows:
             f.seek(a)
-            yield {"text": f.read(b - a).decode("utf-8"), "end": (a, b) == tuple(last)}
+            yield {"text": f.read(b - a).decode("utf-8"), "end": end}
 
 
-def _text_dataset(path: Path, pieces: list[tuple[int, int]], last: tuple[int, int], scratch: Path) -> Any:
+def _text_dataset(path: Path, rows: list[tuple[int, int, bool]], scratch: Path) -> Any:
     from datasets import Dataset, Features, Value
 
-    return Dataset.from_generator(_pieces, features=Features({"text": Value("string"), "end": Value("bool")}),
-                                  gen_kwargs={"path": str(path), "pieces": pieces, "last": last},
+    return Dataset.from_generator(_rows, features=Features({"text": Value("string"), "end": Value("bool")}),
+                                  gen_kwargs={"path": str(path), "rows": rows},
                                   cache_dir=str(scratch / "cache"), keep_in_memory=False)
 
 
@@ -222,16 +247,16 @@ def _encode(batch: dict, *, tok: Any, eos: int | None, dtype: str) -> dict:
     ends = [o and e for o, e in zip(ok, batch.get("end") or [True] * len(texts))]
     if tok is None:
         ids = [list(t.encode("utf-8")) if o else [] for t, o in zip(texts, ok)]
-    elif hasattr(tok, "encode_batch"):  # the fast tokenizer's backend (``load_encoder``)
-        ids = [e.ids if o else [] for e, o in zip(tok.encode_batch([t if o else "" for t, o in zip(texts, ok)],
-                                                                    add_special_tokens=False), ok)]
+    elif isinstance(tok, DocSplitter):  # the fast tokenizer's backend (``load_encoder``)
+        ids = [x if o else [] for x, o in zip(tok.ids_batch([t if o else "" for t, o in zip(texts, ok)]), ok)]
     else:
         ids = tok([t if o else "" for t, o in zip(texts, ok)], add_special_tokens=False,
                   return_attention_mask=False)["input_ids"]
         ids = [x if o else [] for x, o in zip(ids, ok)]
+    out = [np.asarray(x, dtype=dtype) for x in ids]
     if eos is not None:
-        ids = [x + [eos] if e else x for x, e in zip(ids, ends)]
-    return {"ids": [np.asarray(x, dtype=dtype) for x in ids], "doc": ends}
+        out = [np.append(x, np.asarray([eos], dtype=dtype)) if e else x for x, e in zip(out, ends)]
+    return {"ids": out, "doc": ends}
 
 
 def _tokenize(ds: Any, tok: Any, info: TokenizerInfo, dtype: str, num_proc: int | None, scratch: Path,

@@ -82,13 +82,14 @@ print(json.dumps({"backend": backend, "info": dataclasses.asdict(info)}))
 def load_encoder(spec: str | Path, flag: str = "--tokenizer") -> tuple[Any, TokenizerInfo]:
     """What ``prepare`` encodes with: the HF tokenizer's own ``tokenizers.Tokenizer`` backend, as
     ``AutoTokenizer`` configures it (its ``__call__`` encodes through exactly this object, special
-    tokens off), else the HF tokenizer itself (slow ones; None for bytes). Where transformers is not
+    tokens, truncation and padding off), in a :class:`DocSplitter` (long documents in proven pieces),
+    else the HF tokenizer itself (slow ones; None for bytes). Where transformers is not
     imported yet, a child process loads it and hands the backend over as JSON: importing
     transformers imports torch, ~190 MiB that every tokenizing worker forked from this process
     would share for nothing."""
     if str(spec) == BYTES or "transformers" in sys.modules:
         tok, info = load_tokenizer(spec, flag)
-        return (tok.backend_tokenizer if getattr(tok, "is_fast", False) else tok), info
+        return (_splitter(tok.backend_tokenizer) if getattr(tok, "is_fast", False) else tok), info
     if not has_tokenizer(Path(spec)):
         return load_tokenizer(spec, flag)  # the one-line refusal, without a child
     try:
@@ -108,4 +109,12 @@ def load_encoder(spec: str | Path, flag: str = "--tokenizer") -> tuple[Any, Toke
         return load_tokenizer(spec, flag)[0], info
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_str(got["backend"]), info
+    return _splitter(Tokenizer.from_str(got["backend"])), info
+
+
+def _splitter(backend: Any) -> Any:
+    from .docsplit import DocSplitter
+
+    backend.no_truncation()
+    backend.no_padding()
+    return DocSplitter(backend)
