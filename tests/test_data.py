@@ -1,6 +1,6 @@
 """Data: every input form tokenizes to the tokenizer's own ids (EOS between documents) in one
 memory-mapped file; every bad input is one line (exit 2); the order is a function of (seed,
-step); held-out blocks are a seeded, disjoint fraction that training never reads."""
+step); held-out documents are whole and leave the training order of the rest as it was."""
 from __future__ import annotations
 
 import json
@@ -164,46 +164,22 @@ def test_order_is_a_function_of_seed_and_step_and_visits_each_block_once_per_epo
     assert not np.array_equal(epoch, np.concatenate([other.block_ids(s) for s in range(n // 4)]))
 
 
-def test_held_out_blocks_are_a_seeded_disjoint_fraction_never_trained_on(tmp_path):
+def test_held_out_documents_are_whole_and_the_training_order_of_the_rest_is_unchanged(tmp_path):
     c = _corpus(tmp_path, n_docs=60)
     train, ev = held_out(c, 0.2)
-    n, B = c.blocks, 4
-    held = np.concatenate([ev.block_ids(s) for s in range(-(-len(ev) // B))])[:len(ev)]
-    assert len(ev) == round(0.2 * n) and len(set(held.tolist())) == len(ev) and len(train) == n - len(ev)
-    assert sorted(held.tolist()) != list(range(n - len(ev), n))  # a seeded draw, not the last blocks
+    offs = np.fromfile(tmp_path / "c" / "offsets.bin", dtype="<i8")
+    held = [(int(a), int(b)) for a, b in ev.spans]
+    assert 0 < len(held) < 60 and all((a, b) in set(zip(offs[:-1].tolist(), offs[1:].tolist())) for a, b in held)
+    assert held != list(zip(offs[:-1].tolist(), offs[1:].tolist()))[-len(held):]  # a seeded draw, not the last ones
     flat = np.fromfile(tmp_path / "c" / "tokens.bin", dtype="<u2").astype(np.int64)
-    assert torch.equal(ev.batch(0), torch.from_numpy(np.stack([flat[b * 8:(b + 1) * 8] for b in held[:B]])))
-    # three epochs of training: each epoch every training block once, never a held-out one
-    seen = np.concatenate([train.block_ids(s) for s in range(-(-3 * len(train) // B))])
-    assert not set(seen.tolist()) & set(held.tolist())
-    for e in range(3):
-        epoch = seen[e * len(train):(e + 1) * len(train)]
-        assert sorted(epoch.tolist()) == sorted(set(range(n)) - set(held.tolist()))
-    assert torch.equal(train.batch(5), torch.from_numpy(np.stack([flat[b * 8:(b + 1) * 8]
-                                                                   for b in train.block_ids(5)])))
-    # another rank, or a resumed run, gets the same split and order from (seed, step) alone, in any order
-    train2, ev2 = held_out(TokenCorpus(tmp_path / "c", seq_len=8, global_batch=B, seed=3), 0.2)
-    for s in (len(seen) // B - 1, 7, 0):
-        assert np.array_equal(train2.block_ids(s), train.block_ids(s)) and np.array_equal(ev2.block_ids(s), ev.block_ids(s))
-    _, ev3 = held_out(TokenCorpus(tmp_path / "c", seq_len=8, global_batch=B, seed=4), 0.2)
-    assert not np.array_equal(ev3.block_ids(0), ev.block_ids(0))
-    for bad in (1.5, 0.1 / n, 1 - 0.1 / n):
-        with pytest.raises(DataError, match="--eval-fraction"):
-            held_out(c, bad)
-
-
-def test_holding_out_keeps_nothing_per_block(tmp_path):
-    """10^13 blocks: an array per block (as the split once built) would not fit; the split needs none."""
-    import dataclasses
-    import tracemalloc
-
-    c = _corpus(tmp_path)
-    huge = TokenCorpus(tmp_path / "c", seq_len=8, global_batch=4, seed=3,
-                       index=dataclasses.replace(c.index, tokens=8 * 10 ** 13))
-    tracemalloc.start()
-    train, ev = held_out(huge, 0.1)
-    ids, eids = train.block_ids(10 ** 12), ev.block_ids(10 ** 11)
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    assert len(ev) == 10 ** 12 and len(train) == 9 * 10 ** 12 and peak < 1 << 20
-    assert ((0 <= ids) & (ids < 10 ** 13)).all() and ((0 <= eids) & (eids < 10 ** 13)).all()
+    held_tokens = np.concatenate([flat[a:b] for a, b in held])
+    assert torch.equal(ev.batch(0), torch.from_numpy(held_tokens[:32].reshape(4, 8)))
+    # training: the full order with the blocks touching a held-out document skipped
+    steps = len(train) // 4
+    full = np.concatenate([c.block_ids(s) for s in range(len(c) // 4 + 1)])[:len(c)]
+    kept = [b for b in full if b in set(train.keep.tolist())]
+    assert np.concatenate([train.block_ids(s) for s in range(steps)]).tolist() == kept[:steps * 4]
+    for b in train.keep:  # no training block holds a held-out token
+        assert all(not (a < (b + 1) * 8 and b * 8 < e) for a, e in held)
+    with pytest.raises(DataError, match="--eval-fraction"):
+        held_out(c, 1.5)

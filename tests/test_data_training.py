@@ -1,6 +1,6 @@
 """Training on prepared and raw data: a 2-stage pipeline trains to the losses of plain HF on
 the same token file (fp32, relative 1e-6) for raw forms prepared through the cache, a DatasetDict split
-and a prepared corpus with held-out blocks; the wrong tokens are refused on every rank
+and a prepared corpus with held-out documents; the wrong tokens are refused on every rank
 before any collective (exit 2), and the tokenizer goes into the export."""
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def test_a_dataset_dict_split_trains_as_plain_hf(runs):
     assert json.loads((runs / "split.json").read_text())["losses"] == pytest.approx(losses, rel=1e-6)
 
 
-def test_a_prepared_corpus_with_held_out_blocks_trains_and_evaluates_as_plain_hf(runs):
+def test_a_prepared_corpus_with_held_out_documents_trains_and_evaluates_as_plain_hf(runs):
     train, ev = held_out(TokenCorpus(runs / "corpus", seq_len=SEQ, global_batch=BATCH, seed=5), 0.3)
     losses, evals = _reference(runs / "model", train, ev)
     got = json.loads((runs / "corpus_eval.json").read_text())

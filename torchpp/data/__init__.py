@@ -77,8 +77,8 @@ def open_source(data: str, *, seq_len: int, global_batch: int, vocab_size: int, 
 
 
 def held_out(source: TokenSource, fraction: float) -> tuple[TokenSource, TokenSource]:
-    """(training, evaluation): a seeded fraction of a corpus's blocks held out (``corpus.hold_out``);
-    synthetic tokens get an independent evaluation stream."""
+    """(training, evaluation): held-out whole documents of a corpus; synthetic tokens get an
+    independent evaluation stream."""
     if not 0 < fraction < 1:
         raise DataError(f"--eval-fraction: expected a fraction in (0, 1), got {fraction}")
     if isinstance(source, SyntheticTokens):

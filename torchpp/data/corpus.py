@@ -9,14 +9,9 @@ token file into a rank's peak RSS for 8 rows (the kernel maps pages around each 
 rank's peak counts them), where a read costs the row alone. Data memory is O(global batch),
 not O(corpus).
 
-Evaluation holds out ``round(fraction · blocks)`` blocks: the first ones of a seeded permutation
-of the block numbers (the *split order*, again a Feistel network), so the split is a pure function
-of (seed, blocks, fraction), the same on every rank and every resume, disjoint by construction, and
-nothing of the corpus's size is held (an array of held-out or kept blocks for a 200 MB corpus was
-O(blocks) on every rank). Epoch e's training order is the split order at ``held + σ_e(i)``, σ_e a
-seeded permutation of the ``blocks - held`` training positions. The unit held out is a block, not
-a document: a held-out block's neighbours in the same document may be trained on (as with
-nanoGPT's token-range split), but no held-out token is.
+Evaluation holds out whole documents, each chosen by a seeded draw of its own (not by file
+name or position); training skips the blocks that touch a held-out document and keeps the
+order of every other block exactly as without held-out data.
 """
 from __future__ import annotations
 
@@ -110,7 +105,7 @@ class TokenCorpus:
     """Blocks of a prepared corpus, in a seeded order per epoch (see the module's docstring)."""
 
     def __init__(self, root: str | Path, *, seq_len: int, global_batch: int, seed: int = 0,
-                 index: TokensIndex | None = None, flag: str = "--data", held: int = 0):
+                 index: TokensIndex | None = None, flag: str = "--data"):
         self.root = Path(root)
         self.index = index or load_index(self.root, flag)
         self.seq_len, self.global_batch, self.seed = seq_len, global_batch, seed
@@ -119,21 +114,16 @@ class TokenCorpus:
         if self.blocks < 1:
             raise DataError(f"{flag}: {self.root}: {self.index.tokens} tokens, expected at least seq_len={seq_len} to "
                             "make one training sequence")
-        if not 0 <= held < self.blocks:
-            raise ValueError(f"held: expected 0 <= held < {self.blocks} blocks, got {held}")
-        self.held = held
-        """The first ``held`` blocks of the split order are held out (see the module's docstring)."""
+        self.keep: np.ndarray | None = None
+        """Block numbers training visits (None: all), when documents are held out."""
+        self._order: tuple[int, np.ndarray] | None = None
 
     def __len__(self) -> int:
-        return self.blocks - self.held
+        return self.blocks if self.keep is None else len(self.keep)
 
     @property
     def documents(self) -> int:
         return self.index.documents
-
-    def split_order(self, j: np.ndarray) -> np.ndarray:
-        """Block numbers at positions ``j`` of the split order (the first ``held`` are held out)."""
-        return permute(j, self.blocks, seed_of("held-out", self.seed)) if self.held else np.asarray(j, dtype=np.int64)
 
     def block_ids(self, step: int) -> np.ndarray:
         """The block numbers of ``step``'s batch."""
@@ -143,8 +133,17 @@ class TokenCorpus:
         out = np.empty_like(pos)
         for e in np.unique(epochs):
             sel = epochs == e
-            out[sel] = permute(within[sel], n, seed_of("epoch", self.seed, int(e)))
-        return self.split_order(self.held + out) if self.held else out
+            out[sel] = self._epoch_order(int(e), within[sel])
+        return out
+
+    def _epoch_order(self, epoch: int, within: np.ndarray) -> np.ndarray:
+        key = seed_of("epoch", self.seed, epoch)
+        if self.keep is None:
+            return permute(within, self.blocks, key)
+        if self._order is None or self._order[0] != epoch:  # the full order with the held-out blocks skipped
+            order = permute(np.arange(self.blocks, dtype=np.int64), self.blocks, key)
+            self._order = (epoch, order[np.isin(order, self.keep, assume_unique=True)].astype(np.int64))
+        return self._order[1][within]
 
     def batch(self, step: int) -> "torch.Tensor":
         import torch
@@ -163,31 +162,62 @@ class TokenCorpus:
 
 
 class HeldOut:
-    """The held-out blocks (the first ``corpus.held`` of its split order), read in that order."""
+    """The held-out documents' tokens back to back, cut into ``seq_len`` blocks in document order."""
 
-    def __init__(self, corpus: TokenCorpus):
-        self.corpus, self.seq_len, self.global_batch = corpus, corpus.seq_len, corpus.global_batch
+    def __init__(self, corpus: TokenCorpus, spans: np.ndarray):
+        self.corpus, self.spans = corpus, spans  # (k, 2) token ranges
+        self.cum = np.concatenate([[0], np.cumsum(spans[:, 1] - spans[:, 0])])
+        self.seq_len, self.global_batch = corpus.seq_len, corpus.global_batch
+        self.blocks = int(self.cum[-1]) // self.seq_len
 
     def __len__(self) -> int:
-        return self.corpus.held
-
-    def block_ids(self, step: int) -> np.ndarray:
-        pos = np.arange(step * self.global_batch, (step + 1) * self.global_batch, dtype=np.int64)
-        return self.corpus.split_order(pos % len(self))
+        return self.blocks
 
     def batch(self, step: int) -> "torch.Tensor":
         import torch
 
-        return torch.from_numpy(self.corpus.read_blocks(self.block_ids(step)))
+        S = self.seq_len
+        with TokenReader(self.corpus.root / self.corpus.index.token_file, self.corpus.dtype) as r:
+            rows = []
+            for pos in range(step * self.global_batch, (step + 1) * self.global_batch):
+                start = (pos % self.blocks) * S
+                parts, need = [], S
+                j = int(np.searchsorted(self.cum, start, side="right")) - 1
+                off = start - int(self.cum[j])
+                while need:
+                    a, b = int(self.spans[j, 0]) + off, int(self.spans[j, 1])
+                    take = min(need, b - a)
+                    parts.append(r.read(a, take))
+                    need -= take
+                    j, off = j + 1, 0
+                rows.append(np.concatenate(parts))
+        return torch.from_numpy(np.stack(rows))
 
 
 def hold_out(corpus: TokenCorpus, fraction: float) -> tuple[TokenCorpus, HeldOut]:
-    """(training, evaluation): ``round(fraction · blocks)`` blocks held out by the seeded split order."""
-    held = round(fraction * corpus.blocks)
-    if not 0 < held < corpus.blocks:
-        raise DataError(f"--eval-fraction {fraction}: the corpus has {corpus.blocks} block(s) of {corpus.seq_len} "
-                        f"tokens; holding out {held} leaves none for {'evaluation' if held == 0 else 'training'} "
-                        "(change --eval-fraction or give --eval-data)")
-    train = TokenCorpus(corpus.root, seq_len=corpus.seq_len, global_batch=corpus.global_batch, seed=corpus.seed,
-                        index=corpus.index, held=held)
-    return train, HeldOut(train)
+    """(training, evaluation): each document is held out when its seeded draw is below ``fraction``."""
+    offs = corpus.offsets()
+    n_docs = len(offs) - 1
+    draw = _mix(np.arange(n_docs, dtype=np.uint64), seed_of("held-out", corpus.seed)) >> np.uint64(11)
+    held = np.flatnonzero(draw.astype(np.float64) / float(1 << 53) < fraction)
+    if len(held) == 0 or len(held) == n_docs:
+        raise DataError(f"--eval-fraction {fraction}: the corpus has {n_docs} document(s); holding out whole "
+                        f"documents leaves {'none' if len(held) == 0 else 'all'} for "
+                        f"{'evaluation' if len(held) == 0 else 'training'} (change --eval-fraction or give "
+                        "--eval-data)")
+    spans = np.stack([np.asarray(offs[held]), np.asarray(offs[held + 1])], axis=1)
+    ev = HeldOut(corpus, spans)
+    if len(ev) < 1:
+        raise DataError(f"--eval-fraction {fraction}: the {len(held)} held-out document(s) hold {int(ev.cum[-1])} "
+                        f"tokens, fewer than one sequence of {corpus.seq_len}; raise --eval-fraction")
+    S = corpus.seq_len
+    touched = np.zeros(corpus.blocks, dtype=bool)
+    for a, b in spans:
+        if b > a:
+            touched[int(a) // S: min(corpus.blocks, (int(b) - 1) // S + 1)] = True
+    train = TokenCorpus(corpus.root, seq_len=S, global_batch=corpus.global_batch, seed=corpus.seed, index=corpus.index)
+    train.keep = np.flatnonzero(~touched)
+    if len(train.keep) == 0:
+        raise DataError(f"--eval-fraction {fraction}: every training sequence touches a held-out document; "
+                        "lower --eval-fraction or give --eval-data")
+    return train, ev
