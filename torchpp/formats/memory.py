@@ -119,6 +119,14 @@ class MemoryModel:
     forward or backward is running (its intermediate products, the gradients it builds before
     they flow on). Without it the intercept ``base`` absorbs them at the probes' mean batch, which
     over-priced one-layer spans at a small batch by 10-25%. ``None`` (files without it): no such term."""
+    Kc: float | None = None
+    """Bytes a device holds for each chunk beyond its first (interleaved and V placements), once,
+    beyond the live tensors its chunks' terms price: each chunk's backward runs while the other
+    chunks' micro-batches are held, and the forwards allocated between them take the space a
+    backward freed, so the next backward of another chunk takes fresh heap. Fitted on probes of
+    one device running two chunks in an interleaved order (``memory_probe`` chunks); a device
+    whose split backward is priced with ``Kz`` holds the larger of the two. ``None`` (files
+    without it): no such term."""
     format: str = f"torchpp.{MEMORY_KIND}/{MEMORY_VERSION}"
 
     @property
@@ -172,7 +180,9 @@ class MemoryModel:
                            Kb=None if r.raw("Kb", None) is None else r.float("Kb", min_value=0.0, max_value=1e6),
                            Kwt=None if r.raw("Kwt", None) is None else r.float("Kwt", min_value=-1e6, max_value=1e6),
                            Kz=None if r.raw("Kz", None) is None else r.float("Kz", min_value=0.0, max_value=1e6),
-                           Kl=None if r.raw("Kl", None) is None else r.float("Kl", min_value=0.0, max_value=1e6))
+                           Kl=None if r.raw("Kl", None) is None else r.float("Kl", min_value=0.0, max_value=1e6),
+                           Kc=None if r.raw("Kc", None) is None else r.float("Kc", min_value=0.0,
+                                                                              max_value=V.MAX_BYTES))
 
     @staticmethod
     def load(path: str | os.PathLike) -> "MemoryModel":
