@@ -87,3 +87,45 @@ def test_the_file_keeps_kc_and_older_files_have_none(tmp_path):
     bad.write_text((tmp_path / "m.json").read_text().replace(f'"Kc": {float(KC)}', '"Kc": -1.0'))
     with pytest.raises(FormatError, match="Kc"):
         MemoryModel.load(bad)
+
+
+def test_calibration_prices_a_two_chunk_probe_as_the_planner_prices_that_rank_and_fits_kc_on_the_rest():
+    """A ``chunks`` probe at position p of 4 holding layers [p, p+1) and [p+4, p+5) is the rank at
+    p of an 8-chunk interleaved plan (8 micro-batches of 4): ``chunks_price`` equals
+    ``device_memory`` of that rank (Kc 0), and ``fit_chunks`` reads Kc as the median of what the
+    probes held beyond it."""
+    from torchpp.formats import MemorySample
+    from torchpp.profiling.calibrate import chunks_price, fit_chunks
+    from torchpp.profiling.memory_probe import chunks_order
+
+    plan, prof = _plan("interleaved", EIGHT, 2, ["a", "b", "c", "d"])
+    lf = layers_file("a", num_layers=L, batch=4, layer_param_bytes=7_000_000, act_bytes_per_sample=49_152,
+                     embed_param_bytes=25_000_000, tail_param_bytes=25_000_000)
+    mm = MemoryModel(base=1.5e7, alpha=4.3, Kp=23.0, Kt=3.6, Kb=6.7, Kl=23.8, Kc=5e6)
+    want = device_memory(plan, prof, replace(MemoryEstimator.fitted(mm), kc=0.0))
+    samples = []
+    for pos, extra in ((1, 19e6), (2, 21e6), (3, 30e6)):
+        s = MemorySample(start=pos, end=pos + 1, has_embed=False, has_tail=False, weights_bytes=0,
+                         activation_bytes_per_sample=0, batch=4, peak_bytes=0, microbatches=8, order="chunks",
+                         second=(pos + 4, pos + 5), position=pos)
+        rank = plan.stages[pos].devices[0].rank
+        assert [c.index for c in plan.stages_of_rank(rank)] == [pos, pos + 4]
+        assert chunks_price(mm, lf, s) == pytest.approx(want[rank])
+        samples.append(replace(s, peak_bytes=int(want[rank] + extra)))
+    fitted = fit_chunks(replace(mm, Kc=None), lf, samples)
+    assert fitted.Kc == pytest.approx(21e6, abs=1)
+    assert [s.predicted_bytes for s in fitted.samples[-3:]] == pytest.approx([want[r] + 21e6 for r in (1, 2, 3)])
+    # the probe runs the order the rank runs
+    pl = plan.placement()
+    assert chunks_order(4, 2, 8)[1] == __import__("torchpp.schedules", fromlist=["x"]).position_order(
+        "interleaved", pl, pl.position[2], 8)
+
+
+def test_chunk_probe_spans_are_two_disjoint_body_chunks():
+    from torchpp.profiling.calibrate import CHUNK_LAYERS, chunk_spans
+
+    pairs = chunk_spans(16, 6, seed=0)
+    assert len(pairs) == 6 and len(set(pairs)) == 6
+    for (a, b), (c, d) in pairs:
+        assert 1 <= a < b <= c < d <= 16 and b < 16
+        assert b - a <= CHUNK_LAYERS and d - c <= CHUNK_LAYERS
