@@ -426,7 +426,8 @@ def calibrate(lf: LayersFile, model: str, *, samples: int, batch: int | Sequence
                                  second=second, position=pos if second else None))
         how = {"zb": f" (ZB-H1 stage {pos + 1}/{ZB_PROBE_STAGES}: {rec.get('held')} held, {rec.get('past_input')} "
                      "past I)", "gpipe": f" ({mb} held)",
-               "chunks": f" and {list(second or ())} (interleaved device {pos + 1}/{ZB_PROBE_STAGES}, 2 chunks)"
+               "chunks": f" and [{second[0]}, {second[1]}) (interleaved device {pos + 1}/{ZB_PROBE_STAGES}, 2 chunks)"
+               if second else ""
                }.get(order, "")
         progress(f"  span {i + 1}/{len(probes)} [{s:>3}, {e:>3}){' +embed' if he else ''}{' +tail' if ht else ''} "
                  f"x {batch}{how}: "
