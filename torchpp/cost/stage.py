@@ -435,7 +435,8 @@ class StageMemory:
         (``(chunk, micro-batches held)`` at each step of the device's order,
         ``schedules.in_flight_chunks``; with a third entry, those of them between their I and
         their W: ``schedules.held_profiles``), plus the largest recomputed layer and running
-        backward of any chunk (one backward runs at a time). With one chunk this is :meth:`peak`."""
+        backward of any chunk (one backward runs at a time), plus the heap its chunks leave
+        (``MemoryEstimator.chunks_heap``). With one chunk this is :meth:`peak`."""
         acts = {c.index: (s, self.activations(c)) for c, s in chunks}
         embed = {c.index: c.has_embed for c, _ in chunks}
         static = self.memory.static(sum(float(self.weights(*stage_blocks(c.layers, c.has_embed, c.has_tail)))
@@ -446,10 +447,11 @@ class StageMemory:
                          for c, n, *w in prof if c in acts) for prof in held), default=0.0)
         largest = max(s * self.memory.per_sample(0.0, 0.0, 0, a.largest_recomputed, 0, a.body, 0.0, a.layer)
                       for s, a in acts.values())
-        # the heap a split backward leaves (Kz): once, for the worst chunk with a micro-batch past its I
+        # the heap a split backward leaves (Kz): once, for the worst chunk with a micro-batch past its I;
+        # the heap the chunks' interleaved backwards leave (Kc per chunk beyond the first): the larger
         past = {c for prof in held for c, n, *w in prof if c in acts and not embed[c] and w and w[0] > 0}
-        heap = max((acts[c][0] * float(self.memory.split_once(1, float(acts[c][1].body))) for c in past), default=0.0)
-        return float(static + worst + largest + heap)
+        split = max((acts[c][0] * float(self.memory.split_once(1, float(acts[c][1].body))) for c in past), default=0.0)
+        return float(static + worst + largest + self.memory.chunks_heap(len(acts), split))
 
     def peak(self, span: Span | PlanStage, samples: float, in_flight: int, split: int = 0,
              heap: bool = True) -> float | np.ndarray:

@@ -8,11 +8,18 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .. import validate as V
-from .base import Reader, _load, check_format, to_dict, write_json
+from .base import FormatError, Reader, _load, check_format, to_dict, write_json
 
 
 MEMORY_KIND, MEMORY_VERSION = "memory_model", 1
-MEMORY_ORDERS = ("fb", "gpipe", "zb")
+
+
+def _span(xs: list[int], source: str) -> tuple[int, int]:
+    """A chunk probe's second span, checked."""
+    if len(xs) != 2 or not 0 <= xs[0] < xs[1]:
+        raise FormatError(source, "samples[].second", "[start, end) with 0 <= start < end", xs)
+    return xs[0], xs[1]
+MEMORY_ORDERS = ("fb", "gpipe", "zb", "chunks")
 """Probe orders of a memory sample (``MemorySample.order``); optional fields keep version 1."""
 
 
@@ -44,7 +51,8 @@ class MemorySample:
     """How the probe ran them: ``fb`` each forward then its full backward (one held at a time),
     ``gpipe`` every forward, then every full backward (all ``microbatches`` held at once: what
     ``Kb`` is fitted on), ``zb`` one ZB-H1 stage's own order of F, I and W (what ``Kw`` and
-    ``Kz`` are fitted on)."""
+    ``Kz`` are fitted on), ``chunks`` one interleaved device holding the span and ``second`` in
+    its order of F and B (what ``Kc`` is fitted on)."""
     held: int | None = None
     """``zb``: micro-batches held at the peak of the probe's order (read off it); None: all
     ``microbatches`` (files before it)."""
@@ -56,6 +64,11 @@ class MemorySample:
     layer_activation_bytes_per_sample: int = 0
     """Activation bytes per sample of the span's largest decoder layer (what ``Kl`` multiplies);
     0 (files before it): no such term."""
+    second: tuple[int, int] | None = None
+    """``chunks``: the layers [start, end) of the device's second chunk (the span is its first);
+    None for every other order."""
+    position: int | None = None
+    """``chunks``: the device's position in its interleaved pipeline (``ZB_PROBE_STAGES`` deep)."""
 
 
 @dataclass(kw_only=True)
@@ -119,6 +132,14 @@ class MemoryModel:
     forward or backward is running (its intermediate products, the gradients it builds before
     they flow on). Without it the intercept ``base`` absorbs them at the probes' mean batch, which
     over-priced one-layer spans at a small batch by 10-25%. ``None`` (files without it): no such term."""
+    Kc: float | None = None
+    """Bytes a device holds for each chunk beyond its first (interleaved and V placements), once,
+    beyond the live tensors its chunks' terms price: each chunk's backward runs while the other
+    chunks' micro-batches are held, and the forwards allocated between them take the space a
+    backward freed, so the next backward of another chunk takes fresh heap. Fitted on probes of
+    one device running two chunks in an interleaved order (``memory_probe`` chunks); a device
+    whose split backward is priced with ``Kz`` holds the larger of the two. ``None`` (files
+    without it): no such term."""
     format: str = f"torchpp.{MEMORY_KIND}/{MEMORY_VERSION}"
 
     @property
@@ -158,7 +179,9 @@ class MemoryModel:
                 past_input=None if sr.raw("past_input", None) is None else sr.int("past_input", min_value=0),
                 kept_ratio=None if sr.raw("kept_ratio", None) is None else sr.float("kept_ratio", min_value=0.0,
                                                                                      max_value=10.0),
-                layer_activation_bytes_per_sample=sr.int("layer_activation_bytes_per_sample", 0, min_value=0)))
+                layer_activation_bytes_per_sample=sr.int("layer_activation_bytes_per_sample", 0, min_value=0),
+                second=None if sr.raw("second", None) is None else _span(sr.ints("second"), source),
+                position=None if sr.raw("position", None) is None else sr.int("position", min_value=0)))
         r2 = r.raw("r2", None)
         return MemoryModel(base=r.float("base", min_value=0.0, max_value=V.MAX_BYTES),
                            alpha=r.float("alpha", min_value=0.0, max_value=1e6), Kp=r.float("Kp", min_value=0.0, max_value=1e6),
@@ -172,7 +195,9 @@ class MemoryModel:
                            Kb=None if r.raw("Kb", None) is None else r.float("Kb", min_value=0.0, max_value=1e6),
                            Kwt=None if r.raw("Kwt", None) is None else r.float("Kwt", min_value=-1e6, max_value=1e6),
                            Kz=None if r.raw("Kz", None) is None else r.float("Kz", min_value=0.0, max_value=1e6),
-                           Kl=None if r.raw("Kl", None) is None else r.float("Kl", min_value=0.0, max_value=1e6))
+                           Kl=None if r.raw("Kl", None) is None else r.float("Kl", min_value=0.0, max_value=1e6),
+                           Kc=None if r.raw("Kc", None) is None else r.float("Kc", min_value=0.0,
+                                                                              max_value=V.MAX_BYTES))
 
     @staticmethod
     def load(path: str | os.PathLike) -> "MemoryModel":

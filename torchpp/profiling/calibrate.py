@@ -65,6 +65,20 @@ and two micro-batches past their I beside whole ones, so ``Kw`` (per such micro-
 (once) are told apart. A probe with the tail is the last stage."""
 
 
+CHUNK_LAYERS = 3
+"""Most decoder layers of each chunk of a ``chunks`` probe (it holds up to three times as many
+micro-batches as stages at once: a small host's probe stays within its memory)."""
+
+
+def chunk_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Pairs of spans for the probes of a device holding two chunks (``memory_probe`` chunks): the
+    first without the embedding or the tail, the second after it (with the tail where it ends
+    the model), each of at most :data:`CHUNK_LAYERS` layers."""
+    pairs = [((a, b), (c, d)) for a in range(1, num_layers) for b in range(a + 1, min(a + CHUNK_LAYERS, num_layers - 1) + 1)
+             for c in range(b, num_layers) for d in range(c + 1, min(c + CHUNK_LAYERS, num_layers) + 1)]
+    return random.Random(seed + 3).sample(pairs, min(count, len(pairs)))
+
+
 def random_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, int]]:
     """Distinct spans, spread over lengths so the fit sees small and large stages; a third of
     them (at least three) end with the tail, so its own factor Kt (logits) can be fitted, and a
@@ -291,7 +305,7 @@ def fit_full(samples: Sequence[MemorySample]) -> MemoryModel:
 
 def measure_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, batch: int, seq_len: int,
                  timeout_s: float = 300.0, threads: int = 1, microbatches: int = 1, order: str = "fb",
-                 zb_position: int = ZB_PROBE_STAGES - 1) -> dict:
+                 zb_position: int = ZB_PROBE_STAGES - 1, second: tuple[int, int] | None = None) -> dict:
     """The probe's record of one span, run in a fresh Python process: ``peak_bytes`` (peak RSS
     increase), ``base_rss_bytes`` (the process's RSS before the span's model was built) and, for
     ``order`` zb, the ``held`` / ``past_input`` profile at its peak (stage ``zb_position`` of a
@@ -301,6 +315,7 @@ def measure_span(model: str, start: int, end: int, has_embed: bool, has_tail: bo
            "--microbatches", str(microbatches), "--order", order, "--zb-stages", str(ZB_PROBE_STAGES),
            "--zb-position", str(zb_position)]
     cmd += ["--embed"] * has_embed + ["--tail"] * has_tail
+    cmd += ["--second-start", str(second[0]), "--second-end", str(second[1])] if second else []
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -329,6 +344,35 @@ def held_spans(num_layers: int, count: int, seed: int = 0) -> list[tuple[int, in
     return spans[:count]
 
 
+def chunks_price(mm: MemoryModel, lf: LayersFile, s: MemorySample) -> float:
+    """``mm``'s price, without ``Kc``, of the device a ``chunks`` sample ran: its two chunks at the
+    worst step of its interleaved order (``StageMemory.chunks_peak``), as the planner prices a rank."""
+    from ..cost import MemoryEstimator, Profiles, StageMemory
+    from ..formats import PlanDevice, PlanStage
+    from ..schedules import held_profiles
+    from .memory_probe import chunks_order
+
+    pos = s.position or 0
+    pl, _ = chunks_order(ZB_PROBE_STAGES, pos, s.microbatches)
+    n = lf.model.num_layers
+    chunks = [(PlanStage(index=i, layers=(a, b), has_embed=a == 0 and i == pos, has_tail=b == n,
+                         devices=[PlanDevice(host=lf.host, rank=0, share=1.0, samples=s.batch)],
+                         recompute=[False] * (b - a)), s.batch)
+              for i, (a, b) in ((pos, (s.start, s.end)), (pos + ZB_PROBE_STAGES, s.second))]
+    held = held_profiles("interleaved", pl, pl.position[pos], s.microbatches)
+    est = replace(MemoryEstimator.fitted(mm), kc=0.0)
+    return StageMemory(Profiles.from_layers([lf]), est).chunks_peak(chunks, held)
+
+
+def fit_chunks(mm: MemoryModel, lf: LayersFile, chunks: Sequence[MemorySample]) -> MemoryModel:
+    """``Kc`` (at least 0): the median of what the two-chunk probes held beyond ``mm``'s price of
+    their device (:func:`chunks_price`), each one chunk beyond its first. A median: one probe's
+    heap moves with its layout by several MiB, and the term is one number per device."""
+    price = [chunks_price(mm, lf, s) for s in chunks]
+    kc = max(0.0, float(np.median([s.peak_bytes - p for s, p in zip(chunks, price)])))
+    return _refit_stats(mm, chunks, [p + kc for p in price], Kc=kc)
+
+
 def default_extra(samples: int, extra: int | None) -> int:
     """Zero-bubble or held probes run beside ``samples`` one-at-a-time spans: ``extra``, or a quarter."""
     return samples // 4 if extra is None else extra
@@ -336,7 +380,8 @@ def default_extra(samples: int, extra: int | None) -> int:
 
 def calibrate(lf: LayersFile, model: str, *, samples: int, batch: int | Sequence[int], seq_len: int | None = None,
               seed: int = 0, timeout_s: float = 300.0, threads: int = 1, microbatches: int = PROBE_MICROBATCHES,
-              split_samples: int | None = None, held_samples: int | None = None, progress=print) -> MemoryModel:
+              split_samples: int | None = None, held_samples: int | None = None, chunk_samples: int | None = None,
+              progress=print) -> MemoryModel:
     """Spans take the micro-batch sizes in turn: with one size, weights and activations both
     grow with a span's length and the fit can hardly tell them apart; with several they can.
     Each probed step accumulates ``microbatches`` micro-batches, as a pipeline rank's does.
@@ -344,25 +389,32 @@ def calibrate(lf: LayersFile, model: str, *, samples: int, batch: int | Sequence
     ``ZB_PROBE_STAGES`` over twice as many micro-batches; the positions of ``ZB_BODY_POSITIONS``
     in turn, the last for a span with the tail), from which ``Kw``, ``Kz`` and ``Kwt`` are
     fitted, and ``held_samples`` in the GPipe order over ``HELD_MICROBATCHES``, from which ``Kb`` is
-    (each by default a quarter of ``samples``, as ``torchpp calibrate-memory``; 0: none)."""
+    and ``chunk_samples`` as one device of an interleaved pipeline holding two chunks
+    (``memory_probe`` chunks, at the smallest size), from which ``Kc`` is (each by default a quarter
+    of ``samples``, as ``torchpp calibrate-memory``; 0: none)."""
     split_samples, held_samples = default_extra(samples, split_samples), default_extra(samples, held_samples)
+    chunk_samples = default_extra(samples, chunk_samples)
     seq = seq_len or lf.run.seq_len
     sizes = [batch] if isinstance(batch, int) else list(batch)
     probes = [(sp, "fb") for sp in random_spans(lf.model.num_layers, samples, seed)]
     probes += [(sp, "zb") for sp in split_spans(lf.model.num_layers, split_samples, seed)]
     probes += [(sp, "gpipe") for sp in held_spans(lf.model.num_layers, held_samples, seed)]
+    pairs = chunk_spans(lf.model.num_layers, chunk_samples, seed)
+    probes += [(first, "chunks") for first, _ in pairs]
     rows = []
     body_zb = 0
     for i, ((s, e), order) in enumerate(probes):
+        second = pairs[i - (len(probes) - len(pairs))][1] if order == "chunks" else None
         # holding several micro-batches multiplies the activations: the smallest size keeps a
         # small host's probe within its memory
-        batch = min(sizes) if order == "gpipe" else sizes[i % len(sizes)]
+        batch = min(sizes) if order in ("gpipe", "chunks") else sizes[i % len(sizes)]
         w, a, he, ht, at = span_sums(lf, s, e)
-        mb = {"gpipe": HELD_MICROBATCHES, "zb": 2 * ZB_PROBE_STAGES}.get(order, microbatches)
+        mb = {"gpipe": HELD_MICROBATCHES, "zb": 2 * ZB_PROBE_STAGES, "chunks": 2 * ZB_PROBE_STAGES}.get(order,
+                                                                                                   microbatches)
         pos = ZB_PROBE_STAGES - 1
-        if order == "zb" and not ht:
+        if order in ("zb", "chunks") and not ht:
             pos, body_zb = ZB_BODY_POSITIONS[body_zb % len(ZB_BODY_POSITIONS)], body_zb + 1
-        rec = measure_span(model, s, e, he, ht, batch, seq, timeout_s, threads, mb, order, pos)
+        rec = measure_span(model, s, e, he, ht, batch, seq, timeout_s, threads, mb, order, pos, second)
         peak = int(rec["peak_bytes"])
         rows.append(MemorySample(start=s, end=e, has_embed=he, has_tail=ht, weights_bytes=w,
                                  activation_bytes_per_sample=a, batch=batch, peak_bytes=peak,
@@ -370,13 +422,19 @@ def calibrate(lf: LayersFile, model: str, *, samples: int, batch: int | Sequence
                                  tail_activation_bytes_per_sample=at, end_weights_bytes=end_weights(lf, s, e),
                                  microbatches=mb, order=order, held=rec.get("held"), past_input=rec.get("past_input"),
                                  kept_ratio=rec.get("kept_ratio"),
-                                 layer_activation_bytes_per_sample=layer_activation(lf, s, e)))
+                                 layer_activation_bytes_per_sample=layer_activation(lf, s, e),
+                                 second=second, position=pos if second else None))
         how = {"zb": f" (ZB-H1 stage {pos + 1}/{ZB_PROBE_STAGES}: {rec.get('held')} held, {rec.get('past_input')} "
-                     "past I)", "gpipe": f" ({mb} held)"}.get(order, "")
+                     "past I)", "gpipe": f" ({mb} held)",
+               "chunks": f" and [{second[0]}, {second[1]}) (interleaved device {pos + 1}/{ZB_PROBE_STAGES}, 2 chunks)"
+               if second else ""
+               }.get(order, "")
         progress(f"  span {i + 1}/{len(probes)} [{s:>3}, {e:>3}){' +embed' if he else ''}{' +tail' if ht else ''} "
                  f"x {batch}{how}: "
                  f"weights {w / 2**20:8.1f} MiB, peak +{peak / 2**20:8.1f} MiB")
-    mm = fit(rows)
+    mm = fit([r for r in rows if r.order != "chunks"])
+    chunked = [r for r in rows if r.order == "chunks"]
+    mm = fit_chunks(mm, lf, chunked) if chunked else mm
     mm.host, mm.model, mm.microbatch = lf.host, model, max(sizes)
     mm.process_bytes = float(statistics.median(r.process_bytes for r in rows))
     return mm

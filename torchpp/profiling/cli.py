@@ -166,6 +166,9 @@ def configure_calibrate(p: argparse.ArgumentParser) -> None:
                    help="more spans holding several micro-batches at once (all F, then all B) to fit Kb, what "
                    "one running backward adds once however many are held (0: none, no Kb; default: a quarter "
                    "of --samples)")
+    p.add_argument("--chunk-samples", type=T.int_in(0, 10_000), default=None,
+                   help="more probes of one device holding two chunks in an interleaved order to fit Kc, the heap "
+                   "each chunk beyond a device's first leaves (0: none, no Kc; default: a quarter of --samples)")
     p.add_argument("--microbatch", default=None, help="samples per span run, or sizes taken in turn such as 2,8 "
                    "(better separates weights from activations; default: run.batch)")
     p.add_argument("--seq-len", type=T.int_in(1, V.MAX_SEQ_LEN), default=None, help="default: the layers file's run.seq_len")
@@ -201,11 +204,13 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if min(batch) < 1:
         raise UsageError(f"--microbatch: expected sizes >= 1, got {args.microbatch!r}")
     zb, held = default_extra(args.samples, args.zb_samples), default_extra(args.samples, args.held_samples)
+    chunks = default_extra(args.samples, args.chunk_samples)
     print(f"calibrating memory of {args.model} on {lf.host}: {args.samples} span(s) + {zb} in I/W "
-          f"order + {held} holding several micro-batches, micro-batch "
+          f"order + {held} holding several micro-batches + {chunks} device(s) of two chunks, micro-batch "
           f"{', '.join(map(str, batch))}")
     mm = calibrate(lf, args.model, samples=args.samples, batch=batch, seq_len=args.seq_len, seed=args.seed,
-                   timeout_s=args.timeout, threads=args.threads, split_samples=zb, held_samples=held)
+                   timeout_s=args.timeout, threads=args.threads, split_samples=zb, held_samples=held,
+                   chunk_samples=chunks)
     mm.save(args.out)
     print(f"wrote {args.out}: {describe(mm)}")
     return 0

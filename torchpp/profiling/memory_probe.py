@@ -12,7 +12,10 @@ memory model's ``Kb`` is fitted on) and ``zb`` (one stage of a ZB-H1 pipeline: t
 order of ``--zb-position`` of ``--zb-stages``, read off ``schedules.position_order``, with the
 runtime's own ``backward_input`` / ``backward_weight``), whose peak holds ``held`` micro-batches,
 ``past_input`` of them past their I (read off the same order): what the memory model's ``Kw``
-and ``Kz`` are fitted on.
+and ``Kz`` are fitted on; ``chunks`` (one device of an interleaved pipeline holding two chunks:
+the span and ``--second-start``/``--second-end``, chunks ``--zb-position`` and that plus
+``--zb-stages``, running its order of F and B over twice as many micro-batches as stages), what
+the memory model's ``Kc`` is fitted on.
 """
 from __future__ import annotations
 
@@ -22,9 +25,10 @@ import threading
 import time
 
 PROBE_STEPS = 3
-ORDERS = ("fb", "gpipe", "zb")
+ORDERS = ("fb", "gpipe", "zb", "chunks")
 """``fb``: forward then full backward per micro-batch; ``gpipe``: all F, then every full backward
-(every micro-batch held at once); ``zb``: the F, I and W order of one ZB-H1 stage."""
+(every micro-batch held at once); ``zb``: the F, I and W order of one ZB-H1 stage; ``chunks``: the
+F and B order of an interleaved device holding two chunks."""
 
 
 class PeakRSS:
@@ -62,7 +66,7 @@ class PeakRSS:
 
 def run_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, batch: int, seq_len: int,
              threads: int = 1, steps: int = PROBE_STEPS, microbatches: int = 1, order: str = "fb",
-             zb_stages: int = 2, zb_position: int = 1) -> dict:
+             zb_stages: int = 2, zb_position: int = 1, second: tuple[int, int] | None = None) -> dict:
     """The runtime's own stage (``build_stage``) and optimizer, trained ``steps`` times.
 
     One step is not enough: AdamW's moments only exist after the first ``step()``, so the first
@@ -74,7 +78,7 @@ def run_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, 
     import torch
 
     from ..models.presets import load_config, num_hidden_layers
-    from ..models.stages import StageSpec, build_stage
+    from ..models.stages import StageSpec, build_stage, build_stages
     from ..runtime.allocator import retain_freed_memory
     from ..runtime.trainer import make_optimizer
 
@@ -90,14 +94,24 @@ def run_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, 
         raise ValueError(f"order: expected one of {', '.join(ORDERS)}, got {order!r}")
     if order == "zb" and not 0 <= zb_position < zb_stages:
         raise ValueError(f"zb position {zb_position} outside the {zb_stages} stage(s)")
+    if order == "chunks" and (second is None or not end <= second[0] < second[1] <= total or has_tail):
+        raise ValueError(f"chunks: expected a second span after [{start}, {end}) inside the model's {total} "
+                         f"layers, the first without the tail, got {second}")
     vocab = int(cfg.vocab_size)
     gen = torch.Generator().manual_seed(0)
     kept_ratio = None
     with PeakRSS() as rss:
-        stage = build_stage(model, cfg, StageSpec(layers=(start, end), has_embed=has_embed, has_tail=has_tail))
+        if order == "chunks":
+            specs = {0: StageSpec(layers=(start, end), has_embed=has_embed, has_tail=False),
+                     1: StageSpec(layers=tuple(second), has_embed=False, has_tail=second[1] == total)}
+            stage = build_stages(model, cfg, specs)
+        else:
+            stage = build_stage(model, cfg, StageSpec(layers=(start, end), has_embed=has_embed, has_tail=has_tail))
         opt = make_optimizer("adamw", stage.parameters(), 1e-4, 0.0)
         for _ in range(steps):
-            if order == "zb":
+            if order == "chunks":
+                _chunks_step(stage, has_embed, batch, seq_len, vocab, gen, microbatches, zb_stages, zb_position)
+            elif order == "zb":
                 kept_ratio = _split_step(stage, has_embed, has_tail, batch, seq_len, vocab, gen, microbatches,
                                          zb_stages, zb_position)
             elif order == "gpipe":
@@ -112,6 +126,8 @@ def run_span(model: str, start: int, end: int, has_embed: bool, has_tail: bool, 
     out = {"start": start, "end": end, "has_embed": has_embed, "has_tail": has_tail, "batch": batch,
            "steps": steps, "microbatches": microbatches, "order": order, "peak_bytes": int(rss.peak - rss.base),
            "base_rss_bytes": int(rss.base)}
+    if order == "chunks":
+        out["second"], out["position"] = list(second), zb_position
     if order == "zb":
         out["held"], out["past_input"] = zb_peak_profile(zb_stages, zb_position, microbatches)
         out["kept_ratio"] = kept_ratio
@@ -187,6 +203,35 @@ def _split_step(stage, has_embed: bool, has_tail: bool, batch: int, seq_len: int
     return ratio
 
 
+def chunks_order(stages: int, position: int, microbatches: int):
+    """The F and B order of the device at ``position`` of an interleaved pipeline of ``stages``
+    devices holding two chunks each (``position`` and ``position + stages``), as the runtime runs it."""
+    from ..formats import placement_of
+    from ..schedules import position_order
+
+    pl = placement_of("interleaved", 2 * stages, 2)
+    return pl, position_order("interleaved", pl, pl.position[position], microbatches)
+
+
+def _chunks_step(stages, has_embed: bool, batch: int, seq_len: int, vocab: int, gen, microbatches: int,
+                 zb_stages: int, zb_position: int) -> None:
+    """One step of an interleaved device holding two chunks (``stages.chunks`` 0 and 1: its chunks
+    ``zb_position`` and ``zb_position + zb_stages``), in its own order of F and full B."""
+    _, order = chunks_order(zb_stages, zb_position, microbatches)
+    held = {}
+    for kind, chunk, mb in order:
+        c = 0 if chunk < zb_stages else 1
+        st = stages.chunks[c]
+        if kind.value == "F":
+            held[(c, mb)] = _forward(st, has_embed and c == 0, st.spec.has_tail, batch, seq_len, vocab, gen)
+        else:
+            _x, out, grad = held.pop((c, mb))
+            out.backward(grad)
+            del _x, out, grad
+    if held:
+        raise RuntimeError(f"interleaved position {zb_position}: micro-batches {sorted(held)} were not finished")
+
+
 def zb_peak_profile(zb_stages: int, zb_position: int, microbatches: int) -> tuple[int, int]:
     """(micro-batches held, of them past their I) at the peak of ``_split_step``'s order, read off
     it as the planner reads a stage's (``schedules.in_flight``, ``split_in_flight``). Calibration
@@ -211,12 +256,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=PROBE_STEPS)
     p.add_argument("--microbatches", type=int, default=1, help="micro-batches accumulated per step")
     p.add_argument("--order", choices=ORDERS, default="fb",
-                   help="fb: F then B per micro-batch; gpipe: all F, all B; zb: a ZB-H1 stage's own order")
+                   help="fb: F then B per micro-batch; gpipe: all F, all B; zb: a ZB-H1 stage's own order; "
+                        "chunks: an interleaved device's two chunks in its order")
     p.add_argument("--zb-stages", type=int, default=2, help="zb: stages of the ZB-H1 pipeline")
     p.add_argument("--zb-position", type=int, default=1, help="zb: the probed stage's position in it")
+    p.add_argument("--second-start", type=int, default=None, help="chunks: the second chunk's first layer")
+    p.add_argument("--second-end", type=int, default=None, help="chunks: the second chunk's end layer")
     a = p.parse_args(argv)
     print(json.dumps(run_span(a.model, a.start, a.end, a.embed, a.tail, a.batch, a.seq_len, a.threads, a.steps,
-                              a.microbatches, a.order, a.zb_stages, a.zb_position)),
+                              a.microbatches, a.order, a.zb_stages, a.zb_position,
+                              None if a.second_start is None else (a.second_start, a.second_end))),
           flush=True)
     return 0
 
