@@ -9,7 +9,7 @@ memory per rank, the planner's plan against the even split and DP, and the re-pl
 planner's best. Writes ``results.json``, ``results.md`` and ``predicted_vs_measured.png``.
 
     sudo .venv/bin/python benchmarks/bench_loop.py [--out out/bench_loop] [--local] [--steps 6]
-    python benchmarks/bench_loop.py --quick --local --out /tmp/loop   # the demo's quick sizes: checks that it runs
+    python benchmarks/bench_loop.py --quick --local --out /tmp/loop   # the smallest sizes: checks that it runs
 """
 from __future__ import annotations
 
@@ -31,22 +31,22 @@ def run(demo: Demo) -> dict:
     meas = demo.measure_and_plan()
     planned, cap = meas.plan, meas.capacities
     from torchpp.formats import Plan
+    from torchpp.planner.simple import dp_plan, pp_plan
+    from torchpp.schedules import build
 
-    m = Plan.load(planned).num_microbatches
-    common = ["--model", demo.cfg.model, "--global-batch", str(demo.cfg.global_batch), "--seq-len",
-              str(demo.cfg.seq_len)]
+    searched = Plan.load(planned)
     plans = {"plan": planned, "even": demo.even_plan(planned, meas)}
-    dp = demo.path("dp", "plan.json")
-    demo.p.run("data-parallel plan", [*demo.tp, "plan", "--strategy", "dp", "--devices", str(len(hosts)), "--hosts",
-                                      ",".join(hosts), "--microbatches", "1", *common, "--out", str(dp)])
-    plans["dp"] = dp
-    bad = demo.path("unbalanced", "plan.json")
+    # the two baselines `torchpp plan --strategy dp|pp` would write, made here from the searched plan's model
+    # (a fresh `torchpp plan --model` process imports the model's code to check it: ~10 s of CPU each)
+    kw = dict(seq_len=demo.cfg.seq_len, global_batch=demo.cfg.global_batch, schedule="1f1b")
     order = sorted(hosts, key=lambda h: -json.loads(cap.read_text())["capacity"][h])  # slowest host last (tail)
-    demo.p.run("unbalanced pipeline (the tail on the slowest host)",
-               [*demo.tp, "plan", "--strategy", "pp", "--stages", str(len(hosts)), "--hosts", ",".join(order),
-                "--microbatches", str(m), *common, "--out", str(bad)])
-    plans["unbalanced"] = bad
-    for name in ("dp", "unbalanced"):
+    for name, plan in (("dp", dp_plan(searched.model, devices=len(hosts), hosts=hosts, num_microbatches=1, **kw)),
+                       ("unbalanced", pp_plan(searched.model, stages=len(hosts), hosts=order,
+                                              num_microbatches=searched.num_microbatches, **kw))):
+        build(plan)  # its action lists are consistent, as `torchpp plan` proves before writing
+        plans[name] = demo.path(name, "plan.json")
+        plans[name].parent.mkdir(parents=True, exist_ok=True)
+        plan.save(plans[name])
         price_fixed(plans[name], meas)
     results = {name: demo.train(name, p, meas) for name, p in plans.items()}
     replanned = demo.replan(results["unbalanced"], meas)
@@ -122,22 +122,24 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("out/bench_loop"))
     ap.add_argument("--local", action="store_true", help="local processes instead of the emulated cluster")
     ap.add_argument("--hosts", type=int, default=2, help="local processes (with --local)")
-    ap.add_argument("--steps", type=int, default=None, help=f"default {DemoConfig.steps}; --quick 3")
+    ap.add_argument("--steps", type=int, default=None,
+                    help=f"default {DemoConfig.steps}; --quick {DemoConfig.smoke().steps}")
     ap.add_argument("--scenario", default="hetero4", help="the demo's scenario (default hetero4; bench_prove "
                     "covers homelab)")
     ap.add_argument("--model", default=None, help="default: the scenario's")
-    ap.add_argument("--quick", action="store_true", help="the demo's quick sizes (qwen3-tiny, 3 steps) on the "
-                    "scenario's hosts: checks that it runs, no measurement")
+    ap.add_argument("--quick", action="store_true", help="the demo's quick sizes (qwen3-tiny) with the fewest "
+                    "measurements (DemoConfig.smoke: 2 steps) on the scenario's hosts: checks that it runs, no "
+                    "measurement")
     a = ap.parse_args()
     cfg = DemoConfig.scenario(a.scenario)
     if a.quick:
-        cfg = dataclasses.replace(DemoConfig.quick(), cluster=cfg.cluster)
+        cfg = dataclasses.replace(DemoConfig.smoke(), cluster=cfg.cluster)
     cfg.steps = a.steps if a.steps is not None else cfg.steps
     if a.model:
         cfg.model = a.model
     a.out.mkdir(parents=True, exist_ok=True)
     try:
-        with demo_hosts(cfg, a.out, a.local, a.hosts, extra_steps=8) as demo:
+        with demo_hosts(cfg, a.out, a.local, a.hosts, extra_steps=6) as demo:
             summary = run(demo)
     except DemoError as e:
         print(f"bench_loop: {e}", file=sys.stderr)

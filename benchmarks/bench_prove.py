@@ -38,9 +38,9 @@ benchmarks/results/bench_prove).
     sudo .venv/bin/python benchmarks/bench_prove.py [--window 2] [--peer-schedules 1F1B,GPipe]
     .venv/bin/python benchmarks/bench_prove.py --quick --local --out /tmp/prove --work /tmp/prove/work
 
-``--quick``: the demo's quick sizes (qwen3-tiny, global batch 8), every strategy once with one step
-per window, the peer's 1F1B and FSDP2 at one micro-batching each, the cross-calibration on one pair:
-checks that it runs, no measurement.
+``--quick``: the demo's quick sizes (qwen3-tiny, global batch 8) with its fewest measurements
+(``DemoConfig.smoke``), every strategy once with one step per window, the peer's 1F1B and FSDP2 at
+one micro-batching each, the cross-calibration on one run: checks that it runs, no measurement.
 """
 from __future__ import annotations
 
@@ -728,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.window, a.repeats, a.fsdp_window, a.peer_schedules = 1, 1, 1, "1F1B"
         a.peer_microbatches, a.fsdp_microbatches = [2], [1]
-        cfg = replace(DemoConfig.quick(), cluster=DemoConfig().cluster, steps=1 + 3 * a.window)
+        cfg = replace(DemoConfig.smoke(), cluster=DemoConfig().cluster, steps=1 + 3 * a.window)
     else:
         cfg = DemoConfig(steps=1 + 3 * a.window, speed_check=not a.no_speed_check)
     a.work.mkdir(parents=True, exist_ok=True)

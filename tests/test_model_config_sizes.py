@@ -47,3 +47,24 @@ def test_profile_refuses_pickled_weights_in_one_line(tmp_path):
     errors = [ln for ln in r.stderr.splitlines() if ": error: " in ln]  # the call probe's progress line precedes it
     assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert str(model) in errors[0] and "weights-only" in errors[0]
+
+
+def test_calibrate_memory_refuses_pickled_weights_in_one_line(tmp_path):
+    """`calibrate-memory` builds its spans from the same checkpoint, in fresh processes: a pickled
+    ``pytorch_model.bin`` is refused in one line before any span runs, not in a span's traceback."""
+    from torchpp.planner.synthetic import layers_file
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**CONFIG, "num_hidden_layers": 2}))
+    (model / "pytorch_model.bin").write_bytes(b"\x80\x04\x95" + bytes(range(256)) * 4)
+    lf = layers_file("local", num_layers=2, layer_param_bytes=4 * 50_000, embed_param_bytes=4 * 32_768,
+                     tail_param_bytes=4 * 32_768, act_bytes_per_sample=32 * 64 * 4, seq_len=32)
+    lf.save(tmp_path / "layers_local.json")
+    r = _cli("calibrate-memory", "--layers", str(tmp_path / "layers_local.json"), "--model", str(model),
+             "--samples", "3", "--out", str(tmp_path / "mm.json"))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert lines[0].startswith("torchpp calibrate-memory: error: ") and str(model) in lines[0], lines[0]
+    assert "weights-only" in lines[0] and "span" not in r.stdout, (lines[0], r.stdout)
+    assert not (tmp_path / "mm.json").exists()

@@ -53,6 +53,9 @@ class DemoConfig:
     steps: int = 6
     """Optimizer steps per training run; the first is warm-up and not counted."""
     memory_samples: int = 8
+    memory_zb_samples: int | None = None
+    """Memory spans run in a ZB-H1 stage's order (``calibrate-memory --zb-samples``); None: a
+    quarter of ``memory_samples``, at least 5."""
     data: str = "synthetic"
     """What the training runs read: ``synthetic`` tokens, or a corpus prepared by ``torchpp data
     prepare``. Profiles time synthetic tokens either way (a call's time does not depend on the
@@ -81,6 +84,15 @@ class DemoConfig:
     def quick() -> "DemoConfig":
         return DemoConfig(model="qwen3-tiny", seq_len=32, profile_batches="1,2,8", profile_iters=3, global_batch=8,
                           steps=3, memory_samples=4, capacity_layers=None)
+
+    @staticmethod
+    def smoke() -> "DemoConfig":
+        """The benchmarks' quick modes: :meth:`quick`'s model and batch with the fewest measurements
+        that still run every step of the loop (one timed step per profiled size, three memory spans
+        and one in a ZB-H1 stage's order, each a fresh process, two training steps): a check that it
+        runs, no measurement."""
+        return dataclasses.replace(DemoConfig.quick(), profile_batches="1,8", profile_iters=1, steps=2,
+                                   memory_samples=3, memory_zb_samples=1)
 
     @staticmethod
     def scenario(name: str) -> "DemoConfig":
@@ -537,14 +549,20 @@ class Demo:
         text = self.p.run("calibrate memory (random spans, fresh processes)",
                           [*self.tp, "calibrate-memory", "--layers", str(ref_layers), "--model", self.cfg.model,
                            "--samples", str(self.cfg.memory_samples),
-                           # two spans with the tail (Kwt) and three without, one at each of the
-                           # probes' ZB-H1 positions (Kz; Kw is counted by the probes)
-                           "--zb-samples", str(max(5, self.cfg.memory_samples // 4)), "--microbatch",
+                           # by default two spans with the tail (Kwt) and three without, one at each
+                           # of the probes' ZB-H1 positions (Kz; Kw is counted by the probes)
+                           "--zb-samples", str(self.zb_samples), "--microbatch",
                            f"{max(1, self.cfg.global_batch // 8)},{max(2, self.cfg.global_batch // 2)}",
                            "--threads", "1",
                            "--out", str(out)])
         self.p.note(text.strip().splitlines()[-1])
         return out
+
+    @property
+    def zb_samples(self) -> int:
+        """Memory spans in a ZB-H1 stage's order (``DemoConfig.memory_zb_samples``)."""
+        c = self.cfg
+        return max(5, c.memory_samples // 4) if c.memory_zb_samples is None else c.memory_zb_samples
 
     # --- plan
     def plan(self, m: Measured) -> Path:

@@ -185,11 +185,17 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from ..formats import FormatError, LayersFile
     from .calibrate import calibrate, default_extra
     from ..errors import UsageError
-    from ..models.presets import ModelSpecError, load_config, num_hidden_layers
+    from ..models.presets import ModelSpecError, is_preset, load_config, num_hidden_layers, resolve_model
 
     lf = LayersFile.load(args.layers)
     try:
         n = num_hidden_layers(load_config(args.model))
+        if not is_preset(args.model):
+            # every span reads the checkpoint in a fresh process: weights it would refuse (pickled, missing) are
+            # refused here, in one line, instead of in each span's traceback
+            from ..models.stages import safetensors_index
+
+            safetensors_index(resolve_model(args.model))
     except ModelSpecError as e:
         raise UsageError(str(e)) from None
     if n != lf.model.num_layers:
