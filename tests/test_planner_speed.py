@@ -15,6 +15,20 @@ from torchpp.planner.tables import StageCosts, Tables
 from torchpp.planner.types import Problem
 
 
+def searched(rng: random.Random, hosts: int, layers: int):
+    """A random instance's problem (every kind) and its search; skipped where no plan fits."""
+    from torchpp.planner.search import search
+    from torchpp.planner.types import InfeasibleError
+
+    files, bw, mem = random_instance(rng, hosts=hosts, layers=layers, batch=2)
+    pb = Problem(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files], budget=mem,
+                 memory=MemoryEstimator.analytic(), global_batch=4, schedule="auto")
+    try:
+        return pb, search(pb)
+    except InfeasibleError:
+        pytest.skip("no plan fits this instance")
+
+
 def one_order(order, sc, max_stages, max_group):
     """The stage DP of one device order: {stages: (bottleneck, [(cut, (a, i)) per stage])}."""
     t, m, L, N = sc.t, sc.m, sc.t.L, len(order)
@@ -79,19 +93,11 @@ def test_durations_priced_once_per_distinct_action_equal_every_action_priced(see
     tied all-reduces included, gets the durations the simulator's generic path gives."""
     from torchpp.cost import MeasuredCost
     from torchpp.planner.pricing import Distinct, DistinctCost, schedule_key
-    from torchpp.planner.search import search
-    from torchpp.planner.types import InfeasibleError
     from torchpp.schedules import build
     from torchpp.sim.compiled import Compiled, durations_generic
 
     rng = random.Random(10 + seed)
-    files, bw, mem = random_instance(rng, hosts=rng.randint(3, 4), layers=rng.randint(4, 6), batch=2)
-    pb = Problem(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files], budget=mem,
-                 memory=MemoryEstimator.analytic(), global_batch=4, schedule="auto")
-    try:
-        res = search(pb)
-    except InfeasibleError:
-        pytest.skip("no plan fits this instance")
+    pb, res = searched(rng, rng.randint(3, 4), rng.randint(4, 6))
     shapes = {}
     for _, plan in res.priced:
         shapes.setdefault(schedule_key(plan), plan)
@@ -110,19 +116,10 @@ def test_stage_times_kept_across_plans_price_as_worked_out_anew():
     """cost.MeasuredCost's ``stage_times`` memo (a search's ledger keeps one): every action priced
     the same as without it, for plans sharing hosts and spans."""
     from torchpp.cost import MeasuredCost
-    from torchpp.planner.search import search
-    from torchpp.planner.types import InfeasibleError
     from torchpp.schedules import build
     from torchpp.sim.compiled import Compiled, durations_generic
 
-    rng = random.Random(21)
-    files, bw, mem = random_instance(rng, hosts=3, layers=5, batch=2)
-    pb = Problem(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files], budget=mem,
-                 memory=MemoryEstimator.analytic(), global_batch=4, schedule="auto")
-    try:
-        res = search(pb)
-    except InfeasibleError:
-        pytest.skip("no plan fits this instance")
+    pb, res = searched(random.Random(21), 3, 5)
     memo: dict = {}
     for _, plan in res.priced[:40]:
         c = Compiled(build(plan))

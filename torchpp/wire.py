@@ -121,10 +121,12 @@ def measure_codec(fmt: str, shape: tuple[int, int] = (512, 1024), iters: int = 2
         t2 = time.process_time()
         enc.append(t1 - t0)
         dec.append(t2 - t1)
-    nbytes = x.numel() * 4
-    enc.sort()
-    dec.sort()
-    return CodecCost(enc[len(enc) // 2] / nbytes, dec[len(dec) // 2] / nbytes)
+    return _median_per_byte(enc, dec, x.numel() * 4)
+
+
+def _median_per_byte(enc: list[float], dec: list[float], nbytes: int) -> CodecCost:
+    """The median encode and decode CPU seconds of several runs, per fp32 byte."""
+    return CodecCost(sorted(enc)[len(enc) // 2] / nbytes, sorted(dec)[len(dec) // 2] / nbytes)
 
 
 def measure_powersgd(shape: tuple[int, int] = (1024, 256), rank: int = POWERSGD_RANK, iters: int = 10) -> CodecCost:
@@ -148,8 +150,5 @@ def measure_powersgd(shape: tuple[int, int] = (1024, 256), rank: int = POWERSGD_
         t2 = time.process_time()
         enc.append(t1 - t0)
         dec.append(t2 - t1)
-    nbytes = g.numel() * 4
-    enc.sort()
-    dec.sort()
-    return CodecCost(enc[len(enc) // 2] / nbytes, dec[len(dec) // 2] / nbytes)
+    return _median_per_byte(enc, dec, g.numel() * 4)
 
