@@ -90,8 +90,10 @@ def figures(out: Path, stdout: str, load: int, run: int, seconds: float, ok: boo
     runs = json.loads(summary.read_text())["runs"]
     f.errors = {r["name"]: r["error"] for r in runs if r.get("error") is not None}
     f.mape = statistics.fmean(abs(e) for e in f.errors.values()) if f.errors else None
-    now = [r["error_now"] if "error_now" in r else r["predicted_now_s"] / r["measured_step_s"] - 1
-           for r in runs if r.get("predicted_now_s") is not None]  # (older summaries lack error_now)
+    now = [r["error_now"] if "error_now" in r else  # (older summaries lack it)
+           (r["predicted_now_s"] / r["measured_step_s"] - 1 if r.get("predicted_now_s") is not None else None)
+           for r in runs]
+    now = [e for e in now if e is not None]
     f.mape_now = statistics.fmean(abs(e) for e in now) if now else None
     mem = [r["memory_error"] for r in runs if r.get("memory_error") is not None]
     f.memory = max(mem, key=abs) if mem else None
