@@ -11,6 +11,7 @@ the rows' CPU cost, not the link time they save: that is the cluster's (``bench_
 --cluster --runs pp_fp32,pp_int8,pp_rows,pp_int8_rows``).
 
     python benchmarks/bench_tied_rows.py [--steps 40] [--out benchmarks/results/bench_tied_rows]
+    python benchmarks/bench_tied_rows.py --quick --out /tmp/tied_rows   # 4 steps each
 """
 from __future__ import annotations
 
@@ -50,7 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_tied_rows"))
+    ap.add_argument("--quick", action="store_true", help="4 steps each: checks that it runs")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.steps = 4
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_wire import _text
     from bench_wire_cluster import distinct_per_step, make_plans

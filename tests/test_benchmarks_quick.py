@@ -108,6 +108,11 @@ QUICK = [
                  [r"^one document of [\d,]+ characters, [\d,]+ tokens \(\d+ pieces\); ids equal$",
                   *(rf"^  {m}\s*: \+{NUM} MiB while encoding, {NUM} CPU s$" for m in ("whole", "pieces")),
                   rf"^memory {NUM}x, CPU {NUM}x of encoding it whole$"], id="bench_docsplit"),
+    pytest.param("bench_tied_rows.py", ["--quick", "--out", "{out}"],
+                 [*(rf"^\| {r} \| (baseline|bit-identical|last {NUM} vs {NUM}) \| {NUM} kB \| {NUM} kB \| {NUM} ms \|$"
+                    for r in ("pp_fp32", "pp_rows", "pp_int8", "pp_int8_rows")),
+                  r"^\| pp_rows \| bit-identical \|"],
+                 marks=pytest.mark.slow, id="bench_tied_rows"),
     pytest.param("bench_planner.py", ["--quick"],
                  [*(rf"^   8 devices x 28 layers \(G=32, --schedule {k}\): {NUM} s wall, {NUM} s CPU .*planner / "
                     rf"proven lower bound {NUM}$" for k in ("1f1b", "auto")),
