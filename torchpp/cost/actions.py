@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..formats import Bandwidth, FormatError, Plan, PlanStage
-from ..formats.wire import POWERSGD_RANK
+from ..formats import POWERSGD_RANK, Bandwidth, FormatError, Plan, PlanStage
 from ..schedules import Action, Kind
 from .links import Links
 from .profiles import Profiles
