@@ -263,6 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--profile-alone", action="store_true", help="--plan-lossy: profile one host at a time")
     c.add_argument("--work", default="/tmp/bench_wire_cluster", help="plans, traces and logs")
     c.add_argument("--run-timeout", type=float, default=3600.0, help="seconds per run before it is killed")
+    c.add_argument("--cpu-period-ms", type=float, default=3.0,
+                   help="every host's CPU quota period: short, so a host is a slower CPU at every instant as a Pi "
+                        "is (at the kernel's 100 ms a rank that waits on its links computes in bursts at a whole "
+                        "core's speed, faster than its busy profile)")
     args = ap.parse_args(argv)
     if args.cluster:
         sys.path.insert(0, str(ROOT / "benchmarks"))

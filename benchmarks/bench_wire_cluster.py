@@ -21,11 +21,16 @@ Wall-clock is rank 0's measured step time (metrics.jsonl), summed; the bytes per
 a traced step (every send and every all-reduce as encoded). With ``--plan-lossy
 bf16,int8,powersgd`` every host is first profiled and the links probed on the cluster,
 ``torchpp plan --allow-lossy`` plans from those files, that plan runs as ``pp_planned``, and every
-pipeline run's plan is priced by the same measurements (predicted vs measured step).
+pipeline run's plan is priced by the same measurements (predicted vs measured step; the probe's
+links with the burst each passes after a rest). Every host's CPU quota runs over ``--cpu-period-ms``
+periods (3 ms): a host is a slower CPU at every instant, as a Pi is, and computes at the speed its
+profile measured (at the kernel's 100 ms a rank that waits on its links computes in bursts at a
+whole core's speed).
 Writes ``<out>/cluster_<rate>/``: ``results.json``, ``summary.md``, ``loss_vs_time.png``.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -257,8 +262,9 @@ def summarize(results: dict, target_step: int, window: int) -> dict:
     return out
 
 
-def table(summary: dict, rate: str, window: int) -> str:
-    lines = [f"Measured on the emulated seed-003 cluster (pi3.json: 3 namespaces, 0.6 core each), every link {rate} "
+def table(summary: dict, rate: str, window: int, cpu_period_ms: float = 100.0) -> str:
+    lines = [f"Measured on the emulated seed-003 cluster (pi3.json: 3 namespaces, 0.6 core each over "
+             f"{cpu_period_ms:g} ms CPU quota periods), every link {rate} "
              f"(tc); losses smoothed over {window} steps; wall-clock = rank 0's measured steps, summed.", "",
              "| run | steps | loss at equal tokens | vs fp32 | bytes/step | fewer bytes | median step | predicted step "
              "| time to fp32's step-N loss (speed-up) | load avg (before, after) |",
@@ -323,6 +329,7 @@ def main(args) -> int:
     saved = out / "results.json"
     results = json.loads(saved.read_text())["runs"] if saved.exists() else {}
     cfg = ClusterConfig.load(ROOT / "configs" / "cluster" / "pi3.json").with_rate(parse_rate(args.rate))
+    cfg = dataclasses.replace(cfg, cpu_period_ms=args.cpu_period_ms)
     if cfg.needs_netem and not tc.netem_available():
         cfg = cfg.without_netem()
     cluster.up(cfg)
@@ -350,8 +357,9 @@ def main(args) -> int:
         reprice(results, plans, got["costs"])
     window = args.window
     summary = summarize(results, args.target_step, window)
-    saved.write_text(json.dumps({"rate": args.rate, "pp": PP, "dp": DP, "runs": results, "summary": summary}, indent=1))
-    (out / "summary.md").write_text(table(summary, args.rate, window))
+    saved.write_text(json.dumps({"rate": args.rate, "cpu_period_ms": args.cpu_period_ms, "pp": PP, "dp": DP,
+                                 "runs": results, "summary": summary}, indent=1))
+    (out / "summary.md").write_text(table(summary, args.rate, window, args.cpu_period_ms))
     plot(results, out, window, args.rate)
-    print(table(summary, args.rate, window))
+    print(table(summary, args.rate, window, args.cpu_period_ms))
     return 0

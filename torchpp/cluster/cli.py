@@ -345,6 +345,16 @@ def _sizes(text: str) -> list[int]:
     return out
 
 
+def _size_or_zero(text: str) -> int:
+    from .units import parse_size
+    if text.strip() == "0":
+        return 0
+    try:
+        return parse_size(text.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def configure_probe(p: argparse.ArgumentParser) -> None:
     """`torchpp bandwidth probe`: all-pairs point-to-point throughput and latency over gloo."""
     p.add_argument("--host", default=None, help="this process's host name (default: $TORCHPP_HOST, else $HOST, else the hostname)")
@@ -356,6 +366,9 @@ def configure_probe(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pings", type=int, default=10, help="ping-pongs for latency")
     p.add_argument("--pair-budget", type=float, default=8.0, help="seconds per ordered pair before sizes are skipped")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds any collective may block")
+    p.add_argument("--burst-size", type=_size_or_zero, default=256 << 10,
+                   help="bytes sent after a rest to measure each link's burst (0: not measured)")
+    p.add_argument("--rest", type=float, default=0.3, help="seconds of silence before each burst message")
     p.set_defaults(func=_probe)
 
 
@@ -364,10 +377,12 @@ def _probe(args: argparse.Namespace) -> int:
 
     def show(res: PairResult) -> None:
         print(f"  {res.src} -> {res.dst}: {res.bytes_per_sec * 8 / 1e6:9.2f} Mbit/s  "
-              f"latency {res.latency_s * 1e3:7.3f} ms  ({len(res.points)} size(s))", flush=True)
+              f"latency {res.latency_s * 1e3:7.3f} ms  burst {res.burst_bytes / 1e3:7.1f} kB  "
+              f"({len(res.points)} size(s))", flush=True)
 
     settings = ProbeSettings(host=args.host, sizes=args.sizes, repeats=args.repeats, pings=args.pings,
-                             pair_budget=args.pair_budget, timeout=args.timeout)
+                             pair_budget=args.pair_budget, timeout=args.timeout, burst_size=args.burst_size,
+                             rest_s=args.rest)
     t0 = time.perf_counter()
     results = run(settings, show)
     if results is not None:

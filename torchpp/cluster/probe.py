@@ -10,6 +10,11 @@ for each message size, src sends the message and waits for dst's 4-byte acknowle
 and throughput is the slope of a least-squares line through (bytes, median time), matching
 the planner's cost model ``time = latency + bytes / rate``. Larger sizes are skipped when
 the rate seen so far says they would overrun ``--pair-budget`` seconds.
+
+Then the link's burst: after ``rest_s`` of silence, one message of ``burst_size`` bytes. A link
+that passes a burst at once after a rest (a token bucket: a shaper's burst, a NIC's offload
+segment) delivers it sooner than the rate says; the bytes it gained are its burst,
+``size − rate · (time − round trip)`` (bandwidth.json's ``burst_bytes``; see ``cost.links``).
 """
 from __future__ import annotations
 
@@ -39,6 +44,10 @@ class ProbeSettings:
     """Seconds per ordered pair before larger sizes are skipped."""
     timeout: float = 300.0
     """Seconds any collective may block."""
+    burst_size: int = 256 << 10
+    """Bytes of the message sent after a rest to measure the link's burst (0: not measured)."""
+    rest_s: float = 0.3
+    """Seconds of silence before each burst message (long enough for the link's bucket to refill)."""
 
 
 @dataclass
@@ -49,6 +58,8 @@ class PairResult:
     latency_s: float
     points: list[tuple[int, float]]
     """(message bytes, median seconds to deliver and acknowledge)."""
+    burst_bytes: float = 0.0
+    """Bytes the link passed at once after a rest (:func:`burst_of`); 0 when not measured or none."""
 
 
 def fit_rate(points: list[tuple[int, float]], rtt: float) -> float:
@@ -65,7 +76,15 @@ def fit_rate(points: list[tuple[int, float]], rtt: float) -> float:
     return b / max(t - rtt, t * 0.05)
 
 
-def _measure(src: int, dst: int, rank: int, args: ProbeSettings) -> tuple[float, list[tuple[int, float]]]:
+def burst_of(size: int, rested_s: float, rate: float, rtt: float) -> float:
+    """Bytes a rested link passed at once: a ``size``-byte message delivered and acknowledged in
+    ``rested_s`` after a rest, on a link of ``rate`` bytes/s and round trip ``rtt``, gained
+    ``size − rate · (rested_s − rtt)`` over a busy link (clamped to [0, size])."""
+    return min(float(size), max(0.0, size - rate * (rested_s - rtt)))
+
+
+def _measure(src: int, dst: int, rank: int, args: ProbeSettings
+             ) -> tuple[float, list[tuple[int, float]], float | None]:
     """Both ends call this; only src's return value is meaningful."""
     import torch
     import torch.distributed as dist
@@ -113,7 +132,22 @@ def _measure(src: int, dst: int, rank: int, args: ProbeSettings) -> tuple[float,
         spent += sum(times)
         points.append((buf.numel() * 4, med))
         rate_guess = buf.numel() * 4 / max(med - rtt, 1e-6)
-    return rtt, points
+    rested = None
+    if args.burst_size > 0:  # both ends know the settings: no control message needed
+        buf = torch.empty(args.burst_size // 4, dtype=torch.float32)
+        times = []
+        for _ in range(args.repeats):
+            time.sleep(args.rest_s)
+            t0 = time.perf_counter()
+            if me_src:
+                dist.send(buf, peer)
+                dist.recv(ping, peer)
+            else:
+                dist.recv(buf, peer)
+                dist.send(ping, peer)
+            times.append(time.perf_counter() - t0)
+        rested = statistics.median(times)
+    return rtt, points, rested
 
 
 def probe(args: ProbeSettings, on_pair: Callable[[PairResult], None] | None = None) -> list[PairResult] | None:
@@ -136,9 +170,11 @@ def probe(args: ProbeSettings, on_pair: Callable[[PairResult], None] | None = No
             if src == dst:
                 continue
             if rank in (src, dst):
-                rtt, points = _measure(src, dst, rank, args)
+                rtt, points, rested = _measure(src, dst, rank, args)
                 if rank == src:
-                    res = PairResult(hosts[src], hosts[dst], fit_rate(points, rtt), rtt / 2, points)
+                    rate = fit_rate(points, rtt)
+                    burst = 0.0 if rested is None else burst_of(args.burst_size // 4 * 4, rested, rate, rtt)
+                    res = PairResult(hosts[src], hosts[dst], rate, rtt / 2, points, burst)
                     mine.append(res)
                     if on_pair is not None:
                         on_pair(res)
@@ -147,7 +183,8 @@ def probe(args: ProbeSettings, on_pair: Callable[[PairResult], None] | None = No
     if rank != 0:
         return None
     results = [PairResult(src=r["src"], dst=r["dst"], bytes_per_sec=float(r["bytes_per_sec"]),
-                          latency_s=float(r["latency_s"]), points=[(int(b), float(t)) for b, t in r["points"]])
+                          latency_s=float(r["latency_s"]), points=[(int(b), float(t)) for b, t in r["points"]],
+                          burst_bytes=float(r["burst_bytes"]))
                for part in gathered for r in part]
     return results
 
@@ -159,6 +196,7 @@ def write(results: list[PairResult], out_dir: Path, csv_name: str, json_name: st
     (out_dir / csv_name).write_text("\n".join(lines) + "\n")
     bw = Bandwidth(bytes_per_sec={Bandwidth.key(r.src, r.dst): r.bytes_per_sec for r in results},
                    latency_s={Bandwidth.key(r.src, r.dst): r.latency_s for r in results},
+                   burst_bytes={Bandwidth.key(r.src, r.dst): r.burst_bytes for r in results if r.burst_bytes > 0},
                    source=f"torchpp bandwidth probe (gloo p2p, sizes {','.join(str(s) for s in sizes)} bytes)")
     bw.save(out_dir / json_name)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..formats import POWERSGD_RANK, Bandwidth, FormatError, Plan, PlanStage
+from ..formats import POWERSGD_RANK, Bandwidth, FormatError, Plan, PlanStage, wire_ratio
 from ..schedules import Action, Kind
 from .links import Links
 from .profiles import Profiles
@@ -72,6 +72,7 @@ class MeasuredCost:
         self._compute: dict[tuple, float] = {}
         self._out_bytes: dict[int, float] = {}
         """Bytes per sample leaving each stage (a plan's transfers ask for few stages, many times)."""
+        self.burst_s = self._burst_s if self.links.bw.burst_bytes else None
         self.rank: dict[int, _RankCost] = {}
         for r in plan.ranks:
             chunks = plan.stages_of_rank(r)
@@ -112,37 +113,48 @@ class MeasuredCost:
             return t.backward_weight(n)
         raise ValueError(f"compute_s: {action} is not a compute action")
 
-    def transfer_s(self, src: int, dst: int, action: Action) -> float:
+    def _send(self, src: int, dst: int, action: Action) -> tuple[str, str, float, PlanStage]:
+        """(sender's host, receiver's host, fp32 bytes, the stage whose output link it crosses) of a send."""
         n = self._samples(action, 1)
-        stages = self.plan.stages
         if action.kind == Kind.SEND_ACT:
             at = action.stage
         elif action.kind == Kind.SEND_GRAD:
             at = action.stage - 1
         else:
             raise ValueError(f"transfer_s: {action} is not a send")
-        link = stages[at]
+        link = self.plan.stages[at]
         per = self._out_bytes.get(at)
         if per is None:
             per = self._out_bytes[at] = float(boundary_bytes(self.p, link))
-        a, b = self.rank[src].host, self.rank[dst].host
+        return self.rank[src].host, self.rank[dst].host, per * n, link
+
+    def transfer_s(self, src: int, dst: int, action: Action) -> float:
+        a, b, nbytes, link = self._send(src, dst, action)
         if link.wire in (None, "fp32"):
-            return self.links.time(a, b, per * n)
+            return self.links.time(a, b, nbytes)
         codec = (self.p.codec_rate(a, link.wire)[0], self.p.codec_rate(b, link.wire)[1])
-        return self.links.wire_time(a, b, per * n, link.wire, self.plan.model.hidden_size, codec)
+        return self.links.wire_time(a, b, nbytes, link.wire, self.plan.model.hidden_size, codec)
+
+    def _burst_s(self, src: int, dst: int, action: Action) -> tuple[float, float]:
+        """(the link's bucket in seconds, what a full bucket takes off this send): ``Links.burst_s``
+        of the bytes the send puts on the wire (its wire format's). :attr:`burst_s` where a link
+        has a measured burst, else None (the simulator's FIFO links as they were)."""
+        a, b, nbytes, link = self._send(src, dst, action)
+        return self.links.burst_s(a, b, nbytes * wire_ratio(link.wire, self.plan.model.hidden_size))
 
     def allreduce_s(self, action: Action) -> float:
         """A ring all-reduce of the group's weights, or of what its ``sync`` puts on the wire per step
-        (diloco: its outer all-reduce spread over H steps; the tied pair's ``rows``: two one-way
-        transfers of the touched rows, which the runtime makes one at the step's end and one at
-        the next step's start, both on the critical path)."""
+        (int8: an all-gather of every member's codes, ``Links.ring_allgather``; diloco: its outer
+        all-reduce spread over H steps; the tied pair's ``rows``: two one-way transfers of the
+        touched rows, which the runtime makes one at the step's end and one at the next step's
+        start, both on the critical path, each on a link that rested since the last)."""
         hosts = [self.rank[r].host for r in action.group or ()]
         nbytes = self.p.tied_bytes if action.tied else float(stage_weights(self.p, self.plan.stages[action.stage]))
         sync = self.plan.tied_sync if action.tied else self.plan.stages[action.stage].sync
         if sync is not None and sync.kind == "rows":  # the gradient's rows up, the next step's rows down
             a, b = (self.rank[self.plan.stages[i].devices[0].rank].host for i in (0, -1))
             rows = tied_rows_bytes(self.p, self.plan)
-            return self.links.time(a, b, rows) + self.links.time(b, a, rows)
+            return self.links.rested_time(a, b, rows) + self.links.rested_time(b, a, rows)
         if sync is None:
             return self.links.ring_allreduce(hosts, nbytes)
         codec = 0.0
@@ -154,4 +166,8 @@ class MeasuredCost:
                 * sync.rank / POWERSGD_RANK
         m = self.plan.model
         shape = (m.vocab_size, m.hidden_size) if action.tied else None
-        return self.links.ring_allreduce(hosts, sync.allreduce_bytes(nbytes, m.hidden_size, shape)) + codec
+        wire = sync.allreduce_bytes(nbytes, m.hidden_size, shape)
+        if sync.wire == "int8" and sync.kind in ("allreduce", "diloco"):  # the runtime all-gathers int8 codes
+            # the tied pair's ends arrive apart (the first stage's backward ends last); replicas together
+            return self.links.ring_allgather(hosts, wire, skewed=action.tied) + codec
+        return self.links.ring_allreduce(hosts, wire) + codec

@@ -27,6 +27,11 @@ class Bandwidth:
 
     bytes_per_sec: dict[str, float]
     latency_s: dict[str, float] = field(default_factory=dict)
+    burst_bytes: dict[str, float] = field(default_factory=dict)
+    """Optional, per link: bytes a link that has rested passes at once before its rate holds (a
+    token bucket's depth: a shaper's burst, a NIC's offload segment). A pipeline's messages of a
+    few tens of kB, each after a pause, cross such a link far faster than its rate says; 0 where
+    not measured."""
     source: str = ""
     """Where the numbers came from (an iperf3 CSV, ``torchpp bandwidth probe``, an estimate)."""
     format: str = f"torchpp.{BANDWIDTH_KIND}/{BANDWIDTH_VERSION}"
@@ -47,6 +52,9 @@ class Bandwidth:
     def latency(self, src: str, dst: str) -> float:
         return self.latency_s.get(self.key(src, dst), 0.0)
 
+    def burst(self, src: str, dst: str) -> float:
+        return self.burst_bytes.get(self.key(src, dst), 0.0)
+
     def hosts(self) -> list[str]:
         return sorted({h for k in self.bytes_per_sec for h in k.split("|")})
 
@@ -57,6 +65,8 @@ class Bandwidth:
 
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)
+        if not d["burst_bytes"]:  # unmeasured: files stay as they were
+            del d["burst_bytes"]
         return {"format": d.pop("format"), **d}
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -71,17 +81,19 @@ class Bandwidth:
                     "source": "seed bandwidth_matrix.json"}
         check_format(data, source, BANDWIDTH_KIND, [BANDWIDTH_VERSION])
         r = Reader(data, source)
-        rates, lats = r.obj("bytes_per_sec"), r.obj("latency_s", {})
-        for sub, name, positive in ((rates, "bytes_per_sec", True), (lats, "latency_s", False)):
+        rates, lats, bursts = r.obj("bytes_per_sec"), r.obj("latency_s", {}), r.obj("burst_bytes", {})
+        for sub, name, positive, top in ((rates, "bytes_per_sec", True, V.MAX_RATE),
+                                         (lats, "latency_s", False, V.MAX_SECONDS),
+                                         (bursts, "burst_bytes", False, V.MAX_BYTES)):
             for k in sub.data:
                 try:
                     V.link_key(k, f"{name}.{k}")
                 except ValueError as e:
                     raise FormatError(source, f"{name}.{k}", str(e).partition(": expected ")[2] or str(e)) from None
-                sub.float(k, positive=positive, min_value=None if positive else 0.0,
-                          max_value=V.MAX_RATE if positive else V.MAX_SECONDS)
+                sub.float(k, positive=positive, min_value=None if positive else 0.0, max_value=top)
         return Bandwidth(bytes_per_sec={k: float(v) for k, v in rates.data.items()},
-                         latency_s={k: float(v) for k, v in lats.data.items()}, source=r.str("source", ""))
+                         latency_s={k: float(v) for k, v in lats.data.items()},
+                         burst_bytes={k: float(v) for k, v in bursts.data.items()}, source=r.str("source", ""))
 
     @staticmethod
     def load(path: str | os.PathLike) -> "Bandwidth":

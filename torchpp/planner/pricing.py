@@ -70,6 +70,7 @@ class DistinctCost:
     def __init__(self, cost: MeasuredCost, distinct: Distinct):
         self.cost, self.distinct = cost, distinct
         self.compute_s, self.transfer_s, self.allreduce_s = cost.compute_s, cost.transfer_s, cost.allreduce_s
+        self.burst_s = cost.burst_s
 
     def durations(self, c: Compiled) -> list[float]:
         d = self.distinct

@@ -164,6 +164,20 @@ def durations_generic(c: Compiled, cost: CostModel) -> list[float]:
     return dur
 
 
+def bursts(c: Compiled, cost: CostModel) -> list[tuple[float, float]] | None:
+    """Per send, (its link's bucket, what a full bucket takes off it) in seconds, from the cost
+    model's optional ``burst_s(src, dst, action)``; None where it has none (or prices none)."""
+    burst_s = getattr(cost, "burst_s", None)
+    if burst_s is None:
+        return None
+    ranks, acts, code, owner, peer = c.ranks, c.acts, c.code, c.owner, c.peer
+    out = [(0.0, 0.0)] * len(acts)
+    for a, k in enumerate(code):
+        if k == SA or k == SG:
+            out[a] = burst_s(ranks[owner[a]], ranks[peer[a]], acts[a])
+    return out if any(depth > 0 for depth, _ in out) else None
+
+
 def timeline(c: Compiled, start: list[float], end: list[float], ready: list[float]) -> Timeline:
     """The per-rank spans of a finished run, in list order."""
     tl = Timeline({r: [] for r in c.ranks})

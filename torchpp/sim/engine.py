@@ -6,8 +6,8 @@ posted without blocking, a receive waits for its message, the optimizer step wai
 rank's outstanding all-reduces (:mod:`.core`). Communication runs in one of two models:
 
 - ``links`` (:mod:`.links`): every directed link is its own FIFO and every transfer runs at
-  full speed; all-reduces of a rank run one after another. This is exactly :func:`replay`'s
-  pricing.
+  full speed (a link with a measured burst is a token bucket); all-reduces of a rank run one
+  after another. This is exactly :func:`replay`'s pricing.
 - ``shared`` (:mod:`.shared`): each rank has one comm channel that its outgoing transfers
   and its all-reduces share by priority (:mod:`.tiers`); all-reduces slow compute
   (interference) and receivers can be congested (:mod:`.congestion`).
@@ -19,7 +19,7 @@ rate never changes finishes at ``start + duration`` exactly.
 from __future__ import annotations
 
 from ..schedules import Schedule
-from .compiled import AR, SA, SG, Compiled, check_finished, durations, durations_generic, timeline
+from .compiled import AR, SA, SG, Compiled, bursts, check_finished, durations, durations_generic, timeline
 from .core import Run, step
 from .links import links_hooks
 from .shared import shared_hooks
@@ -39,7 +39,7 @@ def simulate(sched: Schedule | Compiled, cost: CostModel, options: SimOptions | 
     o = options or SimOptions()
     run = Run(c, durations(c, cost))
     if o.comm == "links":
-        step(run, links_hooks(run))
+        step(run, links_hooks(run, bursts(c, cost)))
         return _result(run, spans)
     hooks, ch = shared_hooks(run, o, record_rates)
     step(run, hooks)

@@ -20,7 +20,11 @@ class CostModel(Protocol):
         """Seconds a SEND_ACT / SEND_GRAD from src to dst occupies the link."""
 
     def allreduce_s(self, action: Action) -> float:
-        """Seconds of an ALLREDUCE over action.group."""
+        """Seconds of an ALLREDUCE over action.group.
+
+        A cost model may also have ``burst_s(src, dst, action) -> (bucket_s, take_s)``: the send's
+        link passes ``bucket_s`` seconds' worth at once after a rest, ``take_s`` of this send
+        (``compiled.bursts``; the ``links`` comm model applies it, the others do not)."""
 
 
 @dataclass(slots=True)
