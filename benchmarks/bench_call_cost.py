@@ -2,6 +2,7 @@
 
     python benchmarks/bench_call_cost.py                 # 1f1b, interleaved, zbv on 2 ranks, qwen3-tiny
     python benchmarks/bench_call_cost.py --quick         # 1f1b, a few steps: checks that it runs
+    python benchmarks/bench_call_cost.py --compare-to /tmp/base   # and a baseline checkout's runtime, alternating
 
 The call probe (``torchpp.profiling.call_probe``) reads the wall-clock gaps between compute
 calls off traced steps; on a machine shared with other work those gaps hold other processes'
@@ -17,15 +18,22 @@ small (one sample of 16 tokens per micro-batch) so the figure is not lost in the
 from __future__ import annotations
 
 import argparse
+import hashlib
+import inspect
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+CODE = Path(sys.argv[sys.argv.index("--tree") + 1]).resolve() if "--tree" in sys.argv[:-1] else ROOT
+"""The torchpp this process (and its spawned ranks, which inherit ``sys.path``) imports: this
+checkout, or ``--tree``'s (a baseline measured by ``--compare-to``)."""
+sys.path.insert(0, str(CODE))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 SCHEDULES = ("1f1b", "interleaved", "zbv")
@@ -104,8 +112,9 @@ def worker(rank: int, world: int, plan: str, steps: int, warmup: int) -> dict[st
     ex.backward_input = clock.wrap(ex.backward_input)
     ex.backward_weight = clock.wrap(ex.backward_weight)
     real_backward = torch.autograd.backward
+    known = inspect.signature(ex.Executor).parameters  # a baseline tree's (--compare-to) may predate an option
     executor = ex.Executor(rank=rank, plan=prep.plan, actions=prep.schedule[rank], stage=stages, comm=comm,
-                           optimizer=opt)
+                           optimizer=opt, **({"schedule": prep.schedule} if "schedule" in known else {}))
     # the end of the step (all-reduces, waiting for the sends, the optimizer) is left out as the call
     # probe leaves it out: its CPU (gloo's threads' included) is counted with the process clock
     end = _ComputeClock(time.process_time)
@@ -137,8 +146,11 @@ def worker(rank: int, world: int, plan: str, steps: int, warmup: int) -> dict[st
     finally:
         torch.autograd.backward = real_backward
     threads = {k: v - threads0.get(k, 0.0) for k, v in thread_cpu().items()}
+    weights = hashlib.sha256()  # the trained weights, bit for bit: what --compare-to compares
+    for _, p in stages.named_parameters():
+        weights.update(p.detach().contiguous().numpy().tobytes())
     return {"per_call_cpu_s": per_call, "step_wall_s": wall, "calls": clock.calls, "losses": losses,
-            "thread_cpu_s": {k: v for k, v in threads.items() if v > 0}}
+            "thread_cpu_s": {k: v for k, v in threads.items() if v > 0}, "weights_sha256": weights.hexdigest()}
 
 
 def measure(schedule: str, p: int, model: str, microbatches: int, seq_len: int, steps: int, warmup: int,
@@ -148,6 +160,23 @@ def measure(schedule: str, p: int, model: str, microbatches: int, seq_len: int, 
     plan = plan_for(model, schedule, p, microbatches, seq_len, out / f"plan_{schedule}_pp{p}.json")
     return run_ranks(p, worker, str(plan), steps, warmup, timeout_s=300.0, pg_timeout_s=120.0, threads=1,
                      log=str(out / f"{schedule}_pp{p}_rank{{rank}}.log"))
+
+
+def measure_tree(tree: Path, schedule: str, a: argparse.Namespace, steps: int, out: Path) -> list[dict[str, Any]]:
+    """``measure`` with ``tree``'s torchpp, in a fresh interpreter (this file's worker, that tree's runtime)."""
+    res = out / f"{schedule}_tree.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--tree", str(tree), "--json", str(res), "--schedules",
+           schedule, "--ranks", str(a.ranks), "--model", a.model, "--microbatches", str(a.microbatches),
+           "--seq-len", str(a.seq_len), "--steps", str(steps), "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{tree}: the measurement failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(res.read_text())[schedule]
+
+
+def _medians(ranks: list[dict[str, Any]]) -> list[float]:
+    return [statistics.median(x["per_call_cpu_s"]) for x in ranks]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,14 +189,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=16)
     ap.add_argument("--steps", type=int, default=None, help="measured steps (default 30; --quick 3)")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench_call_cost")
+    ap.add_argument("--compare-to", type=Path, default=None, metavar="TREE",
+                    help="another checkout of torchpp (say `git archive` of a baseline commit): each schedule is "
+                         "also measured with its runtime, alternating with this one, and the ratio printed")
+    ap.add_argument("--rounds", type=int, default=1, help="with --compare-to: baseline/this pairs per schedule")
+    ap.add_argument("--tree", type=Path, default=None, help=argparse.SUPPRESS)  # read at import (CODE)
+    ap.add_argument("--json", type=Path, default=None, help="also write the per-rank results here")
     a = ap.parse_args(argv)
     schedules = a.schedules or (["1f1b"] if a.quick else list(SCHEDULES))
     steps = a.steps or (3 if a.quick else 30)
     a.out.mkdir(parents=True, exist_ok=True)
     print(f"bench_call_cost: {a.model}, {a.microbatches} micro-batches of 1 x {a.seq_len}, {a.ranks} ranks, "
           f"{steps} steps; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
+    everything: dict[str, list[dict[str, Any]]] = {}
     for sched in schedules:
-        ranks = measure(sched, a.ranks, a.model, a.microbatches, a.seq_len, steps, 2, a.out)
+        pairs = []
+        for _ in range(a.rounds if a.compare_to else 1):
+            base = measure_tree(a.compare_to, sched, a, steps, a.out / "compare") if a.compare_to else None
+            ranks = measure(sched, a.ranks, a.model, a.microbatches, a.seq_len, steps, 2, a.out)
+            pairs.append((base, ranks))
+        everything[sched] = ranks
         cells = [f"rank {r}: {statistics.median(x['per_call_cpu_s']) * 1e3:.3f} ms "
                  f"(quartiles {' '.join(f'{q * 1e3:.3f}' for q in statistics.quantiles(x['per_call_cpu_s'], n=4)[::2])})"
                  for r, x in enumerate(ranks)]
@@ -177,6 +218,16 @@ def main(argv: list[str] | None = None) -> int:
         for r, x in enumerate(ranks):
             print(f"  rank {r} CPU s by thread over {steps} steps: "
                   + ", ".join(f"{k} {v:.2f}" for k, v in sorted(x["thread_cpu_s"].items(), key=lambda kv: -kv[1])))
+        for i, (base, ranks) in enumerate(pairs if a.compare_to else ()):
+            old, new = _medians(base), _medians(ranks)
+            same = all(x["losses"] == y["losses"] and x["weights_sha256"] == y["weights_sha256"]
+                       for x, y in zip(base, ranks))
+            print(f"  round {i + 1}: {a.compare_to} / this runtime, CPU per call: "
+                  + "; ".join(f"rank {r} {o * 1e3:.3f} / {n * 1e3:.3f} ms = {n / o:.2f}x"
+                              for r, (o, n) in enumerate(zip(old, new)))
+                  + f"; losses and weights bit-identical: {same}", flush=True)
+    if a.json is not None:
+        a.json.write_text(json.dumps(everything))
     return 0
 
 

@@ -83,7 +83,7 @@ class TorchppSteps:
         stages = _build_chunks(prep, self.plan, [c.index for c in self.chunks], s.seed)
         opt = make_optimizer("adamw", stages.parameters(), s.lr, 0.0)
         self.executor = Executor(rank=rank, plan=self.plan, actions=prep.schedule[rank], stage=stages, comm=comm,
-                                 optimizer=opt)
+                                 optimizer=opt, schedule=prep.schedule)
         needs = any(c.has_embed or c.has_tail for c in self.chunks)
         self.data = SyntheticTokens(vocab_size=self.plan.model.vocab_size, seq_len=s.seq_len, global_batch=s.batch,
                                     seed=s.seed) if needs else None

@@ -185,7 +185,7 @@ class TorchppSteps:
                             dtype=self.plan.model.dtype)
         opt = make_optimizer(self.cfg.optimizer, stage.parameters(), s.lr, 0.0, self.cfg.adam_eps)
         self.executor = Executor(rank=rank, plan=self.plan, actions=prep.schedule[rank], stage=stage, comm=comm,
-                                 optimizer=opt)
+                                 optimizer=opt, schedule=prep.schedule)
         needs = self.pstage.has_embed or self.pstage.has_tail
         self.data = SyntheticTokens(vocab_size=self.plan.model.vocab_size, seq_len=s.seq_len, global_batch=s.batch,
                                     seed=s.seed) if needs else None

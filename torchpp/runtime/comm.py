@@ -2,21 +2,22 @@
 
 Receives are posted ahead (``irecv`` into a preallocated buffer) and sends are non-blocking,
 so transfers overlap compute (gloo's own I/O thread moves the bytes). The compute loop waits
-on a receive only when it needs the data. Sends are waited on by long-lived daemon threads
-(:class:`Waiters`), so a sent buffer is freed as soon as it has gone without the compute loop
-doing anything (gloo's p2p works make no progress on their own and offer no futures); while a
-step is traced (``stamp``) receives are handed to them too, so each operation's completion is
-stamped the moment it happened and the trace shows when data really arrived. The threads are
-reused: a step creates none once the first has run (starting a thread per message cost CPU
-on every message of a traced step, and the call probe reads its per-call time off traced
-steps). Messages are
-posted on the default process group directly, with their tags computed once per action.
+on a receive only when it needs the data. A send whose delivery a later message proves
+(``runtime.delivery``) is waited on inline by the compute loop at that point, which costs
+nothing then; any other send is waited on by a long-lived daemon thread (:class:`Waiters`),
+so a sent buffer is freed as soon as it has gone without the compute loop doing anything
+(gloo's p2p works make no progress on their own and offer no futures). While a step is traced
+(``stamp``) every send and receive is handed to those threads, so each operation's completion
+is stamped the moment it happened and the trace shows when data really arrived. The threads are
+reused: a step creates none once the first has run. Messages are posted on the default process
+group directly, with their tags computed once per action.
 
 Every wait is bounded by ``timeout_s``: a dead peer (connection closed) or a stalled one
 (timeout) becomes a :class:`PeerError` that names the action and the peer, never a hang.
 """
 from __future__ import annotations
 
+import _thread
 import datetime
 import functools
 import queue
@@ -67,7 +68,7 @@ def tag_of(action: Action, boundaries: int = 1, samples: int = 1 << 16) -> int:
 class Pending:
     """One posted send or receive; ``done_s`` is stamped by the thread that waited on it."""
 
-    __slots__ = ("action", "tensor", "work", "posted_s", "timeout_s", "threaded", "done_s", "error", "_event",
+    __slots__ = ("action", "tensor", "work", "posted_s", "timeout_s", "threaded", "done_s", "error", "_done",
                  "restore", "codec_s")
 
     def __init__(self, action: Action, tensor: torch.Tensor, work: object, posted_s: float, timeout_s: float,
@@ -77,7 +78,12 @@ class Pending:
         """A waiter thread stamps ``done_s``; otherwise :meth:`Comm.wait` waits inline."""
         self.done_s: float | None = None
         self.error: BaseException | None = None
-        self._event = threading.Event() if threaded else None
+        self._done = None
+        """Held until a waiter thread is done with the operation (a bare lock: an ``Event`` is a
+        condition, a lock and a list, built for every message)."""
+        if threaded:
+            self._done = _thread.allocate_lock()
+            self._done.acquire()
         self.restore: object = None
         """A receive in a wire format: turns the message back into the tensor (``runtime.wire_links``)."""
         self.codec_s = 0.0
@@ -89,8 +95,17 @@ class Pending:
         except BaseException as e:  # re-raised, with the action named, by Comm.wait
             self.error = e
         self.done_s = time.perf_counter()
-        if self._event is not None:
-            self._event.set()
+        if self._done is not None:
+            self._done.release()
+
+    def _join(self) -> bool:
+        """Wait for the waiter thread (bounded); False if it did not return in time."""
+        if self.done_s is not None:
+            return True
+        if not self._done.acquire(timeout=self.timeout_s + 5.0):
+            return False
+        self._done.release()  # a second wait passes at once
+        return True
 
     @property
     def nbytes(self) -> int:
@@ -180,14 +195,20 @@ class Comm:
                 self.groups[g] = pg
 
     # -- p2p
-    def _post(self, action: Action, tensor: torch.Tensor, send: bool) -> Pending:
-        pg = self._pg
-        if pg is None:
-            pg = self._pg = dist.distributed_c10d._get_default_group()
+    def tag(self, action: Action) -> int:
+        """The message tag of ``action`` (computed once per action)."""
         tag = self._tags.get(action)
         if tag is None:
             tag = self._tags[action] = tag_of(action, *self.tag_space)
-        threaded = send or self.stamp
+        return tag
+
+    def _post(self, action: Action, tensor: torch.Tensor, send: bool, tag: int | None, threaded: bool) -> Pending:
+        pg = self._pg
+        if pg is None:
+            pg = self._pg = dist.distributed_c10d._get_default_group()
+        if tag is None:
+            tag = self.tag(action)
+        threaded = threaded or self.stamp
         posted = time.perf_counter()  # before the call: gloo may start moving bytes inside isend
         try:
             work = pg.send([tensor], action.peer, tag) if send else pg.recv([tensor], action.peer, tag)
@@ -198,21 +219,25 @@ class Comm:
             self._waiters.put(p)
         return p
 
-    def irecv(self, action: Action, tensor: torch.Tensor) -> Pending:
+    def irecv(self, action: Action, tensor: torch.Tensor, tag: int | None = None) -> Pending:
+        """Post a receive into ``tensor``; waited on inline by :meth:`wait` (by a waiter thread
+        while ``stamp`` is set)."""
         if self.wire is None:
-            return self._post(action, tensor, False)
+            return self._post(action, tensor, False, tag, False)
         buf, restore = self.wire.receiving(action, tensor)
-        p = self._post(action, buf, False)
+        p = self._post(action, buf, False, tag, False)
         p.restore = restore
         return p
 
-    def isend(self, action: Action, tensor: torch.Tensor) -> Pending:
+    def isend(self, action: Action, tensor: torch.Tensor, tag: int | None = None, threaded: bool = True) -> Pending:
+        """Post a send of ``tensor``; ``threaded=False``: the caller waits on it (:meth:`wait`) once
+        it is known delivered (``runtime.delivery``), no waiter thread does (unless ``stamp`` is set)."""
         if self.wire is None:
-            return self._post(action, tensor, True)
+            return self._post(action, tensor, True, tag, threaded)
         t0 = time.perf_counter()
         msg = self.wire.encode(action, tensor)
         codec_s = time.perf_counter() - t0
-        p = self._post(action, msg, True)
+        p = self._post(action, msg, True, tag, threaded)
         p.codec_s = codec_s
         return p
 
@@ -221,7 +246,7 @@ class Comm:
         if not p.threaded:
             if p.done_s is None:
                 p._wait()
-        elif not p._event.wait(self.timeout_s + 5.0) and p.error is None:
+        elif not p._join() and p.error is None:
             p.error = TimeoutError("waiter did not return")
         if p.error is not None:
             raise PeerError(self._message(p.action, start, p.error)) from None

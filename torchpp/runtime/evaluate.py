@@ -21,8 +21,9 @@ class Evaluator:
     """One rank's forward-only pass over a global batch; every rank calls :meth:`loss` together."""
 
     def __init__(self, *, rank: int, plan: Plan, stage: Stage | StageSet, comm: Comm):
-        self.executor = Executor(rank=rank, plan=plan, actions=build_forward(plan)[rank], stage=stage, comm=comm,
-                                 optimizer=None)
+        schedule = build_forward(plan)
+        self.executor = Executor(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm,
+                                 optimizer=None, schedule=schedule)
         self.stages = self.executor.stages
         self.has_tail = plan.stages_of_rank(rank)[-1].has_tail
 

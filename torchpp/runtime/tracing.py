@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     import torch
 
 _CLOCK_TAG = 1 << 30
+_COMPUTE_NAMES = {Kind.FORWARD: "F", Kind.BACKWARD: "B", Kind.BACKWARD_INPUT: "I", Kind.BACKWARD_WEIGHT: "W"}
 
 
 @dataclass
@@ -113,6 +114,8 @@ class StepRecorder:
     _open: dict[str, float] = field(default_factory=dict)
     _bwd: dict[int, dict[str, list[float | None]]] = field(default_factory=dict)
     _bwd_begin: float = 0.0
+    _log: list[tuple] = field(default_factory=list)
+    """The step's compute, collective and block slices as recorded, formatted into events by :meth:`finish`."""
     _begin: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
@@ -128,13 +131,15 @@ class StepRecorder:
     def _t(self, t: float) -> float:
         return t - self.clock.base_s
 
-    # -- executor
+    # -- executor (called in the loop: each records a tuple; the events are formatted by :meth:`finish`)
     def compute(self, action: Action, start_s: float, end_s: float, args: dict) -> None:
-        name = {Kind.FORWARD: "F", Kind.BACKWARD: "B", Kind.BACKWARD_INPUT: "I",
-                Kind.BACKWARD_WEIGHT: "W"}.get(action.kind)
-        name = f"{name}{action.microbatch}" if name else "optimizer"
         if action.kind == Kind.FORWARD:
             self._mb = action.microbatch
+        self._log.append((self._compute_event, action, start_s, end_s, args))
+
+    def _compute_event(self, action: Action, start_s: float, end_s: float, args: dict) -> None:
+        name = _COMPUTE_NAMES.get(action.kind)
+        name = f"{name}{action.microbatch}" if name else "optimizer"
         self.writer.complete(self.rank, "compute", name, self._t(start_s), end_s - start_s,
                              {"stage": action.stage, "microbatch": action.microbatch,
                               "layers": list(self.chunks.get(action.stage, self.layers)), **args})
@@ -145,6 +150,9 @@ class StepRecorder:
                               getattr(pending, "codec_s", 0.0)))
 
     def collective(self, action: Action, start_s: float, end_s: float, nbytes: int) -> None:
+        self._log.append((self._collective_event, action, start_s, end_s, nbytes))
+
+    def _collective_event(self, action: Action, start_s: float, end_s: float, nbytes: int) -> None:
         self.writer.complete(self.rank, "collective", "allreduce", self._t(start_s), end_s - start_s,
                              {"stage": action.stage, "group": list(action.group or ()), "tied": action.tied,
                               "bytes": nbytes})
@@ -154,12 +162,20 @@ class StepRecorder:
         self._bwd_begin = t
 
     def backward_end(self, microbatch: int, t: float) -> None:
-        """Write the backward block slices of ``microbatch``, laid out so they nest: a block's
-        end (its input's gradient hook) and the previous block's start (the hook on the same
-        tensor, registered earlier, so called first) are one instant seen twice, a few
-        microseconds apart; the end is cut at the next start."""
-        spans = sorted((self._bwd_begin if b is None else b, t if e is None else e, name)
-                       for name, (b, e) in self._bwd.pop(microbatch, {}).items())
+        """Record the backward block slices of ``microbatch`` (written by :meth:`_backward_blocks`)."""
+        spans = self._bwd.pop(microbatch, None)
+        if spans:
+            # the hook stamps as they are now (a later pass's hooks write into the same slots)
+            self._log.append((self._backward_blocks, microbatch, t, self._bwd_begin,
+                              {name: tuple(v) for name, v in spans.items()}))
+
+    def _backward_blocks(self, microbatch: int, t: float, begin: float,
+                         blocks: dict[str, tuple[float | None, float | None]]) -> None:
+        """The backward block slices of ``microbatch``, laid out so they nest: a block's end (its
+        input's gradient hook) and the previous block's start (the hook on the same tensor,
+        registered earlier, so called first) are one instant seen twice, a few microseconds
+        apart; the end is cut at the next start."""
+        spans = sorted((begin if b is None else b, t if e is None else e, name) for name, (b, e) in blocks.items())
         for i, (b, end, name) in enumerate(spans):
             end = min(end, t, spans[i + 1][0] if i + 1 < len(spans) else end)
             self.writer.complete(self.rank, "blocks", name, self._t(b), max(0.0, end - b),
@@ -175,8 +191,7 @@ class StepRecorder:
 
         t0 = self._open.pop(name, t1)
         mb = self._mb
-        self.writer.complete(self.rank, "blocks", name, self._t(t0), t1 - t0,
-                             {"stage": self.stage, "microbatch": mb, "pass": "forward"}, cat="block")
+        self._log.append((self._forward_block, name, t0, t1, mb))
         if mb is None or not torch.is_grad_enabled():
             return
         slot = self._bwd.setdefault(mb, {}).setdefault(name, [None, None])
@@ -184,6 +199,10 @@ class StepRecorder:
             out.register_hook(lambda g, s=slot: s.__setitem__(0, time.perf_counter()))
         if inp is not None and inp.requires_grad:
             inp.register_hook(lambda g, s=slot: s.__setitem__(1, time.perf_counter()))
+
+    def _forward_block(self, name: str, t0: float, t1: float, mb: int | None) -> None:
+        self.writer.complete(self.rank, "blocks", name, self._t(t0), t1 - t0,
+                             {"stage": self.stage, "microbatch": mb, "pass": "forward"}, cat="block")
 
     def forward_microbatch(self, microbatch: int) -> None:
         self._mb = microbatch
@@ -203,7 +222,11 @@ class StepRecorder:
     def finish(self) -> dict[str, Any]:
         """Lay out the p2p rows without overlap, add flow halves, return the trace JSON."""
         w = self.writer
-        self._step_annotation(time.perf_counter())
+        end = time.perf_counter()
+        for write, *args in self._log:  # in the order they were recorded
+            write(*args)
+        self._log.clear()
+        self._step_annotation(end)
         w.metadata["peak_rss_bytes"] = peak_rss_bytes()
         if _BASE_RSS is not None:
             w.metadata["base_rss_bytes"] = _BASE_RSS

@@ -604,7 +604,8 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
                                skip=stage.tied_copy_parameter(), done_steps=start, keep_grads=logs and roles.writes_stage)
     outer = diloco.wrap(stepper, optimizer, plan, rank, stage, comm.groups, done_steps=start, timeout_s=cfg.timeout_s,
                         checkpoint_dir=cfg.checkpoint_dir)
-    executor = Executor(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm, optimizer=outer)
+    executor = Executor(rank=rank, plan=plan, actions=schedule[rank], stage=stage, comm=comm, optimizer=outer,
+                        schedule=schedule)
     executor.step_index = start
     if executor.tied_rows is not None:
         stepper.squares = executor.tied_rows.squares
