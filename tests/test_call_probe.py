@@ -79,6 +79,14 @@ def test_profile_writes_the_probe_value(tmp_path, monkeypatch, extra):
     monkeypatch.setattr(call_probe, "probe_call_overhead", probe)
     lf = _profile(tmp_path, *extra)
     assert lf.call_overhead_s == 0.00321 and len(calls) == 1 and calls[0].threads == 1
+    assert calls[0].steps == CallProbeConfig().steps == 64  # its mean holds on a small CPU quota
+
+
+def test_call_probe_steps_are_the_probes(tmp_path, monkeypatch):
+    """A quick check of the profile (the benchmarks' quick modes) runs a probe of a few steps."""
+    probe, calls = _fake_probe(0.002)
+    monkeypatch.setattr(call_probe, "probe_call_overhead", probe)
+    assert _profile(tmp_path, "--call-probe-steps", "3").call_overhead_s == 0.002 and calls[0].steps == 3
 
 
 def test_no_call_probe_skips_it_and_help_names_it(tmp_path, monkeypatch, capsys):

@@ -230,6 +230,8 @@ MAY_PARSE_OR_PRINT: dict[str, str] = {
     "argtypes.py": "argparse types for the command lines (ArgumentTypeError keeps their message)",
     "profiling/memory_probe.py": "the worker process `calibrate-memory` starts per span: its argv and its one "
                                  "JSON line on stdout are the protocol between the two processes",
+    "runtime/local_cli.py": "the launcher of the demo's local ranks (`python -m torchpp.runtime.local_cli`, torchrun's "
+                            "part without its agent): its argv and its one line on a failed rank",
 }
 """Library modules allowed to import argparse or print, each with its reason."""
 

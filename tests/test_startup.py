@@ -94,6 +94,9 @@ def test_file_verbs_import_neither_torch_nor_transformers(files, tmp_path):
         ["simulate", "all", "-c", str(d / "exp.json"), "--out-dir", str(tmp_path / "sweep"), "--workers", "1",
          "--no-progress"],
         ["simulate", "check-reference", str(ROOT / "tests" / "data" / "sim002_cases.csv")],
+        # a fixed strategy on a preset: its model fields read off the preset's table, no model built
+        ["plan", "--strategy", "pp", "--stages", "2", "--model", "qwen3-tiny", "--global-batch", "8", "--microbatches",
+         "2", "--seq-len", "32", "--hosts", "cpu1,cpu2", "--out", str(tmp_path / "pp_plan.json")],
     ]
     for argv in runs:
         got = run_fresh(argv, tmp_path)
@@ -105,3 +108,4 @@ def test_file_verbs_import_neither_torch_nor_transformers(files, tmp_path):
         got = run_fresh(argv, tmp_path)
         assert got["rc"] == 0 and got["heavy"] == [], argv
     assert (tmp_path / "plan" / "plan.json").exists() and (tmp_path / "report" / "report.json").exists()
+    assert (tmp_path / "pp_plan.json").exists()

@@ -65,6 +65,9 @@ class DemoConfig:
     timeout_s: float = 900.0
     compare: str = "even,pp,dp,single"
     """Baselines the planner prices next to its plan, each at its own best micro-batching."""
+    call_probe_steps: int | None = None
+    """Steps of each profile's call probe (``torchpp profile --call-probe-steps``); None: the
+    profile's default (64, whose mean holds on a small CPU quota)."""
     speed_check: bool = False
     """Before each training run, every host times its profiled layers again (``torchpp speed-check``,
     all hosts at once as profiled) and the run is also predicted at the speed the hosts have then
@@ -88,11 +91,11 @@ class DemoConfig:
     @staticmethod
     def smoke() -> "DemoConfig":
         """The benchmarks' quick modes: :meth:`quick`'s model and batch with the fewest measurements
-        that still run every step of the loop (one timed step per profiled size, three memory spans
-        and one in a ZB-H1 stage's order, each a fresh process, two training steps): a check that it
-        runs, no measurement."""
+        that still run every step of the loop (one timed step per profiled size, a call probe of three
+        steps, three memory spans and one in a ZB-H1 stage's order, each a fresh process, two training
+        steps): a check that it runs, no measurement."""
         return dataclasses.replace(DemoConfig.quick(), profile_batches="1,8", profile_iters=1, steps=2,
-                                   memory_samples=3, memory_zb_samples=1)
+                                   memory_samples=3, memory_zb_samples=1, call_probe_steps=3)
 
     @staticmethod
     def scenario(name: str) -> "DemoConfig":
@@ -182,6 +185,10 @@ class Hosts(Protocol):
     def devices(self) -> dict[str, dict]: ...
 
 
+LOCAL_RANKS = [PY, "-m", "torchpp.runtime.local_cli", "--nproc-per-node"]
+"""The command that starts a local run's ranks, the count after it (see :mod:`torchpp.runtime.local_cli`)."""
+
+
 class LocalHosts:
     """Local processes on this machine, one per "host", each with one thread."""
 
@@ -195,16 +202,15 @@ class LocalHosts:
         loop = "; ".join(f"HOST={h} RANK=0 WORLD_SIZE=1 sh -c {shlex.quote(shell)} || exit 1" for h in self.names)
         return ["sh", "-c", loop]
 
+    # Ranks start as `torchrun --standalone` starts them, without its agent (an interpreter that imports
+    # torch, seconds of CPU per run): `python -m torchpp.runtime.local_cli`
     def probe(self, argv: list[str], log_dir: Path) -> list[str]:
-        n = len(self.names)
-        return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n), "--no-python",
-                "sh", "-c", 'HOST=local$RANK exec "$0" "$@"', *argv]
+        return [*LOCAL_RANKS, str(len(self.names)), "--host-prefix", "local", "--", *argv]
 
     def ranks(self, plan: Path, argv: list[str], log_dir: Path) -> list[str]:
         from .formats import Plan
 
-        n = Plan.load(plan).world_size
-        return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n), *argv]
+        return [*LOCAL_RANKS, str(Plan.load(plan).world_size), "--", PY, *argv]
 
     def devices(self) -> dict[str, dict]:
         import psutil
@@ -426,7 +432,8 @@ class Demo:
         d.mkdir(parents=True, exist_ok=True)
         q = shlex.quote(str(d))
         cmd = (f"{shlex.quote(PY)} -m torchpp profile --model {c.model} --seq-len {c.seq_len} "
-               f"--batch {c.profile_batches} --iters {c.profile_iters} --warmup 1 --threads 1 --quiet --host \"$HOST\"")
+               f"--batch {c.profile_batches} --iters {c.profile_iters} --warmup 1 --threads 1 --quiet --host \"$HOST\""
+               + self.probe_steps)
         names = self.hosts.names
         if c.capacity_layers is None:
             shell = f"exec {cmd} --out {q}/layers_\"$HOST\".json"
@@ -457,6 +464,12 @@ class Demo:
             raise DemoError(f"profile wrote no {', '.join(sorted(missing))}")
         return files, rounds
 
+    @property
+    def probe_steps(self) -> str:
+        """`` --call-probe-steps N`` where the config sets the call probe's steps, else nothing."""
+        n = self.cfg.call_probe_steps
+        return "" if n is None else f" --call-probe-steps {n}"
+
     def speed_round(self, prefix: str, title: str, call_probe: bool = False) -> list[Path]:
         """One more round of speed profiles, every host at once: their first ``capacity_layers`` layers
         (``call_probe``: with the runtime's call probe, as the first round, whose files give each host's
@@ -464,7 +477,7 @@ class Demo:
         c, d = self.cfg, self.path("hosts")
         cmd = (f"{shlex.quote(PY)} -m torchpp profile --model {c.model} --seq-len {c.seq_len} "
                f"--batch {c.profile_batches} --iters {c.profile_iters} --warmup 1 --threads 1 --quiet --host \"$HOST\" "
-               f"--layers {c.capacity_layers}{'' if call_probe else ' --no-call-probe'} "
+               f"--layers {c.capacity_layers}{self.probe_steps if call_probe else ' --no-call-probe'} "
                f"--out {shlex.quote(str(d))}/{prefix}_\"$HOST\".json")
         self.p.run(f"{title}: {len(self.hosts.names)} hosts at once, their first {c.capacity_layers} layers",
                    self.hosts.each_host(f"exec {cmd}", self.path("logs", prefix)))

@@ -53,6 +53,8 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "gpt2-tiny": ("GPT2Config", _GPT2_TINY),
 }
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
+_MODEL_TYPES = {"Qwen3Config": "qwen3", "LlamaConfig": "llama", "GPT2Config": "gpt2"}
+"""Each preset's config class -> its ``model_type`` (what :func:`preset_info` writes as the architecture)."""
 
 
 def torch_dtypes() -> dict[str, "torch.dtype"]:
@@ -265,6 +267,21 @@ def model_info(cfg: PretrainedConfig, model: str, dtype: str = "float32", autoca
                      tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), dtype=dtype,
                      architecture=str(getattr(cfg, "model_type", "")), autocast=autocast,
                      path=str(where) if where else "", config_hash=config_hash(where) if where else "")
+
+
+def preset_info(model: str, num_layers: int | None = None, dtype: str = "float32", autocast: str = "") -> ModelInfo:
+    """:func:`model_info` of a preset, read off its table: a command that only writes a plan
+    (``torchpp plan --strategy``, ``calibrate-memory``'s checks) imports neither transformers nor
+    torch for it (seconds of CPU on a small host; presets are all supported, so nothing is checked
+    that a built model would tell)."""
+    cls, kw = PRESETS[model]
+    total = int(kw.get("num_hidden_layers") or kw["n_layer"])
+    if num_layers is not None and not 1 <= num_layers <= total:
+        raise ModelSpecError(f"--layers: expected 1..{total} for {model}, got {num_layers}")
+    return ModelInfo(name=model, source="preset", num_layers=total if num_layers is None else num_layers,
+                     hidden_size=int(kw.get("hidden_size") or kw["n_embd"]), vocab_size=int(kw["vocab_size"]),
+                     tied_embeddings=bool(kw["tie_word_embeddings"]), dtype=dtype, architecture=_MODEL_TYPES[cls],
+                     autocast=autocast)
 
 
 CONFIG_HASH_IGNORED = ("transformers_version", "_name_or_path", "torch_dtype", "dtype")

@@ -414,13 +414,16 @@ def predict_plan(p: Plan, costs: Costs) -> dict[str, Any]:
 
 def fixed_plan(strategy: Strategy, options: PlanOptions) -> Plan:
     """A fixed-strategy plan whose action lists are proven consistent (no search, no costs)."""
-    from ..models.presets import ModelSpecError, load_config, model_info, precision_fields
+    from ..models.presets import ModelSpecError, is_preset, load_config, model_info, precision_fields, preset_info
     from ..schedules import build
     from .simple import dp_plan, even_plan, pp_plan
 
     try:
-        info = model_info(load_config(strategy.model, strategy.num_layers), strategy.model,
-                          **precision_fields(strategy.dtype))
+        if is_preset(strategy.model):  # read off the preset's table: no model built, neither torch nor transformers
+            info = preset_info(strategy.model, strategy.num_layers, **precision_fields(strategy.dtype))
+        else:
+            info = model_info(load_config(strategy.model, strategy.num_layers), strategy.model,
+                              **precision_fields(strategy.dtype))
     except ModelSpecError as e:
         raise UsageError(str(e)) from None
     kw = dict(seq_len=strategy.seq_len, global_batch=options.global_batch, num_microbatches=strategy.microbatches,

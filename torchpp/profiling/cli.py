@@ -35,6 +35,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="skip the call probe: a few steps of torchpp's own runtime on a 2-stage pipeline of local "
                    "processes (~10 s) that measure the runtime's seconds per compute call on this host "
                    "(call_overhead_s, which the cost model adds to every forward and backward); skipped, it is 0")
+    p.add_argument("--call-probe-steps", type=T.int_in(2, 100_000), default=None,
+                   help="steps of the call probe, the first not measured (default 64: its mean needs many on a "
+                   "small CPU quota; a check that the profile runs needs 3)")
     p.add_argument("--memory", type=T.size, default=None,
                    help="this host's memory limit, e.g. 2G, where the machine does not show it (the limit is the "
                    "smallest of this, its memory cgroup's, TORCHPP_HOST_MEMORY and the machine's memory); blocks it cannot hold (the embedding and tail of a "
@@ -79,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or f"layers_{host}.json")
     tw = TraceWriter(world_size=1, rank=0) if args.trace else None
     # the probe first: its two ranks start while this process holds no model yet (a small host's memory)
-    call_s = None if args.no_call_probe else call_overhead(args.threads, args.quiet)
+    call_s = None if args.no_call_probe else call_overhead(args.threads, args.quiet, args.call_probe_steps)
     try:
         lf = measure_layers(pc, progress=None if args.quiet else stderr_progress(pc.model), trace=tw,
                             note=lambda line: print(f"profile: {line}", file=sys.stderr, flush=True))
@@ -114,14 +117,15 @@ def _check_activations_fit(cfg, batch: int, seq_len: int) -> None:
                          f"activations, this host has {total / 2**30:,.1f} GiB: profile smaller batches")
 
 
-def call_overhead(threads: int, quiet: bool) -> float:
-    """The call probe's seconds per compute call; 0 with one warning when it cannot run (a plan
-    priced from this file then under-predicts its steps, so the failure is never silent)."""
+def call_overhead(threads: int, quiet: bool, steps: int | None = None) -> float:
+    """The call probe's seconds per compute call (``steps``: its steps, default its config's); 0
+    with one warning when it cannot run (a plan priced from this file then under-predicts its
+    steps, so the failure is never silent)."""
     import sys
 
     from .call_probe import CallProbeConfig, CallProbeError, probe_call_overhead
 
-    cfg = CallProbeConfig(threads=threads)
+    cfg = CallProbeConfig(threads=threads) if steps is None else CallProbeConfig(threads=threads, steps=steps)
     if not quiet:
         print(f"call probe: {cfg.steps} steps of the runtime on 2 local ranks ({cfg.model}, {cfg.microbatches} "
               f"micro-batches, gloo), timeout {cfg.timeout_s:g} s", file=sys.stderr, flush=True)
@@ -185,11 +189,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from ..formats import FormatError, LayersFile
     from .calibrate import calibrate, default_extra
     from ..errors import UsageError
-    from ..models.presets import ModelSpecError, is_preset, load_config, num_hidden_layers, resolve_model
+    from ..models.presets import ModelSpecError, is_preset, load_config, num_hidden_layers, preset_info, resolve_model
 
     lf = LayersFile.load(args.layers)
-    try:
-        n = num_hidden_layers(load_config(args.model))
+    try:  # a preset's layers read off its table: this process imports no transformers (each span's process does)
+        n = preset_info(args.model).num_layers if is_preset(args.model) else num_hidden_layers(load_config(args.model))
         if not is_preset(args.model):
             # every span reads the checkpoint in a fresh process: weights it would refuse (pickled, missing) are
             # refused here, in one line, instead of in each span's traceback

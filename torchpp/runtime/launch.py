@@ -11,6 +11,8 @@ call that overruns its deadline has every process killed. Either way nothing is 
 transformers) is paid for once; ``run_ranks`` is a pool used for one call. ``popen_ranks`` and
 ``wait_ranks`` are for tests of a command line itself (``torchpp.train``, ``bandwidth probe``):
 one process per rank with torchrun's variables on a free loopback port, under one deadline.
+``launch_local`` runs a command line on every rank as torchrun does on one node, without its
+agent (``python -m torchpp.runtime.local_cli``: the demo's local hosts).
 
 The function, its arguments and its return value cross the process boundary by pickle: they
 are the caller's own code and data, never a peer's. The function must be importable by name
@@ -92,6 +94,64 @@ def wait_ranks(procs: list[subprocess.Popen], timeout_s: float) -> list[tuple[in
     finally:
         _kill_all(procs)
     return out
+
+
+def launch_local(cmd: list[str], world: int, *, per_rank: Callable[[int], dict[str, str]] | None = None,
+                 grace_s: float = 10.0, poll_s: float = 0.05) -> tuple[int, int | None]:
+    """Run ``cmd`` once per rank on this machine as ``torchrun --standalone --nproc-per-node world``
+    starts it (its variables on a free loopback port, ``OMP_NUM_THREADS=1`` where unset and several
+    ranks, output to this process's), without its agent: an interpreter less, one that imports
+    torch, per run. Each rank gets a parent-death signal, so none outlives this process however it
+    ends; when one rank fails the others are stopped (SIGTERM, SIGKILL after ``grace_s``), as the
+    agent does. Returns the exit code and the rank that failed (None when every rank exited 0).
+    SIGTERM or SIGINT to this process stops every rank and returns ``128 + signal``."""
+    import signal
+
+    from .lifecycle import die_with_parent
+
+    env = dict(os.environ)
+    if world > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    port, procs = free_port(), []
+    stopped: list[int] = []
+
+    def on_signal(sig: int, _frame: Any) -> None:
+        stopped.append(sig)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for r in range(world):
+            rank_env = {**env, **torchrun_env(r, world, port), "TORCHELASTIC_RESTART_COUNT": "0",
+                        **(per_rank(r) if per_rank else {})}
+            procs.append(subprocess.Popen(cmd, env=rank_env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent))
+        while not stopped:
+            codes = [p.poll() for p in procs]
+            bad = next((r for r, c in enumerate(codes) if c not in (None, 0)), None)
+            if bad is not None:
+                code = codes[bad]
+                return (code if code > 0 else 128 - code), bad
+            if all(c == 0 for c in codes):
+                return 0, None
+            time.sleep(poll_s)
+        return 128 + stopped[0], None
+    finally:
+        _stop(procs, grace_s)
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM every process still running, SIGKILL those left after ``grace_s``; all reaped."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    _kill_all(procs)
 
 
 def _kill_all(procs: list[subprocess.Popen]) -> None:
