@@ -4,7 +4,8 @@
 # emulated homelab cluster (an old laptop and three Raspberry Pis, and a model none of them can
 # train alone) where this machine allows it, else on local processes. Its closing table puts the
 # plan next to the best single device, data parallelism, the even 1F1B split and the lower bound.
-# Extra arguments go to `torchpp demo` (e.g. --scenario hetero4, --local, --quick, --out DIR).
+# Extra arguments go to `torchpp demo` (e.g. --scenario hetero4, --scenario slowlink, --local,
+# --quick, --out DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VPY=$(bash launch/setup.sh)

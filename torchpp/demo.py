@@ -8,9 +8,12 @@ lower bound, measured next to predicted, and one line on why the plan looks as i
 
 The default scenario is ``homelab`` (configs/cluster/homelab.json: an old laptop and three
 Raspberry Pis, and the qwen3-homelab model that none of them can train alone); ``--scenario
-hetero4`` is the earlier one (qwen3-small, which fits the laptop). On a machine that allows
-network namespaces and cgroups the hosts are the emulated cluster; otherwise they are local
-processes on this machine, and the demo says so. Every step is a ``torchpp`` command reading and
+hetero4`` is the earlier one (qwen3-small, which fits the laptop); ``--scenario slowlink`` puts
+homelab's devices on 10-20 Mbit/s Wi-Fi (configs/cluster/slowlink.json) and plans twice from the
+same measurements, fp32 everywhere and with ``--allow-lossy``, trains both and puts them side by
+side: bytes on the wire, loss and speed-up (instead of the even split and the re-plan). On a
+machine that allows network namespaces and cgroups the hosts are the emulated cluster; otherwise
+they are local processes on this machine, and the demo says so. Every step is a ``torchpp`` command reading and
 writing files under ``--out``; each command line and its output is kept in ``--out/logs``, so
 any step can be re-run alone.
 """
@@ -82,6 +85,10 @@ class DemoConfig:
     host's speed divides every capacity, and one profile of it under a passing load moved them all
     by ~20%; three rounds outvote one. Round 2 is the first host's whole-model profile with the
     others repeating theirs; each further round is one more step of ~40 s."""
+    lossy: str | None = None
+    """Lossy choices (``torchpp plan --allow-lossy``, e.g. ``bf16,int8``): the demo plans a second time
+    from the same measurements with these allowed and trains that plan beside the fp32 one, in place
+    of the even split and the re-plan. None: every plan fp32, as without the option."""
 
     @staticmethod
     def quick() -> "DemoConfig":
@@ -100,16 +107,21 @@ class DemoConfig:
     @staticmethod
     def scenario(name: str) -> "DemoConfig":
         """``homelab``: a model no single host can train (the default); ``hetero4``: qwen3-small,
-        which one laptop trains fastest, on four unevenly fast hosts."""
+        which one laptop trains fastest, on four unevenly fast hosts; ``slowlink``: homelab's model
+        and devices on 10-20 Mbit/s Wi-Fi, planned fp32 and with bf16 and int8 allowed on links and
+        group all-reduces (not DiLoCo or PowerSGD, which change the optimisation itself rather than
+        round what crosses a link; the model is untied, so no tied-weight sync is chosen)."""
         if name not in SCENARIOS:
             raise ValueError(f"--scenario: expected one of {', '.join(SCENARIOS)}, got {name!r}")
         if name == "hetero4":
             return DemoConfig(model="qwen3-small", seq_len=64, profile_batches="1,4,16", global_batch=16,
                               capacity_layers=None, cluster="configs/cluster/hetero4.json")
+        if name == "slowlink":
+            return DemoConfig(cluster="configs/cluster/slowlink.json", lossy="bf16,int8")
         return DemoConfig()
 
 
-SCENARIOS = ("homelab", "hetero4")
+SCENARIOS = ("homelab", "hetero4", "slowlink")
 
 
 @dataclass
@@ -294,6 +306,10 @@ class RunResult:
     """The prediction at the speed each host had just before the run (its speed check), if checked."""
     speed_now: dict[str, float] = field(default_factory=dict)
     """Each host's speed check just before the run: measured / profiled seconds per layer."""
+    loss: float | None = None
+    """The training loss of the run's last step (rank 0's metrics.jsonl)."""
+    wire_bytes: int | None = None
+    """Bytes the ranks put on the wire in the last traced step (``wire_bytes_per_step``)."""
 
     @property
     def error(self) -> float | None:
@@ -366,13 +382,43 @@ def memory_rows(report_json: Path) -> list[dict]:
     return out
 
 
-def measured_step_times(log_dir: Path) -> list[float]:
-    """Rank 0's step times (metrics.jsonl) of its last run, the first step left out as warm-up."""
+def last_run_records(log_dir: Path) -> list[dict]:
+    """Rank 0's metrics.jsonl records of its last run: the trainer appends, so a resumed or repeated
+    run adds to the file."""
     rows = [json.loads(x) for x in (log_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     starts = [i for i, r in enumerate(rows) if r.get("event") == "start"]
-    rows = rows[starts[-1]:] if starts else rows  # the trainer appends: a resumed or repeated run adds to the file
+    return rows[starts[-1]:] if starts else rows
+
+
+def measured_step_times(log_dir: Path) -> list[float]:
+    """Rank 0's step times (metrics.jsonl) of its last run, the first step left out as warm-up."""
+    rows = last_run_records(log_dir)
     steps = sorted((r["step"], r["step_time_s"]) for r in rows if "step" in r and "step_time_s" in r)
     return [t for s, t in steps if s > 1] or [t for _, t in steps]
+
+
+def final_loss(log_dir: Path) -> float | None:
+    """The training loss of the last run's last step (metrics.jsonl), None if no step logged one."""
+    steps = sorted((r["step"], r["loss"]) for r in last_run_records(log_dir) if "step" in r and "loss" in r)
+    return float(steps[-1][1]) if steps else None
+
+
+WIRE_KINDS = ("send_act", "send_grad", "allreduce")
+"""Trace events whose ``bytes`` went on the wire: each p2p send as encoded, each rank's all-reduce payload."""
+
+
+def wire_bytes_per_step(trace_dir: Path) -> int | None:
+    """Bytes every rank put on the wire in the last traced step (the merged timeline): each send of
+    activations or gradients as its wire format encoded it, and each rank's all-reduce payload as
+    encoded. None where the run wrote no merged timeline."""
+    from .trace.analyze import events_from_trace
+    from .trace.report import find_timelines
+
+    try:
+        _, last = find_timelines(trace_dir)[-1]
+    except FileNotFoundError:
+        return None
+    return sum(e.bytes for e in events_from_trace(json.loads(last.read_text())) if e.kind in WIRE_KINDS)
 
 
 def run_verdict(run_json: Path, text: str) -> str:
@@ -399,8 +445,17 @@ class Demo:
         """Each speed round's files, in host order, as the capacities were last computed from them."""
         self.consensus: dict[str, Path] | None = None
         """Per host, the profile its speed checks compare against (``consensus_references``)."""
-        self.p = Progress(total=16 + 3 * (self.steps_per_run - 3) + len(self.extra_rounds), log_dir=out / "logs")
+        # profile, capacities, probe, memory, plan, then the even split and the re-plan, or the lossy plan
+        fixed = 6 if cfg.lossy else 7
+        self.p = Progress(total=fixed + len(self.runs) * self.steps_per_run + len(self.extra_rounds),
+                          log_dir=out / "logs")
         self.tp = [PY, "-m", "torchpp"]
+
+    @property
+    def runs(self) -> tuple[str, ...]:
+        """The training runs, in order: the fp32 plan and the lossy one, or the even split, the plan
+        and the re-plan."""
+        return ("plan", "lossy") if self.cfg.lossy else ("even", "plan", "replan")
 
     @property
     def checks_speed(self) -> bool:
@@ -578,15 +633,19 @@ class Demo:
         return max(5, c.memory_samples // 4) if c.memory_zb_samples is None else c.memory_zb_samples
 
     # --- plan
-    def plan(self, m: Measured) -> Path:
-        d = self.path("plan")
-        text = self.p.run("plan (DP over stages, groups, device orders, micro-batching)",
-                          [*self.tp, "plan", "--layers", *map(str, m.files), "--capacities", str(m.capacities),
-                           "--bandwidth", str(m.bandwidth), "--memory-model", str(m.memory), "--devices",
-                           str(m.devices), "--global-batch",
-                           str(self.cfg.global_batch), "--compare", self.cfg.compare, "--out-dir", str(d)])
-        self.p.note("\n".join(x for x in text.splitlines() if x.startswith(("plan:", "predicted", "stage ", "    "))
-                              and "candidate" not in x)[:2000])
+    def plan(self, m: Measured, lossy: str | None = None) -> Path:
+        """The plan from ``m``'s files (``plan/``, the baselines priced beside it); with ``lossy``, the
+        same search with those lossy choices allowed (``plan_lossy/``)."""
+        d = self.path("plan_lossy" if lossy else "plan")
+        title = (f"plan again from the same measurements, --allow-lossy {lossy}" if lossy
+                 else "plan (DP over stages, groups, device orders, micro-batching)")
+        text = self.p.run(title, [*self.tp, "plan", "--layers", *map(str, m.files), "--capacities", str(m.capacities),
+                                  "--bandwidth", str(m.bandwidth), "--memory-model", str(m.memory), "--devices",
+                                  str(m.devices), "--global-batch", str(self.cfg.global_batch),
+                                  *(("--allow-lossy", lossy) if lossy else ("--compare", self.cfg.compare)),
+                                  "--out-dir", str(d)])
+        shown = ("plan:", "predicted", "stage ", "    ", "wire formats")
+        self.p.note("\n".join(x for x in text.splitlines() if x.startswith(shown) and "candidate" not in x)[:2000])
         return d / "plan.json"
 
     def compared(self) -> dict[str, dict]:
@@ -681,7 +740,8 @@ class Demo:
         return RunResult(name=name, plan=str(plan), measured_step_s=statistics.median(steps),
                          predicted_step_s=predicted, steps_s=steps, report=str(report / "report.md"),
                          trace_dir=str(traces), memory_mib=memory_rows(report / "report.json"),
-                         predicted_now_s=predicted_now, speed_now=speed_now)
+                         predicted_now_s=predicted_now, speed_now=speed_now, loss=final_loss(logs),
+                         wire_bytes=wire_bytes_per_step(traces))
 
     def speed_check(self, d: Path) -> list[Path]:
         """Every host times its profiled layers again, all at once (as their speed files were taken),
@@ -725,6 +785,9 @@ class Demo:
     def main(self) -> dict:
         m = self.measure_and_plan()
         base = self.baselines(m)
+        if self.cfg.lossy:
+            lossy = self.plan(m, self.cfg.lossy)
+            return self.summarise([self.train("plan", m.plan, m), self.train("lossy", lossy, m)], base)
         even = self.even_plan(m.plan, m)
         results = [self.train("even", even, m), self.train("plan", m.plan, m)]
         replanned = self.replan(results[1], m)
@@ -735,12 +798,13 @@ class Demo:
         from .formats import Plan
 
         plan = Plan.load(next(r.plan for r in results if r.name == "plan"))
+        second = (f"- lossy plan summary {self.path('plan_lossy', 'summary.txt')}" if self.cfg.lossy
+                  else f"- replan summary {self.path('replan', 'replan_summary.txt')}")
         text = "\n".join(summary_lines(self.cfg, self.hosts.mode, self.hosts.names, results, baselines, plan)
                          + ["", "files:"] + [f"- {r.name}: plan {r.plan}, report {r.report}, timelines {r.trace_dir}"
                                              for r in results]
                          + [f"- plan summary {self.path('plan', 'summary.txt')}, Gantt {self.path('plan', 'gantt.png')}",
-                            f"- replan summary {self.path('replan', 'replan_summary.txt')}",
-                            f"- every command and its output: {self.p.log_dir}"])
+                            second, f"- every command and its output: {self.p.log_dir}"])
         self.path("summary.md").write_text(text + "\n")
         summary = {"format": "torchpp.demo/1", "mode": self.hosts.mode, "hosts": self.hosts.names,
                    "config": asdict(self.cfg), "runs": [{**asdict(r), "error": r.error, "error_now": r.error_now,
@@ -749,6 +813,9 @@ class Demo:
                    "baselines": [asdict(b) for b in baselines],
                    "lower_bound_s": (plan.predicted or {}).get("lower_bound_s"),
                    "seconds": time.monotonic() - self.p.t0}
+        wire = wire_comparison(results)
+        if wire is not None:
+            summary["wire"] = {"allow_lossy": self.cfg.lossy, **wire}
         self.path("summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         print("\n" + text, flush=True)
         print(f"\ndone in {summary['seconds']:.0f}s; open the timelines in https://ui.perfetto.dev or "
@@ -758,7 +825,8 @@ class Demo:
 
 def summary_lines(cfg: DemoConfig, mode: str, hosts: Sequence[str], results: Sequence[RunResult],
                   baselines: Sequence[Baseline], plan: "Plan") -> list[str]:
-    """The closing table: each baseline, the plan, the re-plan and the lower bound, then why."""
+    """The closing table: each baseline, the plan, the re-plan (or the lossy plan, then the two side by
+    side: ``wire_lines``) and the lower bound, then why."""
     ref = next(r.measured_step_s for r in results if r.name == "plan")
     now = any(r.predicted_now_s is not None for r in results)
     at, dash = (" at launch (error) |", " – |") if now else ("", "")
@@ -786,7 +854,8 @@ def summary_lines(cfg: DemoConfig, mode: str, hosts: Sequence[str], results: Seq
     if bound:
         lines.append(f"| lower bound (all work incl. the optimizer over all capacity) | – | – | – | {bound:.3f} | – |"
                      f"{dash} {bound / ref:.2f}x | – |")
-    out = lines + ["", "why: " + why_line(plan, baselines)]
+    wire = wire_comparison(results)
+    out = lines + (wire_lines(cfg, wire) if wire is not None else []) + ["", "why: " + why_line(plan, baselines)]
     gap = (plan.predicted or {}).get("gap_to_bound")
     if gap:
         from .planner.gap import Gap
@@ -804,6 +873,88 @@ def _plan_of(r: RunResult) -> "Plan":
     from .formats import Plan
 
     return Plan.load(r.plan)
+
+
+LOSS_TOLERANCE = {"bf16": 0.01, "fp16": 0.01, "int8": 0.02, "powersgd": 0.02, "diloco": 0.02}
+"""How far a lossy plan's loss may be from fp32's at equal steps (the slow-links issue, #36: bf16
+wire within 1%, int8 within 2%, DiLoCo within 2%); a plan is held to its lossiest choice's."""
+EXACT_TOLERANCE = 1e-4
+"""A plan with no lossy choice (fp32 everywhere, or the tied weight's exact ``rows`` sync) trains the
+fp32 plan's arithmetic: its loss equals fp32's up to the order of float sums."""
+
+
+def lossy_kinds(plan: "Plan") -> set[str]:
+    """The lossy formats and sync kinds ``plan`` uses (empty: fp32 everywhere, exact)."""
+    kinds = {s.wire for s in plan.stages if s.wire not in (None, "fp32")}
+    for sync in [*(s.sync for s in plan.stages), plan.tied_sync]:
+        if sync is not None and sync.lossy:
+            kinds.add(sync.kind if sync.kind in ("powersgd", "diloco") else sync.wire)
+    return kinds
+
+
+def wire_choices(plan: "Plan") -> list[str]:
+    """What ``plan`` sends other than fp32 every step, by host: each link's format, each group's sync
+    and the tied weight's (the plan's ``stages[i].wire``, ``stages[i].sync``, ``tied_sync``)."""
+    hosts = {s.index: "+".join(d.host for d in s.devices) for s in plan.stages}
+    plain = ("allreduce", "fp32")
+    out = [f"{hosts[s.index]}→{hosts[s.index + 1]} {s.wire}" for s in plan.stages if s.wire not in (None, "fp32")]
+    out += [f"{hosts[s.index]} all-reduce: {s.sync.kind} {s.sync.wire}" for s in plan.stages
+            if s.sync is not None and (s.sync.kind, s.sync.wire) != plain]
+    t = plan.tied_sync
+    if t is not None and (t.kind, t.wire) != plain:
+        out.append("tied weight: the touched rows (exact)" if t.kind == "rows" else f"tied weight: {t.kind} {t.wire}")
+    return out
+
+
+def wire_comparison(results: Sequence[RunResult]) -> dict | None:
+    """The fp32 plan (run ``plan``) against the one planned with lossy choices allowed (run ``lossy``):
+    speed-up measured and predicted, bytes on the wire, loss against the tolerance of its lossiest
+    choice. None where the demo trained no lossy plan."""
+    base = next((r for r in results if r.name == "plan"), None)
+    lossy = next((r for r in results if r.name == "lossy"), None)
+    if base is None or lossy is None:
+        return None
+    plan = _plan_of(lossy)
+    kinds = lossy_kinds(plan)
+    tol = max((LOSS_TOLERANCE[k] for k in kinds), default=EXACT_TOLERANCE)
+    diff = lossy.loss / base.loss - 1 if lossy.loss is not None and base.loss else None
+    pred = (base.predicted_step_s / lossy.predicted_step_s
+            if base.predicted_step_s is not None and lossy.predicted_step_s else None)
+    return {"wire_choices": wire_choices(plan), "lossy": sorted(kinds),
+            "speedup": base.measured_step_s / lossy.measured_step_s, "predicted_speedup": pred,
+            "loss_vs_fp32": diff, "loss_tolerance": tol, "loss_within": None if diff is None else abs(diff) <= tol,
+            "fewer_bytes": base.wire_bytes / lossy.wire_bytes if base.wire_bytes and lossy.wire_bytes else None,
+            "rows": {r.name: {"wire_choices": wire_choices(_plan_of(r)), "wire_bytes": r.wire_bytes, "loss": r.loss,
+                              "predicted_step_s": r.predicted_step_s, "measured_step_s": r.measured_step_s}
+                     for r in (base, lossy)}}
+
+
+def _megabytes(n: int | None) -> str:
+    return "–" if n is None else f"{n / 1e6:.2f} MB"
+
+
+def wire_lines(cfg: DemoConfig, wire: dict) -> list[str]:
+    """The fp32 plan and the lossy one side by side (``wire_comparison``): which links use which
+    format, bytes on the wire, loss after the same steps and the speed-up."""
+    base, lossy = wire["rows"]["plan"], wire["rows"]["lossy"]
+    lines = ["", f"slow links: the fp32 plan beside the one planned from the same measurements with --allow-lossy "
+             f"{cfg.lossy}, both trained {cfg.steps} steps on the same data and seed; bytes on the wire = what every "
+             "rank sent in a traced step (each send as its format encodes it, each rank's all-reduce payload)", "",
+             f"| run | wire (plan's choices) | bytes on the wire / step | loss after {cfg.steps} steps | vs fp32 | "
+             "predicted step (s) | measured step (s) | speed-up (predicted) |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in (("plan", base), ("lossy", lossy)):
+        loss = "–" if r["loss"] is None else f"{r['loss']:.4f}"
+        pred = "–" if r["predicted_step_s"] is None else f"{r['predicted_step_s']:.3f}"
+        vs, up = "–", "1.00x"
+        if name == "lossy":
+            d, tol = wire["loss_vs_fp32"], wire["loss_tolerance"]
+            within = "within" if wire["loss_within"] else "outside"
+            vs = "–" if d is None else f"{100 * d:+.2f}% ({within} {100 * tol:g}%)"
+            p = wire["predicted_speedup"]
+            up = f"{wire['speedup']:.2f}x" + (f" ({p:.2f}x)" if p is not None else "")
+        lines.append(f"| {name} | {', '.join(r['wire_choices']) or 'fp32 everywhere'} | "
+                     f"{_megabytes(r['wire_bytes'])} | {loss} | {vs} | {pred} | {r['measured_step_s']:.3f} | {up} |")
+    return lines
 
 
 def why_line(plan: "Plan", baselines: Sequence[Baseline]) -> str:
@@ -829,7 +980,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("out/demo"), help="where every file goes (default out/demo)")
     p.add_argument("--local", action="store_true", help="local processes even where the emulated cluster is possible")
     p.add_argument("--scenario", choices=SCENARIOS, default="homelab",
-                   help="homelab (default): a model no single host can train; hetero4: qwen3-small, which fits one host")
+                   help="homelab (default): a model no single host can train; hetero4: qwen3-small, which fits one "
+                   "host; slowlink: homelab's devices on 10-20 Mbit/s Wi-Fi, the fp32 plan beside the one planned "
+                   "with --allow-lossy bf16,int8")
     p.add_argument("--cluster", type=Path, default=None, help="cluster config (default: the scenario's)")
     p.add_argument("--hosts", type=int, default=DemoConfig.local_hosts, help="local processes (default 2)")
     p.add_argument("--model", default=None, help=f"preset (default {DemoConfig.model})")
@@ -851,7 +1004,7 @@ def run(args: argparse.Namespace) -> int:
     from .errors import UsageError
 
     base = DemoConfig.scenario(args.scenario)
-    cfg = dataclasses.replace(DemoConfig.quick(), cluster=base.cluster) if args.quick else base
+    cfg = dataclasses.replace(DemoConfig.quick(), cluster=base.cluster, lossy=base.lossy) if args.quick else base
     if args.model:
         cfg.model = args.model
     if args.steps is not None:
@@ -910,6 +1063,9 @@ def demo_hosts(cfg: DemoConfig, out: Path, local: bool, local_hosts: int, extra_
     if why is not None:
         print(f"torchpp demo: not using the emulated cluster ({why}); the hosts are {local_hosts} local processes "
               "on this machine, which share its cores, so their speeds and links are this machine's", flush=True)
+        if cfg.lossy:
+            print("torchpp demo: so the links are not shaped to the scenario's rates either: the plan with "
+                  f"--allow-lossy {cfg.lossy} compresses only what this machine's links make worth it", flush=True)
         demo = Demo(cfg, out, LocalHosts(local_hosts))
         demo.p.total += extra_steps
         yield demo
