@@ -118,16 +118,7 @@ def _measure(src: int, dst: int, rank: int, args: ProbeSettings
         if int(ctl[0]) == 0:
             break
         buf = torch.empty(size // 4, dtype=torch.float32)
-        times = []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            if me_src:
-                dist.send(buf, peer)
-                dist.recv(ping, peer)
-            else:
-                dist.recv(buf, peer)
-                dist.send(ping, peer)
-            times.append(time.perf_counter() - t0)
+        times = _round_trips(buf, ping, peer, me_src, args.repeats)
         med = statistics.median(times)
         spent += sum(times)
         points.append((buf.numel() * 4, med))
@@ -135,19 +126,27 @@ def _measure(src: int, dst: int, rank: int, args: ProbeSettings
     rested = None
     if args.burst_size > 0:  # both ends know the settings: no control message needed
         buf = torch.empty(args.burst_size // 4, dtype=torch.float32)
-        times = []
-        for _ in range(args.repeats):
-            time.sleep(args.rest_s)
-            t0 = time.perf_counter()
-            if me_src:
-                dist.send(buf, peer)
-                dist.recv(ping, peer)
-            else:
-                dist.recv(buf, peer)
-                dist.send(ping, peer)
-            times.append(time.perf_counter() - t0)
-        rested = statistics.median(times)
+        rested = statistics.median(_round_trips(buf, ping, peer, me_src, args.repeats, rest_s=args.rest_s))
     return rtt, points, rested
+
+
+def _round_trips(buf, ping, peer: int, me_src: bool, repeats: int, rest_s: float = 0.0) -> list[float]:
+    """Seconds for ``buf`` one way and ``ping`` back, ``repeats`` times (after ``rest_s`` each: a rested link)."""
+    import torch.distributed as dist
+
+    times = []
+    for _ in range(repeats):
+        if rest_s:
+            time.sleep(rest_s)
+        t0 = time.perf_counter()
+        if me_src:
+            dist.send(buf, peer)
+            dist.recv(ping, peer)
+        else:
+            dist.recv(buf, peer)
+            dist.send(ping, peer)
+        times.append(time.perf_counter() - t0)
+    return times
 
 
 def probe(args: ProbeSettings, on_pair: Callable[[PairResult], None] | None = None) -> list[PairResult] | None:
