@@ -94,14 +94,7 @@ def _measure(src: int, dst: int, rank: int, args: ProbeSettings
     peer = dst if me_src else src
 
     def pingpong() -> float:
-        t0 = time.perf_counter()
-        if me_src:
-            dist.send(ping, peer)
-            dist.recv(ping, peer)
-        else:
-            dist.recv(ping, peer)
-            dist.send(ping, peer)
-        return time.perf_counter() - t0
+        return _round_trips(ping, ping, peer, me_src, 1)[0]
 
     pingpong()  # connection set-up
     rtt = min(pingpong() for _ in range(args.pings))
