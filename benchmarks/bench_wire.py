@@ -83,14 +83,10 @@ def _run_rank(rank: int, world: int, case: dict) -> None:
 
 def _wire_bytes(trace_dir: Path) -> int:
     """Bytes one traced step put on the pipeline link (every rank's sends, as encoded)."""
-    total = 0
-    for f in trace_dir.rglob("*.json"):
-        if "_all" in f.name:
-            continue
-        for e in json.loads(f.read_text()).get("traceEvents", []):
-            if e.get("ph") == "X" and e.get("name") in ("send_act", "send_grad"):
-                total += int(e["args"]["bytes"])
-    return total
+    from torchpp.trace.analyze import wire_bytes
+
+    return wire_bytes((json.loads(f.read_text()) for f in trace_dir.rglob("timeline_step*_rank*.json")),
+                      kinds=("send_act", "send_grad"))
 
 
 def _param_bytes(plan_path: Path) -> int:

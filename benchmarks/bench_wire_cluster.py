@@ -179,17 +179,9 @@ def traced_bytes(trace_dir: Path, step: int) -> int:
     """Bytes every rank put on the wire in one traced step: p2p sends as encoded, and each rank's
     all-reduce payload as encoded (every group here has two members: a ring all-reduce of two, and
     an all-gather of two, send each member's buffer once)."""
-    total = 0
-    for f in trace_dir.glob(f"timeline_step{step}_rank*.json"):
-        for e in json.loads(f.read_text()).get("traceEvents", []):
-            if e.get("ph") != "X":
-                continue
-            a = e.get("args", {})
-            if e["name"] in ("send_act", "send_grad"):
-                total += int(a["bytes"])
-            elif e["name"] == "allreduce" and a.get("bytes"):
-                total += int(a["bytes"])
-    return total
+    from torchpp.trace.analyze import wire_bytes
+
+    return wire_bytes(json.loads(f.read_text()) for f in trace_dir.glob(f"timeline_step{step}_rank*.json"))
 
 
 def run_one(cluster_name: str, name: str, plan: Path, args, text: Path, out: Path) -> dict:

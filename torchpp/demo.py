@@ -403,7 +403,6 @@ def final_loss(log_dir: Path) -> float | None:
     return float(steps[-1][1]) if steps else None
 
 
-WIRE_KINDS = ("send_act", "send_grad", "allreduce")
 """Trace events whose ``bytes`` went on the wire: each p2p send as encoded, each rank's all-reduce payload."""
 
 
@@ -411,14 +410,14 @@ def wire_bytes_per_step(trace_dir: Path) -> int | None:
     """Bytes every rank put on the wire in the last traced step (the merged timeline): each send of
     activations or gradients as its wire format encoded it, and each rank's all-reduce payload as
     encoded. None where the run wrote no merged timeline."""
-    from .trace.analyze import events_from_trace
+    from .trace.analyze import wire_bytes
     from .trace.report import find_timelines
 
     try:
         _, last = find_timelines(trace_dir)[-1]
     except FileNotFoundError:
         return None
-    return sum(e.bytes for e in events_from_trace(json.loads(last.read_text())) if e.kind in WIRE_KINDS)
+    return wire_bytes([json.loads(last.read_text())])
 
 
 def run_verdict(run_json: Path, text: str) -> str:

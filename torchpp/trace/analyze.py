@@ -91,6 +91,15 @@ def events_from_trace(trace: dict[str, Any]) -> list[Event]:
     return out
 
 
+WIRE_KINDS = ("send_act", "send_grad", "allreduce")
+"""Events whose ``bytes`` crossed a link: p2p sends and all-reduce payloads, as their wire format encoded them."""
+
+
+def wire_bytes(traces: Iterable[dict[str, Any]], kinds: tuple[str, ...] = WIRE_KINDS) -> int:
+    """Bytes the ranks of ``traces`` put on the wire (one counter for every report of bytes per step)."""
+    return sum(e.bytes for t in traces for e in events_from_trace(t) if e.kind in kinds)
+
+
 @dataclass
 class RankStats:
     rank: int
