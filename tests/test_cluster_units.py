@@ -65,6 +65,9 @@ def test_hetero4_asymmetric_and_pair_override():
     ({"hosts": [{"name": "a", "delay": "soon"}]}, "hosts[0].delay", "duration"),
     ({"tcp": "BBR!"}, "tcp", "congestion control"),
     ({"cpu_period_ms": 0.5}, "cpu_period_ms", "1 to 1000 ms"),
+    ({"cpu_period_cost_ms": -1}, "cpu_period_cost_ms", "from 0 to under"),
+    ({"cpu_period_ms": 10, "cpu_period_cost_ms": 5, "hosts": [{"name": "a", "cpu": 0.25}, {"name": "b", "cpu": 0.25}]},
+     "cpu_period_cost_ms", "from 0 to under 2.5 ms"),
 ])
 def test_config_errors_name_file_and_field(tmp_path, patch, field, expected):
     data = {"name": "x", "hosts": [{"name": "a"}, {"name": "b"}], **patch}
@@ -289,3 +292,18 @@ def test_host_tcp_is_loss_based_by_default(monkeypatch, tmp_path):
     assert host_tcp("auto") == "cubic"
     cfg = ClusterConfig.parse({"name": "x", "hosts": [{"name": "a"}]}, "c.json")
     assert cfg.tcp == "auto" and cfg.cpu_period_ms == 100.0
+
+
+def test_period_cost_keeps_the_work_ratios_and_the_sum():
+    """With a per-period cost c, each quota is s * cpu + c / period: quota minus cost (the work a host
+    does per period) keeps the configured ratios, and the quotas keep their sum; without it, as given."""
+    hosts = [{"name": "laptop", "cpu": 0.7}, {"name": "pi4", "cpu": 0.45}, {"name": "pi3", "cpu": 0.25},
+             {"name": "free"}]
+    plain = ClusterConfig.parse({"name": "x", "cpu_period_ms": 10, "hosts": hosts}, "c.json")
+    assert plain.cpu_period_cost_ms == 0.0 and plain.quotas() == [0.7, 0.45, 0.25, None]
+    cfg = ClusterConfig.parse({"name": "x", "cpu_period_ms": 10, "cpu_period_cost_ms": 0.4, "hosts": hosts}, "c.json")
+    q = cfg.quotas()
+    assert q[3] is None and sum(q[:3]) == pytest.approx(1.4)
+    work = [x - 0.04 for x in q[:3]]  # 0.4 ms of every 10 ms period
+    assert work[1] / work[0] == pytest.approx(0.45 / 0.7) and work[2] / work[0] == pytest.approx(0.25 / 0.7)
+    assert q[2] / q[0] > 0.25 / 0.7 and q[1] / q[0] > 0.45 / 0.7  # the small hosts gain the most

@@ -106,6 +106,7 @@ def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any
     try:
         netns.add(cfg.switch_ns)
         netns.add_bridge(cfg.switch_ns, BRIDGE)
+        quotas = cfg.quotas()
         for i, h in enumerate(cfg.hosts):
             ns, port = cfg.host_ns(i), cfg.switch_port(i)
             netns.add(ns)
@@ -124,14 +125,17 @@ def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any
                    or tuple(c for c in cgroups.CONTROLLERS if c in cgroups.detect())[:1])
             group = cgroups.Cgroup(cfg.cgroup_name(i), ctl).create()
             if h.cpu is not None:
-                group.set_cpu(h.cpu, period_us=int(round(cfg.cpu_period_ms * 1000)))
-                group.reserve(h.cpu)  # on a busy machine each host still gets its quota (cgroups.py)
+                group.set_cpu(quotas[i], period_us=int(round(cfg.cpu_period_ms * 1000)))
+                group.reserve(quotas[i])  # on a busy machine each host still gets its quota (cgroups.py)
             if h.memory is not None:
                 group.set_memory(h.memory)
             log(f"  {h.name:<10} {cfg.address(i):<12} cpu {h.cpu if h.cpu else 'all':<5} "
                 f"memory {_gib(h.memory):<8} up: {hosts[i]['uplink']}; down: {hosts[i]['downlink']}")
         cgroups.weigh_inner_groups()
-        log(f"  every host: TCP congestion control {state['tcp']}, CPU quota period {cfg.cpu_period_ms:g} ms")
+        log(f"  every host: TCP congestion control {state['tcp']}, CPU quota period {cfg.cpu_period_ms:g} ms"
+            + (f", {cfg.cpu_period_cost_ms:g} ms of it lost per period: quotas "
+               + ", ".join(f"{h.name} {q:.3g}" for h, q in zip(cfg.hosts, quotas) if q is not None) + " cores"
+               if cfg.cpu_period_cost_ms else ""))
         for l in cfg.links:
             log(f"  link {l.src} -> {l.dst}: {l.shape.describe()}")
         total = sum(h.cpu or os.cpu_count() or 1 for h in cfg.hosts)
