@@ -62,15 +62,25 @@ class _ComputeClock:
         self.clock = clock
         self.cpu_s = 0.0
         self.calls = 0
+        self.depth = 0
+        """Wrapped calls running now (on the compute thread): one wrapped function may call another
+        (a split backward runs ``torch.autograd.backward``), and only the outermost is timed and counted."""
 
     def wrap(self, fn, count: bool = True):
         def timed(*a, **kw):
-            t0 = self.clock()
+            if self.depth:
+                self.depth += 1
+                try:
+                    return fn(*a, **kw)
+                finally:
+                    self.depth -= 1
+            self.depth, t0 = 1, self.clock()
             try:
                 return fn(*a, **kw)
             finally:
                 self.cpu_s += self.clock() - t0
                 self.calls += count
+                self.depth = 0
         return timed
 
 
