@@ -150,3 +150,43 @@ def test_command_that_overruns_is_killed(no_leftovers):
         wait_ranks(procs, timeout_s=3)
     assert e.value.ranks == [1] and time.monotonic() - t0 < 3 + 5
     assert all(p.poll() is not None for p in procs)
+
+
+_POOL_THEN_HANG = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+from torchpp.runtime.launch import RankPool
+
+def _pid_then_sleep(rank, world, where):
+    open(os.path.join(where, f"rank{{rank}}"), "w").write(str(os.getpid()))
+    time.sleep(600)
+
+if __name__ == "__main__":
+    with RankPool(2) as pool:
+        pool.run(_pid_then_sleep, {where!r}, timeout_s=900)
+"""
+
+
+def test_ranks_die_with_a_parent_killed_mid_task(tmp_path):
+    """A pool's ranks are mid-task when their parent is SIGKILLed (no pipe closed, no cleanup ran):
+    Linux's parent-death signal ends them; before, they ran on alone for the whole task."""
+    script = tmp_path / "pool.py"
+    script.write_text(_POOL_THEN_HANG.format(root=str(Path(__file__).resolve().parents[1]), where=str(tmp_path)))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"rank{r}").exists() for r in range(2)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(0.5)  # the pid files are written: the task is running on both
+        ranks = [psutil.Process(int((tmp_path / f"rank{r}").read_text())) for r in range(2)]
+        parent.kill()
+        parent.wait()
+        gone, alive = psutil.wait_procs(ranks, timeout=30)
+        assert not alive, [p.pid for p in alive]
+    finally:
+        parent.kill()
+        for f in tmp_path.glob("rank*"):  # orphans are no children of this process
+            try:
+                psutil.Process(int(f.read_text())).kill()
+            except (psutil.Error, ValueError):
+                pass

@@ -191,7 +191,11 @@ def _call(rank: int, task: bytes, workdir: str) -> tuple:
 
 def _serve(rank: int, conn: multiprocessing.connection.Connection, workdir: str, threads: int,
            env: dict[str, str], log: str | None) -> None:
-    """A rank's process: set up once, then run tasks until the parent closes the pipe."""
+    """A rank's process: set up once, then run tasks until the parent closes the pipe (or dies:
+    a parent killed outright closes nothing, and a rank mid-task would run on alone)."""
+    from .lifecycle import die_with_parent
+
+    die_with_parent()
     os.environ.update(env)
     if log is not None:
         _redirect_output(log)
