@@ -92,3 +92,24 @@ def test_a_quarter_core_host_gets_its_quota_running_torch(tmp_path, clean, monke
     assert abs(torch_["share"] / 0.25 - 1) <= 0.10, got
     assert abs(torch_["share"] / loop["share"] - 1) <= 0.10, got
     assert failcnt == 0, f"the host reached its 750 MB limit {failcnt} times ({got})"
+
+
+def test_the_period_cost_is_granted_on_top_of_each_scaled_quota(tmp_path, clean):  # noqa: F811
+    """``cpu_period_cost_ms`` reaches the cgroups: each host's quota per period is its scaled share plus
+    the cost (ClusterConfig.quotas), so quota minus cost keeps the configured ratio."""
+    cfg = ClusterConfig.load(write_config(tmp_path, "tptc", [{"name": "big", "cpu": 0.6}, {"name": "small", "cpu": 0.2}],
+                                          subnet="10.77.97.0/24", master_port=29557, cpu_period_ms=10,
+                                          cpu_period_cost_ms=0.4))
+    try:
+        cluster.up(cfg, log=lambda *_: None)
+        limits = [cgroups.existing(h["cgroup"]).limits() for h in cluster.load_state("tptc")["hosts"]]
+    finally:
+        cluster.down(cfg.name, log=lambda *_: None)
+    per_period = []
+    for lim in limits:
+        quota, period = (lim["cpu.cfs_quota_us"], lim["cpu.cfs_period_us"]) if "cpu.cfs_quota_us" in lim \
+            else lim["cpu.max"].split()
+        assert int(period) == 10_000
+        per_period.append(int(quota))
+    assert per_period == [round(q * 10_000) for q in cfg.quotas()]
+    assert (per_period[1] - 400) / (per_period[0] - 400) == pytest.approx(0.2 / 0.6, rel=1e-3)
