@@ -323,7 +323,8 @@ def _choose_wire(chosen: Plan, costs: Costs, pb: Any, options: PlanOptions,
 
     allow = options.allow_lossy
     cands: list[tuple[str, str, Plan]] = [("fp32", "searched", chosen)]
-    cands += _searched_as_formats(pb, costs, allow, say)
+    searched, skipped = _searched_as_formats(pb, costs, allow, say)
+    cands += searched
     for name in ("pp", "dp"):
         got = best_fixed(name, chosen.model, pb, costs.budget, seq_len=chosen.seq_len,
                          global_batch=options.global_batch)
@@ -359,15 +360,19 @@ def _choose_wire(chosen: Plan, costs: Costs, pb: Any, options: PlanOptions,
         + ("; ".join(got.decisions) if got else "fp32 everywhere (no lossy choice shortens the predicted step enough)")
         + f"; predicted step {fp32:.4g} s (searched, fp32) -> {got.step_s if got else fp32:.4g} s"
         + (f" on {label}" if got and i else ""))
-    record = {"allowed": sorted(allow), "fp32_step_time_s": fp32, "candidates": rows, "why": why}
+    record = {"allowed": sorted(allow), "fp32_step_time_s": fp32, "candidates": rows, "not_searched": skipped,
+              "why": why}
     return (got.plan if got else chosen), fp32, record
 
 
-def _searched_as_formats(pb: Any, costs: Costs, allow: frozenset[str],
-                         say: Callable[[str], None]) -> list[tuple[str, str, Plan]]:
+def _searched_as_formats(pb: Any, costs: Costs, allow: frozenset[str], say: Callable[[str], None]
+                         ) -> tuple[list[tuple[str, str, Plan]], dict[str, str]]:
     """The search's best plan with every pipeline link priced as each allowed link format
     (``cost.FormatLinks``: the one cost model's price of a link in that format, bytes and codec CPU),
-    returned without wire fields: the wire pass sets them, per link, on each."""
+    returned without wire fields: the wire pass sets them, per link, on each. A format that costs at
+    least as much as another allowed one per byte on every link is not searched (every plan is at
+    least as fast with the other's links, and the wire pass tries every format on each link); the
+    second value says which and why."""
     import dataclasses
     import time
 
@@ -375,12 +380,21 @@ def _searched_as_formats(pb: Any, costs: Costs, allow: frozenset[str],
     from .search import search
     from .wire import LINK_FORMATS
 
+    fmts = [f for f in LINK_FORMATS if f in allow]
+    links = {f: FormatLinks(pb.links, f, pb.profiles.model.hidden_size,
+                            lambda a, b, f=f: pb.profiles.link_codec(a, b, f)) for f in fmts}
+    pairs = [(a, b) for a in pb.hosts for b in pb.hosts if a != b and pb.links.bw.has(a, b)]
+    per_byte = {f: [x.time(a, b, 1.0) - x.time(a, b, 0.0) for a, b in pairs] for f, x in links.items()}
+    skipped = {}
+    for i, f in enumerate(fmts):
+        by = next((g for j, g in enumerate(fmts) if g != f and all(x <= y for x, y in zip(per_byte[g], per_byte[f]))
+                   and (j < i or per_byte[g] != per_byte[f])), None)
+        if by is not None:
+            skipped[f] = f"not searched: {by} costs no more per byte on every link"
     out = []
-    for fmt in (f for f in LINK_FORMATS if f in allow):
+    for fmt in (f for f in fmts if f not in skipped):
         t0 = time.process_time()
-        links = FormatLinks(pb.links, fmt, pb.profiles.model.hidden_size,
-                            lambda a, b, f=fmt: pb.profiles.link_codec(a, b, f))
-        res = search(dataclasses.replace(pb, links=links))
+        res = search(dataclasses.replace(pb, links=links[fmt]))
         if res.plan is None:
             continue
         if costs.devices is not None:
@@ -389,7 +403,9 @@ def _searched_as_formats(pb: Any, costs: Costs, allow: frozenset[str],
             f"{res.plan.num_microbatches} x {res.plan.micro_batch_size}, {res.step_time_s:.4g} s as {fmt} "
             f"({time.process_time() - t0:.2f} s CPU)")
         out.append((fmt, "searched", res.plan))
-    return out
+    for f, why in skipped.items():
+        say(f"  {f}: {why}")
+    return out, skipped
 
 
 def optimizer_origin(costs: Costs) -> str:

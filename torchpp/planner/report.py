@@ -164,12 +164,14 @@ def wire_lines(wire: dict[str, Any] | None) -> list[str]:
         return []
     lines = ["", f"wire formats (--allow-lossy {','.join(wire['allowed'])}): candidates, each refined per link "
                  "by the wire pass:",
-             f"  {'split':<10} {'searched as':<11} {'stages':>6} {'mb':>4} {'fp32 s':>10} {'lossy s':>10}  choices"]
+             f"  {'split':<10} {'searched as':<11} {'schedule':<14} {'stages':>6} {'mb':>4} {'fp32 s':>10} "
+             f"{'lossy s':>10}  choices"]
     for c in wire["candidates"]:
         mark = "  <- chosen" if c["chosen"] else "" if c["fits"] else "  does not fit"
-        lines.append(f"  {c['split']:<10} {c['searched_under']:<11} {c['stages']:>6} {c['micro_batch_size']:>4} "
-                     f"{c['fp32_step_time_s']:>10.4g} {c['step_time_s']:>10.4g}  "
+        lines.append(f"  {c['split']:<10} {c['searched_under']:<11} {c['schedule']:<14} {c['stages']:>6} "
+                     f"{c['micro_batch_size']:>4} {c['fp32_step_time_s']:>10.4g} {c['step_time_s']:>10.4g}  "
                      f"{', '.join(c['lossy']) or 'fp32'}{mark}")
+    lines += [f"  {f}: {why}" for f, why in wire.get("not_searched", {}).items()]
     return lines + [f"  why: {wire['why']}"]
 
 
