@@ -2,12 +2,14 @@
 link is compressed is found, and the chosen plan is the best over every split and format (brute force on a
 tiny instance, priced by the same prediction)."""
 import json
+import random
+from pathlib import Path
 
 import pytest
 
 from torchpp.cost import FormatLinks, Links, MeasuredCost
 from torchpp.planner import api
-from torchpp.planner.synthetic import layers_file, uniform_links
+from torchpp.planner.synthetic import layers_file, random_instance, uniform_links
 from torchpp.planner.wire import parse_allow
 from torchpp.plans import make_plan
 from torchpp.schedules import Action, Kind
@@ -128,3 +130,25 @@ def test_format_links_price_a_transfer_as_the_cost_model_prices_a_link_in_that_f
             assert plain_cost.burst_s(src, dst, act) == pytest.approx(wired_cost.burst_s(src, dst, act))
         assert as_fmt.ring_allreduce(["h1", "h2"], 1e6) == links.ring_allreduce(["h1", "h2"], 1e6)
         assert as_fmt.rested_time("h1", "h2", 1e6) == links.rested_time("h1", "h2", 1e6)
+
+
+BEFORE = Path(__file__).parent / "data" / "plans_before_lossy_search"
+"""plan.json of two instances as the planner wrote them before the lossy search existed (commit e112bd2)."""
+
+
+def _rand1(tmp_path) -> api.PlanInputs:
+    files, bw, mem = random_instance(random.Random(1), hosts=4, layers=6, tied=True)
+    for f in files:
+        f.save(tmp_path / f"layers_{f.host}.json")
+    bw.save(tmp_path / "bandwidth.json")
+    (tmp_path / "devices.json").write_text(json.dumps({h: m / 2**30 for h, m in mem.items()}))
+    return api.PlanInputs(layers=sorted(tmp_path.glob("layers_*.json")), bandwidth=tmp_path / "bandwidth.json",
+                          devices=tmp_path / "devices.json")
+
+
+@pytest.mark.parametrize("name", ["synth", "rand1"])
+def test_without_allow_lossy_the_plan_file_is_the_one_written_before(tmp_path, name):
+    inputs, options = ((_inputs(tmp_path), api.PlanOptions(global_batch=G, schedule="1f1b")) if name == "synth"
+                       else (_rand1(tmp_path), api.PlanOptions(global_batch=8)))
+    api.write(api.plan(inputs, options), tmp_path / "out")
+    assert (tmp_path / "out" / "plan.json").read_text() == (BEFORE / f"{name}.json").read_text()
