@@ -12,7 +12,8 @@ from .stage import (BlockMax, BlockSums, MemoryTerms, Span, StageMemory, StageTi
                     stage_weights, tied_rows_bytes, tied_sync_bytes)
 from .ranks import device_memory
 
-__all__ = ["ANALYTIC_ALPHA", "ANALYTIC_KP", "BlockMax", "BlockSums", "FormatLinks", "FreeLinks", "Links", "MeasuredCost",
+__all__ = ["ANALYTIC_ALPHA", "ANALYTIC_KP", "BlockMax", "BlockSums", "FreeLinks", "Links", "MeasuredCost",
            "MemoryEstimator", "MemoryTerms", "Profiles", "Span", "StageMemory", "StageTime", "block_time", "boundary_bytes",
            "layer_forward", "layer_forward_calls", "model_time", "recompute_runs", "stage_blocks", "stage_time",
-           "stage_weights", "rank_weights", "device_memory", "tied_rows_bytes", "tied_sync_bytes"]
+           "stage_weights", "rank_weights", "device_memory", "tied_rows_bytes", "tied_sync_bytes",
+           "FormatLinks"]
