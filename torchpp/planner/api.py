@@ -384,6 +384,8 @@ def _searched_as_formats(pb: Any, costs: Costs, allow: frozenset[str], say: Call
     links = {f: FormatLinks(pb.links, f, pb.profiles.model.hidden_size,
                             lambda a, b, f=f: pb.profiles.link_codec(a, b, f)) for f in fmts}
     pairs = [(a, b) for a in pb.hosts for b in pb.hosts if a != b and pb.links.bw.has(a, b)]
+    if not pairs:  # one host: no plan has a link to compress
+        return [], {}
     per_byte = {f: [x.time(a, b, 1.0) - x.time(a, b, 0.0) for a, b in pairs] for f, x in links.items()}
     skipped = {}
     for i, f in enumerate(fmts):
