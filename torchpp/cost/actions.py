@@ -132,8 +132,8 @@ class MeasuredCost:
         a, b, nbytes, link = self._send(src, dst, action)
         if link.wire in (None, "fp32"):
             return self.links.time(a, b, nbytes)
-        codec = (self.p.codec_rate(a, link.wire)[0], self.p.codec_rate(b, link.wire)[1])
-        return self.links.wire_time(a, b, nbytes, link.wire, self.plan.model.hidden_size, codec)
+        return self.links.wire_time(a, b, nbytes, link.wire, self.plan.model.hidden_size,
+                                    self.p.link_codec(a, b, link.wire))
 
     def _burst_s(self, src: int, dst: int, action: Action) -> tuple[float, float]:
         """(the link's bucket in seconds, what a full bucket takes off this send): ``Links.burst_s``

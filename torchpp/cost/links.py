@@ -9,7 +9,7 @@ while the step's compute ran) take off once.
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from ..formats import Bandwidth, FormatError, wire_ratio
 
@@ -100,6 +100,43 @@ class Links:
         lat = max(self.bw.latency(a, b) for a, b in pairs)
         burst = min(self.bw.burst(a, b) for a, b in pairs)
         return (per_link - min(burst, per_link if burst_cap is None else burst_cap)) / slow + hops * lat
+
+
+class FormatLinks(Links):
+    """``links`` on which every point-to-point transfer is sent as wire format ``fmt``: what a plan whose
+    every pipeline link carries ``fmt`` pays, for a search that prices plans without wire fields
+    (the planner's search under a lossy format). :meth:`time` is :meth:`Links.wire_time` of the
+    fp32 bytes (``row``: elements per row, the hidden size; ``codec(src, dst)``: the sender's encode
+    and the receiver's decode seconds per fp32 byte, ``Profiles.link_codec``), :meth:`burst_s` that
+    of the bytes on the wire, as ``MeasuredCost`` prices a link whose ``wire`` is ``fmt``. The
+    all-reduces and the tied rows stay as ``links`` prices them: a group's sync is not a pipeline link."""
+
+    def __init__(self, links: Links, fmt: str, row: int, codec: Callable[[str, str], tuple[float, float]]):
+        super().__init__(links.bw, f"{links.source} (as {fmt})")
+        self.base, self.fmt, self.row, self.codec = links, fmt, row, codec
+
+    def check(self, hosts: Iterable[str]) -> None:
+        self.base.check(hosts)
+
+    def time(self, src: str, dst: str, nbytes: float) -> float:
+        return self.base.wire_time(src, dst, nbytes, self.fmt, self.row, self.codec(src, dst))
+
+    def burst_s(self, src: str, dst: str, nbytes: float) -> tuple[float, float]:
+        return self.base.burst_s(src, dst, nbytes * wire_ratio(self.fmt, self.row))
+
+    def rested_time(self, src: str, dst: str, nbytes: float) -> float:
+        return self.base.rested_time(src, dst, nbytes)
+
+    def wire_time(self, src: str, dst: str, nbytes: float, fmt: str | None = None, row: int = 1,
+                  codec: tuple[float, float] = (0.0, 0.0)) -> float:
+        raise ValueError(f"FormatLinks prices every transfer as {self.fmt}: a plan priced on it carries no wire "
+                         f"fields (got {fmt!r})")
+
+    def ring_allreduce(self, hosts: Sequence[str], nbytes: float) -> float:
+        return self.base.ring_allreduce(hosts, nbytes)
+
+    def ring_allgather(self, hosts: Sequence[str], nbytes: float, skewed: bool = False) -> float:
+        return self.base.ring_allgather(hosts, nbytes, skewed)
 
 
 class FreeLinks(Links):

@@ -83,6 +83,10 @@ class Profiles:
             return e / cap.capacity[host], d / cap.capacity[host]
         return 0.0, 0.0
 
+    def link_codec(self, src: str, dst: str, fmt: str | None) -> tuple[float, float]:
+        """(the sender's encode, the receiver's decode) seconds per fp32 byte of a transfer in ``fmt``."""
+        return self.codec_rate(src, fmt)[0], self.codec_rate(dst, fmt)[1]
+
     left_out: dict[str, list[str]] = field(default_factory=dict)
     """Per host whose profile left blocks out (LayersFile.left_out): those blocks, priced from the
     hosts that timed them (``price_left_out``)."""

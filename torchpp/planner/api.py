@@ -12,6 +12,7 @@ progress through a callback, never prints.
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -295,7 +296,8 @@ def plan(inputs: PlanInputs | Costs, options: PlanOptions, *, progress: Progress
         replayed = None  # renumbered: the search's replay names the old ranks
     fp32_step = None
     if options.allow_lossy:
-        chosen, fp32_step = _choose_wire(chosen, costs, pb, options, say)
+        chosen, fp32_step, wire_record = _choose_wire(chosen, costs, pb, options, say)
+        extra_meta = {**(extra_meta or {}), "wire": wire_record}
         replayed = None  # the search priced fp32 links: the plan the wire pass chose is priced anew
     pred, tl = predict(chosen, prof, costs.links, costs.memory, costs.budget, opt, replayed=replayed)
     pred.optimizer = opt_source
@@ -310,34 +312,102 @@ def plan(inputs: PlanInputs | Costs, options: PlanOptions, *, progress: Progress
 
 
 def _choose_wire(chosen: Plan, costs: Costs, pb: Any, options: PlanOptions,
-                 say: Callable[[str], None]) -> tuple[Plan, float]:
-    """The wire post-pass (planner/wire.py) over the searched plan and over the pipeline and
-    data-parallel plans at their best micro-batching (the search prices fp32 links, so a split that
-    only pays once its links are compressed is found here); the fastest that fits memory, and the
-    searched plan's fp32 step time."""
+                 say: Callable[[str], None]) -> tuple[Plan, float, dict[str, Any]]:
+    """The lossy choices (planner/wire.py) over candidate splits: the searched (fp32) plan, the plan the
+    search finds with every pipeline link priced as each allowed format (a split that only pays once
+    its links are compressed), and the pipeline and data-parallel plans at their best micro-batching.
+    The wire pass refines each candidate per link; the fastest that fits memory and beats the
+    searched fp32 plan by the pass's margins wins. Returns it, the searched plan's fp32 step time,
+    and the record plan_meta.json keeps (each candidate, what it was searched under, why the winner won)."""
     from .wire import DILOCO_GAIN, MIN_GAIN, choose
 
     allow = options.allow_lossy
-    cands = [chosen]
+    cands: list[tuple[str, str, Plan]] = [("fp32", "searched", chosen)]
+    searched, skipped = _searched_as_formats(pb, costs, allow, say)
+    cands += searched
     for name in ("pp", "dp"):
         got = best_fixed(name, chosen.model, pb, costs.budget, seq_len=chosen.seq_len,
                          global_batch=options.global_batch)
         if got is not None and got.fits:
             if costs.devices is not None:
                 apply_fixed_ranks(got.plan, costs.devices)
-            cands.append(got.plan)
+            cands.append(("fp32", name, got.plan))
     price_of = lambda p: predict_plan(p, costs)["step_time_s"]  # noqa: E731
     fp32 = price_of(chosen)
-    # a lossy plan must beat the searched fp32 plan by the pass's own margins (planner/wire.py)
-    paying = [(i, c) for i, c in enumerate(choose(p, price_of, allow, tied_rows=options.tied_rows) for p in cands)
-              if c.decisions and c.step_s < fp32 * (1 - (DILOCO_GAIN if any("diloco" in x for x in c.plan.lossy)
-                                                          else MIN_GAIN))]
-    i, got = min(paying, key=lambda c: (c[1].step_s, c[0])) if paying else (0, None)
+    rows, best = [], None
+    for i, (under, split, p) in enumerate(cands):
+        c = choose(p, price_of, allow, tied_rows=options.tied_rows)
+        margin = DILOCO_GAIN if any("diloco" in x for x in c.plan.lossy) else MIN_GAIN
+        fits = price(copy.deepcopy(c.plan), pb, costs.budget).fits
+        # a lossy plan must beat the searched fp32 plan by the pass's own margins (planner/wire.py)
+        pays = bool(c.decisions) and fits and c.step_s < fp32 * (1 - margin)
+        rows.append({"searched_under": under, "split": split, "stages": p.num_stages,
+                     "micro_batch_size": p.micro_batch_size, "schedule": p.schedule,
+                     "fp32_step_time_s": c.fp32_step_s, "step_time_s": c.step_s, "lossy": c.plan.lossy,
+                     "fits": fits, "pays": pays})
+        if pays and (best is None or c.step_s < best[1].step_s):
+            best = (i, c)
+    i, got = best if best else (0, None)
+    for j, r in enumerate(rows):
+        r["chosen"] = j == i and got is not None
+    label = (f"the split searched with links priced as {rows[i]['searched_under']}" if rows[i]["split"] == "searched"
+             else f"the {rows[i]['split']} split")
+    need = 1 - (DILOCO_GAIN if got and any("diloco" in x for x in got.plan.lossy) else MIN_GAIN)
+    why = (f"{label}: {got.step_s:.4g} s, the fastest candidate that fits memory and is under {need:.2f} x the "
+           f"searched fp32 plan's {fp32:.4g} s" if got else
+           "fp32 everywhere: no candidate's lossy choices shorten the searched fp32 plan's predicted step enough")
     say(f"wire formats (--allow-lossy {','.join(sorted(allow))}): "
         + ("; ".join(got.decisions) if got else "fp32 everywhere (no lossy choice shortens the predicted step enough)")
         + f"; predicted step {fp32:.4g} s (searched, fp32) -> {got.step_s if got else fp32:.4g} s"
-        + (f" on the {got.plan.strategy} split" if got and i else ""))
-    return (got.plan if got else chosen), fp32
+        + (f" on {label}" if got and i else ""))
+    record = {"allowed": sorted(allow), "fp32_step_time_s": fp32, "candidates": rows, "not_searched": skipped,
+              "why": why}
+    return (got.plan if got else chosen), fp32, record
+
+
+def _searched_as_formats(pb: Any, costs: Costs, allow: frozenset[str], say: Callable[[str], None]
+                         ) -> tuple[list[tuple[str, str, Plan]], dict[str, str]]:
+    """The search's best plan with every pipeline link priced as each allowed link format
+    (``cost.FormatLinks``: the one cost model's price of a link in that format, bytes and codec CPU),
+    returned without wire fields: the wire pass sets them, per link, on each. A format that costs at
+    least as much as another allowed one per byte on every link is not searched (every plan is at
+    least as fast with the other's links, and the wire pass tries every format on each link); the
+    second value says which and why."""
+    import dataclasses
+    import time
+
+    from ..cost import FormatLinks
+    from .search import search
+    from .wire import LINK_FORMATS
+
+    fmts = [f for f in LINK_FORMATS if f in allow]
+    links = {f: FormatLinks(pb.links, f, pb.profiles.model.hidden_size,
+                            lambda a, b, f=f: pb.profiles.link_codec(a, b, f)) for f in fmts}
+    pairs = [(a, b) for a in pb.hosts for b in pb.hosts if a != b and pb.links.bw.has(a, b)]
+    if not pairs:  # one host: no plan has a link to compress
+        return [], {}
+    per_byte = {f: [x.time(a, b, 1.0) - x.time(a, b, 0.0) for a, b in pairs] for f, x in links.items()}
+    skipped = {}
+    for i, f in enumerate(fmts):
+        by = next((g for j, g in enumerate(fmts) if g != f and all(x <= y for x, y in zip(per_byte[g], per_byte[f]))
+                   and (j < i or per_byte[g] != per_byte[f])), None)
+        if by is not None:
+            skipped[f] = f"not searched: {by} costs no more per byte on every link"
+    out = []
+    for fmt in (f for f in fmts if f not in skipped):
+        t0 = time.process_time()
+        res = search(dataclasses.replace(pb, links=links[fmt]))
+        if res.plan is None:
+            continue
+        if costs.devices is not None:
+            apply_fixed_ranks(res.plan, costs.devices)
+        say(f"  searched with every link priced as {fmt}: {res.plan.num_stages} stage(s), {res.plan.schedule}, "
+            f"{res.plan.num_microbatches} x {res.plan.micro_batch_size}, {res.step_time_s:.4g} s as {fmt} "
+            f"({time.process_time() - t0:.2f} s CPU)")
+        out.append((fmt, "searched", res.plan))
+    for f, why in skipped.items():
+        say(f"  {f}: {why}")
+    return out, skipped
 
 
 def optimizer_origin(costs: Costs) -> str:

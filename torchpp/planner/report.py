@@ -148,11 +148,31 @@ def summary_text(plan: Plan, meta: dict[str, Any], compare: Sequence[dict] = ())
             mb = f"{c.get('num_microbatches', '?')} x {c.get('micro_batch_size', '?')}"
             lines.append(f"  {c['name']:<24} {step}  {mb:>13}  {c['memory']:>22}"
                          + ("  OUT OF MEMORY (nearest to fitting shown)" if c["oom"] else ""))
+    lines += wire_lines(meta.get("wire"))
     s = meta.get("search", {})
     if s:
         lines += ["", f"search: {s.get('mode', '')}; {s.get('dp_candidates', 0)} DP candidates, "
                       f"{s.get('priced', 0)} priced, {s.get('planning_time_s', 0):.3f} s"]
     return "\n".join(lines) + "\n"
+
+
+def wire_lines(wire: dict[str, Any] | None) -> list[str]:
+    """The summary's account of the lossy choices (plan_meta.json's ``wire``, written only with
+    ``--allow-lossy``): each candidate split, the format its search priced the links as, its step
+    before and after the wire pass, and why the chosen one won."""
+    if not wire:
+        return []
+    lines = ["", f"wire formats (--allow-lossy {','.join(wire['allowed'])}): candidates, each refined per link "
+                 "by the wire pass:",
+             f"  {'split':<10} {'searched as':<11} {'schedule':<14} {'stages':>6} {'mb':>4} {'fp32 s':>10} "
+             f"{'lossy s':>10}  choices"]
+    for c in wire["candidates"]:
+        mark = "  <- chosen" if c["chosen"] else "" if c["fits"] else "  does not fit"
+        lines.append(f"  {c['split']:<10} {c['searched_under']:<11} {c['schedule']:<14} {c['stages']:>6} "
+                     f"{c['micro_batch_size']:>4} {c['fp32_step_time_s']:>10.4g} {c['step_time_s']:>10.4g}  "
+                     f"{', '.join(c['lossy']) or 'fp32'}{mark}")
+    lines += [f"  {f}: {why}" for f, why in wire.get("not_searched", {}).items()]
+    return lines + [f"  why: {wire['why']}"]
 
 
 def input_hashes(paths: Mapping[str, Sequence[Path] | Path | None]) -> dict[str, str]:

@@ -1,8 +1,10 @@
 """Wire formats and data-parallel sync periods, chosen for a plan whose split is already chosen.
 
-A post-pass over the searched plan (the split, groups, micro-batching and schedule stay as the
-search chose them), run only with ``--allow-lossy``, because every choice here changes the
-arithmetic of training:
+A pass over one candidate plan (the split, groups, micro-batching and schedule stay as they are),
+run only with ``--allow-lossy``, because every choice here changes the arithmetic of training. The
+planner (``api._choose_wire``) runs it over several candidates: the fp32 search's plan, the plan the
+search finds with every link priced as each allowed format (``cost.FormatLinks``), and the pp and dp
+plans; the fastest wins. On one plan:
 
 1. Pipeline links (chunk i to i+1): each allowed format (``bf16``, ``fp16``, ``int8``) on every
    link at once is priced by the one cost model (the predicted step of the whole plan: bytes on
