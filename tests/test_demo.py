@@ -174,3 +174,40 @@ def test_demo_on_the_emulated_cluster(tmp_path):
     assert not left["namespaces"], left  # the demo took its cluster down
     summary = check_artefacts(out, ["laptop", "pi4a", "pi4b", "pi3"])
     assert summary["mode"] == "emulated cluster homelab"
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.skipif(cluster_available() is not None, reason=f"emulated cluster unavailable: {cluster_available()}")
+def test_a_terminated_demo_takes_its_cluster_down(tmp_path):
+    """SIGTERM while the demo's hosts profile: the demo ends and removes the cluster it brought up
+    (before, it died with namespaces and cgroups left, and the next demo refused to start)."""
+    import signal
+    import time
+
+    from torchpp.cluster import cluster
+
+    if cluster.load_state("homelab") is not None or cluster.leftovers("homelab")["namespaces"]:
+        pytest.skip("cluster homelab is up on this machine; not touching it")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "torchpp", "demo", "--quick", "--out", str(tmp_path / "demo")],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        seen = []
+        deadline = time.monotonic() + 300
+        for line in proc.stdout:  # the cluster is up once the profile step starts
+            seen.append(line)
+            if "profile" in line and line.rstrip().endswith("...") or time.monotonic() > deadline:
+                break
+        assert cluster.load_state("homelab") is not None, "".join(seen)[-2000:]
+        time.sleep(2)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        left = cluster.leftovers("homelab")
+        assert cluster.load_state("homelab") is None and not left["namespaces"], (left, "".join(seen)[-2000:])
+        assert proc.returncode != 0
+    finally:
+        proc.kill()
+        proc.wait()
+        if cluster.load_state("homelab") is not None or cluster.leftovers("homelab")["namespaces"]:
+            cluster.down("homelab", log=lambda *_: None)

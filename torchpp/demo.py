@@ -26,6 +26,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -1025,6 +1026,8 @@ def run(args: argparse.Namespace) -> int:
         if args.speed_rounds < 1:
             raise UsageError(f"--speed-rounds: expected at least 1, got {args.speed_rounds}")
         cfg.speed_rounds = args.speed_rounds
+    # a terminated demo still takes its cluster down: SIGTERM unwinds through demo_hosts' finally
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         with demo_hosts(cfg, args.out, args.local, args.hosts) as demo:
             demo.main()
