@@ -68,19 +68,16 @@ class _ComputeClock:
 
     def wrap(self, fn, count: bool = True):
         def timed(*a, **kw):
-            if self.depth:
-                self.depth += 1
-                try:
-                    return fn(*a, **kw)
-                finally:
-                    self.depth -= 1
-            self.depth, t0 = 1, self.clock()
+            outer = self.depth == 0
+            self.depth += 1
+            t0 = self.clock() if outer else 0.0
             try:
                 return fn(*a, **kw)
             finally:
-                self.cpu_s += self.clock() - t0
-                self.calls += count
-                self.depth = 0
+                self.depth -= 1
+                if outer:
+                    self.cpu_s += self.clock() - t0
+                    self.calls += count
         return timed
 
 
