@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 
+from .compiled import OPT, RA, RG, SA, SG, Compiled
 from .core import CommHooks, Run
 
 
@@ -39,7 +40,7 @@ def links_hooks(run: Run, burst: list[tuple[float, float]] | None = None) -> Com
         if burst is not None:
             depth, take = burst[a]
             if depth > 0.0:
-                e = max(now + d - take, e - depth)
+                e = max(now + d - take, e - depth, now)  # never before it was sent (rounding)
                 s = max(now, e - d)
         start[a] = s
         fin[a] = e
@@ -55,3 +56,128 @@ def links_hooks(run: Run, burst: list[tuple[float, float]] | None = None) -> Com
         raise RuntimeError("the links model never marks a channel dirty")
 
     return CommHooks(None, post_send, start_collective, None, None, never)
+
+
+def replay_links(c: Compiled, dur: list[float], burst: list[tuple[float, float]] | None = None
+                 ) -> tuple[list[float], list[float], list[float], list[int]]:
+    """The ``links`` model's run without the event heap: (start, end, ready, cursor per rank).
+
+    Nothing in this model depends on the order in which simultaneous events are handled: a
+    link's transfers queue in its sender's list order, a rank's all-reduces in its own list order,
+    and every time is a max or a sum of earlier ones. So each rank's list is walked once, a
+    rank pausing only where it needs a time not known yet (a receive whose send its peer has not
+    posted, the optimizer step before the rank's all-reduces are priced) and resuming when it is:
+    the same numbers as the core's event loop (``tests/test_sim_links_walk.py`` holds them equal
+    bit for bit), for a fraction of its cost (a search prices thousands of plans this way).
+    A rank left stopped before its list's end is a deadlock (``compiled.check_finished``)."""
+    code, owner, peer, match, prog = c.code, c.owner, c.peer, c.match, c.prog
+    coll, members_of = c.coll, c.coll_members
+    A, R = len(code), len(prog)
+    start, end, ready = [0.0] * A, [0.0] * A, [0.0] * A
+    sent = [-1.0] * A
+    """Per send: when its message arrives (-1 until its sender posts it)."""
+    waiting = [-1] * A
+    """Per send: the rank stopped at its receive, or -1."""
+    t = [0.0] * R
+    pc = [0] * R
+    link_free: dict[tuple[int, int], float] = {}
+    # all-reduces: each rank's queue in list order; a member arrives when its rank reached it and
+    # the rank's previous all-reduce ended; a collective starts when its last member arrives
+    queue: list[list[int]] = [[] for _ in range(R)]
+    head = [0] * R
+    """Per rank: index in ``queue`` of its first all-reduce not yet ended."""
+    left = [len(m) for m in members_of]
+    t0 = [0.0] * len(members_of)
+    last_end = [0.0] * R
+    """Per rank: when its latest ended all-reduce ended."""
+    at_opt = [False] * R
+    runnable = list(range(R))
+
+    def arrive(a: int, when: float) -> None:
+        """Member ``a`` arrives at ``when``; a collective whose members are all in is priced, and each
+        member's next all-reduce arrives in turn."""
+        todo = [(a, when)]
+        while todo:
+            a, when = todo.pop()
+            start[a] = when
+            ci = coll[a]
+            if when > t0[ci] or left[ci] == len(members_of[ci]):
+                t0[ci] = when
+            left[ci] -= 1
+            if left[ci]:
+                continue
+            s = t0[ci]
+            e = s + dur[members_of[ci][0]]
+            for m in members_of[ci]:
+                end[m], ready[m] = e, s
+                ri = owner[m]
+                q = queue[ri]
+                head[ri] += 1
+                last_end[ri] = e
+                if head[ri] < len(q):  # the rank's next all-reduce was waiting behind this one
+                    nxt = q[head[ri]]
+                    todo.append((nxt, start[nxt] if start[nxt] > e else e))
+                elif at_opt[ri]:
+                    at_opt[ri] = False
+                    runnable.append(ri)
+
+    while runnable:
+        ri = runnable.pop()
+        p = prog[ri]
+        n = len(p)
+        i = pc[ri]
+        now = t[ri]
+        while i < n:
+            a = p[i]
+            k = code[a]
+            if k < OPT:
+                start[a] = now
+                now = now + dur[a]
+                end[a] = now
+            elif k == OPT:
+                if head[ri] < len(queue[ri]):
+                    at_opt[ri] = True
+                    break
+                if last_end[ri] > now:
+                    now = last_end[ri]
+                start[a] = now
+                now = now + dur[a]
+                end[a] = now
+            elif k == SA or k == SG:
+                key = (ri, peer[a])
+                s = link_free.get(key, 0.0)
+                if s < now:
+                    s = now
+                d = dur[a]
+                e = s + d
+                link_free[key] = e
+                if burst is not None:
+                    depth, take = burst[a]
+                    if depth > 0.0:
+                        e = max(now + d - take, e - depth, now)  # never before it was sent (rounding)
+                        s = max(now, e - d)
+                start[a], end[a], ready[a], sent[a] = s, e, e, e
+                w = waiting[a]
+                if w >= 0:
+                    waiting[a] = -1
+                    runnable.append(w)
+            elif k == RA or k == RG:
+                s = match[a]
+                e = sent[s]
+                if e < 0.0:
+                    waiting[s] = ri
+                    break
+                start[a], ready[a] = now, e
+                if e > now:
+                    now = e
+                end[a] = now
+            else:  # an all-reduce: queued behind the rank's earlier ones, the rank goes on
+                q = queue[ri]
+                q.append(a)
+                start[a] = now
+                if head[ri] == len(q) - 1:
+                    t[ri], pc[ri] = now, i + 1  # the collective may resume this rank (at_opt)
+                    arrive(a, now if now > last_end[ri] else last_end[ri])
+            i += 1
+        t[ri], pc[ri] = now, i
+    return start, end, ready, pc
