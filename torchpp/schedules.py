@@ -282,7 +282,7 @@ def position_order(schedule: str, placement: Placement, position: int, m: int) -
     return list(_position_order(schedule, placement, position, m))
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=256)
 def _position_order(schedule: str, placement: Placement, position: int, m: int) -> tuple[Step, ...]:
     """:func:`position_order`, kept: a pure function of its arguments, which a search asks again for
     every plan of the same shape."""
