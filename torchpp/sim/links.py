@@ -70,63 +70,83 @@ def replay_links(c: Compiled, dur: list[float], burst: list[tuple[float, float]]
     the same numbers as the core's event loop (``tests/test_sim_links_walk.py`` holds them equal
     bit for bit), for a fraction of its cost (a search prices thousands of plans this way).
     A rank left stopped before its list's end is a deadlock (``compiled.check_finished``)."""
-    code, owner, peer, match, prog = c.code, c.owner, c.peer, c.match, c.prog
-    coll, members_of = c.coll, c.coll_members
-    A, R = len(code), len(prog)
-    start, end, ready = [0.0] * A, [0.0] * A, [0.0] * A
-    sent = [-1.0] * A
-    """Per send: when its message arrives (-1 until its sender posts it)."""
-    waiting = [-1] * A
-    """Per send: the rank stopped at its receive, or -1."""
-    t = [0.0] * R
-    pc = [0] * R
+    w = _Walk(c, dur, burst)
+    _walk(w)
+    return w.start, w.end, w.ready, w.pc
+
+
+class _Walk:
+    """The state of one walk, indexed by action or by rank position."""
+
+    __slots__ = ("c", "dur", "burst", "start", "end", "ready", "sent", "waiting", "t", "pc", "queue", "head", "left",
+                 "t0", "last_end", "at_opt", "runnable")
+
+    def __init__(self, c: Compiled, dur: list[float], burst: list[tuple[float, float]] | None):
+        A, R = len(c.code), len(c.prog)
+        self.c, self.dur, self.burst = c, dur, burst
+        self.start, self.end, self.ready = [0.0] * A, [0.0] * A, [0.0] * A
+        self.sent = [-1.0] * A
+        """Per send: when its message arrives (-1 until its sender posts it)."""
+        self.waiting = [-1] * A
+        """Per send: the rank stopped at its receive, or -1."""
+        self.t, self.pc = [0.0] * R, [0] * R
+        """Per rank: where its cursor is, and when it got there."""
+        # all-reduces: each rank's queue in list order; a member arrives when its rank reached it and
+        # the rank's previous all-reduce ended; a collective starts when its last member arrives
+        self.queue: list[list[int]] = [[] for _ in range(R)]
+        self.head = [0] * R
+        """Per rank: index in ``queue`` of its first all-reduce not yet ended."""
+        self.left = [len(m) for m in c.coll_members]
+        self.t0 = [0.0] * len(c.coll_members)
+        self.last_end = [0.0] * R
+        """Per rank: when its latest ended all-reduce ended."""
+        self.at_opt = [False] * R
+        self.runnable = list(range(R))
+
+
+def _arrive(w: _Walk, a: int, when: float) -> None:
+    """All-reduce member ``a`` arrives at ``when``; a collective whose members are all in is priced,
+    and each member's next all-reduce arrives in turn."""
+    coll, members_of, owner, start = w.c.coll, w.c.coll_members, w.c.owner, w.start
+    todo = [(a, when)]
+    while todo:
+        a, when = todo.pop()
+        start[a] = when
+        ci = coll[a]
+        if when > w.t0[ci] or w.left[ci] == len(members_of[ci]):
+            w.t0[ci] = when
+        w.left[ci] -= 1
+        if w.left[ci]:
+            continue
+        s = w.t0[ci]
+        e = s + w.dur[members_of[ci][0]]
+        for m in members_of[ci]:
+            w.end[m], w.ready[m] = e, s
+            ri = owner[m]
+            q = w.queue[ri]
+            w.head[ri] += 1
+            w.last_end[ri] = e
+            if w.head[ri] < len(q):  # the rank's next all-reduce was waiting behind this one
+                nxt = q[w.head[ri]]
+                todo.append((nxt, start[nxt] if start[nxt] > e else e))
+            elif w.at_opt[ri]:
+                w.at_opt[ri] = False
+                w.runnable.append(ri)
+
+
+def _walk(w: _Walk) -> None:
+    """Move every rank's cursor as far as it goes, until none can move."""
+    c = w.c
+    code, peer, match, prog, dur, burst = c.code, c.peer, c.match, c.prog, w.dur, w.burst
+    start, end, ready, sent, waiting, runnable = w.start, w.end, w.ready, w.sent, w.waiting, w.runnable
+    queue, head, last_end = w.queue, w.head, w.last_end
     link_free: dict[tuple[int, int], float] = {}
-    # all-reduces: each rank's queue in list order; a member arrives when its rank reached it and
-    # the rank's previous all-reduce ended; a collective starts when its last member arrives
-    queue: list[list[int]] = [[] for _ in range(R)]
-    head = [0] * R
-    """Per rank: index in ``queue`` of its first all-reduce not yet ended."""
-    left = [len(m) for m in members_of]
-    t0 = [0.0] * len(members_of)
-    last_end = [0.0] * R
-    """Per rank: when its latest ended all-reduce ended."""
-    at_opt = [False] * R
-    runnable = list(range(R))
-
-    def arrive(a: int, when: float) -> None:
-        """Member ``a`` arrives at ``when``; a collective whose members are all in is priced, and each
-        member's next all-reduce arrives in turn."""
-        todo = [(a, when)]
-        while todo:
-            a, when = todo.pop()
-            start[a] = when
-            ci = coll[a]
-            if when > t0[ci] or left[ci] == len(members_of[ci]):
-                t0[ci] = when
-            left[ci] -= 1
-            if left[ci]:
-                continue
-            s = t0[ci]
-            e = s + dur[members_of[ci][0]]
-            for m in members_of[ci]:
-                end[m], ready[m] = e, s
-                ri = owner[m]
-                q = queue[ri]
-                head[ri] += 1
-                last_end[ri] = e
-                if head[ri] < len(q):  # the rank's next all-reduce was waiting behind this one
-                    nxt = q[head[ri]]
-                    todo.append((nxt, start[nxt] if start[nxt] > e else e))
-                elif at_opt[ri]:
-                    at_opt[ri] = False
-                    runnable.append(ri)
-
     while runnable:
         ri = runnable.pop()
         p = prog[ri]
         n = len(p)
-        i = pc[ri]
-        now = t[ri]
+        i = w.pc[ri]
+        now = w.t[ri]
         while i < n:
             a = p[i]
             k = code[a]
@@ -136,7 +156,7 @@ def replay_links(c: Compiled, dur: list[float], burst: list[tuple[float, float]]
                 end[a] = now
             elif k == OPT:
                 if head[ri] < len(queue[ri]):
-                    at_opt[ri] = True
+                    w.at_opt[ri] = True
                     break
                 if last_end[ri] > now:
                     now = last_end[ri]
@@ -157,15 +177,13 @@ def replay_links(c: Compiled, dur: list[float], burst: list[tuple[float, float]]
                         e = max(now + d - take, e - depth, now)  # never before it was sent (rounding)
                         s = max(now, e - d)
                 start[a], end[a], ready[a], sent[a] = s, e, e, e
-                w = waiting[a]
-                if w >= 0:
+                if waiting[a] >= 0:
+                    runnable.append(waiting[a])
                     waiting[a] = -1
-                    runnable.append(w)
             elif k == RA or k == RG:
-                s = match[a]
-                e = sent[s]
+                e = sent[match[a]]
                 if e < 0.0:
-                    waiting[s] = ri
+                    waiting[match[a]] = ri
                     break
                 start[a], ready[a] = now, e
                 if e > now:
@@ -176,8 +194,6 @@ def replay_links(c: Compiled, dur: list[float], burst: list[tuple[float, float]]
                 q.append(a)
                 start[a] = now
                 if head[ri] == len(q) - 1:
-                    t[ri], pc[ri] = now, i + 1  # the collective may resume this rank (at_opt)
-                    arrive(a, now if now > last_end[ri] else last_end[ri])
+                    _arrive(w, a, now if now > last_end[ri] else last_end[ri])
             i += 1
-        t[ri], pc[ri] = now, i
-    return start, end, ready, pc
+        w.t[ri], w.pc[ri] = now, i
