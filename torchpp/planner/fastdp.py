@@ -202,7 +202,7 @@ class _FastDP:
 
     def solve(self, max_stages: int) -> dict[int, tuple[float, list[StageChoice]]]:
         """The best bottleneck and stages per stage count, suffixes grown one stage at a time."""
-        N, L1, m = self.N, self.L + 1, self.m
+        N, m = self.N, self.m
         S_max = min(max_stages, self.L, N)
         best_by_S: dict[int, tuple[float, list[StageChoice]]] = {}
         V, lastk = self._last_stage()

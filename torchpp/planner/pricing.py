@@ -18,7 +18,7 @@ from typing import Any
 from ..cost import MeasuredCost
 from ..formats import Plan
 from ..schedules import build
-from ..sim.compiled import AR, OPT, RA, RG, SA, SG, Compiled, durations_generic
+from ..sim.compiled import AR, OPT, SA, SG, Compiled, durations_generic
 from ..sim.engine import simulate
 from ..sim.measured import price
 from ..sim.types import SimOptions
