@@ -44,6 +44,10 @@ class Kind(enum.Enum):
     ALLREDUCE = "AR"
     OPTIMIZER = "OPT"
 
+    # members are singletons: hash them by identity, in C (Enum's own hashes the name in Python,
+    # and building and pricing a search's schedules hashes kinds a few hundred thousand times)
+    __hash__ = object.__hash__
+
 
 SENDS = {Kind.SEND_ACT: Kind.RECV_ACT, Kind.SEND_GRAD: Kind.RECV_GRAD}
 RECVS = {v: k for k, v in SENDS.items()}
@@ -275,10 +279,17 @@ schedule_kinds = parse_kinds
 
 def position_order(schedule: str, placement: Placement, position: int, m: int) -> list[Step]:
     """The compute order of the device group at ``position``: the one dispatch over schedule kinds."""
+    return list(_position_order(schedule, placement, position, m))
+
+
+@functools.lru_cache(maxsize=256)
+def _position_order(schedule: str, placement: Placement, position: int, m: int) -> tuple[Step, ...]:
+    """:func:`position_order`, kept: a pure function of its arguments, which a search asks again for
+    every plan of the same shape."""
     kind = REGISTRY.get(schedule)
     if kind is None:
         raise ValueError(f"unknown schedule {schedule!r}: expected one of {', '.join(KIND_NAMES)}")
-    return kind.order(placement, position, m)
+    return tuple(kind.order(placement, position, m))
 
 
 def held_split(order: Iterable[Step]) -> list[dict[int, tuple[int, int]]]:
@@ -425,16 +436,21 @@ def add_communication(plan: Plan, compute: dict[int, list[Action]]) -> Schedule:
     ranges = [sample_ranges(s) for s in plan.stages]
     S = plan.num_stages
     out: Schedule = {}
+    peers: dict[tuple[int, int], tuple[list, list]] = {}  # (rank, chunk) -> its peers before and after
+    wrapped = (Kind.FORWARD, *GRAD_OUT)
     for rank, acts in compute.items():
         seq: list[Action] = []
         for a in acts:
             st, mb = a.stage, a.microbatch
-            if a.kind not in (Kind.FORWARD, *GRAD_OUT):
+            if a.kind not in wrapped:
                 seq.append(a)
                 continue
-            mine = ranges[st][rank]
-            prev = _overlaps(mine, ranges[st - 1], rank) if st > 0 else []
-            nxt = _overlaps(mine, ranges[st + 1], rank) if st + 1 < S else []
+            got = peers.get((rank, st))
+            if got is None:
+                mine = ranges[st][rank]
+                got = peers[(rank, st)] = (_overlaps(mine, ranges[st - 1], rank) if st > 0 else [],
+                                           _overlaps(mine, ranges[st + 1], rank) if st + 1 < S else [])
+            prev, nxt = got
             if a.kind == Kind.FORWARD:
                 seq += [Action(Kind.RECV_ACT, st, mb, peer, rng) for peer, rng in prev]
                 seq.append(a)
@@ -476,10 +492,12 @@ def add_sync(plan: Plan, sched: Schedule) -> Schedule:
     return out
 
 
-def build(plan: Plan) -> Schedule:
-    """plan -> {rank: [Action, ...]}: order, then communication, then sync, then validation."""
+def build(plan: Plan, validated: bool = True) -> Schedule:
+    """plan -> {rank: [Action, ...]}: order, then communication, then sync, then validation
+    (``validated=False``: none; the planner prices many plans and validates the one it returns)."""
     sched = add_sync(plan, add_communication(plan, compute_lists(plan)))
-    validate(sched)
+    if validated:
+        validate(sched)
     return dict(sorted(sched.items()))
 
 

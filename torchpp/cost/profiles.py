@@ -69,6 +69,9 @@ class Profiles:
     """Per measured host: its optimizer step's seconds per parameter byte (LayersFile.optimizer_s_per_byte)."""
     codec: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
     """Per measured host and wire format: (encode, decode) CPU seconds per fp32 byte (LayersFile.codec_s_per_byte)."""
+    sums: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    """Prefix sums over blocks kept for ``cost.stage`` (by host, with the arrays they were summed
+    from: a table replaced by a new array is summed again)."""
 
     def codec_rate(self, host: str, fmt: str | None) -> tuple[float, float]:
         """(encode, decode) seconds per fp32 byte of ``fmt`` on ``host``; 0 for fp32 and where not measured

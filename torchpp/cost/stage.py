@@ -210,16 +210,28 @@ class StageTime:
 def stage_time(profiles: "Profiles", host: str, span: Span | PlanStage) -> StageTime:
     """THE accessor of a stage's compute time on ``host`` (scalar spans or index arrays)."""
     sp = span if isinstance(span, Span) else Span.of_stage(span)
-    f, b = (BlockSums(x) for x in profiles.table(host))
-    f0, b0 = (BlockSums(x) for x in profiles.fixed(host))
-    share = profiles.backward_share(host)
-    bi, bi0 = (BlockSums(x * share) for x in (profiles.table(host)[1], profiles.fixed(host)[1]))
+    f, b, f0, b0, bi, bi0 = _host_sums(profiles, host)
     return StageTime(fwd=f(sp.lo, sp.hi), bwd=b(sp.lo, sp.hi), rec=f.over(sp.runs),
                      fwd0=f0(sp.lo, sp.hi), bwd0=b0(sp.lo, sp.hi), rec0=f0.over(sp.runs),
                      call=profiles.call.get(host, 0.0), bwd_in=bi(sp.lo, sp.hi), bwd_in0=bi0(sp.lo, sp.hi),
                      split=profiles.backward_split_factor(host),
                      split_call=profiles.backward_split_layer_s(host) * decoder_layers(sp, profiles.num_blocks),
                      whole=np.asarray(sp.lo) == 0 if np.ndim(sp.lo) else sp.lo == 0)
+
+
+def _host_sums(profiles: "Profiles", host: str) -> tuple[BlockSums, ...]:
+    """Prefix sums of ``host``'s per-sample and per-call forward, backward and input-gradient
+    seconds, kept in ``profiles.sums`` while the tables are the same arrays (a search asks for
+    thousands of stages of the same few hosts)."""
+    src = (*profiles.table(host), *profiles.fixed(host), profiles.backward_share(host))
+    got = profiles.sums.get(host)
+    if got is not None and all(x is y for x, y in zip(got[0][:4], src[:4])) and \
+            (got[0][4] is src[4] or np.array_equal(got[0][4], src[4])):
+        return got[1]
+    f, b, f0, b0, share = src
+    sums = (BlockSums(f), BlockSums(b), BlockSums(f0), BlockSums(b0), BlockSums(b * share), BlockSums(b0 * share))
+    profiles.sums[host] = (src, sums)
+    return sums
 
 
 def decoder_layers(sp: Span, num_blocks: int) -> int | np.ndarray:
@@ -264,7 +276,10 @@ def layer_forward(profiles: "Profiles", host: str, c: int, c2: int) -> np.ndarra
 def stage_weights(profiles: "Profiles", span: Span | PlanStage) -> float | np.ndarray:
     """Parameter bytes of a stage."""
     sp = span if isinstance(span, Span) else Span.of_stage(span)
-    return BlockSums(profiles.param_bytes)(sp.lo, sp.hi)
+    got = profiles.sums.get("param_bytes")
+    if got is None or got[0] is not profiles.param_bytes:
+        got = profiles.sums["param_bytes"] = (profiles.param_bytes, BlockSums(profiles.param_bytes))
+    return got[1](sp.lo, sp.hi)
 
 
 def boundary_bytes(profiles: "Profiles", span: Span | PlanStage) -> float | np.ndarray:

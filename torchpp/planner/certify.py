@@ -33,7 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..cost import Span, stage_time
+from ..cost import stage_time
 from ..cost.actions import optimizer_rate
 from ..schedules import REGISTRY, peak_states, schedule_kinds
 from .allocate import waterfill

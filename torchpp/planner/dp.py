@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from ..schedules import in_flight, split_in_flight
-from .tables import StageCosts, Tables
+from .tables import StageCosts
 from .types import StageChoice
 
 def suffix_in_flight(schedule: str, stages_after: int, m: int) -> tuple[int, int]:

@@ -1,5 +1,5 @@
-"""Every price the search takes of a plan: one replay of its action lists, the best kept with its
-timeline (``Problem.ledger``) so the chosen plan is never replayed again.
+"""Every price the search takes of a plan: one replay of its action lists, the best kept
+(``Problem.ledger``) with the replay of its spans, done once for the plan the search returns.
 
 Plans that differ only in their layer cuts have the same action lists (``schedules.build`` reads
 the kind, the micro-batch count, each chunk's devices with their ranks and samples, and whether
@@ -18,7 +18,7 @@ from typing import Any
 from ..cost import MeasuredCost
 from ..formats import Plan
 from ..schedules import build
-from ..sim.compiled import AR, OPT, RA, RG, SA, SG, Compiled, durations_generic
+from ..sim.compiled import AR, OPT, SA, SG, Compiled, durations_generic
 from ..sim.engine import simulate
 from ..sim.measured import price
 from ..sim.types import SimOptions
@@ -101,14 +101,13 @@ def price_plan(pb: Problem, plan: Plan) -> float:
     (replayed again with its spans recorded only when it is the lowest so far)."""
     key = schedule_key(plan)
     built = pb.ledger.schedules
-    if key not in built:
-        c = Compiled(build(plan))
+    if key not in built:  # validated once, for the plan the search returns (planner.search)
+        c = Compiled(build(plan, validated=False))
         built[key] = (c, Distinct.of(c))
     c, distinct = built[key]
     cost: Any = DistinctCost(MeasuredCost(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte,
                                           stage_times=pb.ledger.stage_times), distinct)
     step = simulate(c, cost, SimOptions(comm="links"), spans=False).makespan
-    if pb.ledger.wants(step, plan):
-        again, tl = price(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte, schedule=c)
-        pb.ledger.offer(again, plan, tl)
+    if pb.ledger.wants(step, plan):  # its spans are replayed only if it stays the best (``Ledger.timeline``)
+        pb.ledger.offer(step, plan, lambda: price(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte, schedule=c)[1])
     return step

@@ -17,7 +17,7 @@ from __future__ import annotations
 from .kinds import search_kinds
 from .single import search_single
 from ..formats import ONE_CHUNK
-from ..schedules import REGISTRY, schedule_kinds
+from ..schedules import REGISTRY, ScheduleError, build, schedule_kinds, validate
 from .types import Problem, SearchResult, Ledger
 
 def search(pb: Problem, progress=None) -> SearchResult:
@@ -33,4 +33,17 @@ def search(pb: Problem, progress=None) -> SearchResult:
     won = pb.ledger
     if won.plan is not None and won.step_time_s <= res.step_time_s:
         res.plan, res.step_time_s, res.timeline = won.plan, won.step_time_s, won.timeline
+    if res.plan is not None:
+        _validated(res.plan)
     return res
+
+
+def _validated(plan) -> None:
+    """The returned plan's lists pass ``schedules.validate`` (the search prices unvalidated lists:
+    a kind's order is proven by its tests, and each list is still checked for matching messages and
+    deadlock as it is flattened and priced); a failure here is a bug in that kind's order."""
+    try:
+        validate(build(plan, validated=False))
+    except ScheduleError as e:
+        raise RuntimeError(f"the planner chose a {plan.schedule} plan whose action lists do not validate (a bug in "
+                           f"the kind's order): {e}") from e

@@ -22,28 +22,37 @@ class InfeasibleError(ValueError):
 
 @dataclass
 class Ledger:
-    """What a search keeps across its kinds: the lowest priced plan so far with the replay that
-    priced it (the chosen plan's prediction reuses that replay instead of replaying the plan again),
-    and the action lists already built and flattened, by :func:`planner.pricing.schedule_key`."""
+    """What a search keeps across its kinds: the lowest priced plan so far and how to replay it with
+    its spans (done once, for the plan the search returns: the chosen plan's prediction reuses that
+    replay instead of replaying the plan again), and the action lists already built and flattened,
+    by :func:`planner.pricing.schedule_key`."""
 
     step_time_s: float = float("inf")
     plan: Plan | None = None
-    timeline: Any = None
-    """``sim.replay.Timeline`` of ``plan``'s step."""
+    replay: Callable[[], Any] | None = None
+    """Replays ``plan`` with its spans: its ``sim.replay.Timeline`` (:attr:`timeline`)."""
     schedules: dict = field(default_factory=dict)
     stage_times: dict = field(default_factory=dict)
     """Each (host, span)'s compute time, worked out once per search (``cost.MeasuredCost``'s memo)."""
     kinds: frozenset[str] | None = None
     """The kinds searched (None: any): a plan of another kind, priced only to seed them (the stage
     DP's 1F1B layouts under ``--schedule interleaved``), is neither kept nor a bar to prune at."""
+    _timeline: Any = None
 
     def wants(self, step: float, plan: Plan) -> bool:
-        """Whether ``plan`` priced ``step`` would be kept (its timeline is then worth recording)."""
+        """Whether ``plan`` priced ``step`` would be kept."""
         return (self.kinds is None or plan.schedule in self.kinds) and step < self.step_time_s
 
-    def offer(self, step: float, plan: Plan, timeline: Any) -> None:
+    def offer(self, step: float, plan: Plan, replay: Callable[[], Any]) -> None:
         if self.wants(step, plan):
-            self.step_time_s, self.plan, self.timeline = step, plan, timeline
+            self.step_time_s, self.plan, self.replay, self._timeline = step, plan, replay, None
+
+    @property
+    def timeline(self) -> Any:
+        """``sim.replay.Timeline`` of ``plan``'s step (None without a plan), replayed on first use."""
+        if self._timeline is None and self.replay is not None:
+            self._timeline = self.replay()
+        return self._timeline
 
 
 @dataclass(kw_only=True)

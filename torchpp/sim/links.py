@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 
+from .compiled import OPT, RA, RG, SA, SG, Compiled
 from .core import CommHooks, Run
 
 
@@ -39,7 +40,7 @@ def links_hooks(run: Run, burst: list[tuple[float, float]] | None = None) -> Com
         if burst is not None:
             depth, take = burst[a]
             if depth > 0.0:
-                e = max(now + d - take, e - depth)
+                e = max(now + d - take, e - depth, now)  # never before it was sent (rounding)
                 s = max(now, e - d)
         start[a] = s
         fin[a] = e
@@ -55,3 +56,144 @@ def links_hooks(run: Run, burst: list[tuple[float, float]] | None = None) -> Com
         raise RuntimeError("the links model never marks a channel dirty")
 
     return CommHooks(None, post_send, start_collective, None, None, never)
+
+
+def replay_links(c: Compiled, dur: list[float], burst: list[tuple[float, float]] | None = None
+                 ) -> tuple[list[float], list[float], list[float], list[int]]:
+    """The ``links`` model's run without the event heap: (start, end, ready, cursor per rank).
+
+    Nothing in this model depends on the order in which simultaneous events are handled: a
+    link's transfers queue in its sender's list order, a rank's all-reduces in its own list order,
+    and every time is a max or a sum of earlier ones. So each rank's list is walked once, a
+    rank pausing only where it needs a time not known yet (a receive whose send its peer has not
+    posted, the optimizer step before the rank's all-reduces are priced) and resuming when it is:
+    the same numbers as the core's event loop (``tests/test_sim_links_walk.py`` holds them equal
+    bit for bit), for a fraction of its cost (a search prices thousands of plans this way).
+    A rank left stopped before its list's end is a deadlock (``compiled.check_finished``)."""
+    w = _Walk(c, dur, burst)
+    _walk(w)
+    return w.start, w.end, w.ready, w.pc
+
+
+class _Walk:
+    """The state of one walk, indexed by action or by rank position."""
+
+    __slots__ = ("c", "dur", "burst", "start", "end", "ready", "sent", "waiting", "t", "pc", "queue", "head", "left",
+                 "t0", "last_end", "at_opt", "runnable")
+
+    def __init__(self, c: Compiled, dur: list[float], burst: list[tuple[float, float]] | None):
+        A, R = len(c.code), len(c.prog)
+        self.c, self.dur, self.burst = c, dur, burst
+        self.start, self.end, self.ready = [0.0] * A, [0.0] * A, [0.0] * A
+        self.sent = [-1.0] * A
+        """Per send: when its message arrives (-1 until its sender posts it)."""
+        self.waiting = [-1] * A
+        """Per send: the rank stopped at its receive, or -1."""
+        self.t, self.pc = [0.0] * R, [0] * R
+        """Per rank: where its cursor is, and when it got there."""
+        # all-reduces: each rank's queue in list order; a member arrives when its rank reached it and
+        # the rank's previous all-reduce ended; a collective starts when its last member arrives
+        self.queue: list[list[int]] = [[] for _ in range(R)]
+        self.head = [0] * R
+        """Per rank: index in ``queue`` of its first all-reduce not yet ended."""
+        self.left = [len(m) for m in c.coll_members]
+        self.t0 = [0.0] * len(c.coll_members)
+        self.last_end = [0.0] * R
+        """Per rank: when its latest ended all-reduce ended."""
+        self.at_opt = [False] * R
+        self.runnable = list(range(R))
+
+
+def _arrive(w: _Walk, a: int, when: float) -> None:
+    """All-reduce member ``a`` arrives at ``when``; a collective whose members are all in is priced,
+    and each member's next all-reduce arrives in turn."""
+    coll, members_of, owner, start = w.c.coll, w.c.coll_members, w.c.owner, w.start
+    todo = [(a, when)]
+    while todo:
+        a, when = todo.pop()
+        start[a] = when
+        ci = coll[a]
+        if when > w.t0[ci] or w.left[ci] == len(members_of[ci]):
+            w.t0[ci] = when
+        w.left[ci] -= 1
+        if w.left[ci]:
+            continue
+        s = w.t0[ci]
+        e = s + w.dur[members_of[ci][0]]
+        for m in members_of[ci]:
+            w.end[m], w.ready[m] = e, s
+            ri = owner[m]
+            q = w.queue[ri]
+            w.head[ri] += 1
+            w.last_end[ri] = e
+            if w.head[ri] < len(q):  # the rank's next all-reduce was waiting behind this one
+                nxt = q[w.head[ri]]
+                todo.append((nxt, start[nxt] if start[nxt] > e else e))
+            elif w.at_opt[ri]:
+                w.at_opt[ri] = False
+                w.runnable.append(ri)
+
+
+def _walk(w: _Walk) -> None:
+    """Move every rank's cursor as far as it goes, until none can move."""
+    c = w.c
+    code, peer, match, prog, dur, burst = c.code, c.peer, c.match, c.prog, w.dur, w.burst
+    start, end, ready, sent, waiting, runnable = w.start, w.end, w.ready, w.sent, w.waiting, w.runnable
+    queue, head, last_end = w.queue, w.head, w.last_end
+    link_free: dict[tuple[int, int], float] = {}
+    while runnable:
+        ri = runnable.pop()
+        p = prog[ri]
+        n = len(p)
+        i = w.pc[ri]
+        now = w.t[ri]
+        while i < n:
+            a = p[i]
+            k = code[a]
+            if k < OPT:
+                start[a] = now
+                now = now + dur[a]
+                end[a] = now
+            elif k == OPT:
+                if head[ri] < len(queue[ri]):
+                    w.at_opt[ri] = True
+                    break
+                if last_end[ri] > now:
+                    now = last_end[ri]
+                start[a] = now
+                now = now + dur[a]
+                end[a] = now
+            elif k == SA or k == SG:
+                key = (ri, peer[a])
+                s = link_free.get(key, 0.0)
+                if s < now:
+                    s = now
+                d = dur[a]
+                e = s + d
+                link_free[key] = e
+                if burst is not None:
+                    depth, take = burst[a]
+                    if depth > 0.0:
+                        e = max(now + d - take, e - depth, now)  # never before it was sent (rounding)
+                        s = max(now, e - d)
+                start[a], end[a], ready[a], sent[a] = s, e, e, e
+                if waiting[a] >= 0:
+                    runnable.append(waiting[a])
+                    waiting[a] = -1
+            elif k == RA or k == RG:
+                e = sent[match[a]]
+                if e < 0.0:
+                    waiting[match[a]] = ri
+                    break
+                start[a], ready[a] = now, e
+                if e > now:
+                    now = e
+                end[a] = now
+            else:  # an all-reduce: queued behind the rank's earlier ones, the rank goes on
+                q = queue[ri]
+                q.append(a)
+                start[a] = now
+                if head[ri] == len(q) - 1:
+                    _arrive(w, a, now if now > last_end[ri] else last_end[ri])
+            i += 1
+        w.t[ri], w.pc[ri] = now, i
