@@ -21,6 +21,22 @@ from .compiled import OPT, RA, RG, SA, SG, Compiled
 from .core import CommHooks, Run
 
 
+def transfer(link_free: dict[tuple[int, int], float], key: tuple[int, int], now: float, d: float,
+             bucket: tuple[float, float] | None) -> tuple[float, float]:
+    """(start, arrival) of a send of ``d`` seconds posted at ``now`` on link ``key``, whose FIFO frees
+    at ``link_free[key]`` (updated); ``bucket``: (its depth, what a full one takes off), or None."""
+    s = link_free.get(key, 0.0)
+    if s < now:
+        s = now
+    e = s + d
+    link_free[key] = e
+    if bucket is not None and bucket[0] > 0.0:
+        depth, take = bucket
+        e = max(now + d - take, e - depth, now)  # never before it was sent (rounding)
+        s = max(now, e - d)
+    return s, e
+
+
 def links_hooks(run: Run, burst: list[tuple[float, float]] | None = None) -> CommHooks:
     """``burst``: per send, (its link's bucket, what a full one takes off it) in seconds, or None."""
     c = run.c
@@ -30,18 +46,7 @@ def links_hooks(run: Run, burst: list[tuple[float, float]] | None = None) -> Com
     push = heapq.heappush
 
     def post_send(a: int, ri: int, now: float) -> None:
-        key = (ri, peer[a])
-        s = link_free.get(key, 0.0)
-        if s < now:
-            s = now
-        d = dur[a]
-        e = s + d
-        link_free[key] = e
-        if burst is not None:
-            depth, take = burst[a]
-            if depth > 0.0:
-                e = max(now + d - take, e - depth, now)  # never before it was sent (rounding)
-                s = max(now, e - d)
+        s, e = transfer(link_free, (ri, peer[a]), now, dur[a], None if burst is None else burst[a])
         start[a] = s
         fin[a] = e
         push(heap, (e, a))
@@ -164,18 +169,7 @@ def _walk(w: _Walk) -> None:
                 now = now + dur[a]
                 end[a] = now
             elif k == SA or k == SG:
-                key = (ri, peer[a])
-                s = link_free.get(key, 0.0)
-                if s < now:
-                    s = now
-                d = dur[a]
-                e = s + d
-                link_free[key] = e
-                if burst is not None:
-                    depth, take = burst[a]
-                    if depth > 0.0:
-                        e = max(now + d - take, e - depth, now)  # never before it was sent (rounding)
-                        s = max(now, e - d)
+                s, e = transfer(link_free, (ri, peer[a]), now, dur[a], None if burst is None else burst[a])
                 start[a], end[a], ready[a], sent[a] = s, e, e, e
                 if waiting[a] >= 0:
                     runnable.append(waiting[a])
