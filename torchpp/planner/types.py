@@ -37,7 +37,7 @@ class Ledger:
     kinds: frozenset[str] | None = None
     """The kinds searched (None: any): a plan of another kind, priced only to seed them (the stage
     DP's 1F1B layouts under ``--schedule interleaved``), is neither kept nor a bar to prune at."""
-    _timeline: Any = None
+    _timeline: Any = field(default=None, init=False, repr=False)
 
     def wants(self, step: float, plan: Plan) -> bool:
         """Whether ``plan`` priced ``step`` would be kept."""
