@@ -42,17 +42,14 @@ def simulate(sched: Schedule | Compiled, cost: CostModel, options: SimOptions | 
     dur = durations(c, cost)
     if o.comm == "links" and not events:
         start, end, ready, pc = replay_links(c, dur, bursts(c, cost))
-        check_finished(c, pc)
-        if not spans:
-            return SimResult(timeline=Timeline({r: [] for r in c.ranks}), completion=max(end, default=0.0))
-        return SimResult(timeline=timeline(c, start, end, ready))
+        return _result(c, pc, start, end, ready, spans)
     run = Run(c, dur)
     if o.comm == "links":
         step(run, links_hooks(run, bursts(c, cost)))
-        return _result(run, spans)
+        return _result(c, run.pc, run.start, run.end, run.ready, spans)
     hooks, ch = shared_hooks(run, o, record_rates)
     step(run, hooks)
-    res = _result(run, spans)
+    res = _result(c, run.pc, run.start, run.end, run.ready, spans)
     res.events = run.events
     if spans:
         owner, code, ranks, st = c.owner, c.code, c.ranks, c.step
@@ -62,9 +59,10 @@ def simulate(sched: Schedule | Compiled, cost: CostModel, options: SimOptions | 
     return res
 
 
-def _result(run: Run, spans: bool) -> SimResult:
-    c = run.c
-    check_finished(c, run.pc)
+def _result(c: Compiled, pc: list[int], start: list[float], end: list[float], ready: list[float],
+            spans: bool) -> SimResult:
+    """A finished run's result (a deadlock raises): its spans, or only its makespan."""
+    check_finished(c, pc)
     if not spans:
-        return SimResult(timeline=Timeline({r: [] for r in c.ranks}), completion=max(run.end, default=0.0))
-    return SimResult(timeline=timeline(c, run.start, run.end, run.ready))
+        return SimResult(timeline=Timeline({r: [] for r in c.ranks}), completion=max(end, default=0.0))
+    return SimResult(timeline=timeline(c, start, end, ready))
