@@ -5,7 +5,9 @@ distinct rows) runs with the plan's ``tied_sync`` ``rows`` and without it, with 
 clipping tight enough to clip every step, weight decay, evaluation and checkpoints: losses,
 gradient norms, evaluation losses and every weight of the final checkpoint are bit-identical,
 a run resumed from a checkpoint equals an uninterrupted one, and the traced sync moves a
-fraction of the weight's bytes.
+fraction of the weight's bytes. The same holds where an end stage is a data-parallel group (the
+rows then travel as broadcasts over the first and last stages' ranks, through a binomial tree
+where the group has four members).
 """
 from __future__ import annotations
 
@@ -34,10 +36,11 @@ def _result(rank: int, world: int, case: dict) -> None:
                                                     "eval": s.eval_losses, "start": s.start_step}))
 
 
-def _plan(path: Path, rows: bool) -> Path:
+def _plan(path: Path, rows: bool, groups: tuple[int, ...] = (1, 1, 1)) -> Path:
     info = model_info(load_config("qwen3-tiny"), "qwen3-tiny")
-    plan = make_plan(info, seq_len=SEQ, global_batch=6, num_microbatches=3, layer_ranges=[(0, 1), (1, 3), (3, 4)],
-                     group_sizes=[1, 1, 1], schedule="1f1b")
+    ranges = {3: [(0, 1), (1, 3), (3, 4)], 2: [(0, 2), (2, 4)]}[len(groups)]
+    plan = make_plan(info, seq_len=SEQ, global_batch=6, num_microbatches=3, layer_ranges=ranges,
+                     group_sizes=list(groups), schedule="1f1b")
     if rows:
         plan.tied_sync = Sync(kind="rows")
     plan.save(path)
@@ -65,6 +68,47 @@ def runs(tmp_path_factory) -> Path:
             pool.run(_result, {"result": str(d / f"{name}_result.json"), "config": {**common, **cfg}}, world=3,
                      timeout_s=300, pg_timeout_s=60)
     return d
+
+
+GROUPED = {"first_group": (2, 1, 1), "both_groups": (2, 2)}
+"""End stages as data-parallel groups: the first stage of two devices (tied group of three ranks), and
+two stages of two devices each (a tied group of four: the broadcasts forward through a member)."""
+
+
+@pytest.fixture(scope="module")
+def grouped(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("tied_rows_groups")
+    common = dict(threads=1, timeout_s=60.0, seed=7, lr=2e-3, adam_eps=1e-6, weight_decay=0.1, max_grad_norm=0.05,
+                  eval_every=2, eval_fraction=0.25, eval_batches=1, steps=STEPS, checkpoint_every=STEPS,
+                  trace_steps=(2,))
+    with RankPool(4, threads=1) as pool:
+        for layout, groups in GROUPED.items():
+            for sync in ("dense", "rows"):
+                name = f"{layout}_{sync}"
+                plan = _plan(d / f"{name}.json", sync == "rows", groups)
+                cfg = {**common, "plan": plan, "checkpoint_dir": d / f"ck_{name}", "trace_dir": d / f"tr_{name}"}
+                pool.run(_result, {"result": str(d / f"{name}_result.json"), "config": cfg}, world=4,
+                         timeout_s=300, pg_timeout_s=60)
+    return d
+
+
+@pytest.mark.parametrize("layout", list(GROUPED))
+def test_rows_sync_with_data_parallel_end_stages_equals_the_dense_all_reduce(grouped, layout):
+    dense, rows = _get(grouped, f"{layout}_dense"), _get(grouped, f"{layout}_rows")
+    assert rows["losses"] == dense["losses"] and len(rows["losses"]) == STEPS
+    assert rows["grad_norms"] == dense["grad_norms"] and all(n > 0.05 for n in dense["grad_norms"])
+    assert rows["eval"] == dense["eval"] and len(rows["eval"]) == 2
+    names = [n for n, _ in build_model("qwen3-tiny", seed=7).named_parameters()]
+    step = f"step_{STEPS:08d}"
+    got = read_tensors(grouped / f"ck_{layout}_rows" / step, names)
+    want = read_tensors(grouped / f"ck_{layout}_dense" / step, names)
+    for n in names:
+        assert torch.equal(got[n], want[n]), n
+    tied = set(Plan.load(grouped / f"{layout}_rows.json").stages[0].ranks) | set(
+        Plan.load(grouped / f"{layout}_rows.json").stages[-1].ranks)
+    moved = _tied_bytes(grouped / f"tr_{layout}_rows")
+    assert len(moved) == len(tied) and len(set(moved)) == 1  # every member of the tied group, the same rows
+    assert moved[0] < 512 * 64 * 4 / 2
 
 
 def _get(d: Path, name: str) -> dict:

@@ -49,11 +49,82 @@ def test_rows_field_refused_where_it_cannot_apply(tmp_path, mutate, field):
     assert f"'{field}'" in str(e.value), str(e.value)
 
 
-def test_rows_needs_one_device_at_each_end(tmp_path):
-    p = _pipeline((2, 1, 1))
+@pytest.mark.parametrize("groups", [(2, 1, 1), (1, 1, 2), (2, 1, 2)])
+def test_rows_applies_to_data_parallel_end_stages(tmp_path, groups):
+    p = _pipeline(groups)
     p.tied_sync = Sync(kind="rows")
-    with pytest.raises(FormatError, match="tied_sync.kind"):
+    p.save(tmp_path / "p.json")
+    assert Plan.load(tmp_path / "p.json").tied_sync.kind == "rows"
+    if len(p.stages[0].devices) > 1:  # a cast to bf16 keeps the untouched rows zero
+        p.stages[0].sync = Sync(kind="allreduce", wire="bf16")
+        p.save(tmp_path / "bf16.json")
+        assert Plan.load(tmp_path / "bf16.json").tied_sync.kind == "rows"
+
+
+@pytest.mark.parametrize("sync", [Sync(kind="allreduce", wire="int8"), Sync(kind="powersgd")])
+def test_rows_refused_after_a_sync_that_leaves_gradient_outside_the_rows(tmp_path, sync):
+    p = _pipeline((2, 1, 1))
+    p.tied_sync, p.stages[0].sync = Sync(kind="rows"), sync
+    with pytest.raises(FormatError, match="tied_sync.kind") as e:
         p.save(tmp_path / "p.json")
+    assert "stages[0]" in str(e.value)
+
+
+def _gloo_broadcast(hosts, root, nbytes, hop) -> float:
+    """When the last member has a broadcast, following gloo's ``broadcast`` loop as written (virtual
+    ranks relative to the root, a mask cleared bit by bit, a member sends once it has received)."""
+    k, dim = len(hosts), max(1, (len(hosts) - 1).bit_length())
+    has = {0: 0.0}
+    for i in range(dim):
+        mask = ((1 << dim) - 1) & ~((1 << (i + 1)) - 1)
+        for v in range(k):
+            peer = v ^ (1 << i)
+            if v & mask or peer >= k or v & (1 << i):
+                continue
+            has[peer] = has[v] + hop(hosts[(v + root) % k], hosts[(peer + root) % k], nbytes)
+    assert sorted(has) == list(range(k))
+    return max(has.values())
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 5, 7, 8])
+def test_tree_broadcast_follows_gloos_binomial_tree(k):
+    import random
+
+    rng = random.Random(k)
+    hosts = [f"h{i}" for i in range(k)]
+    bw = uniform_links(hosts, 1e6, latency_s=0.002)
+    for key in bw.bytes_per_sec:
+        bw.bytes_per_sec[key] = rng.choice([1e5, 1e6, 1e7])
+    links = Links(bw)
+    for root in range(k):
+        want = _gloo_broadcast(hosts, root, 5e4, links.rested_time)
+        assert links.tree_broadcast(hosts, root, 5e4) == pytest.approx(want)
+    # uniform links: a member's copy has crossed as many links as its relative rank has one bits (the
+    # root's sends leave together), so the last arrives after the most one bits of any rank below k
+    even = Links(uniform_links(hosts, 1e6, latency_s=0.002))
+    hops = max(bin(v).count("1") for v in range(k))
+    assert even.tree_broadcast(hosts, 1, 5e4) == pytest.approx(hops * (0.002 + 0.05))
+
+
+def test_rows_with_a_data_parallel_first_stage_priced_as_two_broadcasts():
+    """First stage on pi0 and pi1, the last on pi3: the gradient rows leave pi0, the weights' rows pi3,
+    each to the whole tied group (ranks 0, 1, 3), pi0-pi1 a slow link."""
+    hosts = ["pi0", "pi1", "pi2", "pi3"]
+    files = [_pi(h) for h in hosts]
+    prof = Profiles.from_layers(files)
+    plan = make_plan(files[0].model, seq_len=64, global_batch=6, num_microbatches=3,
+                     layer_ranges=[(0, 1), (1, 2), (2, 3)], group_sizes=[2, 1, 1], schedule="1f1b", hosts=hosts)
+    bw = uniform_links(hosts, 1.25e6, latency_s=0.001)
+    bw.bytes_per_sec[bw.key("pi0", "pi1")] = 1.25e5
+    links = Links(bw)
+    plan.tied_sync = Sync(kind="rows", rows=64)
+    ar = Action(Kind.ALLREDUCE, 0, group=(0, 1, 3), tied=True)
+    got = MeasuredCost(plan, prof, links).allreduce_s(ar)
+    rows = 64 * 1024
+    group = ["pi0", "pi1", "pi3"]
+    assert got == pytest.approx(links.tree_broadcast(group, 0, rows) + links.tree_broadcast(group, 2, rows))
+    # from pi0: pi1 over the slow link; from pi3 (relative ranks pi3, pi0, pi1): pi0, then pi1 from pi3
+    assert got == pytest.approx((0.001 + rows / 1.25e5) + (0.001 + rows / 1.25e6))
 
 
 def _pi(host: str, **kw) -> LayersFile:

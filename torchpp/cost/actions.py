@@ -145,16 +145,19 @@ class MeasuredCost:
     def allreduce_s(self, action: Action) -> float:
         """A ring all-reduce of the group's weights, or of what its ``sync`` puts on the wire per step
         (int8: an all-gather of every member's codes, ``Links.ring_allgather``; diloco: its outer
-        all-reduce spread over H steps; the tied pair's ``rows``: two one-way transfers of the
-        touched rows, which the runtime makes one at the step's end and one at the next step's
-        start, both on the critical path, each on a link that rested since the last)."""
+        all-reduce spread over H steps; the tied pair's ``rows``: two broadcasts of the touched
+        rows over the first and last stages' ranks, the gradient's from the first stage's first
+        device and the next step's weights from the last stage's, which the runtime makes one at
+        the step's end and one at the next step's start, both on the critical path, each on links
+        that rested since the last; between two devices, two one-way transfers)."""
         hosts = [self.rank[r].host for r in action.group or ()]
         nbytes = self.p.tied_bytes if action.tied else float(stage_weights(self.p, self.plan.stages[action.stage]))
         sync = self.plan.tied_sync if action.tied else self.plan.stages[action.stage].sync
         if sync is not None and sync.kind == "rows":  # the gradient's rows up, the next step's rows down
-            a, b = (self.rank[self.plan.stages[i].devices[0].rank].host for i in (0, -1))
+            group = list(action.group or ())
+            roots = (group.index(self.plan.stages[i].devices[0].rank) for i in (0, -1))
             rows = tied_rows_bytes(self.p, self.plan)
-            return self.links.rested_time(a, b, rows) + self.links.rested_time(b, a, rows)
+            return sum(self.links.tree_broadcast(hosts, r, rows) for r in roots)
         if sync is None:
             return self.links.ring_allreduce(hosts, nbytes)
         codec = 0.0

@@ -65,6 +65,24 @@ class Links:
             return 0.0
         return self._ring(hosts, 2 * (k - 1) / k * nbytes, 2 * (k - 1))
 
+    def tree_broadcast(self, hosts: Sequence[str], root: int, nbytes: float) -> float:
+        """A broadcast of ``nbytes`` from ``hosts[root]`` to the rest of ``hosts`` (a process group's
+        members in its rank order) as gloo runs it, until the last member has it: a binomial tree
+        in ranks relative to the root, where in round ``i`` every member below ``2^i`` that holds
+        the buffer sends it on to the member ``2^i`` above it (its sends leave together, each on
+        its own link; a member forwards once its own copy has arrived). Each hop finds its link
+        rested, as the all-reduces' closed forms assume."""
+        k = len(hosts)
+        if k <= 1 or nbytes <= 0:
+            return 0.0
+        at = [0.0] * k  # by rank relative to the root
+        step = 1
+        while step < k:
+            for v in range(min(step, k - step)):
+                at[v + step] = at[v] + self.rested_time(hosts[(v + root) % k], hosts[(v + step + root) % k], nbytes)
+            step *= 2
+        return max(at)
+
     def ring_allgather(self, hosts: Sequence[str], nbytes: float, skewed: bool = False) -> float:
         """All-gather of every member's ``nbytes`` (what an int8 sync sends: each member's codes, summed
         by every member) as gloo runs it, in halves: ``(k−1) · bytes / slowest link`` plus 2(k−1)

@@ -9,7 +9,7 @@ DESIGN.md layout list). ``from torchpp.formats import X`` reaches every record.
 from .base import FormatError, Reader, check_format, file_hash, read_json, to_dict, write_json
 from .layers import BlockProfile, LAYERS_KIND, LAYERS_VERSION, LayersFile, ModelInfo, RunInfo
 from .plan import (PLACEMENTS, PLAN_KIND, PLAN_SCHEDULES, PLAN_VERSION, SCHEDULES, Placement, Plan, PlanDevice, Predicted,
-                   PlanStage, placement_of, split_samples, validate_plan)
+                   PlanStage, placement_of, rows_refusal, split_samples, validate_plan)
 from .kinds import (FULL_BACKWARD_ONE_CHUNK, KIND_NAMES, KINDS, MULTI_CHUNK, ONE_CHUNK, SPLIT_BACKWARD, KindSpec,
                     parse_kinds)
 from .bandwidth import BANDWIDTH_KIND, BANDWIDTH_VERSION, Bandwidth
@@ -28,7 +28,7 @@ __all__ = [
     "FormatError", "Reader", "check_format", "file_hash", "read_json", "to_dict", "write_json",
     "BlockProfile", "LAYERS_KIND", "LAYERS_VERSION", "LayersFile", "ModelInfo", "RunInfo",
     "PLACEMENTS", "PLAN_KIND", "PLAN_SCHEDULES", "PLAN_VERSION", "Placement", "Plan", "PlanDevice", "Predicted",
-    "PlanStage", "SCHEDULES", "placement_of", "split_samples", "validate_plan", "BANDWIDTH_KIND",
+    "PlanStage", "SCHEDULES", "placement_of", "rows_refusal", "split_samples", "validate_plan", "BANDWIDTH_KIND",
     "BANDWIDTH_VERSION", "Bandwidth", "CAPACITIES_KIND", "CAPACITIES_VERSION", "Capacities", "CapacityOutlier",
     "HostTable", "SPEED_CHECK_KIND", "SPEED_CHECK_VERSION", "SpeedCheck", "speed_ratios",
     "MEMORY_KIND", "MEMORY_ORDERS", "MEMORY_VERSION", "MemoryModel", "MemorySample", "DeviceInfo",

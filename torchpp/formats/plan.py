@@ -434,9 +434,29 @@ def _validate_wire(plan: Plan, source: str) -> None:
                               plan.tied_sync.kind)
         if plan.tied_sync.kind == "diloco":
             raise FormatError(source, "tied_sync.kind", "allreduce, powersgd or rows", "diloco")
-        if plan.tied_sync.kind == "rows" and (len(plan.stages[0].devices) != 1 or len(plan.stages[-1].devices) != 1):
-            raise FormatError(source, "tied_sync.kind", "allreduce or powersgd (rows: the first and the last stage "
-                              "on one device each)", "rows")
+        why = rows_refusal(plan) if plan.tied_sync.kind == "rows" else None
+        if why is not None:
+            raise FormatError(source, "tied_sync.kind", f"allreduce or powersgd (rows: {why})", "rows")
+
+
+ROWS_GROUP_SYNCS = (None, "fp32", "bf16", "fp16")
+"""The group syncs of an end stage that a ``rows`` tied sync can follow: a plain all-reduce, in fp32 or cast
+to 16 bits (a zero stays zero, so the gradient stays zero outside the step's rows)."""
+
+
+def rows_refusal(plan: Plan) -> str | None:
+    """Why the tied pair of ``plan`` cannot sync by the rows a step touches (None: it can). The gradient
+    rows a step leaves out must be zero at the first stage once its group has summed it (true of a
+    plain all-reduce, not of a compressor with error feedback or a low-rank one), and the two ends
+    must be different ranks."""
+    first, last = plan.stages[0], plan.stages[-1]
+    if not set(first.ranks).isdisjoint(last.ranks):
+        return "the first and the last stage on different ranks"
+    for s in (first, last):
+        if s.sync is not None and not (s.sync.kind == "allreduce" and s.sync.wire in ROWS_GROUP_SYNCS):
+            return (f"stages[{s.index}]'s group all-reduced in fp32 or bf16 (a {s.sync.kind} {s.sync.wire} sync "
+                    "leaves gradient outside the step's rows)")
+    return None
 
 
 def _check_plan_sizes(plan: Plan, source: str) -> None:

@@ -24,7 +24,7 @@ plans; the fastest wins. On one plan:
    crosses the link), so it is taken only where it shortens the predicted step by ``diloco_gain``
    (20%): where the all-reduce dominates, not where it is a tenth of the step.
 3. The tied weight between the first and the last stage: ``rows`` first (exact: only the rows the
-   step's tokens touch cross, each way; the first and the last stage on one device each), then
+   step's tokens touch cross, each way; ``formats.rows_refusal`` says where it cannot apply), then
    the lossy all-reduces; the least lossy within ``min_gain`` of the best that pays.
 
 ``price(plan) -> seconds`` is the planner's own prediction, so this module needs nothing of the
@@ -36,7 +36,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from ..formats import LOSSY, Plan, Sync
+from ..formats import LOSSY, Plan, Sync, rows_refusal
 
 PERIODS = (2, 4, 8, 16, 32, 64, 128)
 """The DiLoCo periods H tried (OpenDiLoCo and INTELLECT-1 run H in the hundreds)."""
@@ -117,8 +117,7 @@ def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], mi
                                  + (f" H={s.sync.H}" if s.sync.kind == "diloco" else "") + f" ({s.sync.wire})")
     if tied:
         pair = len(set(plan.stages[0].ranks) | set(plan.stages[-1].ranks)) == 2
-        ends_alone = len(plan.stages[0].devices) == 1 == len(plan.stages[-1].devices)
-        cands = ([Sync(kind="rows", rows=tied_rows)] if ends_alone else []) + [
+        cands = ([Sync(kind="rows", rows=tied_rows)] if rows_refusal(best) is None else []) + [
             Sync(kind="allreduce", wire=f) for f in ("bf16", "int8") if f in allow and (f != "int8" or pair)] + (
             [Sync(kind="powersgd")] if "powersgd" in allow else [])
         best.tied_sync, best_s = _best_sync(best, cands, best, price, best_s, min_gain, diloco_gain, key="tied_sync")
