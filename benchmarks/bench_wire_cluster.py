@@ -13,6 +13,8 @@ data (byte tokens of real text) and optimizer for every run; only the plan's wir
   the tied-weight all-reduce by PowerSGD of rank 4; ``pp_int8_psgd8``: of rank 8); ``pp_rows``
   (fp32 links, the tied weight synced exactly by the rows a step touches) and ``pp_int8_rows``
   (the same with int8 links), priced with the distinct byte tokens of a step on the text;
+  ``pp_group_fp32`` and ``pp_group_rows``: two stages, the first a data-parallel group of pi0 and
+  pi1, the tied weight all-reduced over the three ranks or synced by its rows (broadcasts);
 - data parallel (2 replicas on pi0 and pi1, qwen3-tiny): ``dp_fp32`` (a gradient all-reduce every
   step) and ``dp_diloco<H>`` (inner AdamW, every H steps an outer SGD step of ``--outer-lr`` and
   Nesterov ``--outer-momentum`` on the replicas' mean change, sent in int8).
@@ -95,6 +97,17 @@ def make_plans(tmp: Path, H: list[int], outer_lr: float, outer_momentum: float, 
         p = Plan.load(base)
         for s in p.stages[:-1]:
             s.wire = link
+        p.tied_sync = tied
+        out[name] = tmp / f"{name}.json"
+        p.save(out[name])
+    # the first stage a data-parallel group (pi0 and pi1), the last on pi2: the tied weight all-reduced
+    # densely over the three ranks, or synced by its rows as broadcasts over them
+    from torchpp.plans import make_plan
+
+    for name, tied in (("pp_group_fp32", None), ("pp_group_rows", Sync(kind="rows", rows=rows))):
+        p = make_plan(Plan.load(base).model, seq_len=PP["seq_len"], global_batch=PP["global_batch"],
+                      num_microbatches=PP["microbatches"], layer_ranges=[(0, 2), (2, PP["layers"])],
+                      group_sizes=[2, 1], hosts=["pi0", "pi1", "pi2"])
         p.tied_sync = tied
         out[name] = tmp / f"{name}.json"
         p.save(out[name])
