@@ -319,7 +319,7 @@ def _choose_wire(chosen: Plan, costs: Costs, pb: Any, options: PlanOptions,
     The wire pass refines each candidate per link; the fastest that fits memory and beats the
     searched fp32 plan by the pass's margins wins. Returns it, the searched plan's fp32 step time,
     and the record plan_meta.json keeps (each candidate, what it was searched under, why the winner won)."""
-    from .wire import DILOCO_GAIN, MIN_GAIN, choose
+    from .wire import DILOCO_GAIN, MIN_GAIN, changes_optimisation, choose
 
     allow = options.allow_lossy
     cands: list[tuple[str, str, Plan]] = [("fp32", "searched", chosen)]
@@ -337,7 +337,7 @@ def _choose_wire(chosen: Plan, costs: Costs, pb: Any, options: PlanOptions,
     rows, best = [], None
     for i, (under, split, p) in enumerate(cands):
         c = choose(p, price_of, allow, tied_rows=options.tied_rows)
-        margin = DILOCO_GAIN if any("diloco" in x for x in c.plan.lossy) else MIN_GAIN
+        margin = DILOCO_GAIN if changes_optimisation(c.plan.lossy) else MIN_GAIN
         fits = price(copy.deepcopy(c.plan), pb, costs.budget).fits
         # a lossy plan must beat the searched fp32 plan by the pass's own margins (planner/wire.py)
         pays = bool(c.decisions) and fits and c.step_s < fp32 * (1 - margin)
@@ -352,7 +352,7 @@ def _choose_wire(chosen: Plan, costs: Costs, pb: Any, options: PlanOptions,
         r["chosen"] = j == i and got is not None
     label = (f"the split searched with links priced as {rows[i]['searched_under']}" if rows[i]["split"] == "searched"
              else f"the {rows[i]['split']} split")
-    need = 1 - (DILOCO_GAIN if got and any("diloco" in x for x in got.plan.lossy) else MIN_GAIN)
+    need = 1 - (DILOCO_GAIN if got and changes_optimisation(got.plan.lossy) else MIN_GAIN)
     why = (f"{label}: {got.step_s:.4g} s, the fastest candidate that fits memory and is under {need:.2f} x the "
            f"searched fp32 plan's {fp32:.4g} s" if got else
            "fp32 everywhere: no candidate's lossy choices shorten the searched fp32 plan's predicted step enough")

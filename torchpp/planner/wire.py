@@ -22,7 +22,8 @@ plans; the fastest wins. On one plan:
    the tied-weight all-reduce do not take diloco
    (``formats.plan`` refuses it). DiLoCo changes the optimisation itself (not a rounding of what
    crosses the link), so it is taken only where it shortens the predicted step by ``diloco_gain``
-   (20%): where the all-reduce dominates, not where it is a tenth of the step.
+   (20%): where the all-reduce dominates, not where it is a tenth of the step. PowerSGD (a low-rank
+   gradient, not a rounding) is held to the same 20%.
 3. The tied weight between the first and the last stage: ``rows`` first (exact: only the rows the
    step's tokens touch cross, each way; ``formats.rows_refusal`` says where it cannot apply), then
    the lossy all-reduces; the least lossy within ``min_gain`` of the best that pays.
@@ -46,7 +47,17 @@ MIN_GAIN = 0.03
 TIE = 0.005
 """Per-link refinement: a link goes back to fp32 when that costs less than this fraction of the step."""
 DILOCO_GAIN = 0.2
-"""DiLoCo changes the optimisation itself (not a rounding of what crosses a link): at least this fraction."""
+"""DiLoCo and PowerSGD change the optimisation itself (not a rounding of what crosses a link): at least
+this fraction. PowerSGD's low-rank gradients are not a rounding either: on seed 003's cluster at
+100 Mbit/s a data-parallel plan with a rank-4 PowerSGD all-reduce, predicted 17.5% faster than the
+fp32 plan, ended 15% above fp32's loss at equal tokens (benchmarks/results/bench_wire/cluster_100mbit)."""
+OPTIMISATION_KINDS = ("diloco", "powersgd")
+"""Sync kinds held to :data:`DILOCO_GAIN` rather than :data:`MIN_GAIN`."""
+
+
+def changes_optimisation(lossy: Iterable[str]) -> bool:
+    """Whether a plan's lossy choices (``Plan.lossy``) include one of :data:`OPTIMISATION_KINDS`."""
+    return any(k in x for x in lossy for k in OPTIMISATION_KINDS)
 
 
 def parse_allow(text: str | Iterable[str] | None) -> frozenset[str]:
@@ -132,12 +143,12 @@ def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], mi
 def _best_sync(owner, cands: list[Sync], plan: Plan, price: Callable[[Plan], float], base_s: float, min_gain: float,
                diloco_gain: float, key: str = "sync") -> tuple[Sync | None, float]:
     """The least lossy of ``cands`` (listed least lossy first) within ``min_gain`` of the best one that
-    pays (diloco: ``diloco_gain``), set as ``owner.<key>``; (None, ``base_s``) when none pays."""
+    pays (diloco and powersgd: ``diloco_gain``), set as ``owner.<key>``; (None, ``base_s``) when none pays."""
     priced = []
     for c in cands:
         setattr(owner, key, c)
         t = price(plan)
-        if t < base_s * (1 - (diloco_gain if c.kind == "diloco" else min_gain)):
+        if t < base_s * (1 - (diloco_gain if c.kind in OPTIMISATION_KINDS else min_gain)):
             priced.append((t, c))
     setattr(owner, key, None)
     if not priced:
