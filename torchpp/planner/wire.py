@@ -49,8 +49,9 @@ TIE = 0.005
 DILOCO_GAIN = 0.2
 """DiLoCo and PowerSGD change the optimisation itself (not a rounding of what crosses a link): at least
 this fraction. PowerSGD's low-rank gradients are not a rounding either: on seed 003's cluster at
-100 Mbit/s a data-parallel plan with a rank-4 PowerSGD all-reduce, predicted 17.5% faster than the
-fp32 plan, ended 15% above fp32's loss at equal tokens (benchmarks/results/bench_wire/cluster_100mbit)."""
+100 Mbit/s a data-parallel plan with a rank-4 PowerSGD all-reduce under AdamW ended 15% above fp32's
+loss at equal tokens (docs/links.md); the margin keeps it out where it buys little, and what a lossy
+choice costs in loss is not priced."""
 OPTIMISATION_KINDS = ("diloco", "powersgd")
 """Sync kinds held to :data:`DILOCO_GAIN` rather than :data:`MIN_GAIN`."""
 
