@@ -93,7 +93,11 @@ def space_bound(pb: Problem, cap: float = INF) -> tuple[float, dict[str, float]]
                 continue
             best = cap
             for b in micro_batch_sizes(pb):
-                best = min(best, _Family(pb, t, ks, b, placement).solve(best))
+                fam = _Family(pb, t, ks, b, placement)
+                got = fam.solve(best)
+                if got < best:  # the order's idle per device, a bound of its own (see _Family.solve)
+                    got = max(got, fam.solve(best, standalone=True))
+                best = min(best, got)
             fams["/".join(ks)] = best
     return min(fams.values(), default=cap), fams
 
@@ -126,6 +130,7 @@ class _Family:
             self._chunk_terms()
         else:
             self._stage_terms()
+        self._order_steps()
 
     # ------------------------------------------------------------------ one-chunk terms over cuts (c, c2)
     def _stage_terms(self) -> None:
@@ -402,6 +407,146 @@ class _Family:
         self._load[key] = load
         return load
 
+    # ------------------------------------------------------------------ the order's fill and drain
+    def _order_steps(self) -> None:
+        """What :mod:`.orderbound` prices a rank's paths with: per host and step type (F, B, and
+        I + W together: each at least ``min(1, split)`` of B plus two calls), its steps' seconds at
+        ``b`` samples over the programme's cells, and the least step any device takes for a chunk
+        of each class (middle, embedding, tail) at one sample and at ``b``, and the fastest hop."""
+        pb, b, L = self.pb, self.b, self.L
+        p = pb.profiles
+        K = p.num_blocks
+        self.calls = [p.call.get(name, 0.0) for name in pb.hosts]
+        self._paths: dict = {}
+        self._order: dict = {}
+        self.steps = []
+        for h, name in enumerate(pb.hosts):
+            sf = min(1.0, p.backward_split_factor(name)) if self.split else 1.0
+            if self.chunked:
+                f, bw = p.table(name)
+                f0, b0 = p.fixed(name)
+                x = {"F": f0 + b * f, "B": b0 + b * bw, "IW": sf * (b0 + b * bw)}
+                lay = slice(1, L + 1)
+                self.steps.append({t: (np.concatenate([[0.0], np.cumsum(np.sort(v[lay]))]), np.sort(v[lay]),
+                                       float(v[0]), float(v[K - 1])) for t, v in x.items()})
+            else:
+                st = stage_time(p, name, self.t.span[0])
+                c = self.calls[h]
+                self.steps.append({"F": np.where(self.t.valid, st.fwd0 + c + b * st.fwd, INF),
+                                   "B": np.where(self.t.valid, st.bwd0 + c + b * st.bwd, INF),
+                                   "IW": np.where(self.t.valid, 2 * c + sf * (st.bwd0 + b * st.bwd), INF)})
+        from ..cost import Span
+        self.least: dict[int, dict] = {}
+        for n in sorted({1, b}):
+            least = {}
+            for c in range(L):
+                cls = (c == 0, c == L - 1)
+                for name in pb.hosts:
+                    st = stage_time(p, name, Span.of_cut(c, c + 1, L))
+                    for t, s in (("F", st.forward(n)), ("B", st.backward(n)), ("I", st.backward_input(n)),
+                                 ("W", st.backward_weight(n))):
+                        least[(cls, t)] = min(least.get((cls, t), INF), s)
+            self.least[n] = least
+        out = self.t.out_bytes[1:L] if L > 1 else np.zeros(1)
+        out_min = float(np.min(out)) if not self.chunked else float(self.out)
+        self.hop = {n: min((self._xfer(a, c, n * out_min) for a in range(self.N) for c in range(self.N) if a != c),
+                           default=0.0) for n in sorted({1, b})}
+
+    def _kind_paths(self, kind: str, p: int, q: int, v: int):
+        """The paths :func:`.orderbound.rank_paths` keeps for position q of ``kind`` at depth p."""
+        key = (kind, p, q, v)
+        got = self._paths.get(key)
+        if got is None:
+            from .chunks import placement
+            from .orderbound import rank_paths
+            n = self.b if p == self.N else 1  # a position of several devices: one sample each at least
+            least, hop = self.least[n], self.hop[n]
+            pl = placement(kind, p, v)
+            last = len(pl.position) - 1
+            L = self.L
+
+            def step_s(pos: int, t: str, c: int) -> float:
+                got = least.get(((c == 0, c == last), t))
+                if got is None:  # no one-layer chunk of that class (few layers): the least of any
+                    got = min(vv for (kk, tt), vv in least.items() if tt == t)
+                return got
+
+            def typical(t: str, c: int) -> float:
+                return least.get(((False, False), t), least.get(((True, False), t), 1.0)) * max(1.0, L / (p * v))
+
+            try:
+                got = rank_paths(kind, pl, q, self.m, step_s, hop, typical)
+            except (ValueError, RuntimeError):
+                got = None
+            self._paths[key] = got
+        return got
+
+    def _path_value(self, h: int, kind: str, p: int, q: int, v: int) -> np.ndarray | None:
+        """Seconds no plan of ``kind`` at depth p with device h alone at position q beats, over the
+        programme's cells (the largest of the kept paths through its steps; None: no such plan)."""
+        paths = self._kind_paths(kind, p, q, v)
+        if paths is None:
+            return None
+        from .chunks import placement
+        pl = placement(kind, p, v)
+        mine = pl.chunks[q]
+        last_chunk = len(pl.position) - 1
+        steps, call = self.steps[h], self.calls[h]
+        opt = self.opt[h] * self.weights
+        best = None
+        for path in paths:
+            cn = path.counts
+            iw = tuple(min(a, w) for a, w in zip(cn["I"], cn["W"]))
+            calls = sum(cn["I"]) + sum(cn["W"]) - 2 * sum(iw)
+            val = np.full((self.L + 1, self.L + 1), path.before + calls * call)
+            for t, ns in (("F", cn["F"]), ("B", cn["B"]), ("IW", iw)):
+                if not any(ns):
+                    continue
+                if not self.chunked:
+                    val = val + ns[0] * steps[t]
+                    continue
+                cum, xs, embed, tail = steps[t]
+                srt = sorted(ns, reverse=True)
+                small = srt[-1]
+                v_here = len(ns)
+                extra = sum((srt[i] - small) * xs[i] for i in range(min(v_here - 1, len(xs))))
+                cnt = np.minimum(self.cnt, self.L)
+                part = np.where(self.cnt >= v_here, small * cum[cnt] + extra, INF)
+                part = part + (2 if t == "IW" else 1) * call * sum(ns)
+                for k, c in enumerate(mine):
+                    if c == 0:
+                        part = part + ns[k] * embed
+                    if c == last_chunk:
+                        part = part + ns[k] * tail
+                val = val + part
+            val = val + (np.maximum(path.after, opt) if path.last else path.after)
+            best = val if best is None else np.maximum(best, val)
+        return best
+
+    def _order_term(self, h: int, j: int) -> np.ndarray:
+        """The least over the family's kinds, depths and chunk counts of :meth:`_path_value` for
+        device h alone with j groups after it: the first row (the head) at depth j + 1, the other
+        rows deeper (0 where no plan is known to exist)."""
+        key = (h, j)
+        got = self._order.get(key)
+        if got is not None:
+            return got
+        from .chunks import chunk_counts
+        rows = [np.full((self.L + 1, self.L + 1), INF), np.full((self.L + 1, self.L + 1), INF)]
+        for kind in self.kinds:
+            for p in range(max(j + 1, self.vmin if self.chunked else 1), self.N + 1):
+                q = p - 1 - j
+                vs = chunk_counts(kind, p, self.L) if self.chunked else [1]
+                for v in vs:
+                    val = self._path_value(h, kind, p, q, v)
+                    if val is not None:
+                        r = 0 if q == 0 else 1
+                        rows[r] = np.minimum(rows[r], val)
+        out = np.where(np.arange(self.L + 1)[:, None] == 0, rows[0], rows[1])
+        out = np.where(np.isfinite(out), out, 0.0)
+        self._order[key] = out
+        return out
+
     # ------------------------------------------------------------------ links
     def _xfer(self, a: int, c: int, nbytes) -> np.ndarray | float:
         pb = self.pb
@@ -450,18 +595,28 @@ class _Family:
         return out
 
     # ------------------------------------------------------------------ the programme
-    def solve(self, cap: float) -> float:
+    def solve(self, cap: float, standalone: bool = False) -> float:
         """Least bound over the family's plans at this micro-batch size (``cap`` if none is lower).
+
+        ``standalone``: the least over the plans of the largest of each device's own bound, its
+        load or what its kind's order forces on it (:meth:`_order_term`), with the links'
+        throughput. An order's bound already holds the fill before the device, so it cannot be
+        chained after the fill of the stages before it: the family's bound is the larger of the two
+        programmes' (the least of a maximum is at least the maximum of the two least).
 
         V[j][U][head] is an array over (first position of a suffix of j + 1 stages using devices U
         whose first group is ``head``: a device, or -1 for a group) x (the last stage's device, or
         a group in the last column, where a tied weight is all-reduced between the ends)."""
         N, L, b = self.N, self.L, self.b
-        self.cols = N + 1 if (self.tied and self.name != "v") else 1
+        self.cols = N + 1 if (self.tied and self.name != "v" and not standalone) else 1
         whole = (1 << N) - 1
         groups = {g: tuple(h for h in range(N) if g >> h & 1) for g in range(1, whole + 1)}
         groups = {g: hs for g, hs in groups.items() if len(hs) <= b}
         load_of = self._chunk_load if self.chunked else self._group_load
+        if standalone:
+            plain = load_of
+            load_of = lambda hs, j: np.maximum(plain(hs, j), self._order_term(hs[0], j)) if len(hs) == 1 \
+                else plain(hs, j)  # noqa: E731
         fd_of = (lambda hs: self.fdb[hs[0]] if len(hs) == 1 else np.minimum.reduce([self.fd1[h] for h in hs])) \
             if self.chunked else self._group_fd
         best = cap
@@ -489,10 +644,10 @@ class _Family:
                         if key not in links:
                             links[key] = self._link_terms(hs, None if h < 0 else h)
                         lat, thr = links[key]
-                        cand = np.maximum(lat[:, None] + arr, thr[:, None])
+                        cand = np.maximum((0.0 if standalone else lat[:, None]) + arr, thr[:, None])
                         M = cand if M is None else np.minimum(M, cand)
                     load = load_of(hs, j + 1)
-                    fd = fd_of(hs)
+                    fd = np.zeros_like(load) if standalone else fd_of(hs)
                     tot = np.maximum(load[:, :, None], fd[:, :, None] + M[None, :, :])
                     if self.cols > 1:
                         tied = self._tied(hs, U)
