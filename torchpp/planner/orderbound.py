@@ -121,6 +121,49 @@ def fill_drain(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[int, 
     return list(orders[q]), np.array([start[(q, i)] for i in range(n)]), np.array([tail[(q, i)] for i in range(n)])
 
 
+def critical_path(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[int, str, int], float], hop_s: float,
+                  own_s: Callable[[str, int], float]) -> RankPath:
+    """The longest path when position q's steps take ``own_s(type, chunk)``: a path that may leave
+    the rank and come back (a forward's round trip through the ranks after it, say), as the counts
+    of the rank's steps on it and the other ranks' seconds and hops (``before``). Any path is a
+    bound at every duration; this one is the longest at ``own_s``."""
+    orders, topo, preds, succ = _dag(kind, pl, m)
+    dur = {}
+    for pos, order in enumerate(orders):
+        for i, (k, c, _) in enumerate(order):
+            dur[(pos, i)] = own_s(_KEY[k], c) if pos == q else step_s(pos, _KEY[k], c)
+    start: dict[tuple[int, int], float] = {}
+    back: dict[tuple[int, int], tuple[tuple[int, int], float] | None] = {}
+    for pos, i in topo:
+        s, via = 0.0, None
+        if i:
+            s, via = start[(pos, i - 1)] + dur[(pos, i - 1)], ((pos, i - 1), 0.0)
+        for a, b, _ in preds[(pos, i)]:
+            x = start[(a, b)] + dur[(a, b)] + hop_s
+            if x > s:
+                s, via = x, ((a, b), hop_s)
+        start[(pos, i)] = s
+        back[(pos, i)] = via
+    node = max(topo, key=lambda n: start[n] + dur[n])
+    mine = pl.chunks[q]
+    local = {c: k for k, c in enumerate(mine)}
+    cnt = {t: [0] * len(mine) for t in TYPES}
+    const = 0.0
+    ends_mine = node == (q, len(orders[q]) - 1)
+    while node is not None:
+        k, c, _ = orders[node[0]][node[1]]
+        if node[0] == q:
+            cnt[_KEY[k]][local[c]] += 1
+        else:
+            const += dur[node]
+        via = back[node]
+        if via is None:
+            break
+        node, hop = via
+        const += hop
+    return RankPath(counts={t: tuple(v) for t, v in cnt.items()}, before=const, after=0.0, last=ends_mine)
+
+
 def rank_paths(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[int, str, int], float], hop_s: float,
                typical: Callable[[str, int], float]) -> list[RankPath]:
     """A few paths through position q's steps (module docstring), those longest when the rank's
@@ -155,4 +198,6 @@ def rank_paths(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[int, 
             continue
         counts = {t: tuple(int(cnt[a, b, cols[(t, k)]]) for k in range(len(mine))) for t in TYPES}
         out.append(RankPath(counts=counts, before=float(c1[S[a]]), after=float(c2[E[b]]), last=bool(E[b] == n - 1)))
-    return out
+    for scale in (0.5, 1.0, 2.0, 4.0):
+        out.append(critical_path(kind, pl, q, m, step_s, hop_s, lambda t, c: scale * typical(t, c)))
+    return list({repr(p): p for p in out}.values())
