@@ -96,7 +96,10 @@ def space_bound(pb: Problem, cap: float = INF) -> tuple[float, dict[str, float]]
                 fam = _Family(pb, t, ks, b, placement)
                 got = fam.solve(best)
                 if got < best:  # the order's idle per device, a bound of its own (see _Family.solve)
-                    got = max(got, fam.solve(best, standalone=True))
+                    alone = fam.solve(best, standalone=True, grouped=False)
+                    if b > 1 and alone > got:
+                        alone = min(alone, fam.solve(alone, standalone=True, grouped=True))
+                    got = max(got, alone)
                 best = min(best, got)
             fams["/".join(ks)] = best
     return min(fams.values(), default=cap), fams
@@ -419,22 +422,28 @@ class _Family:
         self.calls = [p.call.get(name, 0.0) for name in pb.hosts]
         self._paths: dict = {}
         self._order: dict = {}
-        self.steps = []
+        self.one_sample = True
+        """Price the order's other positions at one sample where the depth leaves room for a group."""
+        # "all": a step on b samples; "call" and "sample": its part per call and per sample (a
+        # device of a group runs its share of the b samples)
+        self.steps: dict[str, list[dict]] = {mode: [] for mode in ("all", "call", "sample")}
         for h, name in enumerate(pb.hosts):
             sf = min(1.0, p.backward_split_factor(name)) if self.split else 1.0
-            if self.chunked:
-                f, bw = p.table(name)
-                f0, b0 = p.fixed(name)
-                x = {"F": f0 + b * f, "B": b0 + b * bw, "IW": sf * (b0 + b * bw)}
-                lay = slice(1, L + 1)
-                self.steps.append({t: (np.concatenate([[0.0], np.cumsum(np.sort(v[lay]))]), np.sort(v[lay]),
-                                       float(v[0]), float(v[K - 1])) for t, v in x.items()})
-            else:
-                st = stage_time(p, name, self.t.span[0])
-                c = self.calls[h]
-                self.steps.append({"F": np.where(self.t.valid, st.fwd0 + c + b * st.fwd, INF),
-                                   "B": np.where(self.t.valid, st.bwd0 + c + b * st.bwd, INF),
-                                   "IW": np.where(self.t.valid, 2 * c + sf * (st.bwd0 + b * st.bwd), INF)})
+            for mode, (w0, w1, wc) in {"all": (1.0, b, 1.0), "call": (1.0, 0.0, 1.0), "sample": (0.0, 1.0, 0.0)}.items():
+                c = wc * self.calls[h]
+                if self.chunked:
+                    f, bw = p.table(name)
+                    f0, b0 = p.fixed(name)
+                    x = {"F": w0 * f0 + w1 * f, "B": w0 * b0 + w1 * bw, "IW": sf * (w0 * b0 + w1 * bw)}
+                    lay = slice(1, L + 1)
+                    self.steps[mode].append({t: (np.concatenate([[0.0], np.cumsum(np.sort(v[lay]))]), np.sort(v[lay]),
+                                                 float(v[0]), float(v[K - 1])) for t, v in x.items()})
+                else:
+                    st = stage_time(p, name, self.t.span[0])
+                    self.steps[mode].append({
+                        "F": np.where(self.t.valid, w0 * st.fwd0 + c + w1 * st.fwd, INF),
+                        "B": np.where(self.t.valid, w0 * st.bwd0 + c + w1 * st.bwd, INF),
+                        "IW": np.where(self.t.valid, 2 * c + sf * (w0 * st.bwd0 + w1 * st.bwd), INF)})
         from ..cost import Span
         self.least: dict[int, dict] = {}
         for n in sorted({1, b}):
@@ -454,12 +463,13 @@ class _Family:
 
     def _kind_paths(self, kind: str, p: int, q: int, v: int):
         """The paths :func:`.orderbound.rank_paths` keeps for position q of ``kind`` at depth p."""
-        key = (kind, p, q, v)
+        key = (kind, p, q, v, self.one_sample)
         got = self._paths.get(key)
         if got is None:
             from .chunks import placement
             from .orderbound import rank_paths
-            n = self.b if p == self.N else 1  # a position of several devices: one sample each at least
+            # a position of several devices runs one sample on one of them at least
+            n = 1 if (p < self.N and self.one_sample) else self.b
             least, hop = self.least[n], self.hop[n]
             pl = placement(kind, p, v)
             last = len(pl.position) - 1
@@ -481,9 +491,44 @@ class _Family:
             self._paths[key] = got
         return got
 
-    def _path_value(self, h: int, kind: str, p: int, q: int, v: int) -> np.ndarray | None:
-        """Seconds no plan of ``kind`` at depth p with device h alone at position q beats, over the
-        programme's cells (the largest of the kept paths through its steps; None: no such plan)."""
+    def _priced(self, h: int, counts: dict[str, tuple[int, ...]], mine: Sequence[int], last_chunk: int,
+                mode: str = "all") -> np.ndarray:
+        """Least seconds device h spends on ``counts`` of its steps (per type, per chunk ``mine[k]``)
+        over the programme's cells: a one-chunk stage's own steps; chunks priced at the cheapest
+        layers the device could hold, the chunk running most given its cheapest layer each.
+        ``mode``: steps on b samples ("all"), or their part per call or per sample."""
+        steps, call = self.steps[mode][h], (0.0 if mode == "sample" else self.calls[h])
+        iw = tuple(min(a, w) for a, w in zip(counts["I"], counts["W"]))
+        calls = sum(counts["I"]) + sum(counts["W"]) - 2 * sum(iw)
+        val = np.full((self.L + 1, self.L + 1), calls * call)
+        for t, ns in (("F", counts["F"]), ("B", counts["B"]), ("IW", iw)):
+            if not any(ns):
+                continue
+            if not self.chunked:
+                val = val + ns[0] * steps[t]
+                continue
+            cum, xs, embed, tail = steps[t]
+            srt = sorted(ns, reverse=True)
+            small = srt[-1]
+            v_here = len(ns)
+            extra = sum((srt[i] - small) * xs[i] for i in range(min(v_here - 1, len(xs))))
+            cnt = np.minimum(self.cnt, self.L)
+            part = np.where(self.cnt >= v_here, small * cum[cnt] + extra, INF)
+            part = part + (2 if t == "IW" else 1) * call * sum(ns)
+            for k, c in enumerate(mine):
+                if c == 0:
+                    part = part + ns[k] * embed
+                if c == last_chunk:
+                    part = part + ns[k] * tail
+            val = val + part
+        return val
+
+    def _path_value(self, g: tuple[int, ...], kind: str, p: int, q: int, v: int) -> np.ndarray | None:
+        """Seconds no plan of ``kind`` at depth p with the devices g at position q beats, over the
+        programme's cells (the largest of the kept paths through its steps; None: no such plan).
+        A group's devices each run the position's order on their share of the b samples: a path
+        through one of them is at least the least per-call part of its steps plus the shares'
+        least largest per-sample part (every device runs at least one sample)."""
         paths = self._kind_paths(kind, p, q, v)
         if paths is None:
             return None
@@ -491,43 +536,25 @@ class _Family:
         pl = placement(kind, p, v)
         mine = pl.chunks[q]
         last_chunk = len(pl.position) - 1
-        steps, call = self.steps[h], self.calls[h]
-        opt = self.opt[h] * self.weights
+        opt = min(self.opt[h] for h in g) * self.weights
+        no_cap = np.full((len(g), self.L + 1, self.L + 1), INF)
         best = None
         for path in paths:
-            cn = path.counts
-            iw = tuple(min(a, w) for a, w in zip(cn["I"], cn["W"]))
-            calls = sum(cn["I"]) + sum(cn["W"]) - 2 * sum(iw)
-            val = np.full((self.L + 1, self.L + 1), path.before + calls * call)
-            for t, ns in (("F", cn["F"]), ("B", cn["B"]), ("IW", iw)):
-                if not any(ns):
-                    continue
-                if not self.chunked:
-                    val = val + ns[0] * steps[t]
-                    continue
-                cum, xs, embed, tail = steps[t]
-                srt = sorted(ns, reverse=True)
-                small = srt[-1]
-                v_here = len(ns)
-                extra = sum((srt[i] - small) * xs[i] for i in range(min(v_here - 1, len(xs))))
-                cnt = np.minimum(self.cnt, self.L)
-                part = np.where(self.cnt >= v_here, small * cum[cnt] + extra, INF)
-                part = part + (2 if t == "IW" else 1) * call * sum(ns)
-                for k, c in enumerate(mine):
-                    if c == 0:
-                        part = part + ns[k] * embed
-                    if c == last_chunk:
-                        part = part + ns[k] * tail
-                val = val + part
+            if len(g) == 1:
+                val = path.before + self._priced(g[0], path.counts, mine, last_chunk)
+            else:
+                per_call = np.minimum.reduce([self._priced(h, path.counts, mine, last_chunk, "call") for h in g])
+                per = np.stack([self._priced(h, path.counts, mine, last_chunk, "sample") for h in g])
+                val = path.before + per_call + waterfill(self.b, per, no_cap)
             val = val + (np.maximum(path.after, opt) if path.last else path.after)
             best = val if best is None else np.maximum(best, val)
         return best
 
-    def _order_term(self, h: int, j: int) -> np.ndarray:
+    def _order_term(self, g: tuple[int, ...], j: int) -> np.ndarray:
         """The least over the family's kinds, depths and chunk counts of :meth:`_path_value` for
-        device h alone with j groups after it: the first row (the head) at depth j + 1, the other
+        the devices g with j groups after them: the first row (the head) at depth j + 1, the other
         rows deeper (0 where no plan is known to exist)."""
-        key = (h, j)
+        key = (g, j, self.one_sample)
         got = self._order.get(key)
         if got is not None:
             return got
@@ -538,7 +565,9 @@ class _Family:
                 q = p - 1 - j
                 vs = chunk_counts(kind, p, self.L) if self.chunked else [1]
                 for v in vs:
-                    val = self._path_value(h, kind, p, q, v)
+                    if len(g) > 1 and p == self.N:
+                        continue  # N positions of N devices: one device each
+                    val = self._path_value(g, kind, p, q, v)
                     if val is not None:
                         r = 0 if q == 0 else 1
                         rows[r] = np.minimum(rows[r], val)
@@ -595,7 +624,7 @@ class _Family:
         return out
 
     # ------------------------------------------------------------------ the programme
-    def solve(self, cap: float, standalone: bool = False) -> float:
+    def solve(self, cap: float, standalone: bool = False, grouped: bool | None = None) -> float:
         """Least bound over the family's plans at this micro-batch size (``cap`` if none is lower).
 
         ``standalone``: the least over the plans of the largest of each device's own bound, its
@@ -603,67 +632,75 @@ class _Family:
         throughput. An order's bound already holds the fill before the device, so it cannot be
         chained after the fill of the stages before it: the family's bound is the larger of the two
         programmes' (the least of a maximum is at least the maximum of the two least).
+        ``grouped``: only the plans with a group of several devices (True: the order's other
+        positions priced at one sample), or with none (False: at b samples).
 
-        V[j][U][head] is an array over (first position of a suffix of j + 1 stages using devices U
-        whose first group is ``head``: a device, or -1 for a group) x (the last stage's device, or
-        a group in the last column, where a tied weight is all-reduced between the ends)."""
+        V[j][U][(head, grouped)] is an array over (first position of a suffix of j + 1 stages using
+        devices U whose first group is ``head``: a device, or -1 for a group; whether the suffix has
+        a group) x (the last stage's device, or a group in the last column, where a tied weight is
+        all-reduced between the ends)."""
         N, L, b = self.N, self.L, self.b
         self.cols = N + 1 if (self.tied and self.name != "v" and not standalone) else 1
+        self.one_sample = grouped is not False
         whole = (1 << N) - 1
         groups = {g: tuple(h for h in range(N) if g >> h & 1) for g in range(1, whole + 1)}
-        groups = {g: hs for g, hs in groups.items() if len(hs) <= b}
+        groups = {g: hs for g, hs in groups.items() if len(hs) <= (1 if grouped is False else b)}
         load_of = self._chunk_load if self.chunked else self._group_load
         if standalone:
             plain = load_of
-            load_of = lambda hs, j: np.maximum(plain(hs, j), self._order_term(hs[0], j)) if len(hs) == 1 \
-                else plain(hs, j)  # noqa: E731
+            load_of = lambda hs, j: np.maximum(plain(hs, j), self._order_term(hs, j))  # noqa: E731
         fd_of = (lambda hs: self.fdb[hs[0]] if len(hs) == 1 else np.minimum.reduce([self.fd1[h] for h in hs])) \
             if self.chunked else self._group_fd
+        counts = (lambda fl: fl) if grouped else (lambda fl: True)  # noqa: E731  a whole plan that counts
         best = cap
-        V: list[dict[int, dict[int, np.ndarray]]] = [dict() for _ in range(N)]
+        V: list[dict[int, dict[tuple[int, bool], np.ndarray]]] = [dict() for _ in range(N)]
         links: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         for g, hs in groups.items():
             last = load_of(hs, 0)[:, L].copy()
-            if not self.chunked:  # one stage: the whole model on one group
+            fl = len(hs) > 1
+            if not self.chunked and counts(fl):  # one stage: the whole model on one group
                 best = min(best, float(last[0]))
             last[last >= best] = INF
             last[0] = INF
             if np.isfinite(last).any():
                 arr = np.full((L + 1, self.cols), INF)
                 arr[:, (hs[0] if len(hs) == 1 else N) if self.cols > 1 else 0] = last
-                V[0].setdefault(g, {})[hs[0] if len(hs) == 1 else -1] = arr
+                V[0].setdefault(g, {})[(hs[0] if len(hs) == 1 else -1, fl)] = arr
         for j in range(N - 1):
             for U, heads in V[j].items():
                 for g in _subsets(whole & ~U):
                     hs = groups.get(g)
                     if hs is None:
                         continue
-                    M = None
-                    for h, arr in heads.items():
+                    Ms: dict[bool, np.ndarray] = {}
+                    for (h, fl), arr in heads.items():
                         key = (g, h)
                         if key not in links:
                             links[key] = self._link_terms(hs, None if h < 0 else h)
                         lat, thr = links[key]
                         cand = np.maximum((0.0 if standalone else lat[:, None]) + arr, thr[:, None])
-                        M = cand if M is None else np.minimum(M, cand)
+                        fl = fl or len(hs) > 1
+                        Ms[fl] = np.minimum(Ms[fl], cand) if fl in Ms else cand
                     load = load_of(hs, j + 1)
                     fd = np.zeros_like(load) if standalone else fd_of(hs)
-                    tot = np.maximum(load[:, :, None], fd[:, :, None] + M[None, :, :])
-                    if self.cols > 1:
-                        tied = self._tied(hs, U)
-                        # the head stage all-reduces the tied weight after its own work; without a
-                        # split backward every stage's gradient reaches it first (its drain)
-                        head = np.maximum(load[0][:, None] + tied[None, :], tot[0])
-                        if not self.split:
-                            head = np.maximum(head, fd[0][:, None] + M + tied[None, :])
-                        tot[0] = head
-                    new = tot.min(axis=1)
-                    best = min(best, float(new[0].min()))
-                    new[new >= best] = INF
-                    new[0] = INF  # a suffix starting at layer 0 is a whole plan: counted above
-                    if not np.isfinite(new).any():
-                        continue
-                    slot = V[j + 1].setdefault(U | g, {})
-                    key = hs[0] if len(hs) == 1 else -1
-                    slot[key] = np.minimum(slot[key], new) if key in slot else new
+                    for fl, M in Ms.items():
+                        tot = np.maximum(load[:, :, None], fd[:, :, None] + M[None, :, :])
+                        if self.cols > 1:
+                            tied = self._tied(hs, U)
+                            # the head stage all-reduces the tied weight after its own work; without a
+                            # split backward every stage's gradient reaches it first (its drain)
+                            head = np.maximum(load[0][:, None] + tied[None, :], tot[0])
+                            if not self.split:
+                                head = np.maximum(head, fd[0][:, None] + M + tied[None, :])
+                            tot[0] = head
+                        new = tot.min(axis=1)
+                        if counts(fl):
+                            best = min(best, float(new[0].min()))
+                        new[new >= best] = INF
+                        new[0] = INF  # a suffix starting at layer 0 is a whole plan: counted above
+                        if not np.isfinite(new).any():
+                            continue
+                        slot = V[j + 1].setdefault(U | g, {})
+                        key = (hs[0] if len(hs) == 1 else -1, fl)
+                        slot[key] = np.minimum(slot[key], new) if key in slot else new
         return best
