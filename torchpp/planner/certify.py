@@ -23,6 +23,16 @@ them as its cheapest that many layers (a relaxation, so still a bound), with one
 each chunk's activations held at once (every placement holds that much at some point).
 States whose value already reaches the plan's step are dropped (they cannot lower the bound).
 
+A second programme over the same space bounds each plan by the largest of its positions' own
+bounds, none chained after the others' fill: a position's load, and what its kind's order forces
+on it (``planner/orderbound.py``): the order's steps at every position, the position's own steps
+priced from its cell and every other position's at the least one chunk of its class can take
+anywhere, the hops at the fastest link; a longest path then holds the fill before the position's
+steps, the idle between them (a V's round trip, the input gradients of a split backward coming
+back) and the drain after. It is run once over the plans without a group of several devices
+(every other position on ``b`` samples) and once over those with one (one sample: a group shares
+``b``); a family's bound is the larger of the two programmes' (each is a bound on every plan).
+
 With at most :data:`MAX_DEVICES` devices the programme's ``3^N`` (device set, group) pairs stay small.
 """
 from __future__ import annotations
@@ -33,10 +43,12 @@ from typing import Sequence
 
 import numpy as np
 
-from ..cost import stage_time
+from ..cost import Span, stage_time
 from ..cost.actions import optimizer_rate
 from ..schedules import REGISTRY, peak_states, schedule_kinds
 from .allocate import waterfill
+from .chunks import chunk_counts, placement
+from .orderbound import rank_paths
 from .tables import Tables
 from .types import INF, Problem, micro_batch_sizes
 
@@ -77,7 +89,8 @@ def certify(pb: Problem, step_s: float) -> Certificate:
     bound, fams = space_bound(pb, cap=step_s)
     return Certificate(bound_s=min(bound, step_s), step_s=step_s, time_s=time.perf_counter() - t0, families=fams,
                        method="exact DP over splits, device groups and micro-batch sizes of a per-plan lower bound "
-                              "(compute, forced recomputation, fill/drain, links, all-reduces)")
+                              "(compute, forced recomputation, fill/drain, links, all-reduces; each position's "
+                              "fill, idle and drain read off its kind's order)")
 
 
 def space_bound(pb: Problem, cap: float = INF) -> tuple[float, dict[str, float]]:
@@ -444,7 +457,6 @@ class _Family:
                         "F": np.where(self.t.valid, w0 * st.fwd0 + c + w1 * st.fwd, INF),
                         "B": np.where(self.t.valid, w0 * st.bwd0 + c + w1 * st.bwd, INF),
                         "IW": np.where(self.t.valid, 2 * c + sf * (w0 * st.bwd0 + w1 * st.bwd), INF)})
-        from ..cost import Span
         self.least: dict[int, dict] = {}
         for n in sorted({1, b}):
             least = {}
@@ -466,8 +478,6 @@ class _Family:
         key = (kind, p, q, v, self.one_sample)
         got = self._paths.get(key)
         if got is None:
-            from .chunks import placement
-            from .orderbound import rank_paths
             # a position of several devices runs one sample on one of them at least
             n = 1 if (p < self.N and self.one_sample) else self.b
             least, hop = self.least[n], self.hop[n]
@@ -532,7 +542,6 @@ class _Family:
         paths = self._kind_paths(kind, p, q, v)
         if paths is None:
             return None
-        from .chunks import placement
         pl = placement(kind, p, v)
         mine = pl.chunks[q]
         last_chunk = len(pl.position) - 1
@@ -558,7 +567,6 @@ class _Family:
         got = self._order.get(key)
         if got is not None:
             return got
-        from .chunks import chunk_counts
         rows = [np.full((self.L + 1, self.L + 1), INF), np.full((self.L + 1, self.L + 1), INF)]
         for kind in self.kinds:
             for p in range(max(j + 1, self.vmin if self.chunked else 1), self.N + 1):

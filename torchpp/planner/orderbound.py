@@ -17,7 +17,9 @@ steps run one after another). :func:`rank_paths` returns a few such ``(i, j)`` p
 the rank's steps of each type and chunk plus the constant ``C1[i] + C2[j]``; the certificate
 prices the counts with the cheapest layers the rank could hold. Any set of pairs is a valid
 bound; the pairs kept are those largest for chunk costs of a few sizes (the only pairs that can
-matter are those where ``C1`` rises at ``i`` and ``C2`` falls after ``j``).
+matter are those where ``C1`` rises at ``i`` and ``C2`` falls after ``j``), with the longest paths
+at a few sizes of the rank's own steps (:func:`critical_path`: those may leave the rank and come
+back, a V's round trip to the ranks after it).
 """
 from __future__ import annotations
 
@@ -164,50 +166,11 @@ def critical_path(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[in
     return RankPath(counts={t: tuple(v) for t, v in cnt.items()}, before=const, after=0.0, last=ends_mine)
 
 
-@dataclass(frozen=True)
-class TemplatePath:
-    """A path through every rank's steps: the counts of each position's steps of each type and
-    chunk on it, and its hops. For any plan of the kind at that depth, its steps priced at the
-    plan's own durations plus the hops at the fastest link is a bound on the plan's step."""
-
-    counts: tuple[dict[str, tuple[int, ...]], ...]
-    hops: int
-
-
-def longest_path(kind: str, pl: Placement, m: int, dur_s: Callable[[int, str, int], float],
-                 hop_s: float) -> TemplatePath:
-    """The longest path through the kind's steps at depth ``pl.p`` when position ``pos``'s step
-    of a type and chunk takes ``dur_s(pos, type, chunk)`` and each cross-rank edge ``hop_s``."""
-    orders, topo, preds, succ = _dag(kind, pl, m)
-    dur = {(pos, i): dur_s(pos, _KEY[k], c) for pos, order in enumerate(orders) for i, (k, c, _) in enumerate(order)}
-    start: dict[tuple[int, int], float] = {}
-    back: dict[tuple[int, int], tuple[int, int] | None] = {}
-    for pos, i in topo:
-        s, via = (start[(pos, i - 1)] + dur[(pos, i - 1)], (pos, i - 1)) if i else (0.0, None)
-        for a, b, _ in preds[(pos, i)]:
-            x = start[(a, b)] + dur[(a, b)] + hop_s
-            if x > s:
-                s, via = x, (a, b)
-        start[(pos, i)] = s
-        back[(pos, i)] = via
-    node = max(topo, key=lambda n: start[n] + dur[n])
-    local = [{c: k for k, c in enumerate(ch)} for ch in pl.chunks]
-    cnt = [{t: [0] * len(ch) for t in TYPES} for ch in pl.chunks]
-    hops = 0
-    while node is not None:
-        k, c, _ = orders[node[0]][node[1]]
-        cnt[node[0]][_KEY[k]][local[node[0]][c]] += 1
-        via = back[node]
-        if via is not None and via[0] != node[0]:
-            hops += 1
-        node = via
-    return TemplatePath(counts=tuple({t: tuple(v) for t, v in c.items()} for c in cnt), hops=hops)
-
-
 def rank_paths(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[int, str, int], float], hop_s: float,
                typical: Callable[[str, int], float]) -> list[RankPath]:
     """A few paths through position q's steps (module docstring), those longest when the rank's
-    step of each type and chunk costs ``typical(type, chunk)`` times 1/4 .. 4."""
+    step of each type and chunk costs ``typical(type, chunk)`` times 1/4 .. 4, and the longest
+    paths through every rank's steps at 1/2 .. 4 times it."""
     order, c1, c2 = fill_drain(kind, pl, q, m, step_s, hop_s)
     n = len(order)
     if not n:
