@@ -473,32 +473,44 @@ class _Family:
         self.hop = {n: min((self._xfer(a, c, n * out_min) for a in range(self.N) for c in range(self.N) if a != c),
                            default=0.0) for n in sorted({1, b})}
 
-    def _kind_paths(self, kind: str, p: int, q: int, v: int):
-        """The paths :func:`.orderbound.rank_paths` keeps for position q of ``kind`` at depth p."""
+    def _kind_paths(self, kind: str, p: int, q: int, v: int) -> list[list] | None:
+        """Paths :func:`.orderbound.rank_paths` keeps for position q of ``kind`` at depth p, one list
+        per way the other positions could be shared: a plan is bounded by the largest path of at
+        least one list. Where a group may sit at the depth, its devices run one sample at least:
+        with one device to spare one position may be a group (each choice a list), with more any."""
         key = (kind, p, q, v, self.one_sample)
-        got = self._paths.get(key)
-        if got is None:
-            # a position of several devices runs one sample on one of them at least
-            n = 1 if (p < self.N and self.one_sample) else self.b
-            least, hop = self.least[n], self.hop[n]
-            pl = placement(kind, p, v)
-            last = len(pl.position) - 1
-            L = self.L
+        if key in self._paths:
+            return self._paths[key]
+        pl = placement(kind, p, v)
+        last = len(pl.position) - 1
+        L, b = self.L, self.b
+        spare = self.N - p if self.one_sample else 0
+        if spare == 0 or b == 1:
+            cheap = [set()]
+        elif spare == 1:
+            cheap = [{k} for k in range(p)]  # k == q: every other position alone on b samples
+        else:
+            cheap = [set(range(p))]
 
-            def step_s(pos: int, t: str, c: int) -> float:
-                got = least.get(((c == 0, c == last), t))
-                if got is None:  # no one-layer chunk of that class (few layers): the least of any
-                    got = min(vv for (kk, tt), vv in least.items() if tt == t)
-                return got
+        def least_of(n: int, t: str, c: int) -> float:
+            got = self.least[n].get(((c == 0, c == last), t))
+            if got is None:  # no one-layer chunk of that class (few layers): the least of any
+                got = min(vv for (kk, tt), vv in self.least[n].items() if tt == t)
+            return got
 
-            def typical(t: str, c: int) -> float:
-                return least.get(((False, False), t), least.get(((True, False), t), 1.0)) * max(1.0, L / (p * v))
+        def typical(t: str, c: int) -> float:
+            return least_of(b, t, c) * max(1.0, L / (p * v))
 
+        got: list[list] | None = []
+        for few in cheap:
             try:
-                got = rank_paths(kind, pl, q, self.m, step_s, hop, typical)
+                got.append(rank_paths(kind, pl, q, self.m,
+                                      lambda pos, t, c: least_of(1 if pos in few else b, t, c),
+                                      lambda x, y: self.hop[1 if (x in few or y in few) else b], typical))
             except (ValueError, RuntimeError):
                 got = None
-            self._paths[key] = got
+                break
+        self._paths[key] = got
         return got
 
     def _priced(self, h: int, counts: dict[str, tuple[int, ...]], mine: Sequence[int], last_chunk: int,
@@ -547,17 +559,27 @@ class _Family:
         last_chunk = len(pl.position) - 1
         opt = min(self.opt[h] for h in g) * self.weights
         no_cap = np.full((len(g), self.L + 1, self.L + 1), INF)
-        best = None
-        for path in paths:
-            if len(g) == 1:
-                val = path.before + self._priced(g[0], path.counts, mine, last_chunk)
-            else:
-                per_call = np.minimum.reduce([self._priced(h, path.counts, mine, last_chunk, "call") for h in g])
-                per = np.stack([self._priced(h, path.counts, mine, last_chunk, "sample") for h in g])
-                val = path.before + per_call + waterfill(self.b, per, no_cap)
-            val = val + (np.maximum(path.after, opt) if path.last else path.after)
-            best = val if best is None else np.maximum(best, val)
-        return best
+        priced: dict = {}
+        out = None
+        for alt in paths:
+            best = None
+            for path in alt:
+                key = repr(path.counts)
+                if key not in priced:
+                    if len(g) == 1:
+                        priced[key] = self._priced(g[0], path.counts, mine, last_chunk)
+                    else:
+                        per_call = np.minimum.reduce([self._priced(h, path.counts, mine, last_chunk, "call")
+                                                      for h in g])
+                        per = np.stack([self._priced(h, path.counts, mine, last_chunk, "sample") for h in g])
+                        priced[key] = per_call + waterfill(self.b, per, no_cap)
+                val = path.before + priced[key]
+                val = val + (np.maximum(path.after, opt) if path.last else path.after)
+                best = val if best is None else np.maximum(best, val)
+            if best is None:  # no step to bound it: nothing known of that way
+                best = np.zeros((self.L + 1, self.L + 1))
+            out = best if out is None else np.minimum(out, best)
+        return out
 
     def _order_term(self, g: tuple[int, ...], j: int) -> np.ndarray:
         """The least over the family's kinds, depths and chunk counts of :meth:`_path_value` for

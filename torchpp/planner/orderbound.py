@@ -97,7 +97,7 @@ def _dag(kind: str, pl: Placement, m: int) -> tuple:
 
 
 def fill_drain(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[int, str, int], float],
-               hop_s: float) -> tuple[list, np.ndarray, np.ndarray]:
+               hop_s: Callable[[int, int], float]) -> tuple[list, np.ndarray, np.ndarray]:
     """(position q's order, ``C1``, ``C2``) with every other position's step priced by
     ``step_s(position, type, chunk)`` and position q's steps free."""
     orders, topo, preds, succ = _dag(kind, pl, m)
@@ -109,7 +109,7 @@ def fill_drain(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[int, 
     for pos, i in topo:
         s = start[(pos, i - 1)] + dur[(pos, i - 1)] if i else 0.0
         for a, b, _ in preds[(pos, i)]:
-            s = max(s, start[(a, b)] + dur[(a, b)] + hop_s)
+            s = max(s, start[(a, b)] + dur[(a, b)] + hop_s(a, pos))
         start[(pos, i)] = s
     tail: dict[tuple[int, int], float] = {}
     for pos, i in reversed(topo):
@@ -117,13 +117,14 @@ def fill_drain(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[int, 
         if i + 1 < len(orders[pos]):
             t = dur[(pos, i + 1)] + tail[(pos, i + 1)]
         for a, b in succ[(pos, i)]:
-            t = max(t, hop_s + dur[(a, b)] + tail[(a, b)])
+            t = max(t, hop_s(pos, a) + dur[(a, b)] + tail[(a, b)])
         tail[(pos, i)] = t
     n = len(orders[q])
     return list(orders[q]), np.array([start[(q, i)] for i in range(n)]), np.array([tail[(q, i)] for i in range(n)])
 
 
-def critical_path(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[int, str, int], float], hop_s: float,
+def critical_path(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[int, str, int], float],
+                  hop_s: Callable[[int, int], float],
                   own_s: Callable[[str, int], float]) -> RankPath:
     """The longest path when position q's steps take ``own_s(type, chunk)``: a path that may leave
     the rank and come back (a forward's round trip through the ranks after it, say), as the counts
@@ -141,9 +142,9 @@ def critical_path(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[in
         if i:
             s, via = start[(pos, i - 1)] + dur[(pos, i - 1)], ((pos, i - 1), 0.0)
         for a, b, _ in preds[(pos, i)]:
-            x = start[(a, b)] + dur[(a, b)] + hop_s
+            x = start[(a, b)] + dur[(a, b)] + hop_s(a, pos)
             if x > s:
-                s, via = x, ((a, b), hop_s)
+                s, via = x, ((a, b), hop_s(a, pos))
         start[(pos, i)] = s
         back[(pos, i)] = via
     node = max(topo, key=lambda n: start[n] + dur[n])
@@ -166,7 +167,8 @@ def critical_path(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[in
     return RankPath(counts={t: tuple(v) for t, v in cnt.items()}, before=const, after=0.0, last=ends_mine)
 
 
-def rank_paths(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[int, str, int], float], hop_s: float,
+def rank_paths(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[int, str, int], float],
+               hop_s: Callable[[int, int], float],
                typical: Callable[[str, int], float]) -> list[RankPath]:
     """A few paths through position q's steps (module docstring), those longest when the rank's
     step of each type and chunk costs ``typical(type, chunk)`` times 1/4 .. 4, and the longest
