@@ -435,6 +435,7 @@ class _Family:
         self.calls = [p.call.get(name, 0.0) for name in pb.hosts]
         self._paths: dict = {}
         self._order: dict = {}
+        self._priced_of: dict = {}
         self.one_sample = True
         """Price the order's other positions at one sample where the depth leaves room for a group."""
         # "all": a step on b samples; "call" and "sample": its part per call and per sample (a
@@ -518,7 +519,16 @@ class _Family:
         """Least seconds device h spends on ``counts`` of its steps (per type, per chunk ``mine[k]``)
         over the programme's cells: a one-chunk stage's own steps; chunks priced at the cheapest
         layers the device could hold, the chunk running most given its cheapest layer each.
-        ``mode``: steps on b samples ("all"), or their part per call or per sample."""
+        ``mode``: steps on b samples ("all"), or their part per call or per sample (kept: every
+        group holding the device and every depth asks again)."""
+        key = (h, mode, tuple(counts[t] for t in ("F", "B", "I", "W")), tuple(mine), last_chunk)
+        got = self._priced_of.get(key)
+        if got is None:
+            got = self._priced_of[key] = self._price_steps(h, counts, mine, last_chunk, mode)
+        return got
+
+    def _price_steps(self, h: int, counts: dict[str, tuple[int, ...]], mine: Sequence[int], last_chunk: int,
+                     mode: str) -> np.ndarray:
         steps, call = self.steps[mode][h], (0.0 if mode == "sample" else self.calls[h])
         iw = tuple(min(a, w) for a, w in zip(counts["I"], counts["W"]))
         calls = sum(counts["I"]) + sum(counts["W"]) - 2 * sum(iw)
@@ -558,7 +568,6 @@ class _Family:
         mine = pl.chunks[q]
         last_chunk = len(pl.position) - 1
         opt = min(self.opt[h] for h in g) * self.weights
-        no_cap = np.full((len(g), self.L + 1, self.L + 1), INF)
         priced: dict = {}
         out = None
         for alt in paths:
@@ -571,8 +580,10 @@ class _Family:
                     else:
                         per_call = np.minimum.reduce([self._priced(h, path.counts, mine, last_chunk, "call")
                                                       for h in g])
-                        per = np.stack([self._priced(h, path.counts, mine, last_chunk, "sample") for h in g])
-                        priced[key] = per_call + waterfill(self.b, per, no_cap)
+                        # the shares' least largest time, b / Σ 1/per (water-filling without caps)
+                        with np.errstate(divide="ignore"):
+                            inv = sum(1.0 / self._priced(h, path.counts, mine, last_chunk, "sample") for h in g)
+                        priced[key] = per_call + np.where(inv > 0, self.b / np.where(inv > 0, inv, 1.0), INF)
                 val = path.before + priced[key]
                 val = val + (np.maximum(path.after, opt) if path.last else path.after)
                 best = val if best is None else np.maximum(best, val)
