@@ -40,8 +40,8 @@ _KEY = {Kind.FORWARD: "F", Kind.BACKWARD: "B", Kind.BACKWARD_INPUT: "I", Kind.BA
 class RankPath:
     """A path through one rank's steps ``i..j``: how many steps of each type each of its chunks
     runs on it (``counts[type][k]``, k indexing the rank's chunks in pipeline order), the seconds
-    before and after that no plan avoids (``const``), and whether it ends with the rank's last
-    step (its optimizer step follows, alongside ``after``)."""
+    before and after them that no plan avoids, and whether it ends with the rank's last step (its
+    optimizer step follows, alongside ``after``)."""
 
     counts: dict[str, tuple[int, ...]]
     before: float
