@@ -94,17 +94,25 @@ def certify(pb: Problem, step_s: float) -> Certificate:
 
 
 def space_bound(pb: Problem, cap: float = INF) -> tuple[float, dict[str, float]]:
-    """The least lower bound over the space, each family's (values at or above ``cap`` read as ``cap``)."""
+    """The least lower bound over the space, each family's (values at or above the least found so far
+    read as that: a family that cannot lower the bound is not solved further).
+
+    The space's bound is the least over (family, micro-batch size) of the larger of two programmes'
+    values. Every pair is solved with the least value found so far as its cap (its states at or
+    above it are dropped), the second, dearer programme only where the first leaves it below that:
+    the same least as solving every pair in full. The chunked families come first, whose bound is
+    usually the lowest, so the one-chunk families' programmes run under a tight cap."""
     pb.profiles.ensure(pb.hosts)
     kinds = schedule_kinds(pb.schedule)
     t = Tables(pb)
     fams: dict[str, float] = {}
-    for placement in ("single", "interleaved", "v"):
-        for split in (False, True):
+    best = cap
+    for placement in ("v", "interleaved", "single"):
+        for split in (True, False):
             ks = [k for k in kinds if REGISTRY[k].placement == placement and REGISTRY[k].split_backward == split]
             if not ks:
                 continue
-            best = cap
+            mine = best
             for b in micro_batch_sizes(pb):
                 fam = _Family(pb, t, ks, b, placement)
                 got = fam.solve(best)
@@ -113,8 +121,9 @@ def space_bound(pb: Problem, cap: float = INF) -> tuple[float, dict[str, float]]
                     if b > 1 and alone > got:
                         alone = min(alone, fam.solve(alone, standalone=True, grouped=True))
                     got = max(got, alone)
+                mine = min(mine, got)
                 best = min(best, got)
-            fams["/".join(ks)] = best
+            fams["/".join(ks)] = mine
     return min(fams.values(), default=cap), fams
 
 
