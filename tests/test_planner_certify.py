@@ -124,3 +124,76 @@ def test_plan_certify_writes_the_certificate(tmp_path):
     assert json.loads((tmp_path / "plan_meta.json").read_text())["certificate"]["method"]
     plain = api.plan(costs, api.PlanOptions(global_batch=4))
     assert "certificate" not in plain.meta
+
+
+def _order_cases(pb: Problem):
+    """Every plan of every kind of ``pb`` (as :func:`every_plan`) with its priced step, kind, micro-batch
+    size, groups and layer cuts."""
+    t = Tables(pb)
+    N, L = len(pb.hosts), t.L
+    for b in [x for x in range(1, pb.global_batch + 1) if pb.global_batch % x == 0]:
+        for groups in group_sequences(N, b):
+            S = len(groups)
+            order = [d for g in groups for d in g]
+            spans = list(itertools.accumulate([0] + [len(g) for g in groups]))
+            for kind in ONE_CHUNK:
+                for cuts in itertools.combinations(range(1, L), S - 1):
+                    bd = (0, *cuts, L)
+                    stages = [StageChoice(cut=(bd[i], bd[i + 1]), hosts=(spans[i], spans[i + 1]), recompute_all=False,
+                                          cost=0.0) for i in range(S)]
+                    try:
+                        plan = build_plan(replace(pb, schedule=kind), t, order, stages, b, "brute")
+                        step = price(plan, pb.profiles, pb.links)[0] if plan is not None else None
+                    except (ValueError, ScheduleError):
+                        continue
+                    if step is not None:
+                        yield kind, b, groups, 1, bd, step
+            for kind in MULTI_CHUNK:
+                for v in chunk_counts(kind, S, L):
+                    for cuts in itertools.combinations(range(1, L), S * v - 1):
+                        bd = (0, *cuts, L)
+                        plan = build_chunk_plan(pb, t, ChunkLayout(kind=kind, v=v, b=b, groups=groups, bounds=bd))
+                        if plan is None:
+                            continue
+                        try:
+                            step = price(plan, pb.profiles, pb.links)[0]
+                        except (ValueError, ScheduleError):
+                            continue
+                        yield kind, b, groups, v, bd, step
+
+
+@pytest.mark.parametrize("seed", [1, 2, 4])
+def test_order_bound_is_below_every_plan(seed):
+    """The order's bound on one position (its fill, its steps between, its drain: planner/orderbound.py;
+    a group's devices on their shares of the samples) is at most the priced step of every plan of every
+    kind, at every position of the plan: brute force over small instances, plan by plan."""
+    from torchpp.formats import placement_of
+    from torchpp.planner.certify import _Family
+    from torchpp.schedules import REGISTRY
+
+    checked = 0
+    for pb, _ in small_instances(3, seed):
+        t = Tables(pb)
+        fams: dict = {}
+        for kind, b, groups, v, bd, step in _order_cases(pb):
+            spec = REGISTRY[kind]
+            key = (kind, b)
+            if key not in fams:
+                fams[key] = _Family(pb, t, [kind], b, spec.placement)
+            fam = fams[key]
+            S = len(groups)
+            pl = placement_of(kind, S * v, v) if spec.placement != "single" else None
+            # without a group every other position runs b samples, whatever the depth
+            for fam.one_sample in {True, not all(len(g) == 1 for g in groups)}:
+                for q, g in enumerate(groups):
+                    val = fam._path_value(tuple(g), kind, S, q, v)
+                    if val is None:
+                        continue
+                    if pl is None:
+                        cell = (bd[q], bd[q + 1])
+                    else:
+                        count = sum(bd[c + 1] - bd[c] for c in pl.chunks[q])
+                        cell = (0, count) if q == 0 else (1, 1 + count)
+                    assert val[cell] <= step * (1 + 1e-9), (kind, b, groups, bd, q, float(val[cell]), step)
+                    checked += 1
+    assert checked > 50

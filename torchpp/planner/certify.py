@@ -23,6 +23,16 @@ them as its cheapest that many layers (a relaxation, so still a bound), with one
 each chunk's activations held at once (every placement holds that much at some point).
 States whose value already reaches the plan's step are dropped (they cannot lower the bound).
 
+A second programme over the same space bounds each plan by the largest of its positions' own
+bounds, none chained after the others' fill: a position's load, and what its kind's order forces
+on it (``planner/orderbound.py``): the order's steps at every position, the position's own steps
+priced from its cell and every other position's at the least one chunk of its class can take
+anywhere, the hops at the fastest link; a longest path then holds the fill before the position's
+steps, the idle between them (a V's round trip, the input gradients of a split backward coming
+back) and the drain after. It is run once over the plans without a group of several devices
+(every other position on ``b`` samples) and once over those with one (one sample: a group shares
+``b``); a family's bound is the larger of the two programmes' (each is a bound on every plan).
+
 With at most :data:`MAX_DEVICES` devices the programme's ``3^N`` (device set, group) pairs stay small.
 """
 from __future__ import annotations
@@ -33,10 +43,12 @@ from typing import Sequence
 
 import numpy as np
 
-from ..cost import stage_time
+from ..cost import Span, stage_time
 from ..cost.actions import optimizer_rate
 from ..schedules import REGISTRY, peak_states, schedule_kinds
 from .allocate import waterfill
+from .chunks import chunk_counts, placement
+from .orderbound import rank_paths
 from .tables import Tables
 from .types import INF, Problem, micro_batch_sizes
 
@@ -77,24 +89,41 @@ def certify(pb: Problem, step_s: float) -> Certificate:
     bound, fams = space_bound(pb, cap=step_s)
     return Certificate(bound_s=min(bound, step_s), step_s=step_s, time_s=time.perf_counter() - t0, families=fams,
                        method="exact DP over splits, device groups and micro-batch sizes of a per-plan lower bound "
-                              "(compute, forced recomputation, fill/drain, links, all-reduces)")
+                              "(compute, forced recomputation, fill/drain, links, all-reduces; each position's "
+                              "fill, idle and drain read off its kind's order)")
 
 
 def space_bound(pb: Problem, cap: float = INF) -> tuple[float, dict[str, float]]:
-    """The least lower bound over the space, each family's (values at or above ``cap`` read as ``cap``)."""
+    """The least lower bound over the space, each family's (values at or above the least found so far
+    read as that: a family that cannot lower the bound is not solved further).
+
+    The space's bound is the least over (family, micro-batch size) of the larger of two programmes'
+    values. Every pair is solved with the least value found so far as its cap (its states at or
+    above it are dropped), the second, dearer programme only where the first leaves it below that:
+    the same least as solving every pair in full. The chunked families come first, whose bound is
+    usually the lowest, so the one-chunk families' programmes run under a tight cap."""
     pb.profiles.ensure(pb.hosts)
     kinds = schedule_kinds(pb.schedule)
     t = Tables(pb)
     fams: dict[str, float] = {}
-    for placement in ("single", "interleaved", "v"):
-        for split in (False, True):
+    best = cap
+    for placement in ("v", "interleaved", "single"):
+        for split in (True, False):
             ks = [k for k in kinds if REGISTRY[k].placement == placement and REGISTRY[k].split_backward == split]
             if not ks:
                 continue
-            best = cap
+            mine = best
             for b in micro_batch_sizes(pb):
-                best = min(best, _Family(pb, t, ks, b, placement).solve(best))
-            fams["/".join(ks)] = best
+                fam = _Family(pb, t, ks, b, placement)
+                got = fam.solve(best)
+                if got < best:  # the order's idle per device, a bound of its own (see _Family.solve)
+                    alone = fam.solve(best, standalone=True, grouped=False)
+                    if b > 1 and alone > got:
+                        alone = min(alone, fam.solve(alone, standalone=True, grouped=True))
+                    got = max(got, alone)
+                mine = min(mine, got)
+                best = min(best, got)
+            fams["/".join(ks)] = mine
     return min(fams.values(), default=cap), fams
 
 
@@ -126,6 +155,7 @@ class _Family:
             self._chunk_terms()
         else:
             self._stage_terms()
+        self._order_steps()
 
     # ------------------------------------------------------------------ one-chunk terms over cuts (c, c2)
     def _stage_terms(self) -> None:
@@ -402,6 +432,200 @@ class _Family:
         self._load[key] = load
         return load
 
+    # ------------------------------------------------------------------ the order's fill and drain
+    def _order_steps(self) -> None:
+        """What :mod:`.orderbound` prices a rank's paths with: per host and step type (F, B, and
+        I + W together: each at least ``min(1, split)`` of B plus two calls), its steps' seconds at
+        ``b`` samples over the programme's cells, and the least step any device takes for a chunk
+        of each class (middle, embedding, tail) at one sample and at ``b``, and the fastest hop."""
+        pb, b, L = self.pb, self.b, self.L
+        p = pb.profiles
+        K = p.num_blocks
+        self.calls = [p.call.get(name, 0.0) for name in pb.hosts]
+        self._paths: dict = {}
+        self._order: dict = {}
+        self._priced_of: dict = {}
+        self.one_sample = True
+        """Price the order's other positions at one sample where the depth leaves room for a group."""
+        # "all": a step on b samples; "call" and "sample": its part per call and per sample (a
+        # device of a group runs its share of the b samples)
+        self.steps: dict[str, list[dict]] = {mode: [] for mode in ("all", "call", "sample")}
+        for h, name in enumerate(pb.hosts):
+            sf = min(1.0, p.backward_split_factor(name)) if self.split else 1.0
+            for mode, (w0, w1, wc) in {"all": (1.0, b, 1.0), "call": (1.0, 0.0, 1.0), "sample": (0.0, 1.0, 0.0)}.items():
+                c = wc * self.calls[h]
+                if self.chunked:
+                    f, bw = p.table(name)
+                    f0, b0 = p.fixed(name)
+                    x = {"F": w0 * f0 + w1 * f, "B": w0 * b0 + w1 * bw, "IW": sf * (w0 * b0 + w1 * bw)}
+                    lay = slice(1, L + 1)
+                    self.steps[mode].append({t: (np.concatenate([[0.0], np.cumsum(np.sort(v[lay]))]), np.sort(v[lay]),
+                                                 float(v[0]), float(v[K - 1])) for t, v in x.items()})
+                else:
+                    st = stage_time(p, name, self.t.span[0])
+                    self.steps[mode].append({
+                        "F": np.where(self.t.valid, w0 * st.fwd0 + c + w1 * st.fwd, INF),
+                        "B": np.where(self.t.valid, w0 * st.bwd0 + c + w1 * st.bwd, INF),
+                        "IW": np.where(self.t.valid, 2 * c + sf * (w0 * st.bwd0 + w1 * st.bwd), INF)})
+        self.least: dict[int, dict] = {}
+        for n in sorted({1, b}):
+            least = {}
+            for c in range(L):
+                cls = (c == 0, c == L - 1)
+                for name in pb.hosts:
+                    st = stage_time(p, name, Span.of_cut(c, c + 1, L))
+                    for t, s in (("F", st.forward(n)), ("B", st.backward(n)), ("I", st.backward_input(n)),
+                                 ("W", st.backward_weight(n))):
+                        least[(cls, t)] = min(least.get((cls, t), INF), s)
+            self.least[n] = least
+        out = self.t.out_bytes[1:L] if L > 1 else np.zeros(1)
+        out_min = float(np.min(out)) if not self.chunked else float(self.out)
+        self.hop = {n: min((self._xfer(a, c, n * out_min) for a in range(self.N) for c in range(self.N) if a != c),
+                           default=0.0) for n in sorted({1, b})}
+
+    def _kind_paths(self, kind: str, p: int, q: int, v: int) -> list[list] | None:
+        """Paths :func:`.orderbound.rank_paths` keeps for position q of ``kind`` at depth p, one list
+        per way the other positions could be shared: a plan is bounded by the largest path of at
+        least one list. Where a group may sit at the depth, its devices run one sample at least:
+        with one device to spare one position may be a group (each choice a list), with more any."""
+        key = (kind, p, q, v, self.one_sample)
+        if key in self._paths:
+            return self._paths[key]
+        pl = placement(kind, p, v)
+        last = len(pl.position) - 1
+        L, b = self.L, self.b
+        spare = self.N - p if self.one_sample else 0
+        if spare == 0 or b == 1:
+            cheap = [set()]
+        elif spare == 1:
+            cheap = [{k} for k in range(p)]  # k == q: every other position alone on b samples
+        else:
+            cheap = [set(range(p))]
+
+        def least_of(n: int, t: str, c: int) -> float:
+            got = self.least[n].get(((c == 0, c == last), t))
+            if got is None:  # no one-layer chunk of that class (few layers): the least of any
+                got = min(vv for (kk, tt), vv in self.least[n].items() if tt == t)
+            return got
+
+        def typical(t: str, c: int) -> float:
+            return least_of(b, t, c) * max(1.0, L / (p * v))
+
+        got: list[list] | None = []
+        for few in cheap:
+            try:
+                got.append(rank_paths(kind, pl, q, self.m,
+                                      lambda pos, t, c: least_of(1 if pos in few else b, t, c),
+                                      lambda x, y: self.hop[1 if (x in few or y in few) else b], typical))
+            except (ValueError, RuntimeError):
+                got = None
+                break
+        self._paths[key] = got
+        return got
+
+    def _priced(self, h: int, counts: dict[str, tuple[int, ...]], mine: Sequence[int], last_chunk: int,
+                mode: str = "all") -> np.ndarray:
+        """Least seconds device h spends on ``counts`` of its steps (per type, per chunk ``mine[k]``)
+        over the programme's cells: a one-chunk stage's own steps; chunks priced at the cheapest
+        layers the device could hold, the chunk running most given its cheapest layer each.
+        ``mode``: steps on b samples ("all"), or their part per call or per sample (kept: every
+        group holding the device and every depth asks again)."""
+        key = (h, mode, tuple(counts[t] for t in ("F", "B", "I", "W")), tuple(mine), last_chunk)
+        got = self._priced_of.get(key)
+        if got is None:
+            got = self._priced_of[key] = self._price_steps(h, counts, mine, last_chunk, mode)
+        return got
+
+    def _price_steps(self, h: int, counts: dict[str, tuple[int, ...]], mine: Sequence[int], last_chunk: int,
+                     mode: str) -> np.ndarray:
+        steps, call = self.steps[mode][h], (0.0 if mode == "sample" else self.calls[h])
+        iw = tuple(min(a, w) for a, w in zip(counts["I"], counts["W"]))
+        calls = sum(counts["I"]) + sum(counts["W"]) - 2 * sum(iw)
+        val = np.full((self.L + 1, self.L + 1), calls * call)
+        for t, ns in (("F", counts["F"]), ("B", counts["B"]), ("IW", iw)):
+            if not any(ns):
+                continue
+            if not self.chunked:
+                val = val + ns[0] * steps[t]
+                continue
+            cum, xs, embed, tail = steps[t]
+            srt = sorted(ns, reverse=True)
+            small = srt[-1]
+            v_here = len(ns)
+            extra = sum((srt[i] - small) * xs[i] for i in range(min(v_here - 1, len(xs))))
+            cnt = np.minimum(self.cnt, self.L)
+            part = np.where(self.cnt >= v_here, small * cum[cnt] + extra, INF)
+            part = part + (2 if t == "IW" else 1) * call * sum(ns)
+            for k, c in enumerate(mine):
+                if c == 0:
+                    part = part + ns[k] * embed
+                if c == last_chunk:
+                    part = part + ns[k] * tail
+            val = val + part
+        return val
+
+    def _path_value(self, g: tuple[int, ...], kind: str, p: int, q: int, v: int) -> np.ndarray | None:
+        """Seconds no plan of ``kind`` at depth p with the devices g at position q beats, over the
+        programme's cells (the largest of the kept paths through its steps; None: no such plan).
+        A group's devices each run the position's order on their share of the b samples: a path
+        through one of them is at least the least per-call part of its steps plus the shares'
+        least largest per-sample part (every device runs at least one sample)."""
+        paths = self._kind_paths(kind, p, q, v)
+        if paths is None:
+            return None
+        pl = placement(kind, p, v)
+        mine = pl.chunks[q]
+        last_chunk = len(pl.position) - 1
+        opt = min(self.opt[h] for h in g) * self.weights
+        priced: dict = {}
+        out = None
+        for alt in paths:
+            best = None
+            for path in alt:
+                key = repr(path.counts)
+                if key not in priced:
+                    if len(g) == 1:
+                        priced[key] = self._priced(g[0], path.counts, mine, last_chunk)
+                    else:
+                        per_call = np.minimum.reduce([self._priced(h, path.counts, mine, last_chunk, "call")
+                                                      for h in g])
+                        # the shares' least largest time, b / Σ 1/per (water-filling without caps)
+                        with np.errstate(divide="ignore"):
+                            inv = sum(1.0 / self._priced(h, path.counts, mine, last_chunk, "sample") for h in g)
+                        priced[key] = per_call + np.where(inv > 0, self.b / np.where(inv > 0, inv, 1.0), INF)
+                val = path.before + priced[key]
+                val = val + (np.maximum(path.after, opt) if path.last else path.after)
+                best = val if best is None else np.maximum(best, val)
+            if best is None:  # no step to bound it: nothing known of that way
+                best = np.zeros((self.L + 1, self.L + 1))
+            out = best if out is None else np.minimum(out, best)
+        return out
+
+    def _order_term(self, g: tuple[int, ...], j: int) -> np.ndarray:
+        """The least over the family's kinds, depths and chunk counts of :meth:`_path_value` for
+        the devices g with j groups after them: the first row (the head) at depth j + 1, the other
+        rows deeper (0 where no plan is known to exist)."""
+        key = (g, j, self.one_sample)
+        got = self._order.get(key)
+        if got is not None:
+            return got
+        rows = [np.full((self.L + 1, self.L + 1), INF), np.full((self.L + 1, self.L + 1), INF)]
+        for kind in self.kinds:
+            for p in range(max(j + 1, self.vmin if self.chunked else 1), self.N + 1):
+                q = p - 1 - j
+                vs = chunk_counts(kind, p, self.L) if self.chunked else [1]
+                for v in vs:
+                    if len(g) > 1 and p == self.N:
+                        continue  # N positions of N devices: one device each
+                    val = self._path_value(g, kind, p, q, v)
+                    if val is not None:
+                        r = 0 if q == 0 else 1
+                        rows[r] = np.minimum(rows[r], val)
+        out = np.where(np.arange(self.L + 1)[:, None] == 0, rows[0], rows[1])
+        out = np.where(np.isfinite(out), out, 0.0)
+        self._order[key] = out
+        return out
+
     # ------------------------------------------------------------------ links
     def _xfer(self, a: int, c: int, nbytes) -> np.ndarray | float:
         pb = self.pb
@@ -450,65 +674,83 @@ class _Family:
         return out
 
     # ------------------------------------------------------------------ the programme
-    def solve(self, cap: float) -> float:
+    def solve(self, cap: float, standalone: bool = False, grouped: bool | None = None) -> float:
         """Least bound over the family's plans at this micro-batch size (``cap`` if none is lower).
 
-        V[j][U][head] is an array over (first position of a suffix of j + 1 stages using devices U
-        whose first group is ``head``: a device, or -1 for a group) x (the last stage's device, or
-        a group in the last column, where a tied weight is all-reduced between the ends)."""
+        ``standalone``: the least over the plans of the largest of each device's own bound, its
+        load or what its kind's order forces on it (:meth:`_order_term`), with the links'
+        throughput. An order's bound already holds the fill before the device, so it cannot be
+        chained after the fill of the stages before it: the family's bound is the larger of the two
+        programmes' (the least of a maximum is at least the maximum of the two least).
+        ``grouped``: only the plans with a group of several devices (True: the order's other
+        positions priced at one sample), or with none (False: at b samples).
+
+        V[j][U][(head, grouped)] is an array over (first position of a suffix of j + 1 stages using
+        devices U whose first group is ``head``: a device, or -1 for a group; whether the suffix has
+        a group) x (the last stage's device, or a group in the last column, where a tied weight is
+        all-reduced between the ends)."""
         N, L, b = self.N, self.L, self.b
-        self.cols = N + 1 if (self.tied and self.name != "v") else 1
+        self.cols = N + 1 if (self.tied and self.name != "v" and not standalone) else 1
+        self.one_sample = grouped is not False
         whole = (1 << N) - 1
         groups = {g: tuple(h for h in range(N) if g >> h & 1) for g in range(1, whole + 1)}
-        groups = {g: hs for g, hs in groups.items() if len(hs) <= b}
+        groups = {g: hs for g, hs in groups.items() if len(hs) <= (1 if grouped is False else b)}
         load_of = self._chunk_load if self.chunked else self._group_load
+        if standalone:
+            plain = load_of
+            load_of = lambda hs, j: np.maximum(plain(hs, j), self._order_term(hs, j))  # noqa: E731
         fd_of = (lambda hs: self.fdb[hs[0]] if len(hs) == 1 else np.minimum.reduce([self.fd1[h] for h in hs])) \
             if self.chunked else self._group_fd
+        counts = (lambda fl: fl) if grouped else (lambda fl: True)  # noqa: E731  a whole plan that counts
         best = cap
-        V: list[dict[int, dict[int, np.ndarray]]] = [dict() for _ in range(N)]
+        V: list[dict[int, dict[tuple[int, bool], np.ndarray]]] = [dict() for _ in range(N)]
         links: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         for g, hs in groups.items():
             last = load_of(hs, 0)[:, L].copy()
-            if not self.chunked:  # one stage: the whole model on one group
+            fl = len(hs) > 1
+            if not self.chunked and counts(fl):  # one stage: the whole model on one group
                 best = min(best, float(last[0]))
             last[last >= best] = INF
             last[0] = INF
             if np.isfinite(last).any():
                 arr = np.full((L + 1, self.cols), INF)
                 arr[:, (hs[0] if len(hs) == 1 else N) if self.cols > 1 else 0] = last
-                V[0].setdefault(g, {})[hs[0] if len(hs) == 1 else -1] = arr
+                V[0].setdefault(g, {})[(hs[0] if len(hs) == 1 else -1, fl)] = arr
         for j in range(N - 1):
             for U, heads in V[j].items():
                 for g in _subsets(whole & ~U):
                     hs = groups.get(g)
                     if hs is None:
                         continue
-                    M = None
-                    for h, arr in heads.items():
+                    Ms: dict[bool, np.ndarray] = {}
+                    for (h, fl), arr in heads.items():
                         key = (g, h)
                         if key not in links:
                             links[key] = self._link_terms(hs, None if h < 0 else h)
                         lat, thr = links[key]
-                        cand = np.maximum(lat[:, None] + arr, thr[:, None])
-                        M = cand if M is None else np.minimum(M, cand)
+                        cand = np.maximum((0.0 if standalone else lat[:, None]) + arr, thr[:, None])
+                        fl = fl or len(hs) > 1
+                        Ms[fl] = np.minimum(Ms[fl], cand) if fl in Ms else cand
                     load = load_of(hs, j + 1)
-                    fd = fd_of(hs)
-                    tot = np.maximum(load[:, :, None], fd[:, :, None] + M[None, :, :])
-                    if self.cols > 1:
-                        tied = self._tied(hs, U)
-                        # the head stage all-reduces the tied weight after its own work; without a
-                        # split backward every stage's gradient reaches it first (its drain)
-                        head = np.maximum(load[0][:, None] + tied[None, :], tot[0])
-                        if not self.split:
-                            head = np.maximum(head, fd[0][:, None] + M + tied[None, :])
-                        tot[0] = head
-                    new = tot.min(axis=1)
-                    best = min(best, float(new[0].min()))
-                    new[new >= best] = INF
-                    new[0] = INF  # a suffix starting at layer 0 is a whole plan: counted above
-                    if not np.isfinite(new).any():
-                        continue
-                    slot = V[j + 1].setdefault(U | g, {})
-                    key = hs[0] if len(hs) == 1 else -1
-                    slot[key] = np.minimum(slot[key], new) if key in slot else new
+                    fd = np.zeros_like(load) if standalone else fd_of(hs)
+                    for fl, M in Ms.items():
+                        tot = np.maximum(load[:, :, None], fd[:, :, None] + M[None, :, :])
+                        if self.cols > 1:
+                            tied = self._tied(hs, U)
+                            # the head stage all-reduces the tied weight after its own work; without a
+                            # split backward every stage's gradient reaches it first (its drain)
+                            head = np.maximum(load[0][:, None] + tied[None, :], tot[0])
+                            if not self.split:
+                                head = np.maximum(head, fd[0][:, None] + M + tied[None, :])
+                            tot[0] = head
+                        new = tot.min(axis=1)
+                        if counts(fl):
+                            best = min(best, float(new[0].min()))
+                        new[new >= best] = INF
+                        new[0] = INF  # a suffix starting at layer 0 is a whole plan: counted above
+                        if not np.isfinite(new).any():
+                            continue
+                        slot = V[j + 1].setdefault(U | g, {})
+                        key = (hs[0] if len(hs) == 1 else -1, fl)
+                        slot[key] = np.minimum(slot[key], new) if key in slot else new
         return best
