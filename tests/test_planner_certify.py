@@ -26,38 +26,9 @@ from torchpp.sim.measured import price
 def every_plan(pb: Problem) -> dict[str, float]:
     """The least priced step of each kind over every micro-batch size, sequence of device groups and
     layer cut (Algorithm 1 shares and the recompute MILP per plan, as the planner builds them)."""
-    t = Tables(pb)
-    N, L = len(pb.hosts), t.L
     best: dict[str, float] = {}
-
-    def offer(kind: str, plan) -> None:
-        if plan is None:
-            return
-        try:
-            step = price(plan, pb.profiles, pb.links)[0]
-        except (ValueError, ScheduleError):
-            return
+    for kind, _b, _groups, _v, _cuts, step in _order_cases(pb):
         best[kind] = min(best.get(kind, float("inf")), step)
-
-    for b in [x for x in range(1, pb.global_batch + 1) if pb.global_batch % x == 0]:
-        for groups in group_sequences(N, b):
-            S = len(groups)
-            order = [d for g in groups for d in g]
-            spans = list(itertools.accumulate([0] + [len(g) for g in groups]))
-            for kind in ONE_CHUNK:
-                for cuts in itertools.combinations(range(1, L), S - 1):
-                    bd = (0, *cuts, L)
-                    stages = [StageChoice(cut=(bd[i], bd[i + 1]), hosts=(spans[i], spans[i + 1]), recompute_all=False,
-                                          cost=0.0) for i in range(S)]
-                    try:
-                        offer(kind, build_plan(replace(pb, schedule=kind), t, order, stages, b, "brute"))
-                    except ValueError:
-                        continue
-            for kind in MULTI_CHUNK:
-                for v in chunk_counts(kind, S, L):
-                    for cuts in itertools.combinations(range(1, L), S * v - 1):
-                        offer(kind, build_chunk_plan(pb, t, ChunkLayout(kind=kind, v=v, b=b, groups=groups,
-                                                                        bounds=(0, *cuts, L))))
     return best
 
 
