@@ -439,7 +439,7 @@ def _validate_wire(plan: Plan, source: str) -> None:
             raise FormatError(source, "tied_sync.kind", f"allreduce or powersgd (rows: {why})", "rows")
 
 
-ROWS_GROUP_SYNCS = (None, "fp32", "bf16", "fp16")
+ROWS_GROUP_SYNCS = ("fp32", "bf16", "fp16")
 """The group syncs of an end stage that a ``rows`` tied sync can follow: a plain all-reduce, in fp32 or cast
 to 16 bits (a zero stays zero, so the gradient stays zero outside the step's rows)."""
 
@@ -454,8 +454,8 @@ def rows_refusal(plan: Plan) -> str | None:
         return "the first and the last stage on different ranks"
     for s in (first, last):
         if s.sync is not None and not (s.sync.kind == "allreduce" and s.sync.wire in ROWS_GROUP_SYNCS):
-            return (f"stages[{s.index}]'s group all-reduced in fp32 or bf16 (a {s.sync.kind} {s.sync.wire} sync "
-                    "leaves gradient outside the step's rows)")
+            return (f"stages[{s.index}]'s group all-reduced in fp32, bf16 or fp16; its {s.sync.kind} {s.sync.wire} "
+                    "sync leaves gradient outside the step's rows")
     return None
 
 
