@@ -36,6 +36,11 @@ def _result(rank: int, world: int, case: dict) -> None:
                                                     "eval": s.eval_losses, "start": s.start_step}))
 
 
+COMMON = dict(threads=1, timeout_s=60.0, seed=7, lr=2e-3, adam_eps=1e-6, weight_decay=0.1, max_grad_norm=0.05,
+              eval_every=2, eval_fraction=0.25, eval_batches=1)
+"""Training settings of every run: clipping tight enough to clip every step, weight decay, evaluation."""
+
+
 def _plan(path: Path, rows: bool, groups: tuple[int, ...] = (1, 1, 1)) -> Path:
     info = model_info(load_config("qwen3-tiny"), "qwen3-tiny")
     ranges = {3: [(0, 1), (1, 3), (3, 4)], 2: [(0, 2), (2, 4)]}[len(groups)]
@@ -51,8 +56,6 @@ def _plan(path: Path, rows: bool, groups: tuple[int, ...] = (1, 1, 1)) -> Path:
 def runs(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("tied_rows")
     dense, rows = _plan(d / "dense.json", False), _plan(d / "rows.json", True)
-    common = dict(threads=1, timeout_s=60.0, seed=7, lr=2e-3, adam_eps=1e-6, weight_decay=0.1, max_grad_norm=0.05,
-                  eval_every=2, eval_fraction=0.25, eval_batches=1)
     cases = {
         "dense": dict(plan=dense, steps=STEPS, checkpoint_dir=d / "ck_dense", checkpoint_every=2,
                       trace_dir=d / "tr_dense", trace_steps=(2,)),
@@ -65,7 +68,7 @@ def runs(tmp_path_factory) -> Path:
     }
     with RankPool(3, threads=1) as pool:
         for name, cfg in cases.items():
-            pool.run(_result, {"result": str(d / f"{name}_result.json"), "config": {**common, **cfg}}, world=3,
+            pool.run(_result, {"result": str(d / f"{name}_result.json"), "config": {**COMMON, **cfg}}, world=3,
                      timeout_s=300, pg_timeout_s=60)
     return d
 
@@ -78,9 +81,7 @@ two stages of two devices each (a tied group of four: the broadcasts forward thr
 @pytest.fixture(scope="module")
 def grouped(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("tied_rows_groups")
-    common = dict(threads=1, timeout_s=60.0, seed=7, lr=2e-3, adam_eps=1e-6, weight_decay=0.1, max_grad_norm=0.05,
-                  eval_every=2, eval_fraction=0.25, eval_batches=1, steps=STEPS, checkpoint_every=STEPS,
-                  trace_steps=(2,))
+    common = dict(COMMON, steps=STEPS, checkpoint_every=STEPS, trace_steps=(2,))
     with RankPool(4, threads=1) as pool:
         for layout, groups in GROUPED.items():
             for sync in ("dense", "rows"):
@@ -104,8 +105,8 @@ def test_rows_sync_with_data_parallel_end_stages_equals_the_dense_all_reduce(gro
     want = read_tensors(grouped / f"ck_{layout}_dense" / step, names)
     for n in names:
         assert torch.equal(got[n], want[n]), n
-    tied = set(Plan.load(grouped / f"{layout}_rows.json").stages[0].ranks) | set(
-        Plan.load(grouped / f"{layout}_rows.json").stages[-1].ranks)
+    plan = Plan.load(grouped / f"{layout}_rows.json")
+    tied = set(plan.stages[0].ranks) | set(plan.stages[-1].ranks)
     moved = _tied_bytes(grouped / f"tr_{layout}_rows")
     assert len(moved) == len(tied) and len(set(moved)) == 1  # every member of the tied group, the same rows
     assert moved[0] < 512 * 64 * 4 / 2
