@@ -20,6 +20,7 @@ from __future__ import annotations
 import _thread
 import datetime
 import functools
+import os
 import queue
 import threading
 import time
@@ -148,6 +149,36 @@ class Waiters:
                 self._idle += 1
 
 
+def calm_gloo_loops() -> int:
+    """Run this process's gloo I/O threads (``gloo_tcp_loop``) under ``SCHED_BATCH``; returns how many
+    threads were changed.
+
+    Such a thread handles a message only when it takes its pair's lock without waiting; while a
+    compute thread holds that lock (posting a send or a receive) it returns to ``epoll_wait``, which
+    reports the same readable socket again at once. Woken by a message that arrives in that moment (a
+    peer's reply to the post, microseconds later on a fast link), it preempted the compute thread on
+    its core and spun through its whole time slice: measured ~4,000 wake-ups in 4-5 ms, about 7 ms of
+    CPU a step of 16 calls. A batch thread keeps its fair share of the CPU but never preempts on
+    waking, so the lock holder finishes first; it runs at once on an idle core, else at the next
+    tick. Linux only (elsewhere, or where refused, nothing changes); it needs no privilege."""
+    changed = 0
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() != "gloo_tcp_loop":
+                    continue
+            if os.sched_getscheduler(int(tid)) == os.SCHED_OTHER:
+                os.sched_setscheduler(int(tid), os.SCHED_BATCH, os.sched_param(0))
+                changed += 1
+        except (OSError, ValueError, AttributeError):
+            continue
+    return changed
+
+
 def guarded(rank: int, what: str, timeout_s: float, fn, /, *args, **kwargs):
     """Run a collective; a failure becomes a :class:`PeerError` naming ``what``."""
     start = time.perf_counter()
@@ -193,6 +224,7 @@ class Comm:
             pg = dist.new_group(list(g), timeout=datetime.timedelta(seconds=self.timeout_s))
             if self.rank in g:
                 self.groups[g] = pg
+        calm_gloo_loops()  # every group's device has started its I/O thread by now
 
     # -- p2p
     def tag(self, action: Action) -> int:

@@ -28,7 +28,7 @@ from ..schedules import Schedule, build
 from . import checkpoint as ckpt
 from . import diloco, elastic_hooks, wire_links
 from .allocator import retain_freed_memory
-from .comm import Comm, guarded
+from .comm import Comm, calm_gloo_loops, guarded
 from . import preflight
 from .exchange import DisagreementError, all_gather_json, require_agreement, require_no_errors
 from .evaluate import Evaluator
@@ -619,6 +619,7 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
              if cfg.checkpoint_background and cfg.checkpoint_dir else None)
     if saver is not None:
         executor.before_backward = saver.before_backward
+    calm_gloo_loops()  # the checkpoint writers' group started its own I/O thread
     return _Session(cfg=cfg, prep=prep, rank=rank, world=world, g=g, hosts=hosts, roles=roles, stage=stage,
                     optimizer=optimizer, stepper=stepper, executor=executor, evaluator=evaluator, source=source,
                     eval_source=eval_source, log=log, decisions=decisions, saver=saver, start=start,
