@@ -19,7 +19,7 @@ from .memory import MEMORY_KIND, MEMORY_ORDERS, MEMORY_VERSION, MemoryModel, Mem
 from .devices import DeviceInfo, Devices, GB
 from .sim import (EXPERIMENT_KIND, EXPERIMENT_VERSION, SIM_COMM_TYPES, SIM_INT_PARAMS, SIM_PARAMS, SIM_POLICIES,
                   ExperimentConfig, SimParams, SimSettings, check_sim_params, parse_priorities)
-from .wire import LOSSY, POWERSGD_RANK, SYNC_KINDS, WIRE_FORMATS, Sync, tied_rows, wire_bytes, wire_ratio
+from .wire import LOSSY, OPTIMIZERS, POWERSGD_RANK, SYNC_KINDS, WIRE_FORMATS, Sync, tied_rows, wire_bytes, wire_ratio
 from .trace import TRACE_KIND, TRACE_VERSION, check_trace, trace_plan_hashes
 from .tokens import (TOKEN_DTYPES, TOKENS_KIND, TOKENS_VERSION, SourceFile, TokenizerInfo, TokensIndex,
                      check_corpus_files, token_dtype)
@@ -35,7 +35,7 @@ __all__ = [
     "Devices", "GB", "EXPERIMENT_KIND", "EXPERIMENT_VERSION", "ExperimentConfig", "SIM_COMM_TYPES",
     "SIM_INT_PARAMS", "SIM_PARAMS", "SIM_POLICIES", "SimParams", "SimSettings", "check_sim_params",
     "parse_priorities", "TRACE_KIND", "TRACE_VERSION", "check_trace", "trace_plan_hashes",
-    "LOSSY", "POWERSGD_RANK", "SYNC_KINDS", "WIRE_FORMATS", "Sync", "tied_rows", "wire_bytes", "wire_ratio",
+    "LOSSY", "OPTIMIZERS", "POWERSGD_RANK", "SYNC_KINDS", "WIRE_FORMATS", "Sync", "tied_rows", "wire_bytes", "wire_ratio",
     "TOKEN_DTYPES", "TOKENS_KIND", "TOKENS_VERSION", "SourceFile", "TokenizerInfo", "TokensIndex",
     "check_corpus_files", "token_dtype",
     "FULL_BACKWARD_ONE_CHUNK", "KIND_NAMES", "KINDS", "MULTI_CHUNK", "ONE_CHUNK", "SPLIT_BACKWARD",

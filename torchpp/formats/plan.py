@@ -11,7 +11,7 @@ from .. import validate as V
 from .base import FormatError, Reader, V_host, _load, check_format, to_dict, write_json
 from .kinds import FULL_BACKWARD_ONE_CHUNK, KIND_NAMES, KINDS
 from .layers import ModelInfo
-from .wire import Sync, parse_sync, parse_wire
+from .wire import OPTIMIZERS, Sync, parse_sync, parse_wire
 
 
 PLAN_KIND, PLAN_VERSION = "plan", 2
@@ -188,6 +188,10 @@ class Plan:
     inputs: dict[str, str] = field(default_factory=dict)
     tied_sync: Sync | None = None
     """The tied-weight all-reduce's format (None: fp32 every step)."""
+    optimizer: str | None = None
+    """The optimizer the planner's lossy choices were made for (``adamw`` or ``sgd``; ``torchpp plan
+    --optimizer``): the PowerSGD rank it offers depends on it. None: not recorded (planned without
+    ``--allow-lossy``); ``torchpp.train`` warns when it runs another."""
     format: str = f"torchpp.{PLAN_KIND}/{PLAN_VERSION}"
 
     @property
@@ -240,6 +244,7 @@ class Plan:
             _optional(s, "wire", st.wire)
             _optional(s, "sync", st.sync)
         _optional(d, "tied_sync", self.tied_sync)
+        _optional(d, "optimizer", self.optimizer)
         return d
 
     @property
@@ -269,6 +274,7 @@ class Plan:
             schedule=r.str("schedule", choices=set(SCHEDULES if version == 1 else PLAN_SCHEDULES)), stages=stages,
             strategy=r.str("strategy", "manual"), predicted=_predicted(r), inputs=_inputs(r),
             tied_sync=parse_sync(r, "tied_sync"),
+            optimizer=r.str("optimizer", None, choices=set(OPTIMIZERS)) if r.has("optimizer") else None,
         )
         validate_plan(plan, source)
         return plan

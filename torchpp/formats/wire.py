@@ -35,6 +35,9 @@ SYNC_KINDS = {"allreduce": ("fp32", "bf16", "int8"), "powersgd": ("fp32",), "dil
 """Each data-parallel sync kind and the wire formats its all-reduce may use (``rows``: the tied pair only)."""
 EXACT_SYNCS = ("allreduce", "rows")
 """Sync kinds that in fp32 give every member the single-process sum, bit for bit."""
+OPTIMIZERS = ("adamw", "sgd")
+"""The optimizers ``torchpp.train`` offers; a plan with lossy choices names the one they were made for
+(``Plan.optimizer``): PowerSGD's low-rank gradient trains far worse under AdamW (docs/links.md)."""
 POWERSGD_RANK = 4
 """The rank ``torchpp profile`` times PowerSGD's arithmetic at (``codec_s_per_byte.powersgd``); the
 cost model scales it by the plan's rank over this."""
