@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import UsageError
-from ..formats import (KIND_NAMES, ONE_CHUNK, Bandwidth, Capacities, Devices, FormatError, LayersFile, MemoryModel,
-                       Plan, parse_kinds)
+from ..formats import (KIND_NAMES, ONE_CHUNK, OPTIMIZERS, Bandwidth, Capacities, Devices, FormatError, LayersFile,
+                       MemoryModel, Plan, parse_kinds)
 
 if TYPE_CHECKING:
     from ..cost import Profiles
@@ -129,12 +129,18 @@ class PlanOptions:
     tied_rows: int = 0
     """Distinct token ids a step is expected to touch, for pricing the exact ``rows`` tied-weight sync
     the wire pass also offers (0: every token of the step, at most the vocabulary)."""
+    optimizer: str = "adamw"
+    """The optimizer the plan will be trained with (``torchpp.train --optimizer``; adamw, its default, or
+    sgd): with ``allow_lossy`` the PowerSGD rank offered depends on it (``wire.powersgd_rank``), and the
+    plan records it (``Plan.optimizer``)."""
 
     def __post_init__(self) -> None:
         try:
             parse_kinds(self.schedule)
         except ValueError as e:
             raise ValueError(f"PlanOptions.{e}") from None
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"PlanOptions.optimizer: expected one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
 
 
 @dataclass(kw_only=True)
@@ -297,6 +303,7 @@ def plan(inputs: PlanInputs | Costs, options: PlanOptions, *, progress: Progress
     fp32_step = None
     if options.allow_lossy:
         chosen, fp32_step, wire_record = _choose_wire(chosen, costs, pb, options, say)
+        chosen.optimizer = options.optimizer
         extra_meta = {**(extra_meta or {}), "wire": wire_record}
         replayed = None  # the search priced fp32 links: the plan the wire pass chose is priced anew
     pred, tl = predict(chosen, prof, costs.links, costs.memory, costs.budget, opt, replayed=replayed)
@@ -319,7 +326,7 @@ def _choose_wire(chosen: Plan, costs: Costs, pb: Any, options: PlanOptions,
     The wire pass refines each candidate per link; the fastest that fits memory and beats the
     searched fp32 plan by the pass's margins wins. Returns it, the searched plan's fp32 step time,
     and the record plan_meta.json keeps (each candidate, what it was searched under, why the winner won)."""
-    from .wire import DILOCO_GAIN, MIN_GAIN, changes_optimisation, choose
+    from .wire import DILOCO_GAIN, MIN_GAIN, changes_optimisation, choose, powersgd_rank
 
     allow = options.allow_lossy
     cands: list[tuple[str, str, Plan]] = [("fp32", "searched", chosen)]
@@ -336,7 +343,7 @@ def _choose_wire(chosen: Plan, costs: Costs, pb: Any, options: PlanOptions,
     fp32 = price_of(chosen)
     rows, best = [], None
     for i, (under, split, p) in enumerate(cands):
-        c = choose(p, price_of, allow, tied_rows=options.tied_rows)
+        c = choose(p, price_of, allow, tied_rows=options.tied_rows, optimizer=options.optimizer)
         margin = DILOCO_GAIN if changes_optimisation(c.plan.lossy) else MIN_GAIN
         fits = price(copy.deepcopy(c.plan), pb, costs.budget).fits
         # a lossy plan must beat the searched fp32 plan by the pass's own margins (planner/wire.py)
@@ -360,7 +367,11 @@ def _choose_wire(chosen: Plan, costs: Costs, pb: Any, options: PlanOptions,
         + ("; ".join(got.decisions) if got else "fp32 everywhere (no lossy choice shortens the predicted step enough)")
         + f"; predicted step {fp32:.4g} s (searched, fp32) -> {got.step_s if got else fp32:.4g} s"
         + (f" on {label}" if got and i else ""))
-    record = {"allowed": sorted(allow), "fp32_step_time_s": fp32, "candidates": rows, "not_searched": skipped,
+    if "powersgd" in allow:
+        say(f"powersgd under {options.optimizer}: offered at rank {powersgd_rank(options.optimizer, chosen.model.hidden_size)}"
+            f" (hidden {chosen.model.hidden_size}; planner/wire.py powersgd_rank: under adamw at least hidden / 16, "
+            "below which it trained measurably worse than fp32)")
+    record = {"allowed": sorted(allow), "optimizer": options.optimizer, "fp32_step_time_s": fp32, "candidates": rows, "not_searched": skipped,
               "why": why}
     return (got.plan if got else chosen), fp32, record
 

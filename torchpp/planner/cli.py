@@ -57,6 +57,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "(bf16, powersgd, diloco with its period H) where they shorten the predicted step; the split "
                         "is searched again with the links priced in each allowed format (docs/planner.md); the "
                         "plan names each choice (stages[i].wire, stages[i].sync). Default: fp32 everywhere")
+    g.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",
+                   help="with --allow-lossy: the optimizer torchpp.train will run (default adamw, as its); PowerSGD "
+                        "is offered at rank 4 under sgd, at least hidden/16 under adamw (docs/links.md); the plan "
+                        "records it")
     g.add_argument("--tied-rows", type=T.int_in(0, 2**31 - 1), default=0,
                    metavar="N", help="with --allow-lossy: distinct token ids a step touches, to price the exact "
                    "tied-weight sync that sends only those rows (default 0: every token of the step)")
@@ -115,7 +119,7 @@ def options_of(args: argparse.Namespace) -> PlanOptions:
                        micro_batch_sizes=args.micro_batch_sizes, recompute=not args.no_recompute,
                        exact_devices=args.exact_devices, max_group=args.max_group,
                        compare=api.compare_names(args.compare), allow_lossy=_allow_lossy(args.allow_lossy),
-                       tied_rows=getattr(args, "tied_rows", 0),
+                       tied_rows=getattr(args, "tied_rows", 0), optimizer=getattr(args, "optimizer", "adamw"),
                        certify=getattr(args, "certify", False))
 
 

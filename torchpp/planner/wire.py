@@ -23,7 +23,8 @@ plans; the fastest wins. On one plan:
    (``formats.plan`` refuses it). DiLoCo changes the optimisation itself (not a rounding of what
    crosses the link), so it is taken only where it shortens the predicted step by ``diloco_gain``
    (20%): where the all-reduce dominates, not where it is a tenth of the step. PowerSGD (a low-rank
-   gradient, not a rounding) is held to the same 20%.
+   gradient, not a rounding) is held to the same 20%, at the rank :func:`powersgd_rank` gives for
+   the plan's optimizer and hidden size.
 3. The tied weight between the first and the last stage: ``rows`` first (exact: only the rows the
    step's tokens touch cross, each way; ``formats.rows_refusal`` says where it cannot apply), then
    the lossy all-reduces; the least lossy within ``min_gain`` of the best that pays.
@@ -37,7 +38,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from ..formats import LOSSY, Plan, Sync, rows_refusal
+from ..formats import LOSSY, OPTIMIZERS, POWERSGD_RANK, Plan, Sync, rows_refusal
 
 PERIODS = (2, 4, 8, 16, 32, 64, 128)
 """The DiLoCo periods H tried (OpenDiLoCo and INTELLECT-1 run H in the hundreds)."""
@@ -51,7 +52,12 @@ DILOCO_GAIN = 0.2
 this fraction. PowerSGD's low-rank gradients are not a rounding either: on seed 003's cluster at
 100 Mbit/s a data-parallel plan with a rank-4 PowerSGD all-reduce under AdamW ended 15% above fp32's
 loss at equal tokens (docs/links.md); the margin keeps it out where it buys little, and what a lossy
-choice costs in loss is not priced."""
+choice costs in loss is not priced (:func:`powersgd_rank` keeps the rank high enough to train)."""
+ADAPTIVE = ("adamw",)
+"""Optimizers that rescale each coordinate by its own gradient history, so a low-rank gradient's error
+in a small coordinate becomes a full-size step."""
+ADAPTIVE_RANK_FRACTION = 16
+"""Under an adaptive optimizer PowerSGD's rank is at least hidden / this."""
 OPTIMISATION_KINDS = ("diloco", "powersgd")
 """Sync kinds held to :data:`DILOCO_GAIN` rather than :data:`MIN_GAIN`."""
 
@@ -59,6 +65,19 @@ OPTIMISATION_KINDS = ("diloco", "powersgd")
 def changes_optimisation(lossy: Iterable[str]) -> bool:
     """Whether a plan's lossy choices (``Plan.lossy``) include one of :data:`OPTIMISATION_KINDS`."""
     return any(k in x for x in lossy for k in OPTIMISATION_KINDS)
+
+
+def powersgd_rank(optimizer: str, hidden: int) -> int:
+    """The PowerSGD rank the planner offers: :data:`POWERSGD_RANK` (4) under SGD; under AdamW at least
+    hidden / 16. Data parallel over 2 ranks under AdamW, 250 steps (benchmarks/bench_powersgd.py,
+    docs/links.md): qwen3-small cut to 3 layers (hidden 256) ended +12.8% above fp32's loss at rank 4,
+    +0.90% at rank 16; qwen3-tiny (hidden 64) +1.22% at rank 4; a plain all-reduce for the first 10% of
+    the steps instead (rank 4) still +7.2%. Higher rank is priced by the cost model (bytes 2r/hidden)."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    if optimizer in ADAPTIVE:
+        return max(POWERSGD_RANK, -(-hidden // ADAPTIVE_RANK_FRACTION))
+    return POWERSGD_RANK
 
 
 def parse_allow(text: str | Iterable[str] | None) -> frozenset[str]:
@@ -81,9 +100,11 @@ class WireChoice:
 
 
 def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], min_gain: float = MIN_GAIN,
-           diloco_gain: float = DILOCO_GAIN, tied_rows: int = 0) -> WireChoice:
+           diloco_gain: float = DILOCO_GAIN, tied_rows: int = 0, optimizer: str = "adamw") -> WireChoice:
     """``plan`` with the wire format of each link and the sync of each group that pay (module docstring);
-    ``tied_rows``: the distinct token ids a step is expected to touch (0: every token of the step)."""
+    ``tied_rows``: the distinct token ids a step is expected to touch (0: every token of the step);
+    ``optimizer``: the run's (the PowerSGD rank offered depends on it)."""
+    psgd = Sync(kind="powersgd", rank=powersgd_rank(optimizer, plan.model.hidden_size))
     best = copy.deepcopy(plan)
     base = best_s = price(best)
     out = WireChoice(plan=best, fp32_step_s=base, step_s=base)
@@ -119,24 +140,28 @@ def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], mi
         if "int8" in allow and len(s.devices) == 2:  # all-gathered: beyond two members a ring sends less
             cands.append(Sync(kind="allreduce", wire="int8"))
         if "powersgd" in allow:
-            cands.append(Sync(kind="powersgd"))
+            cands.append(psgd)
         if "diloco" in allow and not (tied and (s.has_embed or s.has_tail)):
             outer = "int8" if "int8" in allow else "bf16" if "bf16" in allow else "fp32"
             cands += [Sync(kind="diloco", H=h, wire=outer) for h in PERIODS]
         s.sync, best_s = _best_sync(s, cands, best, price, best_s, min_gain, diloco_gain)
         if s.sync is not None:
             out.decisions.append(f"stages[{s.index}] group {s.ranks}: {s.sync.kind}"
-                                 + (f" H={s.sync.H}" if s.sync.kind == "diloco" else "") + f" ({s.sync.wire})")
+                                 + (f" H={s.sync.H}" if s.sync.kind == "diloco" else "")
+                                 + (f" rank {s.sync.rank} under {optimizer}" if s.sync.kind == "powersgd" else "")
+                                 + f" ({s.sync.wire})")
     if tied:
         pair = len(set(plan.stages[0].ranks) | set(plan.stages[-1].ranks)) == 2
         cands = ([Sync(kind="rows", rows=tied_rows)] if rows_refusal(best) is None else []) + [
             Sync(kind="allreduce", wire=f) for f in ("bf16", "int8") if f in allow and (f != "int8" or pair)] + (
-            [Sync(kind="powersgd")] if "powersgd" in allow else [])
+            [psgd] if "powersgd" in allow else [])
         best.tied_sync, best_s = _best_sync(best, cands, best, price, best_s, min_gain, diloco_gain, key="tied_sync")
         if best.tied_sync is not None and best.tied_sync.kind == "rows":
             out.decisions.append("tied-weight sync: the touched rows (exact)")
         elif best.tied_sync is not None:
-            out.decisions.append(f"tied-weight all-reduce: {best.tied_sync.kind} ({best.tied_sync.wire})")
+            out.decisions.append(f"tied-weight all-reduce: {best.tied_sync.kind}"
+                                 + (f" rank {best.tied_sync.rank} under {optimizer}"
+                                    if best.tied_sync.kind == "powersgd" else "") + f" ({best.tied_sync.wire})")
     out.step_s = best_s
     return out
 

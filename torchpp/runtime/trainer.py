@@ -19,7 +19,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from ..formats import FormatError, Plan, file_hash, validate_plan
+from ..formats import OPTIMIZERS, FormatError, Plan, file_hash, validate_plan
 from ..hostname import host_name, machine_name
 from ..models.presets import DTYPES, hidden_size, is_preset, load_config, num_hidden_layers
 from ..models.identity import plan_model
@@ -35,8 +35,6 @@ from .evaluate import Evaluator
 from .executor import Executor, StepResult, describe_failure
 from .optim import OptimSettings, SteppedOptimizer
 from .rendezvous import env_store
-
-OPTIMIZERS = ("adamw", "sgd")
 
 LOG = logging.getLogger("torchpp.train")
 """Rank 0's progress lines (loss, step time, checkpoints); the command line prints them."""
@@ -398,6 +396,16 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float, weigh
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, eps=eps, betas=betas, **kwargs)
 
 
+def optimizer_mismatch(plan: Plan, optimizer: str) -> str | None:
+    """The warning for a run whose optimizer is not the one the plan's lossy choices were made for
+    (``plan.optimizer``; the PowerSGD rank the planner offers depends on it); None when they agree."""
+    if plan.optimizer is None or plan.optimizer == optimizer:
+        return None
+    return (f"torchpp.train: warning: the plan's lossy choices were made for --optimizer {plan.optimizer} "
+            f"(plan.json's optimizer), this run is {optimizer}: plan again with torchpp plan --optimizer "
+            f"{optimizer} (the PowerSGD rank it offers depends on it)")
+
+
 def fusable(params: list[torch.Tensor]) -> bool:
     """Torch's fused optimizers take floating-point tensors on CPU (and on accelerators)."""
     return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
@@ -597,6 +605,8 @@ def _setup(cfg: TrainConfig, prep: Prepared, rank: int, world: int) -> _Session:
     if plan.model.dtype != "float32" and not plan.model.autocast:
         log.print(f"torchpp.train: note: the plan keeps pure {plan.model.dtype} weights and optimizer state (no fp32 "
                   "master weights); plan with --dtype bfloat16 for mixed precision")
+    if (warning := optimizer_mismatch(plan, cfg.optimizer)) is not None:
+        log.print(warning)
     if start > 0:
         start = _resume(cfg, start, log, g, rank=rank, roles=roles, stage=stage, optimizer=optimizer, fp=fp)
     logs = cfg.checkpoint_dir is not None and cfg.full_every > 1
