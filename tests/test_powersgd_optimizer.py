@@ -1,6 +1,7 @@
 """PowerSGD's rank follows the optimizer: under AdamW a rank-4 all-reduce of a data-parallel group
-trained 12.8% worse than fp32 (docs/links.md), so the planner offers at least hidden / 16 there;
-the plan records the optimizer and torchpp.train warns when a run uses another."""
+trained 12.5-12.8% worse than fp32 (docs/links.md), so the planner offers it there at rank
+hidden x (members - 1) / 16 and to groups of at most 3; the plan records the optimizer and
+torchpp.train warns when a run uses another."""
 import json
 
 import pytest
@@ -11,13 +12,13 @@ from torchpp.planner.wire import choose, parse_allow, powersgd_rank
 from torchpp.runtime.trainer import optimizer_mismatch
 
 
-def _dp_plan(model: str = "qwen3-small"):
+def _dp_plan(model: str = "qwen3-small", members: int = 2):
     from torchpp.models.presets import load_config, model_info
     from torchpp.planner.simple import make_plan
 
     info = model_info(load_config(model, num_layers=3), model)
-    return make_plan(info, seq_len=64, global_batch=6, num_microbatches=1, layer_ranges=[(0, 3)], group_sizes=[2],
-                     schedule="1f1b")
+    return make_plan(info, seq_len=64, global_batch=12, num_microbatches=1, layer_ranges=[(0, 3)],
+                     group_sizes=[members], schedule="1f1b")
 
 
 def _psgd_pays(p: Plan) -> float:
@@ -25,17 +26,23 @@ def _psgd_pays(p: Plan) -> float:
     return 0.5 if p.stages[0].sync is not None and p.stages[0].sync.kind == "powersgd" else 1.0
 
 
-def test_powersgd_rank_is_hidden_over_16_under_adamw_and_4_under_sgd():
-    assert powersgd_rank("adamw", 256) == 16 and powersgd_rank("adamw", 1000) == 63
-    assert powersgd_rank("adamw", 64) == 4  # never below the profiled rank
-    assert powersgd_rank("sgd", 256) == 4
+def test_powersgd_rank_grows_with_the_group_under_adamw_and_is_4_under_sgd():
+    assert powersgd_rank("adamw", 256, 2) == 16 and powersgd_rank("adamw", 256, 3) == 32
+    assert powersgd_rank("adamw", 1000, 2) == 63
+    assert powersgd_rank("adamw", 64, 2) == 4  # never below the profiled rank
+    assert powersgd_rank("adamw", 256, 4) is None  # not offered beyond what was measured
+    assert powersgd_rank("sgd", 256, 2) == 4 == powersgd_rank("sgd", 256, 8)
     with pytest.raises(ValueError, match="optimizer: expected one of adamw, sgd, got 'adam'"):
-        powersgd_rank("adam", 256)
+        powersgd_rank("adam", 256, 2)
 
 
-@pytest.mark.parametrize("optimizer,rank", [("adamw", 16), ("sgd", 4)])
-def test_the_wire_pass_offers_a_group_powersgd_at_the_optimizers_rank(optimizer, rank):
-    got = choose(_dp_plan(), _psgd_pays, parse_allow("powersgd"), optimizer=optimizer)
+@pytest.mark.parametrize("optimizer,members,rank", [("adamw", 2, 16), ("adamw", 3, 32), ("adamw", 4, None),
+                                                    ("sgd", 2, 4), ("sgd", 4, 4)])
+def test_the_wire_pass_offers_a_group_powersgd_at_the_optimizers_rank(optimizer, members, rank):
+    got = choose(_dp_plan(members=members), _psgd_pays, parse_allow("powersgd"), optimizer=optimizer)
+    if rank is None:  # under adamw a group of 4 never gets PowerSGD, however much it would pay
+        assert got.plan.stages[0].sync is None and got.decisions == []
+        return
     assert got.plan.stages[0].sync == Sync(kind="powersgd", rank=rank)
     assert f"powersgd rank {rank} under {optimizer}" in got.decisions[0]
 

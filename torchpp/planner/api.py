@@ -326,7 +326,7 @@ def _choose_wire(chosen: Plan, costs: Costs, pb: Any, options: PlanOptions,
     The wire pass refines each candidate per link; the fastest that fits memory and beats the
     searched fp32 plan by the pass's margins wins. Returns it, the searched plan's fp32 step time,
     and the record plan_meta.json keeps (each candidate, what it was searched under, why the winner won)."""
-    from .wire import DILOCO_GAIN, MIN_GAIN, changes_optimisation, choose, powersgd_rank
+    from .wire import DILOCO_GAIN, MIN_GAIN, changes_optimisation, choose, powersgd_note
 
     allow = options.allow_lossy
     cands: list[tuple[str, str, Plan]] = [("fp32", "searched", chosen)]
@@ -368,9 +368,7 @@ def _choose_wire(chosen: Plan, costs: Costs, pb: Any, options: PlanOptions,
         + f"; predicted step {fp32:.4g} s (searched, fp32) -> {got.step_s if got else fp32:.4g} s"
         + (f" on {label}" if got and i else ""))
     if "powersgd" in allow:
-        say(f"powersgd under {options.optimizer}: offered at rank {powersgd_rank(options.optimizer, chosen.model.hidden_size)}"
-            f" (hidden {chosen.model.hidden_size}; planner/wire.py powersgd_rank: under adamw at least hidden / 16, "
-            "below which it trained measurably worse than fp32)")
+        say(powersgd_note(options.optimizer, chosen.model.hidden_size))
     record = {"allowed": sorted(allow), "optimizer": options.optimizer, "fp32_step_time_s": fp32, "candidates": rows, "not_searched": skipped,
               "why": why}
     return (got.plan if got else chosen), fp32, record

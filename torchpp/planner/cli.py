@@ -59,8 +59,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "plan names each choice (stages[i].wire, stages[i].sync). Default: fp32 everywhere")
     g.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",
                    help="with --allow-lossy: the optimizer torchpp.train will run (default adamw, as its); PowerSGD "
-                        "is offered at rank 4 under sgd, at least hidden/16 under adamw (docs/links.md); the plan "
-                        "records it")
+                        "is offered at rank 4 under sgd; under adamw at rank hidden*(members-1)/16 and to groups of "
+                        "at most 3 (docs/links.md); the plan records it")
     g.add_argument("--tied-rows", type=T.int_in(0, 2**31 - 1), default=0,
                    metavar="N", help="with --allow-lossy: distinct token ids a step touches, to price the exact "
                    "tied-weight sync that sends only those rows (default 0: every token of the step)")

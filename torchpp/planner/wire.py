@@ -24,7 +24,7 @@ plans; the fastest wins. On one plan:
    crosses the link), so it is taken only where it shortens the predicted step by ``diloco_gain``
    (20%): where the all-reduce dominates, not where it is a tenth of the step. PowerSGD (a low-rank
    gradient, not a rounding) is held to the same 20%, at the rank :func:`powersgd_rank` gives for
-   the plan's optimizer and hidden size.
+   the optimizer, hidden size and group (under AdamW not at all beyond 3 members).
 3. The tied weight between the first and the last stage: ``rows`` first (exact: only the rows the
    step's tokens touch cross, each way; ``formats.rows_refusal`` says where it cannot apply), then
    the lossy all-reduces; the least lossy within ``min_gain`` of the best that pays.
@@ -57,7 +57,10 @@ ADAPTIVE = ("adamw",)
 """Optimizers that rescale each coordinate by its own gradient history, so a low-rank gradient's error
 in a small coordinate becomes a full-size step."""
 ADAPTIVE_RANK_FRACTION = 16
-"""Under an adaptive optimizer PowerSGD's rank is at least hidden / this."""
+"""Under an adaptive optimizer PowerSGD's rank is at least hidden × (members − 1) / this."""
+ADAPTIVE_MAX_MEMBERS = 3
+"""Under an adaptive optimizer PowerSGD is offered to groups of at most this many members (the largest
+measured; from 5 its rank's bytes are no fewer than bf16's)."""
 OPTIMISATION_KINDS = ("diloco", "powersgd")
 """Sync kinds held to :data:`DILOCO_GAIN` rather than :data:`MIN_GAIN`."""
 
@@ -67,17 +70,34 @@ def changes_optimisation(lossy: Iterable[str]) -> bool:
     return any(k in x for x in lossy for k in OPTIMISATION_KINDS)
 
 
-def powersgd_rank(optimizer: str, hidden: int) -> int:
-    """The PowerSGD rank the planner offers: :data:`POWERSGD_RANK` (4) under SGD; under AdamW at least
-    hidden / 16. Data parallel over 2 ranks under AdamW, 250 steps (benchmarks/bench_powersgd.py,
-    docs/links.md): qwen3-small cut to 3 layers (hidden 256) ended +12.8% above fp32's loss at rank 4,
-    +0.90% at rank 16; qwen3-tiny (hidden 64) +1.22% at rank 4; a plain all-reduce for the first 10% of
-    the steps instead (rank 4) still +7.2%. Higher rank is priced by the cost model (bytes 2r/hidden)."""
+def powersgd_rank(optimizer: str, hidden: int, members: int) -> int | None:
+    """The PowerSGD rank the planner offers a sync of ``members`` ranks (None: not offered).
+
+    Under SGD :data:`POWERSGD_RANK` (4). Under AdamW, which rescales each coordinate so that a low-rank
+    error in a small one becomes a full-size step, at least hidden × (members − 1) / 16, in groups of at
+    most 3. Measured (benchmarks/bench_powersgd.py, 250 steps, loss at equal tokens against fp32,
+    docs/links.md): qwen3-small cut to 3 layers (hidden 256) over 2 ranks +12.8% at rank 4, +3.6% at 8,
+    +0.90% at 16; over 3 ranks +12.5% at 4, +2.6% at 16, +1.3% at 32; qwen3-tiny (hidden 64) over 2
+    +1.2% at rank 4; a plain all-reduce for the first 10% of the steps (rank 4, 2 ranks) still +7.2%.
+    The cost model prices the rank's bytes (2r/hidden of each weight), so a high rank is chosen only
+    where it still pays."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
-    if optimizer in ADAPTIVE:
-        return max(POWERSGD_RANK, -(-hidden // ADAPTIVE_RANK_FRACTION))
-    return POWERSGD_RANK
+    if optimizer not in ADAPTIVE:
+        return POWERSGD_RANK
+    if members > ADAPTIVE_MAX_MEMBERS:
+        return None
+    return max(POWERSGD_RANK, -(-hidden * (members - 1) // ADAPTIVE_RANK_FRACTION))
+
+
+def powersgd_note(optimizer: str, hidden: int) -> str:
+    """What ``torchpp plan --allow-lossy ...,powersgd`` says of the ranks it offers under ``optimizer``."""
+    if optimizer not in ADAPTIVE:
+        return f"powersgd under {optimizer}: offered at rank {POWERSGD_RANK}"
+    return (f"powersgd under {optimizer}: offered at rank {powersgd_rank(optimizer, hidden, 2)} to a pair and "
+            f"{powersgd_rank(optimizer, hidden, 3)} to a group of 3 (hidden {hidden}: at least hidden x (members - 1)"
+            f" / {ADAPTIVE_RANK_FRACTION}), not to larger groups: at rank 4 under adamw it trained measurably worse "
+            "than fp32 (docs/links.md); --optimizer sgd if the run uses sgd")
 
 
 def parse_allow(text: str | Iterable[str] | None) -> frozenset[str]:
@@ -104,7 +124,10 @@ def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], mi
     """``plan`` with the wire format of each link and the sync of each group that pay (module docstring);
     ``tied_rows``: the distinct token ids a step is expected to touch (0: every token of the step);
     ``optimizer``: the run's (the PowerSGD rank offered depends on it)."""
-    psgd = Sync(kind="powersgd", rank=powersgd_rank(optimizer, plan.model.hidden_size))
+    def psgd(members: int) -> list[Sync]:
+        rank = powersgd_rank(optimizer, plan.model.hidden_size, members) if "powersgd" in allow else None
+        return [] if rank is None else [Sync(kind="powersgd", rank=rank)]
+
     best = copy.deepcopy(plan)
     base = best_s = price(best)
     out = WireChoice(plan=best, fp32_step_s=base, step_s=base)
@@ -139,8 +162,7 @@ def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], mi
             cands.append(Sync(kind="allreduce", wire="bf16"))
         if "int8" in allow and len(s.devices) == 2:  # all-gathered: beyond two members a ring sends less
             cands.append(Sync(kind="allreduce", wire="int8"))
-        if "powersgd" in allow:
-            cands.append(psgd)
+        cands += psgd(len(s.devices))
         if "diloco" in allow and not (tied and (s.has_embed or s.has_tail)):
             outer = "int8" if "int8" in allow else "bf16" if "bf16" in allow else "fp32"
             cands += [Sync(kind="diloco", H=h, wire=outer) for h in PERIODS]
@@ -154,7 +176,7 @@ def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], mi
         pair = len(set(plan.stages[0].ranks) | set(plan.stages[-1].ranks)) == 2
         cands = ([Sync(kind="rows", rows=tied_rows)] if rows_refusal(best) is None else []) + [
             Sync(kind="allreduce", wire=f) for f in ("bf16", "int8") if f in allow and (f != "int8" or pair)] + (
-            [psgd] if "powersgd" in allow else [])
+            psgd(len(set(plan.stages[0].ranks) | set(plan.stages[-1].ranks))))
         best.tied_sync, best_s = _best_sync(best, cands, best, price, best_s, min_gain, diloco_gain, key="tied_sync")
         if best.tied_sync is not None and best.tied_sync.kind == "rows":
             out.decisions.append("tied-weight sync: the touched rows (exact)")
