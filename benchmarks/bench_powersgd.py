@@ -1,0 +1,176 @@
+"""Does a PowerSGD all-reduce train as well as fp32? Data parallel over 2 local ranks, real text.
+
+Every run is a real torchpp training run (``torchpp.runtime.trainer.train`` on 2 gloo ranks) of
+one model from the same seed on the same batches (UTF-8 bytes of the vim manual on this machine;
+``--model small3``: qwen3-small cut to 3 layers, 6 x 64 tokens a step, the model and batch of the
+plan the planner chose on the emulated 3-Pi cluster; ``tiny``: qwen3-tiny, 8 x 64; the plan's one
+stage on a group of two), its group sync the plan's: fp32, or
+``{"kind": "powersgd", "rank": r}`` started after ``start`` plain all-reduces (torch's
+``start_powerSGD_iter``; the runtime's own is 2, the smallest torch allows with error feedback).
+The optimizer is AdamW (``torchpp.train``'s default) or, for contrast, SGD with momentum 0.9 (the
+PowerSGD paper's), which ``torchpp.train`` does not offer: both are set in the rank here. Links
+play no part: PowerSGD changes the arithmetic, not only the bytes, so loss at equal tokens is what
+is measured (the mean of the last ``--window`` steps, against the fp32 run of the same optimizer).
+
+Outputs in ``--out``: ``results.json`` (every step's loss, the settings), ``summary.csv`` and
+``loss_vs_step.png``.
+
+    python benchmarks/bench_powersgd.py [--steps 250] [--runs adamw_fp32,adamw_r4_s2,...]
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_wire import _smooth, _text  # noqa: E402
+
+MODELS = {  # the cluster's planned DP plan's model and batch (bench_wire_cluster.PP); bench_wire's DP runs'
+    "small3": dict(model="qwen3-small", layers=3, global_batch=6, seq_len=64),
+    "tiny": dict(model="qwen3-tiny", layers=4, global_batch=8, seq_len=64),
+}
+
+RUNS = {  # name: optimizer, lr, PowerSGD rank (0: fp32 all-reduce), plain all-reduces before it
+    "adamw_fp32": ("adamw", 1e-3, 0, 0),
+    "adamw_r4_s2": ("adamw", 1e-3, 4, 2),
+    "adamw_r4_s25": ("adamw", 1e-3, 4, 25),
+    "adamw_r8_s2": ("adamw", 1e-3, 8, 2),
+    "adamw_r16_s2": ("adamw", 1e-3, 16, 2),
+    "adamw_r32_s2": ("adamw", 1e-3, 32, 2),
+    "sgdm_fp32": ("sgdm", 0.1, 0, 0),
+    "sgdm_r4_s2": ("sgdm", 0.1, 4, 2),
+}
+
+
+def _plan(tmp: Path, m: dict, rank: int, ranks: int, tied: bool) -> Path:
+    """Data parallel over ``ranks`` with a PowerSGD group sync of ``rank`` (0: fp32); ``tied``: a pipeline of
+    ``ranks`` stages instead (3 micro-batches), its tied-weight all-reduce in PowerSGD of ``rank``."""
+    from torchpp.formats import Sync
+    from torchpp.models.presets import load_config, model_info
+    from torchpp.planner.simple import make_plan
+
+    info = model_info(load_config(m["model"], num_layers=m["layers"]), m["model"])
+    sync = Sync(kind="powersgd", rank=rank) if rank else None
+    if tied:
+        cuts = [round(i * m["layers"] / ranks) for i in range(ranks + 1)]
+        p = make_plan(info, seq_len=m["seq_len"], global_batch=m["global_batch"], num_microbatches=3,
+                      layer_ranges=list(zip(cuts, cuts[1:])), group_sizes=[1] * ranks, schedule="1f1b")
+        p.tied_sync = sync
+    else:
+        p = make_plan(info, seq_len=m["seq_len"], global_batch=m["global_batch"], num_microbatches=1,
+                      layer_ranges=[(0, m["layers"])], group_sizes=[ranks], schedule="1f1b")
+        p.stages[0].sync = sync
+    path = tmp / f"{'pp' if tied else 'dp'}{ranks}_r{rank}.json"
+    p.save(path)
+    return path
+
+
+def _run_rank(rank: int, world: int, case: dict) -> None:
+    import torch
+
+    from torchpp.runtime import trainer, wire_links
+
+    if case["optimizer"] == "sgdm":
+        def sgdm(name, params, lr, weight_decay, *a, **k):
+            return torch.optim.SGD(list(params), lr=lr, momentum=0.9, weight_decay=weight_decay)
+        trainer.make_optimizer = sgdm
+    start = case["start"]
+    if start:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as P
+        init = P.PowerSGDState.__init__
+
+        def state(self, *a, **k):
+            init(self, *a, **{**k, "start_powerSGD_iter": start})
+        P.PowerSGDState.__init__ = state
+    s = trainer.train(trainer.TrainConfig(**case["config"]))
+    if rank == 0:
+        Path(case["result"]).write_text(json.dumps({"losses": s.losses, "step_times_s": s.step_times_s}))
+    del wire_links
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=250)
+    ap.add_argument("--model", default="small3", choices=list(MODELS),
+                    help="small3: qwen3-small cut to 3 layers, 6 x 64 tokens a step; tiny: qwen3-tiny, 8 x 64")
+    ap.add_argument("--warmup", type=int, default=20, help="learning-rate warm-up steps")
+    ap.add_argument("--ranks", type=int, default=2, help="the data-parallel group's size (--tied: the stages)")
+    ap.add_argument("--tied", action="store_true",
+                    help="a pipeline of --ranks stages whose tied-weight all-reduce is the run's sync instead")
+    ap.add_argument("--window", type=int, default=25, help="steps averaged at the end")
+    ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
+    ap.add_argument("--text", default=None, help="a text file (default: the vim manual, else tests/data/corpus.txt)")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_wire" / "powersgd_adamw"))
+    args = ap.parse_args(argv)
+    from torchpp.runtime.launch import RankPool
+
+    m = MODELS[args.model]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="bench_powersgd_"))
+    text = _text(args.text, False, tmp)
+    old = out / "results.json"
+    results = json.loads(old.read_text())["runs"] if old.exists() else {}
+    with RankPool(args.ranks, threads=1) as pool:
+        for name in args.runs.split(","):
+            opt, lr, rank, start = RUNS[name]
+            res = tmp / f"{name}.json"
+            cfg = dict(plan=_plan(tmp, m, rank, args.ranks, args.tied), layers=m["layers"], steps=args.steps, data=str(text), tokenizer="bytes", lr=lr,
+                       warmup_steps=args.warmup, seed=0, threads=1, timeout_s=120.0)
+            case = {"config": cfg, "result": str(res), "optimizer": opt, "start": start if rank else 0}
+            pool.run(_run_rank, case, world=args.ranks, timeout_s=3000, pg_timeout_s=120)
+            r = json.loads(res.read_text())
+            r.update(optimizer=opt, lr=lr, rank=rank, start=start if rank else None)
+            results[name] = r
+            print(f"{name}: last-{args.window} mean loss {sum(r['losses'][-args.window:]) / args.window:.4f}", flush=True)
+    rows = []
+    for name, r in results.items():
+        base = results.get(f"{r['optimizer']}_fp32")
+        loss = sum(r["losses"][-args.window:]) / args.window
+        ref = sum(base["losses"][-args.window:]) / args.window if base else None
+        rows.append({"run": name, "optimizer": r["optimizer"], "lr": r["lr"], "powersgd_rank": r["rank"] or "",
+                     "start_powerSGD_iter": r["start"] or "", "loss": round(loss, 4),
+                     "vs_fp32": f"{100 * (loss / ref - 1):+.2f}%" if ref else ""})
+    (out / "results.json").write_text(json.dumps({"settings": vars(args) | {"text": str(text), **m},
+                                                  "runs": results}, indent=1))
+    with open(out / "summary.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    _plot(results, out, args.window, m, args.ranks, args.tied)
+    for row in rows:
+        print(row)
+    return 0
+
+
+def _plot(results: dict, out: Path, window: int, m: dict, ranks: int, tied: bool) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, opt in zip(axes, ("adamw", "sgdm")):
+        if not any(r["optimizer"] == opt for r in results.values()):
+            ax.set_visible(False)
+        for name, r in results.items():
+            if r["optimizer"] == opt:
+                ax.plot(range(1, len(r["losses"]) + 1), _smooth(r["losses"], window), label=name)
+        ax.set(xlabel=f"step ({m['global_batch']} x {m['seq_len']} tokens each)", ylabel=f"training loss ({window}-step mean)",
+               title={"adamw": "AdamW lr 1e-3", "sgdm": "SGD momentum 0.9, lr 0.1"}[opt])
+        if ax.lines:
+            ax.legend()
+    fig.suptitle(f"{m['model']} ({m['layers']} layers), " + (f"a pipeline of {ranks} stages, the tied-weight sync"
+                 if tied else f"data parallel over {ranks} ranks"))
+    fig.tight_layout()
+    fig.savefig(out / "loss_vs_step.png", dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
