@@ -78,7 +78,7 @@ def powersgd_rank(optimizer: str, hidden: int, members: int) -> int | None:
     most 3. Measured (benchmarks/bench_powersgd.py, 250 steps, loss at equal tokens against fp32,
     docs/links.md): qwen3-small cut to 3 layers (hidden 256) over 2 ranks +12.8% at rank 4, +3.6% at 8,
     +0.90% at 16; over 3 ranks +12.5% at 4, +2.6% at 16, +1.3% at 32; qwen3-tiny (hidden 64) over 2
-    +1.2% at rank 4; a plain all-reduce for the first 10% of the steps (rank 4, 2 ranks) still +7.2%.
+    +1.0% at rank 4; a plain all-reduce for the first 10% of the steps (rank 4, 2 ranks) still +7.2%.
     The cost model prices the rank's bytes (2r/hidden of each weight), so a high rank is chosen only
     where it still pays."""
     if optimizer not in OPTIMIZERS:
