@@ -154,3 +154,25 @@ def test_powersgd_is_held_to_the_margin_of_a_change_to_the_optimisation():
     got = choose(plan, price(0.3), parse_allow("powersgd"))  # 24% of the step
     assert got.plan.tied_sync is not None and got.plan.tied_sync.kind == "powersgd"
     assert choose(plan, price(0.1), parse_allow("bf16")).plan.tied_sync.wire == "bf16"
+
+
+def test_powersgd_is_never_chosen_for_a_data_parallel_group():
+    """A group's whole gradient in PowerSGD ended 15% above fp32's loss under AdamW: even where it
+    would halve the predicted step the pass does not offer it, and says so; bf16 and the tied
+    weight's PowerSGD are still chosen where they pay."""
+    from torchpp.planner.wire import GROUP_POWERSGD_REFUSED
+
+    def price(p: Plan) -> float:  # the group's all-reduce: 4 s in fp32, 0.4 s in PowerSGD, 2 s in bf16
+        s = p.stages[0].sync
+        return 1.0 + (4.0 if s is None else 0.4 if s.kind == "powersgd" else 2.0)
+
+    plan = _tied_plan([2, 1])
+    got = choose(plan, price, parse_allow("powersgd"))
+    assert got.plan.stages[0].sync is None and got.step_s == pytest.approx(5.0)
+    assert got.notes == [GROUP_POWERSGD_REFUSED] and not got.decisions
+    got = choose(plan, price, parse_allow("bf16,powersgd"))
+    assert got.plan.stages[0].sync == Sync(kind="allreduce", wire="bf16")
+    assert choose(plan, price, parse_allow("bf16")).notes == []
+    tied = lambda p: 1.0 + {None: 4.0, "rows": 3.9, "powersgd": 1.0}[p.tied_sync and p.tied_sync.kind]  # noqa: E731
+    got = choose(_tied_plan([1, 1]), tied, parse_allow("powersgd"))
+    assert got.plan.tied_sync is not None and got.plan.tied_sync.kind == "powersgd" and got.notes == []

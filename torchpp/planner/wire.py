@@ -22,11 +22,12 @@ plans; the fastest wins. On one plan:
    the tied-weight all-reduce do not take diloco
    (``formats.plan`` refuses it). DiLoCo changes the optimisation itself (not a rounding of what
    crosses the link), so it is taken only where it shortens the predicted step by ``diloco_gain``
-   (20%): where the all-reduce dominates, not where it is a tenth of the step. PowerSGD (a low-rank
-   gradient, not a rounding) is held to the same 20%.
+   (20%): where the all-reduce dominates, not where it is a tenth of the step. PowerSGD is not
+   offered for a group (:data:`GROUP_POWERSGD_REFUSED`).
 3. The tied weight between the first and the last stage: ``rows`` first (exact: only the rows the
    step's tokens touch cross, each way; ``formats.rows_refusal`` says where it cannot apply), then
-   the lossy all-reduces; the least lossy within ``min_gain`` of the best that pays.
+   the lossy all-reduces; the least lossy within ``min_gain`` of the best that pays. PowerSGD (a
+   low-rank gradient, not a rounding) is held to DiLoCo's 20%.
 
 ``price(plan) -> seconds`` is the planner's own prediction, so this module needs nothing of the
 search's internals and applies to any plan.
@@ -52,6 +53,13 @@ this fraction. PowerSGD's low-rank gradients are not a rounding either: on seed 
 100 Mbit/s a data-parallel plan with a rank-4 PowerSGD all-reduce under AdamW ended 15% above fp32's
 loss at equal tokens (docs/links.md); the margin keeps it out where it buys little, and what a lossy
 choice costs in loss is not priced."""
+GROUP_POWERSGD_REFUSED = ("powersgd is offered for the tied weight only, not for a data-parallel group's gradient: "
+                          "a rank-4 PowerSGD all-reduce of every weight ended 15% above fp32's loss under AdamW "
+                          "(docs/links.md); name it in a plan by hand to try it")
+"""Why the pass offers PowerSGD to the tied weight only: on seed 003's cluster at 100 Mbit/s the
+planner's data-parallel plan with a rank-4 PowerSGD all-reduce of every weight ended 15.1% above fp32's
+loss at equal tokens under AdamW (250 steps) and never reached it, where the tied weight's PowerSGD
+all-reduce stayed within 1.7-2.1%. A plan may still name ``{"kind": "powersgd"}`` for a group."""
 OPTIMISATION_KINDS = ("diloco", "powersgd")
 """Sync kinds held to :data:`DILOCO_GAIN` rather than :data:`MIN_GAIN`."""
 
@@ -78,6 +86,8 @@ class WireChoice:
     fp32_step_s: float
     step_s: float
     decisions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """Allowed choices the pass did not offer, and why (not decisions: the plan is unchanged by them)."""
 
 
 def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], min_gain: float = MIN_GAIN,
@@ -118,8 +128,8 @@ def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], mi
             cands.append(Sync(kind="allreduce", wire="bf16"))
         if "int8" in allow and len(s.devices) == 2:  # all-gathered: beyond two members a ring sends less
             cands.append(Sync(kind="allreduce", wire="int8"))
-        if "powersgd" in allow:
-            cands.append(Sync(kind="powersgd"))
+        if "powersgd" in allow and GROUP_POWERSGD_REFUSED not in out.notes:
+            out.notes.append(GROUP_POWERSGD_REFUSED)
         if "diloco" in allow and not (tied and (s.has_embed or s.has_tail)):
             outer = "int8" if "int8" in allow else "bf16" if "bf16" in allow else "fp32"
             cands += [Sync(kind="diloco", H=h, wire=outer) for h in PERIODS]
