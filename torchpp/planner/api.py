@@ -341,9 +341,10 @@ def _choose_wire(chosen: Plan, costs: Costs, pb: Any, options: PlanOptions,
             cands.append(("fp32", name, got.plan))
     price_of = lambda p: predict_plan(p, costs)["step_time_s"]  # noqa: E731
     fp32 = price_of(chosen)
-    rows, best = [], None
+    rows, best, notes = [], None, []
     for i, (under, split, p) in enumerate(cands):
         c = choose(p, price_of, allow, tied_rows=options.tied_rows, optimizer=options.optimizer)
+        notes += [n for n in c.notes if n not in notes]
         margin = DILOCO_GAIN if changes_optimisation(c.plan.lossy) else MIN_GAIN
         fits = price(copy.deepcopy(c.plan), pb, costs.budget).fits
         # a lossy plan must beat the searched fp32 plan by the pass's own margins (planner/wire.py)
@@ -368,9 +369,11 @@ def _choose_wire(chosen: Plan, costs: Costs, pb: Any, options: PlanOptions,
         + f"; predicted step {fp32:.4g} s (searched, fp32) -> {got.step_s if got else fp32:.4g} s"
         + (f" on {label}" if got and i else ""))
     if "powersgd" in allow:
-        say(powersgd_note(options.optimizer, chosen.model.hidden_size))
-    record = {"allowed": sorted(allow), "optimizer": options.optimizer, "fp32_step_time_s": fp32, "candidates": rows, "not_searched": skipped,
-              "why": why}
+        notes.insert(0, powersgd_note(options.optimizer, chosen.model.hidden_size))
+    for n in notes:
+        say(f"wire formats: note: {n}")
+    record = {"allowed": sorted(allow), "optimizer": options.optimizer, "fp32_step_time_s": fp32, "candidates": rows,
+              "not_searched": skipped, "why": why, **({"notes": notes} if notes else {})}
     return (got.plan if got else chosen), fp32, record
 
 

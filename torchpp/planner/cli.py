@@ -54,7 +54,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "prints 'within X%% of optimal in this space', plan_meta.json keeps the certificate")
     g.add_argument("--allow-lossy", default=None, metavar="bf16,int8,diloco",
                    help="let the planner choose lossy wire formats per link (bf16, fp16, int8) and group syncs "
-                        "(bf16, powersgd, diloco with its period H) where they shorten the predicted step; the split "
+                        "(bf16, int8, powersgd at the rank --optimizer allows, diloco with its period H) where they "
+                        "shorten the predicted step; the split "
                         "is searched again with the links priced in each allowed format (docs/planner.md); the "
                         "plan names each choice (stages[i].wire, stages[i].sync). Default: fp32 everywhere")
     g.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",

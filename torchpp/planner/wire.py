@@ -27,7 +27,8 @@ plans; the fastest wins. On one plan:
    the optimizer, hidden size and group (under AdamW not at all beyond 3 members).
 3. The tied weight between the first and the last stage: ``rows`` first (exact: only the rows the
    step's tokens touch cross, each way; ``formats.rows_refusal`` says where it cannot apply), then
-   the lossy all-reduces; the least lossy within ``min_gain`` of the best that pays.
+   the lossy all-reduces; the least lossy within ``min_gain`` of the best that pays. PowerSGD (a
+   low-rank gradient, not a rounding) is held to DiLoCo's 20%, at :func:`powersgd_rank`'s rank.
 
 ``price(plan) -> seconds`` is the planner's own prediction, so this module needs nothing of the
 search's internals and applies to any plan.
@@ -117,6 +118,8 @@ class WireChoice:
     fp32_step_s: float
     step_s: float
     decisions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """Allowed choices the pass did not offer, and why (not decisions: the plan is unchanged by them)."""
 
 
 def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], min_gain: float = MIN_GAIN,
@@ -124,9 +127,16 @@ def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], mi
     """``plan`` with the wire format of each link and the sync of each group that pay (module docstring);
     ``tied_rows``: the distinct token ids a step is expected to touch (0: every token of the step);
     ``optimizer``: the run's (the PowerSGD rank offered depends on it)."""
-    def psgd(members: int) -> list[Sync]:
-        rank = powersgd_rank(optimizer, plan.model.hidden_size, members) if "powersgd" in allow else None
-        return [] if rank is None else [Sync(kind="powersgd", rank=rank)]
+    def psgd(members: int, what: str) -> list[Sync]:
+        if "powersgd" not in allow:
+            return []
+        rank = powersgd_rank(optimizer, plan.model.hidden_size, members)
+        if rank is None:
+            note = (f"powersgd is not offered to {what} ({members} ranks) under {optimizer}: measured to train within "
+                    f"2% of fp32 in groups of at most {ADAPTIVE_MAX_MEMBERS} (docs/links.md)")
+            out.notes += [] if note in out.notes else [note]
+            return []
+        return [Sync(kind="powersgd", rank=rank)]
 
     best = copy.deepcopy(plan)
     base = best_s = price(best)
@@ -162,7 +172,7 @@ def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], mi
             cands.append(Sync(kind="allreduce", wire="bf16"))
         if "int8" in allow and len(s.devices) == 2:  # all-gathered: beyond two members a ring sends less
             cands.append(Sync(kind="allreduce", wire="int8"))
-        cands += psgd(len(s.devices))
+        cands += psgd(len(s.devices), f"stages[{s.index}]'s group")
         if "diloco" in allow and not (tied and (s.has_embed or s.has_tail)):
             outer = "int8" if "int8" in allow else "bf16" if "bf16" in allow else "fp32"
             cands += [Sync(kind="diloco", H=h, wire=outer) for h in PERIODS]
@@ -176,7 +186,7 @@ def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], mi
         pair = len(set(plan.stages[0].ranks) | set(plan.stages[-1].ranks)) == 2
         cands = ([Sync(kind="rows", rows=tied_rows)] if rows_refusal(best) is None else []) + [
             Sync(kind="allreduce", wire=f) for f in ("bf16", "int8") if f in allow and (f != "int8" or pair)] + (
-            psgd(len(set(plan.stages[0].ranks) | set(plan.stages[-1].ranks))))
+            psgd(len(set(plan.stages[0].ranks) | set(plan.stages[-1].ranks)), "the tied weight"))
         best.tied_sync, best_s = _best_sync(best, cands, best, price, best_s, min_gain, diloco_gain, key="tied_sync")
         if best.tied_sync is not None and best.tied_sync.kind == "rows":
             out.decisions.append("tied-weight sync: the touched rows (exact)")
