@@ -99,3 +99,21 @@ def test_the_planner_records_the_optimizer_and_prices_the_rank_it_offers(tmp_pat
         assert g.plan.optimizer == opt and g.meta["wire"]["optimizer"] == opt
     assert got["sgd"].plan.stages[0].sync == Sync(kind="powersgd", rank=4)
     assert got["adamw"].plan.lossy == [] and got["adamw"].plan.num_stages == 2
+
+
+def test_plan_command_takes_optimizer_and_says_what_it_offers(tmp_path, capsys):
+    from test_wire_cost import _setup
+
+    from torchpp.cli import main
+
+    inputs = _setup(tmp_path, 1.25e6)
+    argv = ["plan", "--layers", str(inputs.layers[0]), str(inputs.layers[1]), "--bandwidth", str(inputs.bandwidth),
+            "--devices", str(inputs.devices), "--global-batch", "8", "--schedule", "1f1b", "--allow-lossy", "powersgd"]
+    assert main([*argv, "--optimizer", "sgd", "--out-dir", str(tmp_path / "sgd")]) == 0
+    assert json.loads((tmp_path / "sgd" / "plan.json").read_text())["optimizer"] == "sgd"
+    assert "powersgd under sgd: offered at rank 4" in capsys.readouterr().out
+    assert main([*argv, "--out-dir", str(tmp_path / "adamw")]) == 0  # adamw, torchpp.train's default
+    assert json.loads((tmp_path / "adamw" / "plan.json").read_text())["optimizer"] == "adamw"
+    assert "offered at rank 63 to a pair and 125 to a group of 3" in capsys.readouterr().out
+    assert main([*argv, "--optimizer", "adam", "--out-dir", str(tmp_path / "bad")]) == 2
+    assert "--optimizer" in capsys.readouterr().err
