@@ -1,21 +1,25 @@
-"""Does a PowerSGD all-reduce train as well as fp32? Data parallel over 2 local ranks, real text.
+"""Does a PowerSGD all-reduce train as well as fp32? Data parallel on local ranks, real text.
 
-Every run is a real torchpp training run (``torchpp.runtime.trainer.train`` on 2 gloo ranks) of
-one model from the same seed on the same batches (UTF-8 bytes of the vim manual on this machine;
-``--model small3``: qwen3-small cut to 3 layers, 6 x 64 tokens a step, the model and batch of the
-plan the planner chose on the emulated 3-Pi cluster; ``tiny``: qwen3-tiny, 8 x 64; the plan's one
-stage on a group of two), its group sync the plan's: fp32, or
-``{"kind": "powersgd", "rank": r}`` started after ``start`` plain all-reduces (torch's
-``start_powerSGD_iter``; the runtime's own is 2, the smallest torch allows with error feedback).
-The optimizer is AdamW (``torchpp.train``'s default) or, for contrast, SGD with momentum 0.9 (the
-PowerSGD paper's), which ``torchpp.train`` does not offer: both are set in the rank here. Links
-play no part: PowerSGD changes the arithmetic, not only the bytes, so loss at equal tokens is what
-is measured (the mean of the last ``--window`` steps, against the fp32 run of the same optimizer).
+Every run is a real torchpp training run (``torchpp.runtime.trainer.train`` on ``--ranks`` gloo
+ranks, default 2) of one model from the same seed on the same batches (UTF-8 bytes of the vim
+manual on this machine; ``--model small3``: qwen3-small cut to 3 layers, 6 x 64 tokens a step, the
+model and batch of the plan the planner chose on the emulated 3-Pi cluster; ``tiny``: qwen3-tiny,
+8 x 64). The plan: one stage on a group of ``--ranks`` whose sync is fp32 or
+``{"kind": "powersgd", "rank": r}``, or with ``--tied`` a pipeline of ``--ranks`` stages whose
+tied-weight all-reduce is. ``start`` is torch's ``start_powerSGD_iter`` (plain all-reduces before the
+first compressed one; the runtime's is 2, the smallest torch allows with error feedback; others are
+set inside the ranks here). The optimizer is AdamW (``torchpp.train``'s default) or, for contrast,
+SGD with momentum 0.9 (the PowerSGD paper's), which ``torchpp.train`` does not offer (also set in
+the ranks). Links play no part: PowerSGD changes the arithmetic, not only the bytes, so loss at
+equal tokens is what is measured (the mean of the last ``--window`` steps, against the fp32 run of
+the same optimizer).
 
 Outputs in ``--out``: ``results.json`` (every step's loss, the settings), ``summary.csv`` and
 ``loss_vs_step.png``.
 
     python benchmarks/bench_powersgd.py [--steps 250] [--runs adamw_fp32,adamw_r4_s2,...]
+    python benchmarks/bench_powersgd.py --ranks 3 --runs adamw_fp32,adamw_r16_s2,adamw_r32_s2 --out .../dp3
+    python benchmarks/bench_powersgd.py --ranks 3 --tied --runs adamw_fp32,adamw_r8_s2,adamw_r16_s2 --out .../tied3
 """
 from __future__ import annotations
 
