@@ -18,6 +18,7 @@ Outputs in ``--out``: ``results.json`` (every step's loss, the settings), ``summ
 ``loss_vs_step.png``.
 
     python benchmarks/bench_powersgd.py [--steps 250] [--runs adamw_fp32,adamw_r4_s2,...]
+    python benchmarks/bench_powersgd.py --quick --out /tmp/q   # qwen3-tiny, 3 steps of fp32 and rank 4: checks that it runs
     python benchmarks/bench_powersgd.py --ranks 3 --runs adamw_fp32,adamw_r16_s2,adamw_r32_s2 --out .../dp3
     python benchmarks/bench_powersgd.py --ranks 3 --tied --runs adamw_fp32,adamw_r8_s2,adamw_r16_s2 --out .../tied3
 """
@@ -110,14 +111,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
     ap.add_argument("--text", default=None, help="a text file (default: the vim manual, else tests/data/corpus.txt)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_wire" / "powersgd_adamw"))
+    ap.add_argument("--quick", action="store_true",
+                    help="qwen3-tiny, 3 steps of adamw_fp32 and adamw_r4_s2 on the test corpus: checks that it runs")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.model, args.steps, args.warmup, args.window, args.runs = "tiny", 3, 1, 1, "adamw_fp32,adamw_r4_s2"
+    bad = [x for x in args.runs.split(",") if x not in RUNS]
+    if bad:
+        raise SystemExit(f"--runs: expected names from {','.join(RUNS)}, got {bad[0]!r}")
     from torchpp.runtime.launch import RankPool
 
     m = MODELS[args.model]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench_powersgd_"))
-    text = _text(args.text, False, tmp)
+    text = _text(args.text, args.quick, tmp)
     old = out / "results.json"
     results = json.loads(old.read_text())["runs"] if old.exists() else {}
     with RankPool(args.ranks, threads=1) as pool:
