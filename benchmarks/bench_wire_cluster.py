@@ -197,14 +197,17 @@ def traced_bytes(trace_dir: Path, step: int) -> int:
     return wire_bytes(json.loads(f.read_text()) for f in trace_dir.glob(f"timeline_step{step}_rank*.json"))
 
 
-def run_one(cluster_name: str, name: str, plan: Path, args, text: Path, out: Path) -> dict:
+def run_one(cluster_name: str, name: str, plan: Path, args, text: Path, out: Path, layers: int | None = -1) -> dict:
+    """Train ``plan`` for ``args.steps`` on the cluster; ``layers``: the model's decoder layers kept
+    (-1: seed 003's pipeline or data-parallel model's, by the run's name; None: the whole model)."""
     from torchpp.cluster import cluster
 
     d = out / name
     shutil.rmtree(d, ignore_errors=True)
-    model = PP if name.startswith("pp") else DP
+    if layers == -1:
+        layers = (PP if name.startswith("pp") else DP)["layers"]
     trace_steps = (2, 3)
-    argv = [sys.executable, "-m", "torchpp.train", "--plan", str(plan), "--layers", str(model["layers"]),
+    argv = [sys.executable, "-m", "torchpp.train", "--plan", str(plan), *(["--layers", str(layers)] if layers else []),
             "--data", str(text), "--tokenizer", "bytes", "--data-cache", str(out / "cache"),
             "--steps", str(args.steps), "--lr", str(args.lr), "--warmup-steps", str(args.warmup), "--seed", "0",
             "--threads", "1", "--timeout-s", "300", "--trace-dir", str(d / "trace"),
@@ -267,10 +270,10 @@ def summarize(results: dict, target_step: int, window: int) -> dict:
     return out
 
 
-def table(summary: dict, rate: str, window: int, cpu_period_ms: float = 100.0) -> str:
-    lines = [f"Measured on the emulated seed-003 cluster (pi3.json: 3 namespaces, 0.6 core each over "
-             f"{cpu_period_ms:g} ms CPU quota periods), every link {rate} "
-             f"(tc); losses smoothed over {window} steps; wall-clock = rank 0's measured steps, summed.", "",
+def table(summary: dict, rate: str, window: int, cpu_period_ms: float = 100.0, where: str | None = None) -> str:
+    where = where or (f"the emulated seed-003 cluster (pi3.json: 3 namespaces, 0.6 core each over "
+                      f"{cpu_period_ms:g} ms CPU quota periods), every link {rate} (tc)")
+    lines = [f"Measured on {where}; losses smoothed over {window} steps; wall-clock = rank 0's measured steps, summed.", "",
              "| run | steps | loss at equal tokens | vs fp32 | bytes/step | fewer bytes | median step | predicted step "
              "| time to fp32's step-N loss (speed-up) | load avg (before, after) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -287,14 +290,15 @@ def table(summary: dict, rate: str, window: int, cpu_period_ms: float = 100.0) -
     return "\n".join(lines) + "\n"
 
 
-def plot(results: dict, out: Path, window: int, rate: str) -> None:
+def plot(results: dict, out: Path, window: int, rate: str,
+         columns: tuple = ((0, "pp", "pipeline links (seed 003)"), (1, "dp", "data-parallel sync"))) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    for col, prefix, title in ((0, "pp", "pipeline links (seed 003)"), (1, "dp", "data-parallel sync")):
+    fig, axes = plt.subplots(2, len(columns), figsize=(5.5 * len(columns), 8), squeeze=False)
+    for col, prefix, title in columns:
         for name, r in results.items():
             if name.startswith(prefix):
                 t, acc = [], 0.0
