@@ -40,7 +40,7 @@ RUNS = ("pp_fp32", "pp_lossy", "pp_bf16", "pp_split_fp32")
 
 def make_plans(demo: Path, work: Path) -> dict[str, Path]:
     """The demo's two plans and the bf16 variant of the lossy one (module docstring)."""
-    from torchpp.formats import Plan
+    from torchpp.formats import Plan, Sync
 
     plans = {"pp_fp32": demo / "plan" / "plan.json", "pp_lossy": demo / "plan_lossy" / "plan.json"}
     for name, path in plans.items():
@@ -53,9 +53,9 @@ def make_plans(demo: Path, work: Path) -> dict[str, Path]:
         for s in plan.stages:
             s.wire = fmt if s is not plan.stages[-1] else None
             if s.sync is not None and s.sync.lossy:
-                s.sync = None if fmt is None else type(s.sync)(kind="allreduce", wire=fmt)
+                s.sync = None if fmt is None else Sync(kind="allreduce", wire=fmt)
         if plan.tied_sync is not None and plan.tied_sync.lossy:
-            plan.tied_sync = None if fmt is None else type(plan.tied_sync)(kind="allreduce", wire=fmt)
+            plan.tied_sync = None if fmt is None else Sync(kind="allreduce", wire=fmt)
         plan.predicted = None  # not what the planner priced
         plans[name] = plan.save(work / f"plan_{name}.json")
     return plans
