@@ -16,7 +16,7 @@ from pathlib import Path
 from .. import argtypes as T, validate as V
 from ..argtypes import boolean as _bool
 from ..errors import UsageError
-from ..formats import FULL_BACKWARD_ONE_CHUNK, KIND_NAMES, LayersFile, Predicted, parse_kinds
+from ..formats import FULL_BACKWARD_ONE_CHUNK, KIND_NAMES, OPTIMIZERS, LayersFile, Predicted, parse_kinds
 from . import api, bandwidth, capacities
 from .api import Estimate, PlanInputs, PlanOptions, Strategy
 
@@ -58,7 +58,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "shorten the predicted step; the split "
                         "is searched again with the links priced in each allowed format (docs/planner.md); the "
                         "plan names each choice (stages[i].wire, stages[i].sync). Default: fp32 everywhere")
-    g.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",
+    g.add_argument("--optimizer", choices=list(OPTIMIZERS), default="adamw",
                    help="with --allow-lossy: the optimizer torchpp.train will run (default adamw, as its); PowerSGD "
                         "is offered at rank 4 under sgd; under adamw at rank hidden*(members-1)/16 and to groups of "
                         "at most 3 (docs/links.md); the plan records it")

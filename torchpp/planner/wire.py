@@ -178,24 +178,25 @@ def choose(plan: Plan, price: Callable[[Plan], float], allow: frozenset[str], mi
             cands += [Sync(kind="diloco", H=h, wire=outer) for h in PERIODS]
         s.sync, best_s = _best_sync(s, cands, best, price, best_s, min_gain, diloco_gain)
         if s.sync is not None:
-            out.decisions.append(f"stages[{s.index}] group {s.ranks}: {s.sync.kind}"
-                                 + (f" H={s.sync.H}" if s.sync.kind == "diloco" else "")
-                                 + (f" rank {s.sync.rank} under {optimizer}" if s.sync.kind == "powersgd" else "")
-                                 + f" ({s.sync.wire})")
+            out.decisions.append(f"stages[{s.index}] group {s.ranks}: {_describe(s.sync, optimizer)}")
     if tied:
-        pair = len(set(plan.stages[0].ranks) | set(plan.stages[-1].ranks)) == 2
+        members = len(set(plan.stages[0].ranks) | set(plan.stages[-1].ranks))
         cands = ([Sync(kind="rows", rows=tied_rows)] if rows_refusal(best) is None else []) + [
-            Sync(kind="allreduce", wire=f) for f in ("bf16", "int8") if f in allow and (f != "int8" or pair)] + (
-            psgd(len(set(plan.stages[0].ranks) | set(plan.stages[-1].ranks)), "the tied weight"))
+            Sync(kind="allreduce", wire=f) for f in ("bf16", "int8") if f in allow and (f != "int8" or members == 2)] + (
+            psgd(members, "the tied weight"))
         best.tied_sync, best_s = _best_sync(best, cands, best, price, best_s, min_gain, diloco_gain, key="tied_sync")
         if best.tied_sync is not None and best.tied_sync.kind == "rows":
             out.decisions.append("tied-weight sync: the touched rows (exact)")
         elif best.tied_sync is not None:
-            out.decisions.append(f"tied-weight all-reduce: {best.tied_sync.kind}"
-                                 + (f" rank {best.tied_sync.rank} under {optimizer}"
-                                    if best.tied_sync.kind == "powersgd" else "") + f" ({best.tied_sync.wire})")
+            out.decisions.append(f"tied-weight all-reduce: {_describe(best.tied_sync, optimizer)}")
     out.step_s = best_s
     return out
+
+
+def _describe(sync: Sync, optimizer: str) -> str:
+    """A group's or the tied weight's sync as the pass's decisions name it."""
+    return (sync.kind + (f" H={sync.H}" if sync.kind == "diloco" else "")
+            + (f" rank {sync.rank} under {optimizer}" if sync.kind == "powersgd" else "") + f" ({sync.wire})")
 
 
 def _best_sync(owner, cands: list[Sync], plan: Plan, price: Callable[[Plan], float], base_s: float, min_gain: float,
