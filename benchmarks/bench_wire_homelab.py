@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         a.out = a.work / "out" if a.quick else ROOT / "benchmarks" / "results" / "bench_wire" / "homelab_wifi"
     if a.demo is None and not a.quick:
         raise SystemExit("--demo: expected the output folder of `torchpp demo --scenario slowlink` (or --quick)")
+    from bench_wire import _text
     from bench_wire_cluster import plot, run_one, summarize, table
 
     from torchpp.cluster import cluster, tc
@@ -97,12 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--runs: expected names from {','.join(RUNS)}, got {bad[0]!r}")
     os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
     a.out.mkdir(parents=True, exist_ok=True)
-    text = a.work / "text.txt"
     a.work.mkdir(parents=True, exist_ok=True)
-    if not text.exists():
-        src = Path(a.text) if a.text else ROOT / "tests" / "data" / "corpus.txt" if a.quick else Path("/usr/share/vim/vim90/doc")
-        text.write_text(src.read_text() if src.is_file() else
-                        "\n".join(p.read_text(errors="replace") for p in sorted(src.glob("*.txt"))))
+    text = _text(a.text, a.quick, a.work)  # the vim manual joined into one file, else the test corpus
     if a.demo is None:  # --quick
         a.demo = a.work / "demo"
         subprocess.run([sys.executable, "-m", "torchpp", "demo", "--scenario", "slowlink", "--quick", "--out",
