@@ -207,11 +207,8 @@ def run_one(cluster_name: str, name: str, plan: Path, args, text: Path, out: Pat
     if layers == -1:
         layers = (PP if name.startswith("pp") else DP)["layers"]
     trace_steps = (2, 3)
-    argv = [sys.executable, "-m", "torchpp.train", "--plan", str(plan), *(["--layers", str(layers)] if layers else []),
-            "--data", str(text), "--tokenizer", "bytes", "--data-cache", str(out / "cache"),
-            "--steps", str(args.steps), "--lr", str(args.lr), "--warmup-steps", str(args.warmup), "--seed", "0",
-            "--threads", "1", "--timeout-s", "300", "--trace-dir", str(d / "trace"),
-            "--trace-steps", ",".join(map(str, trace_steps)), "--log-dir", str(d), "--no-output"]
+    argv = train_argv(plan, args, text, out, d, layers) + ["--trace-dir", str(d / "trace"),
+                                                           "--trace-steps", ",".join(map(str, trace_steps))]
     load0 = os.getloadavg()
     t0 = time.monotonic()
     rc, res = cluster.run(cluster_name, argv, d / "hosts", timeout=args.run_timeout, plan=plan)
@@ -219,8 +216,7 @@ def run_one(cluster_name: str, name: str, plan: Path, args, text: Path, out: Pat
     if rc != 0:
         bad = next(r for r in res if r.returncode != 0)
         raise RuntimeError(f"{name}: exit {rc}; {bad.log}:\n{cluster.tail(bad.log)}")
-    recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
-    recs = [r for r in recs if "step" in r and "loss" in r]
+    recs = step_records(d)
     times = [float(r["step_time_s"]) for r in recs]
     r = {"plan": str(plan), "losses": [float(x["loss"]) for x in recs], "step_times_s": times,
          "median_step_s": statistics.median(times[1:]), "run_wall_s": wall,
@@ -229,6 +225,20 @@ def run_one(cluster_name: str, name: str, plan: Path, args, text: Path, out: Pat
          "predicted_step_s": _predicted(plan)}
     (d / "result.json").write_text(json.dumps(r, indent=1))
     return r
+
+
+def train_argv(plan: Path, args, text: Path, work: Path, d: Path, layers: int | None, seed: int = 0) -> list[str]:
+    """Every rank's ``torchpp.train`` command of a run (the cluster's and the local seed runs' alike)."""
+    return [sys.executable, "-m", "torchpp.train", "--plan", str(plan), *(["--layers", str(layers)] if layers else []),
+            "--data", str(text), "--tokenizer", "bytes", "--data-cache", str(work / "cache"),
+            "--steps", str(args.steps), "--lr", str(args.lr), "--warmup-steps", str(args.warmup), "--seed", str(seed),
+            "--threads", "1", "--timeout-s", "300", "--log-dir", str(d), "--no-output"]
+
+
+def step_records(d: Path) -> list[dict]:
+    """The per-step records (loss, step time) a run wrote to ``d/metrics.jsonl``."""
+    recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in recs if "step" in r and "loss" in r]
 
 
 def _predicted(plan: Path) -> float | None:

@@ -17,6 +17,16 @@ loss curve says whether the compressed links still train and a clock says what t
 - ``pp_split_fp32``: the lossy plan's split with everything in fp32, unpriced: the control that
   tells the wire formats' effect on the loss from the split's (a split alone changes no loss in
   exact arithmetic, but the order of floating-point sums may differ).
+- ``pp_fp32_mb``: the fp32 plan with micro-batches twice as large (half as many; or half as large
+  where their count is odd): the same samples, model and optimizer, only the order of the
+  floating-point sums differs. Its gap to ``pp_fp32`` is the noise floor of a loss comparison at
+  this step: a lossy run's gap means something only beyond it.
+
+``--local-seeds 0,1,2`` trains the runs on local processes instead, once per seed (model init and
+batches), and writes ``<out>/seeds.json``, ``seeds.md`` and ``loss_by_seed.png``: each run's gap to
+the fp32 plan of the same seed, per seed and their mean. The links change no arithmetic, so a local
+run's losses equal the cluster's of the same seed bit for bit (its times mean nothing); this is the
+cheap way to see whether a gap is the format's or the seed's.
 
 qwen3-homelab fits no single host, so there is no data-parallel run (and no DiLoCo). Writes
 ``<out>/``: ``results.json``, ``summary.md``, ``loss_vs_time.png``.
@@ -24,6 +34,7 @@ qwen3-homelab fits no single host, so there is no data-parallel run (and no DiLo
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import subprocess
@@ -35,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-RUNS = ("pp_fp32", "pp_lossy", "pp_bf16", "pp_split_fp32")
+RUNS = ("pp_fp32", "pp_lossy", "pp_bf16", "pp_split_fp32", "pp_fp32_mb")
 
 
 def make_plans(demo: Path, work: Path) -> dict[str, Path]:
@@ -58,7 +69,122 @@ def make_plans(demo: Path, work: Path) -> dict[str, Path]:
             plan.tied_sync = None if fmt is None else Sync(kind="allreduce", wire=fmt)
         plan.predicted = None  # not what the planner priced
         plans[name] = plan.save(work / f"plan_{name}.json")
+    plans["pp_fp32_mb"] = reordered_sums(Plan.load(plans["pp_fp32"])).save(work / "plan_pp_fp32_mb.json")
     return plans
+
+
+def reordered_sums(plan):
+    """``plan`` with micro-batches twice as large (half as many), or half as large where their count
+    is odd: the same arithmetic summed in another order (module docstring, ``pp_fp32_mb``)."""
+    from torchpp.formats import split_samples
+    from torchpp.schedules import build
+
+    m, b = plan.num_microbatches, plan.micro_batch_size
+    for factor in (((2, 0.5),) if m % 2 == 0 else ()) + (((0.5, 2),) if b % 2 == 0 else ()):
+        p = copy.deepcopy(plan)
+        p.micro_batch_size, p.num_microbatches = int(b * factor[0]), int(m * factor[1])
+        for s in p.stages:
+            for d, n in zip(s.devices, split_samples(p.micro_batch_size, [d.share for d in s.devices])):
+                d.samples = n
+        p.predicted = None
+        try:
+            build(p)
+        except ValueError:
+            continue  # the schedule does not take that count (interleaved rounds)
+        return p
+    raise SystemExit(f"pp_fp32_mb: the fp32 plan's {m} micro-batches of {b} can be neither doubled nor halved "
+                     "under its schedule")
+
+
+def run_local(name: str, plan: Path, seed: int, a, text: Path) -> list[float]:
+    """``plan`` trained on local processes from ``seed``: every step's loss (module docstring)."""
+    from bench_wire_cluster import step_records, train_argv
+
+    from torchpp.formats import Plan
+
+    d = a.work / "seeds" / f"{name}_s{seed}"
+    d.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "torchpp.runtime.local_cli", "--nproc-per-node", str(Plan.load(plan).world_size),
+            "--", *train_argv(plan, a, text, a.work, d, None, seed)]
+    with open(d / "log", "w") as log:
+        rc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=a.run_timeout).returncode
+    if rc != 0:
+        raise RuntimeError(f"{name} seed {seed}: exit {rc}; see {d / 'log'}")
+    return [float(r["loss"]) for r in step_records(d)]
+
+
+def seed_gaps(runs: dict[str, dict[str, list[float]]], window: int) -> dict[str, dict]:
+    """Per run and seed, the smoothed loss at the last common step against ``pp_fp32``'s of the same
+    seed; and per run the mean gap over the seeds that have both."""
+    from bench_wire import _smooth
+
+    out = {}
+    for name, by_seed in runs.items():
+        gaps = {}
+        for seed, losses in by_seed.items():
+            base = runs.get("pp_fp32", {}).get(seed)
+            if base is None or name == "pp_fp32":
+                continue
+            n = min(len(base), len(losses))
+            gaps[seed] = _smooth(losses[:n], window)[-1] / _smooth(base[:n], window)[-1] - 1
+        if gaps:
+            out[name] = {"gaps": gaps, "mean": sum(gaps.values()) / len(gaps), "min": min(gaps.values()),
+                         "max": max(gaps.values())}
+    return out
+
+
+def seeds_table(gaps: dict[str, dict], steps: int, window: int) -> str:
+    seeds = sorted({s for g in gaps.values() for s in g["gaps"]}, key=int)
+    lines = [f"Loss at equal tokens (mean of the last {window} of {steps} steps) against the fp32 plan of the same "
+             "seed, every run on local processes (the same losses the cluster gives; links change no arithmetic). "
+             "pp_fp32_mb changes only the order of the sums: its gaps are the noise floor.", "",
+             "| run | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | range |",
+             "|---|" + "---|" * (len(seeds) + 2)]
+    for name, g in gaps.items():
+        cells = [f"{g['gaps'][s]:+.2%}" if s in g["gaps"] else "-" for s in seeds]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {g['mean']:+.2%} | {g['min']:+.2%} .. {g['max']:+.2%} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_seeds(runs: dict[str, dict[str, list[float]]], out: Path, window: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from bench_wire import _smooth
+
+    seeds = sorted({s for r in runs.values() for s in r}, key=int)
+    fig, axes = plt.subplots(1, len(seeds), figsize=(5 * len(seeds), 4), squeeze=False)
+    for ax, seed in zip(axes[0], seeds):
+        for name, by_seed in runs.items():
+            if seed in by_seed:
+                ax.plot(range(1, len(by_seed[seed]) + 1), _smooth(by_seed[seed], window), label=name)
+        ax.set(title=f"seed {seed}", xlabel="step (equal tokens)", ylabel="training loss (smoothed)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "loss_by_seed.png", dpi=110)
+    plt.close(fig)
+
+
+def local_seeds(names: list[str], plans: dict[str, Path], seeds: list[int], a, text: Path) -> int:
+    """``--local-seeds``: every run of ``names`` once per seed on local processes; the gaps' table."""
+    saved = a.out / "seeds.json"
+    settings = {"steps": a.steps, "lr": a.lr, "warmup": a.warmup, "text": str(text)}
+    old = json.loads(saved.read_text()) if saved.exists() else {}
+    runs = old.get("runs", {}) if old.get("settings") == settings else {}  # kept only if trained the same way
+    for seed in seeds:
+        for name in names:
+            if len(runs.get(name, {}).get(str(seed), [])) >= a.steps:
+                continue  # kept from an earlier invocation with the same settings
+            runs.setdefault(name, {})[str(seed)] = run_local(name, plans[name], seed, a, text)
+            saved.write_text(json.dumps({"settings": settings, "runs": runs}, indent=1))
+            print(f"{name} seed {seed}: final loss {runs[name][str(seed)][-1]:.4f}", flush=True)
+    gaps = seed_gaps(runs, a.window)
+    saved.write_text(json.dumps({"settings": settings, "window": a.window, "runs": runs, "gaps": gaps}, indent=1))
+    (a.out / "seeds.md").write_text(seeds_table(gaps, a.steps, a.window))
+    plot_seeds(runs, a.out, a.window)
+    print(seeds_table(gaps, a.steps, a.window))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
                          "it runs, measures nothing")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
+    ap.add_argument("--local-seeds", default=None,
+                    help="comma-separated seeds: train every run on local processes once per seed, losses only "
+                         "(seeds.md: each run's gap to fp32 per seed)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup", type=int, default=20, help="learning-rate warm-up steps")
     ap.add_argument("--target-step", type=int, default=200, help="N of 'time to fp32's step-N loss'")
@@ -103,8 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.demo is None:  # --quick
         a.demo = a.work / "demo"
         subprocess.run([sys.executable, "-m", "torchpp", "demo", "--scenario", "slowlink", "--quick", "--out",
-                        str(a.demo)], check=True, stdout=subprocess.DEVNULL)
+                        str(a.demo), *(["--local"] if a.local_seeds else [])], check=True, stdout=subprocess.DEVNULL)
     plans = make_plans(a.demo, a.work)
+    if a.local_seeds:
+        return local_seeds(names, plans, [int(x) for x in a.local_seeds.split(",") if x.strip()], a, text)
     saved = a.out / "results.json"
     results = json.loads(saved.read_text())["runs"] if saved.exists() else {}
     cfg = ClusterConfig.load(ROOT / "configs" / "cluster" / "slowlink.json")

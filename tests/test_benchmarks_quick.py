@@ -162,6 +162,11 @@ QUICK = [
     pytest.param("bench_wire_homelab.py", ["--quick", "--out", "{out}", "--work", "{out}/work"],
                  [rf"^\| {r} \| 3 \| {NUM} \| [+-]{NUM}% \| {NUM} kB \| " for r in ("pp_fp32", "pp_lossy", "pp_bf16", "pp_split_fp32")],
                  marks=_root(), id="bench_wire_homelab"),
+    pytest.param("bench_wire_homelab.py", ["--quick", "--local-seeds", "0,1", "--runs", "pp_fp32,pp_lossy,pp_fp32_mb",
+                                           "--out", "{out}", "--work", "{out}/work"],
+                 [rf"^\| {r} \| [+-]{NUM}% \| [+-]{NUM}% \| [+-]{NUM}% \| [+-]{NUM}% \.\. [+-]{NUM}% \|$"
+                  for r in ("pp_lossy", "pp_fp32_mb")],
+                 marks=pytest.mark.slow, id="bench_wire_homelab_seeds"),
     pytest.param("topology_accuracy.py", ["--quick", "--out", "{out}", "--work", "{out}/work"],
                  [rf"^\| topology \(star template, shared links\) \| {NUM} \| {NUM} \| [+-]{NUM}% \|$",
                   rf"^\| per-pair links \(no sharing\) \| {NUM} \| {NUM} \| [+-]{NUM}% \|$",
