@@ -47,6 +47,10 @@ def test_interleaved_is_megatrons_order():
     assert got[4:8] == ["0F2", "2B0", "0F3", "2B1"]
     with pytest.raises(ValueError, match="divisible by 2"):
         S.position_order("interleaved", S.placement_of("interleaved", 4, 2), 0, 5)
+    with pytest.raises(ValueError, match=r"got 16 \(5 rounds of 3 leave 1 over\); the nearest that work: 15, 18$"):
+        S.interleaved_order(3, 2, 0, 16)
+    for m in (15, 18):  # the counts the message names do run
+        S.interleaved_order(3, 2, 0, m)
 
 
 def test_zb_h1_is_1f1b_with_the_backward_split():

@@ -153,8 +153,12 @@ def interleaved_order(p: int, v: int, position: int, m: int, zero_bubble: bool =
     rounds = max(1, m // p)
     k = m // rounds
     if m % rounds:
-        raise ValueError(f"interleaved schedules run micro-batches in {rounds} round(s) of {k}: expected "
-                         f"num_microbatches divisible by {rounds} (p={p} devices), got {m}")
+        near = [n for n in range(max(1, m - 2 * p), m + 2 * p + 1) if n % max(1, n // p) == 0]
+        below, above = max((n for n in near if n < m), default=None), min((n for n in near if n > m), default=None)
+        raise ValueError(f"interleaved schedules run num_microbatches m in m // p rounds (p={p} devices) of equal "
+                         f"size: expected m divisible by {rounds}, got {m} ({rounds} rounds of {k} leave "
+                         f"{m - rounds * k} over); the nearest that work: "
+                         + ", ".join(str(n) for n in (below, above) if n is not None))
     total = v * m
     warm = min((v - 1) * k + (1 if zero_bubble else 2) * (p - 1 - position), total)
     nxt: dict[tuple[Kind, int], int] = defaultdict(int)
