@@ -37,6 +37,7 @@ import argparse
 import copy
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -128,8 +129,9 @@ def seed_gaps(runs: dict[str, dict[str, list[float]]], window: int) -> dict[str,
             n = min(len(base), len(losses))
             gaps[seed] = _smooth(losses[:n], window)[-1] / _smooth(base[:n], window)[-1] - 1
         if gaps:
-            out[name] = {"gaps": gaps, "mean": sum(gaps.values()) / len(gaps), "min": min(gaps.values()),
-                         "max": max(gaps.values())}
+            g = list(gaps.values())
+            out[name] = {"gaps": gaps, "mean": statistics.fmean(g), "min": min(g), "max": max(g),
+                         "standard_error": statistics.stdev(g) / len(g) ** 0.5 if len(g) > 1 else None}
     return out
 
 
@@ -138,11 +140,12 @@ def seeds_table(gaps: dict[str, dict], steps: int, window: int) -> str:
     lines = [f"Loss at equal tokens (mean of the last {window} of {steps} steps) against the fp32 plan of the same "
              "seed, every run on local processes (the same losses the cluster gives; links change no arithmetic). "
              "pp_fp32_mb changes only the order of the sums: its gaps are the noise floor.", "",
-             "| run | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | range |",
-             "|---|" + "---|" * (len(seeds) + 2)]
+             "| run | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | standard error | range |",
+             "|---|" + "---|" * (len(seeds) + 3)]
     for name, g in gaps.items():
         cells = [f"{g['gaps'][s]:+.2%}" if s in g["gaps"] else "-" for s in seeds]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {g['mean']:+.2%} | {g['min']:+.2%} .. {g['max']:+.2%} |")
+        se = "-" if g["standard_error"] is None else f"{g['standard_error']:.2%}"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {g['mean']:+.2%} | {se} | {g['min']:+.2%} .. {g['max']:+.2%} |")
     return "\n".join(lines) + "\n"
 
 

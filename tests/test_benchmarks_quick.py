@@ -164,7 +164,7 @@ QUICK = [
                  marks=_root(), id="bench_wire_homelab"),
     pytest.param("bench_wire_homelab.py", ["--quick", "--local-seeds", "0,1", "--runs", "pp_fp32,pp_lossy,pp_fp32_mb",
                                            "--out", "{out}", "--work", "{out}/work"],
-                 [rf"^\| {r} \| [+-]{NUM}% \| [+-]{NUM}% \| [+-]{NUM}% \| [+-]{NUM}% \.\. [+-]{NUM}% \|$"
+                 [rf"^\| {r} \| [+-]{NUM}% \| [+-]{NUM}% \| [+-]{NUM}% \| {NUM}% \| [+-]{NUM}% \.\. [+-]{NUM}% \|$"
                   for r in ("pp_lossy", "pp_fp32_mb")],
                  marks=pytest.mark.slow, id="bench_wire_homelab_seeds"),
     pytest.param("topology_accuracy.py", ["--quick", "--out", "{out}", "--work", "{out}/work"],
