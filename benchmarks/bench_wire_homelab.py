@@ -81,9 +81,9 @@ def reordered_sums(plan):
     from torchpp.schedules import build
 
     m, b = plan.num_microbatches, plan.micro_batch_size
-    for factor in (((2, 0.5),) if m % 2 == 0 else ()) + (((0.5, 2),) if b % 2 == 0 else ()):
+    for size, count in ([(2 * b, m // 2)] if m % 2 == 0 else []) + ([(b // 2, 2 * m)] if b % 2 == 0 else []):
         p = copy.deepcopy(plan)
-        p.micro_batch_size, p.num_microbatches = int(b * factor[0]), int(m * factor[1])
+        p.micro_batch_size, p.num_microbatches = size, count
         for s in p.stages:
             for d, n in zip(s.devices, split_samples(p.micro_batch_size, [d.share for d in s.devices])):
                 d.samples = n
@@ -184,9 +184,10 @@ def local_seeds(names: list[str], plans: dict[str, Path], seeds: list[int], a, t
             print(f"{name} seed {seed}: final loss {runs[name][str(seed)][-1]:.4f}", flush=True)
     gaps = seed_gaps(runs, a.window)
     saved.write_text(json.dumps({"settings": settings, "window": a.window, "runs": runs, "gaps": gaps}, indent=1))
-    (a.out / "seeds.md").write_text(seeds_table(gaps, a.steps, a.window))
+    text_table = seeds_table(gaps, a.steps, a.window)
+    (a.out / "seeds.md").write_text(text_table)
     plot_seeds(runs, a.out, a.window)
-    print(seeds_table(gaps, a.steps, a.window))
+    print(text_table)
     return 0
 
 
