@@ -103,3 +103,28 @@ def test_data_is_a_function_of_seed_and_step(tmp_path):
     assert len(first) == sum(1 for r in seen if bytes(r.tolist()).rstrip(b"\n").isdigit())  # no repeats in an epoch
     assert len(first) > 40
     assert int(t1.batch(0).max()) < 256  # byte tokens
+
+def test_masks_and_rotary_are_built_once_per_shape_and_stay_exact(monkeypatch):
+    """The layers' masks and cos/sin depend only on the input's shape: built once per shape, reused
+    by every later micro-batch of it, and the outputs equal the whole model's each time. A rotary
+    embedding that rescales itself with the lengths it has seen (dynamic RoPE) is asked every time."""
+    from torchpp.models import semantics
+
+    calls = []
+    real = semantics.layer_inputs
+    monkeypatch.setattr(semantics, "layer_inputs", lambda *a, **k: calls.append(a[3].shape) or real(*a, **k))
+    full = build_model("qwen3-tiny", seed=3)
+    st = stages("qwen3-tiny")[0]
+    for T in (16, 16, 8, 16, 8):
+        ids = torch.randint(0, full.config.vocab_size, (2, T), generator=torch.Generator().manual_seed(T))
+        want = full.model(input_ids=ids, output_hidden_states=True).hidden_states[SPLIT[0][1]]
+        assert torch.equal(st.forward(ids), want)
+    assert [tuple(s) for s in calls] == [(2, 16, 64), (2, 8, 64)]
+
+    cfg = load_config("qwen3-tiny")
+    cfg.rope_parameters = {**cfg.rope_parameters, "rope_type": "dynamic", "factor": 2.0}
+    dyn = build_stage("qwen3-tiny", cfg, StageSpec(layers=(0, 1), has_embed=True, has_tail=False, num_stages=2))
+    calls.clear()
+    for _ in range(3):
+        dyn.forward(ids)
+    assert len(calls) == 3
