@@ -12,7 +12,8 @@ set inside the ranks here). The optimizer is AdamW (``torchpp.train``'s default)
 SGD with momentum 0.9 (the PowerSGD paper's), which ``torchpp.train`` does not offer (also set in
 the ranks). Links play no part: PowerSGD changes the arithmetic, not only the bytes, so loss at
 equal tokens is what is measured (the mean of the last ``--window`` steps, against the fp32 run of
-the same optimizer).
+the same optimizer and seed; with ``--seeds`` each run is repeated per training seed and the summary
+gives each seed's gap and their mean and standard error: one seed's gap of 1-2% can be noise).
 
 Outputs in ``--out``: ``results.json`` (every step's loss, the settings), ``summary.csv`` and
 ``loss_vs_step.png``.
@@ -20,6 +21,7 @@ Outputs in ``--out``: ``results.json`` (every step's loss, the settings), ``summ
     python benchmarks/bench_powersgd.py [--steps 250] [--runs adamw_fp32,adamw_r4_s2,...]
     python benchmarks/bench_powersgd.py --quick --out /tmp/q   # qwen3-tiny, 3 steps of fp32 and rank 4: checks that it runs
     python benchmarks/bench_powersgd.py --ranks 3 --runs adamw_fp32,adamw_r16_s2,adamw_r32_s2 --out .../dp3
+    python benchmarks/bench_powersgd.py --ranks 4 --global-batch 8 --seeds 0,1,2 --runs adamw_fp32,adamw_r32_s2,... --out .../dp4
     python benchmarks/bench_powersgd.py --ranks 3 --tied --runs adamw_fp32,adamw_r8_s2,adamw_r16_s2 --out .../tied3
 """
 from __future__ import annotations
@@ -47,6 +49,8 @@ RUNS = {  # name: optimizer, lr, PowerSGD rank (0: fp32 all-reduce), plain all-r
     "adamw_r8_s2": ("adamw", 1e-3, 8, 2),
     "adamw_r16_s2": ("adamw", 1e-3, 16, 2),
     "adamw_r32_s2": ("adamw", 1e-3, 32, 2),
+    "adamw_r48_s2": ("adamw", 1e-3, 48, 2),
+    "adamw_r64_s2": ("adamw", 1e-3, 64, 2),
     "sgdm_fp32": ("sgdm", 0.1, 0, 0),
     "sgdm_r4_s2": ("sgdm", 0.1, 4, 2),
 }
@@ -107,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=2, help="the data-parallel group's size (--tied: the stages)")
     ap.add_argument("--tied", action="store_true",
                     help="a pipeline of --ranks stages whose tied-weight all-reduce is the run's sync instead")
+    ap.add_argument("--global-batch", type=int, default=None,
+                    help="samples per step (default the model's: 6 for small3, 8 for tiny); a multiple of --ranks")
+    ap.add_argument("--seeds", default="0", help="comma-separated training seeds; each run once per seed")
     ap.add_argument("--window", type=int, default=25, help="steps averaged at the end")
     ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
     ap.add_argument("--text", default=None, help="a text file (default: the vim manual, else tests/data/corpus.txt)")
@@ -121,33 +128,35 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--runs: expected names from {','.join(RUNS)}, got {bad[0]!r}")
     from torchpp.runtime.launch import RankPool
 
-    m = MODELS[args.model]
+    m = dict(MODELS[args.model])
+    if args.global_batch is not None:
+        m["global_batch"] = args.global_batch
+    if not args.tied and m["global_batch"] % args.ranks:
+        raise SystemExit(f"--global-batch: expected a multiple of --ranks ({args.ranks}), got {m['global_batch']}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench_powersgd_"))
     text = _text(args.text, args.quick, tmp)
     old = out / "results.json"
     results = json.loads(old.read_text())["runs"] if old.exists() else {}
+    seeds = [int(x) for x in args.seeds.split(",")]
     with RankPool(args.ranks, threads=1) as pool:
-        for name in args.runs.split(","):
-            opt, lr, rank, start = RUNS[name]
-            res = tmp / f"{name}.json"
-            cfg = dict(plan=_plan(tmp, m, rank, args.ranks, args.tied), layers=m["layers"], steps=args.steps, data=str(text), tokenizer="bytes", lr=lr,
-                       warmup_steps=args.warmup, seed=0, threads=1, timeout_s=120.0)
-            case = {"config": cfg, "result": str(res), "optimizer": opt, "start": start if rank else 0}
-            pool.run(_run_rank, case, world=args.ranks, timeout_s=3000, pg_timeout_s=120)
-            r = json.loads(res.read_text())
-            r.update(optimizer=opt, lr=lr, rank=rank, start=start if rank else None)
-            results[name] = r
-            print(f"{name}: last-{args.window} mean loss {sum(r['losses'][-args.window:]) / args.window:.4f}", flush=True)
-    rows = []
-    for name, r in results.items():
-        base = results.get(f"{r['optimizer']}_fp32")
-        loss = sum(r["losses"][-args.window:]) / args.window
-        ref = sum(base["losses"][-args.window:]) / args.window if base else None
-        rows.append({"run": name, "optimizer": r["optimizer"], "lr": r["lr"], "powersgd_rank": r["rank"] or "",
-                     "start_powerSGD_iter": r["start"] or "", "loss": round(loss, 4),
-                     "vs_fp32": f"{100 * (loss / ref - 1):+.2f}%" if ref else ""})
+        for seed in seeds:
+            for name in args.runs.split(","):
+                opt, lr, rank, start = RUNS[name]
+                key = _key(name, seed)
+                res = tmp / f"{key}.json"
+                cfg = dict(plan=_plan(tmp, m, rank, args.ranks, args.tied), layers=m["layers"], steps=args.steps,
+                           data=str(text), tokenizer="bytes", lr=lr, warmup_steps=args.warmup, seed=seed, threads=1,
+                           timeout_s=120.0)
+                case = {"config": cfg, "result": str(res), "optimizer": opt, "start": start if rank else 0}
+                pool.run(_run_rank, case, world=args.ranks, timeout_s=3000, pg_timeout_s=120)
+                r = json.loads(res.read_text())
+                r.update(run=name, seed=seed, optimizer=opt, lr=lr, rank=rank, start=start if rank else None)
+                results[key] = r
+                print(f"{key}: last-{args.window} mean loss {sum(r['losses'][-args.window:]) / args.window:.4f}",
+                      flush=True)
+    rows = _rows(results, args.window)
     (out / "results.json").write_text(json.dumps({"settings": vars(args) | {"text": str(text), **m},
                                                   "runs": results}, indent=1))
     with open(out / "summary.csv", "w", newline="") as f:
@@ -158,6 +167,39 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(row)
     return 0
+
+
+def _key(name: str, seed: int) -> str:
+    """A run's key in results.json: its name for seed 0 (as before seeds), ``name@seedN`` otherwise."""
+    return name if seed == 0 else f"{name}@seed{seed}"
+
+
+def _rows(results: dict, window: int) -> list[dict]:
+    """One row per run: its loss against the fp32 run of the same optimizer and seed, per seed and as
+    mean ± standard error over the seeds (one seed's gap alone is within the noise of reordered sums)."""
+    import statistics
+
+    def last(r: dict) -> float:
+        return sum(r["losses"][-window:]) / window
+
+    gaps: dict[str, dict[int, float]] = {}
+    meta: dict[str, dict] = {}
+    for key, r in results.items():
+        name, seed = r.get("run", key.split("@")[0]), r.get("seed", 0)
+        base = results.get(_key(f"{r['optimizer']}_fp32", seed))
+        if base is not None:
+            gaps.setdefault(name, {})[seed] = 100 * (last(r) / last(base) - 1)
+        meta.setdefault(name, r)
+    rows = []
+    for name, by_seed in gaps.items():
+        r, vals = meta[name], [by_seed[k] for k in sorted(by_seed)]
+        se = statistics.stdev(vals) / len(vals) ** 0.5 if len(vals) > 1 else float("nan")
+        rows.append({"run": name, "optimizer": r["optimizer"], "lr": r["lr"], "powersgd_rank": r["rank"] or "",
+                     "start_powerSGD_iter": r["start"] or "", "seeds": " ".join(map(str, sorted(by_seed))),
+                     "vs_fp32_by_seed": " ".join(f"{v:+.2f}%" for v in vals),
+                     "vs_fp32_mean": f"{statistics.fmean(vals):+.2f}%",
+                     "standard_error": "" if se != se else f"{se:.2f}%"})
+    return rows
 
 
 def _plot(results: dict, out: Path, window: int, m: dict, ranks: int, tied: bool) -> None:
@@ -171,7 +213,7 @@ def _plot(results: dict, out: Path, window: int, m: dict, ranks: int, tied: bool
         if not any(r["optimizer"] == opt for r in results.values()):
             ax.set_visible(False)
         for name, r in results.items():
-            if r["optimizer"] == opt:
+            if r["optimizer"] == opt and r.get("seed", 0) == 0:
                 ax.plot(range(1, len(r["losses"]) + 1), _smooth(r["losses"], window), label=name)
         ax.set(xlabel=f"step ({m['global_batch']} x {m['seq_len']} tokens each)", ylabel=f"training loss ({window}-step mean)",
                title={"adamw": "AdamW lr 1e-3", "sgdm": "SGD momentum 0.9, lr 0.1"}[opt])

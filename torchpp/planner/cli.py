@@ -61,7 +61,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     g.add_argument("--optimizer", choices=list(OPTIMIZERS), default="adamw",
                    help="with --allow-lossy: the optimizer torchpp.train will run (default adamw, as its); PowerSGD "
                         "is offered at rank 4 under sgd; under adamw at rank hidden*(members-1)/16 and to groups of "
-                        "at most 3 (docs/links.md); the plan records it")
+                        "at most 4 (docs/links.md); the plan records it")
     g.add_argument("--tied-rows", type=T.int_in(0, 2**31 - 1), default=0,
                    metavar="N", help="with --allow-lossy: distinct token ids a step touches, to price the exact "
                    "tied-weight sync that sends only those rows (default 0: every token of the step)")

@@ -59,9 +59,9 @@ ADAPTIVE = ("adamw",)
 in a small coordinate becomes a full-size step."""
 ADAPTIVE_RANK_FRACTION = 16
 """Under an adaptive optimizer PowerSGD's rank is at least hidden × (members − 1) / this."""
-ADAPTIVE_MAX_MEMBERS = 3
-"""Under an adaptive optimizer PowerSGD is offered to groups of at most this many members (the largest
-measured; from 5 its rank's bytes are no fewer than bf16's)."""
+ADAPTIVE_MAX_MEMBERS = 4
+"""Under an adaptive optimizer PowerSGD is offered to groups of at most this many members (measured up to
+4; from 5 its rank's bytes, 2 × rank / hidden = (members − 1) / 8 of fp32's, are no fewer than bf16's)."""
 OPTIMISATION_KINDS = ("diloco", "powersgd")
 """Sync kinds held to :data:`DILOCO_GAIN` rather than :data:`MIN_GAIN`."""
 
@@ -76,10 +76,12 @@ def powersgd_rank(optimizer: str, hidden: int, members: int) -> int | None:
 
     Under SGD :data:`POWERSGD_RANK` (4). Under AdamW, which rescales each coordinate so that a low-rank
     error in a small one becomes a full-size step, at least hidden × (members − 1) / 16, in groups of at
-    most 3. Measured (benchmarks/bench_powersgd.py, 250 steps, loss at equal tokens against fp32,
+    most 4. Measured (benchmarks/bench_powersgd.py, 250 steps, loss at equal tokens against fp32,
     docs/links.md): qwen3-small cut to 3 layers (hidden 256) over 2 ranks +12.8% at rank 4, +3.6% at 8,
-    +0.90% at 16; over 3 ranks +12.5% at 4, +2.6% at 16, +1.3% at 32; qwen3-tiny (hidden 64) over 2
-    +1.0% at rank 4; a plain all-reduce for the first 10% of the steps (rank 4, 2 ranks) still +7.2%.
+    +0.90% at 16; over 3 ranks +12.5% at 4, +2.6% at 16, +1.3% at 32; over 4 ranks (three seeds, mean ±
+    standard error) +7.4 ± 2.6% at 16, +1.9 ± 1.7% at 32, +0.88 ± 0.81% at 48, +0.42 ± 0.79% at 64;
+    qwen3-tiny (hidden 64) over 2 +1.0% at rank 4; a plain all-reduce for the first 10% of the steps
+    (rank 4, 2 ranks) still +7.2%.
     The cost model prices the rank's bytes (2r/hidden of each weight), so a high rank is chosen only
     where it still pays."""
     if optimizer not in OPTIMIZERS:
@@ -95,10 +97,11 @@ def powersgd_note(optimizer: str, hidden: int) -> str:
     """What ``torchpp plan --allow-lossy ...,powersgd`` says of the ranks it offers under ``optimizer``."""
     if optimizer not in ADAPTIVE:
         return f"powersgd under {optimizer}: offered at rank {POWERSGD_RANK}"
-    return (f"powersgd under {optimizer}: offered at rank {powersgd_rank(optimizer, hidden, 2)} to a pair and "
-            f"{powersgd_rank(optimizer, hidden, 3)} to a group of 3 (hidden {hidden}: at least hidden x (members - 1)"
-            f" / {ADAPTIVE_RANK_FRACTION}), not to larger groups: at rank 4 under adamw it trained measurably worse "
-            "than fp32 (docs/links.md); --optimizer sgd if the run uses sgd")
+    return (f"powersgd under {optimizer}: offered at rank {powersgd_rank(optimizer, hidden, 2)} to a pair, "
+            f"{powersgd_rank(optimizer, hidden, 3)} to a group of 3 and {powersgd_rank(optimizer, hidden, 4)} to a "
+            f"group of 4 (hidden {hidden}: at least hidden x (members - 1) / {ADAPTIVE_RANK_FRACTION}; at rank 4 "
+            "under adamw it trained measurably worse than fp32), not to larger groups, where that rank sends no "
+            "fewer bytes than bf16 (docs/links.md); --optimizer sgd if the run uses sgd")
 
 
 def parse_allow(text: str | Iterable[str] | None) -> frozenset[str]:
