@@ -2,6 +2,7 @@
 
     python benchmarks/bench_chunked.py              # qwen3-small, batch 16 x 64, 8 micro-batches, 2 and 4 ranks
     python benchmarks/bench_chunked.py --quick      # qwen3-tiny, 2 ranks, 2 steps, no memory runs: seconds, no measurement
+    python benchmarks/bench_chunked.py --model qwen3-tiny --batch 8 --seq-len 16 --steps 30 --no-memory   # small stages
 
 Pairs (torchpp schedule kind vs the peer's class), each on 2p chunks of an even layer split,
 the embedding in chunk 0 and the tail in chunk 2p-1:
@@ -254,9 +255,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-memory", action="store_true", help="skip the separate peak-RSS runs")
     ap.add_argument("--schedules", nargs="+", default=list(PAIRS), choices=list(PAIRS))
     ap.add_argument("--steps", type=int, default=None, help="measured steps per system (default 6; --quick 2)")
+    ap.add_argument("--model", default=None, help="preset (default qwen3-small; --quick qwen3-tiny); qwen3-tiny with "
+                    "--batch 8 --seq-len 16 gives stages whose calls are short, where the runtime's own time shows")
+    ap.add_argument("--batch", type=int, default=None, help="global batch (default 16; --quick 8), 8 micro-batches")
+    ap.add_argument("--seq-len", type=int, default=None, help="tokens per sample (default 64; --quick 16)")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench_chunked")
     a = ap.parse_args(argv)
     s = Setup(**{**DEFAULTS, **(dict(model="qwen3-tiny", batch=8, seq_len=16, steps=2) if a.quick else {})})
+    given = {k: v for k, v in (("model", a.model), ("batch", a.batch), ("seq_len", a.seq_len)) if v is not None}
+    s = replace(s, **given)
     ranks = a.ranks or ([2] if a.quick else [2, 4])
     memory = not (a.quick or a.no_memory)
     if a.steps is not None:
