@@ -128,3 +128,18 @@ def test_masks_and_rotary_are_built_once_per_shape_and_stay_exact(monkeypatch):
     for _ in range(3):
         dyn.forward(ids)
     assert len(calls) == 3
+
+
+def test_a_large_eager_mask_is_rebuilt_rather_than_kept(monkeypatch):
+    """Eager attention's batch x length^2 mask would stay through the step's peak if kept: above
+    KEPT_MASK_BYTES it is built per forward, as before; small ones are kept."""
+    from torchpp.models import stages as S
+
+    st = stages("gpt2-tiny")[0]
+    ids = torch.randint(0, 100, (2, 16))
+    st.forward(ids)
+    assert any(k[0] != "positions" for k in st._inputs)  # 2 x 16 x 16 floats: kept
+    monkeypatch.setattr(S, "KEPT_MASK_BYTES", 2 * 16 * 16 * 4 - 1)
+    st._inputs.clear()
+    st.forward(ids)
+    assert all(k[0] == "positions" for k in st._inputs)

@@ -119,6 +119,10 @@ class StageSpec:
         return StageSpec(layers=(0, num_layers), has_embed=True, has_tail=True)
 
 
+KEPT_MASK_BYTES = 1 << 20
+"""The largest attention masks (all of a stage's types together) a stage keeps between micro-batches."""
+
+
 class Stage:
     """The pruned HF model of one stage and the forward that stage runs.
 
@@ -259,7 +263,9 @@ class Stage:
         """``semantics.layer_inputs`` once per input shape: the masks and rotary cos/sin depend on the
         shape, dtype and device of the hidden states, not their values, and rebuilding them took ~0.2 ms
         of every micro-batch's forward on a small stage. A rotary embedding that rescales itself with
-        the sequences it has seen (dynamic and long RoPE) is asked every time."""
+        the sequences it has seen (dynamic and long RoPE) is asked every time, and a mask larger than
+        :data:`KEPT_MASK_BYTES` (eager attention's batch × length² table) is not kept: it would stay
+        in memory through the step's peak, where it now lives only during a forward."""
         from .semantics import layer_inputs
 
         key = (tuple(h.shape[:-1]), h.dtype, h.device, torch.is_autocast_enabled("cpu"),
@@ -267,7 +273,8 @@ class Stage:
         hit = self._inputs.get(key)
         if hit is None:
             hit = layer_inputs(self.cfg, self.module, self.parts, h, pos, self.spec.layers[1])
-            if self._inputs_fixed():
+            masks = sum(m.numel() * m.element_size() for m in hit[0].values() if isinstance(m, torch.Tensor))
+            if self._inputs_fixed() and masks <= KEPT_MASK_BYTES:
                 self._inputs[key] = hit
         return hit
 
