@@ -142,6 +142,7 @@ class Stage:
         """Mixed precision: run the forward under CPU autocast to this dtype (weights stay as they are)."""
         self._inputs: dict[tuple, tuple] = {}
         """The layers' masks and rotary cos/sin by input shape (``_layer_inputs``)."""
+        self._positions_by_len: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     # -- parameters
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
@@ -253,10 +254,9 @@ class Stage:
         return h
 
     def _positions(self, T: int, device: torch.device) -> torch.Tensor:
-        key = ("positions", T, device)
-        pos = self._inputs.get(key)
+        pos = self._positions_by_len.get((T, device))
         if pos is None:
-            pos = self._inputs[key] = torch.arange(T, device=device).unsqueeze(0)
+            pos = self._positions_by_len[(T, device)] = torch.arange(T, device=device).unsqueeze(0)
         return pos
 
     def _layer_inputs(self, h: torch.Tensor, pos: torch.Tensor) -> tuple:

@@ -97,11 +97,12 @@ def powersgd_note(optimizer: str, hidden: int) -> str:
     """What ``torchpp plan --allow-lossy ...,powersgd`` says of the ranks it offers under ``optimizer``."""
     if optimizer not in ADAPTIVE:
         return f"powersgd under {optimizer}: offered at rank {POWERSGD_RANK}"
-    return (f"powersgd under {optimizer}: offered at rank {powersgd_rank(optimizer, hidden, 2)} to a pair, "
-            f"{powersgd_rank(optimizer, hidden, 3)} to a group of 3 and {powersgd_rank(optimizer, hidden, 4)} to a "
-            f"group of 4 (hidden {hidden}: at least hidden x (members - 1) / {ADAPTIVE_RANK_FRACTION}; at rank 4 "
-            "under adamw it trained measurably worse than fp32), not to larger groups, where that rank sends no "
-            "fewer bytes than bf16 (docs/links.md); --optimizer sgd if the run uses sgd")
+    offers = [f"{powersgd_rank(optimizer, hidden, n)} to " + ("a pair" if n == 2 else f"a group of {n}")
+              for n in range(2, ADAPTIVE_MAX_MEMBERS + 1)]
+    return (f"powersgd under {optimizer}: offered at rank {', '.join(offers[:-1])} and {offers[-1]} (hidden {hidden}: "
+            f"at least hidden x (members - 1) / {ADAPTIVE_RANK_FRACTION}; at rank 4 under adamw it trained measurably "
+            "worse than fp32), not to larger groups, where that rank sends no fewer bytes than bf16 (docs/links.md); "
+            "--optimizer sgd if the run uses sgd")
 
 
 def parse_allow(text: str | Iterable[str] | None) -> frozenset[str]:
