@@ -35,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_wire import _smooth, _text  # noqa: E402
+from bench_wire import _smooth, _text, mean_and_error  # noqa: E402
 
 MODELS = {  # the cluster's planned DP plan's model and batch (bench_wire_cluster.PP); bench_wire's DP runs'
     "small3": dict(model="qwen3-small", layers=3, global_batch=6, seq_len=64),
@@ -177,8 +177,6 @@ def _key(name: str, seed: int) -> str:
 def _rows(results: dict, window: int) -> list[dict]:
     """One row per run: its loss against the fp32 run of the same optimizer and seed, per seed and as
     mean ± standard error over the seeds (one seed's gap alone is within the noise of reordered sums)."""
-    import statistics
-
     def last(r: dict) -> float:
         return sum(r["losses"][-window:]) / window
 
@@ -193,12 +191,11 @@ def _rows(results: dict, window: int) -> list[dict]:
     rows = []
     for name, by_seed in gaps.items():
         r, vals = meta[name], [by_seed[k] for k in sorted(by_seed)]
-        se = statistics.stdev(vals) / len(vals) ** 0.5 if len(vals) > 1 else float("nan")
+        mean, se = mean_and_error(vals)
         rows.append({"run": name, "optimizer": r["optimizer"], "lr": r["lr"], "powersgd_rank": r["rank"] or "",
                      "start_powerSGD_iter": r["start"] or "", "seeds": " ".join(map(str, sorted(by_seed))),
                      "vs_fp32_by_seed": " ".join(f"{v:+.2f}%" for v in vals),
-                     "vs_fp32_mean": f"{statistics.fmean(vals):+.2f}%",
-                     "standard_error": "" if se != se else f"{se:.2f}%"})
+                     "vs_fp32_mean": f"{mean:+.2f}%", "standard_error": "" if se is None else f"{se:.2f}%"})
     return rows
 
 

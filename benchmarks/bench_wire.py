@@ -138,6 +138,14 @@ def run(args: argparse.Namespace) -> dict:
     return summary
 
 
+def mean_and_error(xs: list[float]) -> tuple[float, float | None]:
+    """Mean of a run's per-seed gaps and its standard error (None from one seed): one seed's gap can
+    be noise, so the benchmarks that repeat runs over training seeds report both."""
+    import statistics
+
+    return statistics.fmean(xs), statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else None
+
+
 def _smooth(xs: list[float], w: int) -> list[float]:
     out, acc = [], 0.0
     for i, x in enumerate(xs):

@@ -37,7 +37,6 @@ import argparse
 import copy
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -117,7 +116,7 @@ def run_local(name: str, plan: Path, seed: int, a, text: Path) -> list[float]:
 def seed_gaps(runs: dict[str, dict[str, list[float]]], window: int) -> dict[str, dict]:
     """Per run and seed, the smoothed loss at the last common step against ``pp_fp32``'s of the same
     seed; and per run the mean gap over the seeds that have both."""
-    from bench_wire import _smooth
+    from bench_wire import _smooth, mean_and_error
 
     out = {}
     for name, by_seed in runs.items():
@@ -130,8 +129,8 @@ def seed_gaps(runs: dict[str, dict[str, list[float]]], window: int) -> dict[str,
             gaps[seed] = _smooth(losses[:n], window)[-1] / _smooth(base[:n], window)[-1] - 1
         if gaps:
             g = list(gaps.values())
-            out[name] = {"gaps": gaps, "mean": statistics.fmean(g), "min": min(g), "max": max(g),
-                         "standard_error": statistics.stdev(g) / len(g) ** 0.5 if len(g) > 1 else None}
+            mean, se = mean_and_error(g)
+            out[name] = {"gaps": gaps, "mean": mean, "min": min(g), "max": max(g), "standard_error": se}
     return out
 
 
