@@ -20,8 +20,9 @@ import os, sys, time
 from pathlib import Path
 e = os.environ
 Path(sys.argv[1], "rank" + e["RANK"]).write_text(str(os.getpid()))
-print(e["RANK"], e["WORLD_SIZE"], e["LOCAL_RANK"], e["MASTER_ADDR"], e["MASTER_PORT"], e.get("HOST"),
-      e.get("OMP_NUM_THREADS"), e["TORCHELASTIC_RESTART_COUNT"], flush=True)
+# one write per line: under PYTHONUNBUFFERED, print() writes each piece apart and two ranks' pieces mix
+os.write(1, (" ".join(str(e.get(k)) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                                             "HOST", "OMP_NUM_THREADS", "TORCHELASTIC_RESTART_COUNT")) + "\\n").encode())
 while e.get("AFTER_" + e["RANK"]) and not Path(sys.argv[1], e["AFTER_" + e["RANK"]]).exists():
     time.sleep(0.05)
 time.sleep(float(e.get("NAP_" + e["RANK"], "0")))

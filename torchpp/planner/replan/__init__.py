@@ -16,8 +16,9 @@ table is the host's own from then on. Links get the throughput measured from mat
 send/receive pairs: a message's transfer time runs from when both ends had posted it to when
 it arrived, so waiting for the sender is not counted (a message whose slice start was set by
 the previous message on its row is left out). The runtime's own time between two compute
-calls beyond waiting for data (dispatch, posting messages) is measured per host and priced
-on every forward and backward (``LayersFile.call_overhead_s``). The optimizer's seconds per
+calls beyond waiting for data (dispatch, posting messages) is measured per host (each step's
+mean, the median over steps, as the step time is the median step) and priced on every forward
+and backward (``LayersFile.call_overhead_s``). The optimizer's seconds per
 parameter byte and, from the ranks' peak RSS, the memory model are refitted too. The corrected
 layers, bandwidth, capacities and memory files are written to the output folder, the same
 search as ``torchpp plan`` runs on them (``--schedule``, default auto: every schedule kind), and

@@ -346,6 +346,20 @@ class CostFit:
     new_capacity: dict[str, float]
 
 
+def per_call_s(meas: Measurements, ranks: Sequence[int]) -> float | None:
+    """The runtime's seconds per call on the host of ``ranks``: each traced step's mean gap, then
+    the median over steps, as the measured step time is the median step (None: no gaps).
+
+    A step the machine stalled in (preempted, page faults of the first steps) made the old plan's
+    re-pricing 2.5x its measured median step under load, through one mean over every gap."""
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for r in ranks:
+        for step, gaps in meas.gaps.get(r, {}).items():
+            by_step[step].extend(gaps)
+    means = [float(np.mean(g)) for g in by_step.values() if g]
+    return float(np.median(means)) if means else None
+
+
 def fit_hosts(plan: Plan, old: "OldCosts", meas: Measurements) -> CostFit:
     """Fit every host the plan used and build the corrected profiles (hosts it did not use keep theirs)."""
     prof, files = old.profiles, old.files
@@ -361,8 +375,8 @@ def fit_hosts(plan: Plan, old: "OldCosts", meas: Measurements) -> CostFit:
     for h in prof.fwd:
         new.fwd[h], new.bwd[h], new.fwd0[h], new.bwd0[h] = (corrected_table(prof, fits[h]) if h in fits else
                                                               (*prof.table(h), *prof.fixed(h)))
-        gaps = [g for r in ranks_of.get(h, []) for g in meas.gaps.get(r, [])]
-        new.call[h] = float(np.mean(gaps)) if gaps else prof.call.get(h, 0.0)
+        call = per_call_s(meas, ranks_of.get(h, []))
+        new.call[h] = call if call is not None else prof.call.get(h, 0.0)
         # the measured I and W were fitted against predictions that priced the split: it stays priced
         new.split_factor[h] = prof.backward_split_factor(h)
         # its per-layer call cost was fitted inside the I and W rows: it scales with the backward's factor

@@ -9,7 +9,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from ...formats import Bandwidth, Capacities, Devices, FormatError, LayersFile, MemoryModel, Plan
 from ...schedules import Kind, build
@@ -62,8 +62,9 @@ class Measurements:
     """rank -> largest peak RSS over the traced steps (bytes)."""
     files: list[str] = field(default_factory=list)
     trace_hosts: dict[int, str] = field(default_factory=dict)
-    gaps: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
-    """rank -> runtime seconds between consecutive compute calls beyond waiting (see call_gaps)."""
+    gaps: dict[int, dict[int, list[float]]] = field(default_factory=lambda: defaultdict(dict))
+    """rank -> traced step -> runtime seconds between consecutive compute calls beyond waiting
+    (see call_gaps); per step, so the per-call time can be the median step's as the step time is."""
 
     @property
     def step_time_s(self) -> float:
@@ -138,7 +139,7 @@ def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "p
             elif e.kind.startswith("recv"):
                 recvs.append(e)
         for r, g in call_gaps(evs).items():
-            out.gaps[r].extend(g)
+            out.gaps[r][n] = g
         clipped = _row_clipped(list(sends.values()) + recvs)
         for rv in recvs:
             sd = sends.get(message_key(rv))  # chunks of one rank sending to one peer told apart
