@@ -232,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  round {i + 1}: {a.compare_to} / this runtime, CPU per call: "
                   + "; ".join(f"rank {r} {o * 1e3:.3f} / {n * 1e3:.3f} ms = {n / o:.2f}x"
                               for r, (o, n) in enumerate(zip(old, new)))
+                  + f"; step wall (rank 0) {statistics.median(base[0]['step_wall_s']) * 1e3:.2f} / "
+                  f"{statistics.median(ranks[0]['step_wall_s']) * 1e3:.2f} ms"
                   + f"; losses and weights bit-identical: {same}", flush=True)
     if a.json is not None:
         a.json.write_text(json.dumps(everything))

@@ -68,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
     meas = read_run(args.traces, plan, old.profiles, plan_src, args.steps)
     print(f"read {len(meas.files)} timeline(s) from {args.traces}: steps {', '.join(map(str, meas.steps))}, "
           f"measured step time {meas.step_time_s:.4g} s (median)")
+    if len(meas.steps) < 3:
+        print(f"  note: {len(meas.steps)} traced step(s): a median of fewer than three is their mean, so a step the "
+              f"machine stalled in counts in full; trace three or more after the first two")
     fit = fit_hosts(plan, old, meas)
     for h, f in fit.fits.items():
         print(f"  {h}: measured/predicted {f.factor:.3f} (forward {f.forward:.3f}, backward {f.backward:.3f}) "
