@@ -152,3 +152,36 @@ def test_without_allow_lossy_the_plan_file_is_the_one_written_before(tmp_path, n
                        else (_rand1(tmp_path), api.PlanOptions(global_batch=8)))
     api.write(api.plan(inputs, options), tmp_path / "out")
     assert (tmp_path / "out" / "plan.json").read_text() == (BEFORE / f"{name}.json").read_text()
+
+
+CLUSTER100 = Path(__file__).parent / "data" / "wire100_cluster"
+"""Seed 003's emulated cluster at 100 Mbit/s: each Pi profiled alone, the links probed (2026-11-29)."""
+
+
+def test_the_pipeline_is_refined_at_every_fast_micro_batching_not_only_its_fp32_best():
+    """Compression changes which micro-batching is best: the fp32 pipeline is fastest at 6 x 1, the
+    int8 + rows one at 3 x 2. The chosen plan is the best over the pp split refined at every size
+    (brute force with the same wire pass), and here that is the pipeline (it measured 0.121 s on the
+    cluster against 0.155-0.161 s for the one-Pi fp32 plan chosen when only 6 x 1 was refined)."""
+    from torchpp.planner.simple import fixed_candidates
+    from torchpp.planner.wire import choose
+
+    inputs = api.PlanInputs(layers=sorted(CLUSTER100.glob("layers_*.json")), bandwidth=CLUSTER100 / "bandwidth.json",
+                            devices=CLUSTER100 / "devices.json")
+    costs = api.load(inputs)
+    allow = parse_allow("bf16,int8,powersgd")
+    res = api.plan(costs, api.PlanOptions(global_batch=6, allow_lossy=allow, tied_rows=50))
+    p = res.plan
+    assert (p.num_stages, p.num_microbatches, p.micro_batch_size) == (3, 3, 2)
+    assert [s.wire for s in p.stages] == ["int8", "int8", None] and p.tied_sync.kind == "rows"
+    price_of = lambda q: api.predict_plan(q, costs)["step_time_s"]  # noqa: E731
+    plain = api.plan(costs, api.PlanOptions(global_batch=6))
+    pp = [q for q in fixed_candidates("pp", plain.plan.model, res.problem.hosts, seq_len=plain.plan.seq_len,
+                                      global_batch=6) if api.price(q, res.problem, costs.budget).fits]
+    fp32_best = min(pp, key=price_of)
+    assert fp32_best.micro_batch_size == 1                         # the size the pass used to refine alone
+    refined = [choose(q, price_of, allow, tied_rows=50).step_s for q in pp]
+    assert p.predicted["step_time_s"] == pytest.approx(min(refined), rel=1e-9)
+    assert min(refined) < choose(fp32_best, price_of, allow, tied_rows=50).step_s * 0.95
+    sizes = [c["micro_batch_size"] for c in res.meta["wire"]["candidates"] if c["split"] == "pp"]
+    assert sorted(sizes) == [1, 2, 3, 6]

@@ -322,7 +322,7 @@ def _choose_wire(chosen: Plan, costs: Costs, pb: Any, options: PlanOptions,
                  say: Callable[[str], None]) -> tuple[Plan, float, dict[str, Any]]:
     """The lossy choices (planner/wire.py) over candidate splits: the searched (fp32) plan, the plan the
     search finds with every pipeline link priced as each allowed format (a split that only pays once
-    its links are compressed), and the pipeline and data-parallel plans at their best micro-batching.
+    its links are compressed), and the pipeline and data-parallel plans at their fastest micro-batchings.
     The wire pass refines each candidate per link; the fastest that fits memory and beats the
     searched fp32 plan by the pass's margins wins. Returns it, the searched plan's fp32 step time,
     and the record plan_meta.json keeps (each candidate, what it was searched under, why the winner won)."""
@@ -333,12 +333,7 @@ def _choose_wire(chosen: Plan, costs: Costs, pb: Any, options: PlanOptions,
     searched, skipped = _searched_as_formats(pb, costs, allow, say)
     cands += searched
     for name in ("pp", "dp"):
-        got = best_fixed(name, chosen.model, pb, costs.budget, seq_len=chosen.seq_len,
-                         global_batch=options.global_batch)
-        if got is not None and got.fits:
-            if costs.devices is not None:
-                apply_fixed_ranks(got.plan, costs.devices)
-            cands.append(("fp32", name, got.plan))
+        cands += [("fp32", name, p) for p in _fixed_for_wire(name, chosen, pb, costs, options)]
     price_of = lambda p: predict_plan(p, costs)["step_time_s"]  # noqa: E731
     fp32 = price_of(chosen)
     rows, best, notes = [], None, []
@@ -352,6 +347,8 @@ def _choose_wire(chosen: Plan, costs: Costs, pb: Any, options: PlanOptions,
         rows.append({"searched_under": under, "split": split, "stages": p.num_stages,
                      "micro_batch_size": p.micro_batch_size, "schedule": p.schedule,
                      "fp32_step_time_s": c.fp32_step_s, "step_time_s": c.step_s, "lossy": c.plan.lossy,
+                     "exact": ["tied_sync=rows"] if c.plan.tied_sync is not None and c.plan.tied_sync.kind == "rows"
+                     else [],
                      "fits": fits, "pays": pays})
         if pays and (best is None or c.step_s < best[1].step_s):
             best = (i, c)
@@ -375,6 +372,26 @@ def _choose_wire(chosen: Plan, costs: Costs, pb: Any, options: PlanOptions,
     record = {"allowed": sorted(allow), "optimizer": options.optimizer, "fp32_step_time_s": fp32, "candidates": rows,
               "not_searched": skipped, "why": why, **({"notes": notes} if notes else {})}
     return (got.plan if got else chosen), fp32, record
+
+
+WIRE_SIZES = 4
+"""Micro-batchings of the pp and dp splits the wire pass refines (the fastest in fp32 that fit)."""
+
+
+def _fixed_for_wire(name: str, chosen: Plan, pb: Any, costs: Costs, options: PlanOptions) -> list[Plan]:
+    """The ``name`` split at its :data:`WIRE_SIZES` fastest fitting micro-batchings, not only its
+    fp32 best: compressing the links or syncing the tied weight by its rows changes which size is
+    best (on seed 003's cluster at 100 Mbit/s the int8 + rows pipeline was fastest at 3 x 2, the fp32
+    pipeline at 6 x 1; refining only the latter missed a plan priced 9% faster than the one chosen)."""
+    from .simple import fixed_candidates
+
+    got = [price(p, pb, costs.budget) for p in fixed_candidates(name, chosen.model, pb.hosts, seq_len=chosen.seq_len,
+                                                              global_batch=options.global_batch)]
+    out = [c.plan for c in sorted((c for c in got if c.fits), key=lambda c: c.step_time_s)[:WIRE_SIZES]]
+    if costs.devices is not None:
+        for p in out:
+            apply_fixed_ranks(p, costs.devices)
+    return out
 
 
 def _searched_as_formats(pb: Any, costs: Costs, allow: frozenset[str], say: Callable[[str], None]

@@ -170,7 +170,7 @@ def wire_lines(wire: dict[str, Any] | None) -> list[str]:
         mark = "  <- chosen" if c["chosen"] else "" if c["fits"] else "  does not fit"
         lines.append(f"  {c['split']:<10} {c['searched_under']:<11} {c['schedule']:<14} {c['stages']:>6} "
                      f"{c['micro_batch_size']:>4} {c['fp32_step_time_s']:>10.4g} {c['step_time_s']:>10.4g}  "
-                     f"{', '.join(c['lossy']) or 'fp32'}{mark}")
+                     f"{', '.join(c['lossy'] + c.get('exact', [])) or 'fp32'}{mark}")
     lines += [f"  {f}: {why}" for f, why in wire.get("not_searched", {}).items()]
     return lines + [f"  why: {wire['why']}"]
 
