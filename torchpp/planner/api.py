@@ -383,11 +383,8 @@ def _fixed_for_wire(name: str, chosen: Plan, pb: Any, costs: Costs, options: Pla
     fp32 best: compressing the links or syncing the tied weight by its rows changes which size is
     best (on seed 003's cluster at 100 Mbit/s the int8 + rows pipeline was fastest at 3 x 2, the fp32
     pipeline at 6 x 1; refining only the latter missed a plan priced 9% faster than the one chosen)."""
-    from .simple import fixed_candidates
-
-    got = [price(p, pb, costs.budget) for p in fixed_candidates(name, chosen.model, pb.hosts, seq_len=chosen.seq_len,
-                                                              global_batch=options.global_batch)]
-    out = [c.plan for c in sorted((c for c in got if c.fits), key=lambda c: c.step_time_s)[:WIRE_SIZES]]
+    got = priced_fixed(name, chosen.model, pb, costs.budget, seq_len=chosen.seq_len, global_batch=options.global_batch)
+    out = [c.plan for c in got if c.fits][:WIRE_SIZES]
     if costs.devices is not None:
         for p in out:
             apply_fixed_ranks(p, costs.devices)
@@ -575,21 +572,28 @@ def price(p: Plan, pb: Any, budget: dict[str, float]) -> Priced:
     return Priced(plan=p, predicted=pred, fits=fits)
 
 
+def priced_fixed(name: str, model: Any, pb: Any, budget: dict[str, float], *, seq_len: int, global_batch: int,
+                 schedule: str = "1f1b", sizes: list[int] | None = None) -> list[Priced]:
+    """Every micro-batching (and device, for ``single``) of a fixed strategy, priced, fastest first."""
+    from .simple import fixed_candidates
+
+    return sorted((price(p, pb, budget) for p in fixed_candidates(name, model, pb.hosts, seq_len=seq_len,
+                                                                 global_batch=global_batch, schedule=schedule,
+                                                                 sizes=sizes)), key=lambda c: c.step_time_s)
+
+
 def best_fixed(name: str, model: Any, pb: Any, budget: dict[str, float], *, seq_len: int, global_batch: int,
                schedule: str = "1f1b", sizes: list[int] | None = None) -> Priced | None:
     """A fixed strategy (``even``, ``pp``, ``dp``, ``single``) at its own best: the fastest of its
     micro-batchings (and devices, for ``single``) that fits memory; when none fits, the one that
     overruns its budget least, with ``fits`` False. None when the batch allows no candidate."""
-    from .simple import fixed_candidates
-
-    cands = [price(p, pb, budget) for p in fixed_candidates(name, model, pb.hosts, seq_len=seq_len,
-                                                               global_batch=global_batch, schedule=schedule,
-                                                               sizes=sizes)]
+    cands = priced_fixed(name, model, pb, budget, seq_len=seq_len, global_batch=global_batch, schedule=schedule,
+                         sizes=sizes)
     if not cands:
         return None
     fitting = [c for c in cands if c.fits]
     if fitting:
-        return min(fitting, key=lambda c: c.step_time_s)
+        return fitting[0]
     return min(cands, key=lambda c: max(_overrun(d) for s in c.predicted["stages"] for d in s["devices"]))
 
 
