@@ -427,3 +427,24 @@ def test_a_calibrated_memory_model_is_kept_and_written_beside_the_corrected_file
     # without a calibration the analytic prior is refitted to the measured peaks, as before
     assert main(replan_args(run_dir)) == 0
     assert not json.loads((out / "replan_summary.json").read_text())["memory"]["how"].startswith("kept")
+
+
+def test_no_link_is_fitted_faster_than_the_probe_measured_it():
+    """A probe's rate is the link's capacity: messages that read faster (already buffered when their
+    receive was posted) leave it as it is and are reported; a rate from another source may rise."""
+    from torchpp.cluster.probe import PROBE_SOURCE
+    from torchpp.planner.replan.fit import fit_links
+    from torchpp.planner.replan.read import Measurements, Transfer
+
+    lf = layers_file("a", num_layers=2, batch=1)
+    plan = make_plan(lf.model, seq_len=16, global_batch=2, num_microbatches=2, layer_ranges=[(0, 1), (1, 2)],
+                     group_sizes=[1, 1], hosts=["a", "b"])
+    m = Measurements()
+    m.transfers = [Transfer(0, 1, 1_000_000, 0.001)] * 4 + [Transfer(1, 0, 1_000_000, 0.1)] * 4  # 1 GB/s, 10 MB/s
+    rates = {"a|b": 1e8, "b|a": 1e8}
+    probed = fit_links(plan, m, Bandwidth(bytes_per_sec=rates, source=f"{PROBE_SOURCE} (gloo p2p)"))
+    claimed = fit_links(plan, m, Bandwidth(bytes_per_sec=rates, source="written by hand"))
+    by = {(lk.src, lk.dst): lk for lk in probed}
+    assert by[("a", "b")].bytes_per_sec == 1e8 and by[("a", "b")].capped_from == pytest.approx(1e9)
+    assert by[("b", "a")].bytes_per_sec == pytest.approx(1e7) and by[("b", "a")].capped_from is None
+    assert {(lk.src, lk.dst): lk.bytes_per_sec for lk in claimed} == pytest.approx({("a", "b"): 1e9, ("b", "a"): 1e7})

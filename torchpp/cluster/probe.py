@@ -181,6 +181,11 @@ def probe(args: ProbeSettings, on_pair: Callable[[PairResult], None] | None = No
     return results
 
 
+PROBE_SOURCE = "torchpp bandwidth probe"
+"""How a bandwidth file this probe wrote begins its ``source``: its rates are each link's capacity,
+measured with the link to itself (``torchpp replan`` lets no fitted rate exceed them)."""
+
+
 def write(results: list[PairResult], out_dir: Path, csv_name: str, json_name: str, sizes: list[int]) -> None:
     from ..formats import Bandwidth
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -189,7 +194,7 @@ def write(results: list[PairResult], out_dir: Path, csv_name: str, json_name: st
     bw = Bandwidth(bytes_per_sec={Bandwidth.key(r.src, r.dst): r.bytes_per_sec for r in results},
                    latency_s={Bandwidth.key(r.src, r.dst): r.latency_s for r in results},
                    burst_bytes={Bandwidth.key(r.src, r.dst): r.burst_bytes for r in results if r.burst_bytes > 0},
-                   source=f"torchpp bandwidth probe (gloo p2p, sizes {','.join(str(s) for s in sizes)} bytes)")
+                   source=f"{PROBE_SOURCE} (gloo p2p, sizes {','.join(str(s) for s in sizes)} bytes)")
     bw.save(out_dir / json_name)
 
 

@@ -81,6 +81,8 @@ def summary_text(s: dict[str, Any]) -> str:
         lines.append(f"  {lk['link']:<24} {lk['messages']:>4} msgs  {_fmt_rate(lk['old_bytes_per_sec']):>12} -> "
                      f"{_fmt_rate(lk['new_bytes_per_sec']):>12} ({ratio}){'  changed' if lk['changed'] else ''}"
                      + (f"  [{lk['at_clock_resolution']} at clock resolution]" if lk["at_clock_resolution"] else "")
+                     + (f"  [fitted {_fmt_rate(lk['capped_from'])}, above the probe's: kept at the probe's]"
+                        if lk.get("capped_from") else "")
                      + ("  [kept: every message overlapped another on its row]" if lk["kept_old"] else
                         f"  [{lk['overlapped']} overlapped, left out]" if lk["overlapped"] else ""))
     if s["optimizer_s_per_gb"]:
@@ -137,7 +139,7 @@ def build_summary(plan: Plan, plan_src: str, traces: str, meas: "Measurements", 
                    "old_bytes_per_sec": lk.old_bytes_per_sec, "new_bytes_per_sec": lk.bytes_per_sec,
                    "old_latency_s": lk.old_latency_s, "new_latency_s": lk.latency_s, "ratio": lk.change,
                    "at_clock_resolution": lk.at_clock_resolution, "overlapped": lk.censored,
-                   "kept_old": lk.censored == lk.messages,
+                   "kept_old": lk.censored == lk.messages, "capped_from": lk.capped_from,
                    "changed": lk.change is None or abs(lk.change - 1) > LINK_CHANGE} for lk in links],
         "optimizer_s_per_gb": {h: v * 1e9 for h, v in opt.items()},
         "optimizer_measured_hosts": sorted(opt_measured),
