@@ -432,7 +432,7 @@ def test_a_calibrated_memory_model_is_kept_and_written_beside_the_corrected_file
 def test_no_link_is_fitted_faster_than_the_probe_measured_it():
     """A probe's rate is the link's capacity: messages that read faster (already buffered when their
     receive was posted) leave it as it is and are reported; a rate from another source may rise."""
-    from torchpp.cluster.probe import PROBE_SOURCE
+    from torchpp.formats.bandwidth import PROBE_SOURCE
     from torchpp.planner.replan.fit import fit_links
     from torchpp.planner.replan.read import Measurements, Transfer
 

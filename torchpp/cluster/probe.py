@@ -181,13 +181,9 @@ def probe(args: ProbeSettings, on_pair: Callable[[PairResult], None] | None = No
     return results
 
 
-PROBE_SOURCE = "torchpp bandwidth probe"
-"""How a bandwidth file this probe wrote begins its ``source``: its rates are each link's capacity,
-measured with the link to itself (``torchpp replan`` lets no fitted rate exceed them)."""
-
-
 def write(results: list[PairResult], out_dir: Path, csv_name: str, json_name: str, sizes: list[int]) -> None:
     from ..formats import Bandwidth
+    from ..formats.bandwidth import PROBE_SOURCE
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = [f"{r.src},{r.dst},{r.bytes_per_sec * 8 / 1e9:.6f}" for r in results]
     (out_dir / csv_name).write_text("\n".join(lines) + "\n")

@@ -13,6 +13,10 @@ from .base import FormatError, Reader, _load, check_format, to_dict, write_json
 # --- owned by the planner ---
 BANDWIDTH_KIND, BANDWIDTH_VERSION = "bandwidth", 1
 
+PROBE_SOURCE = "torchpp bandwidth probe"
+"""How a bandwidth file ``torchpp bandwidth`` wrote begins its ``source``: its rates are each link's
+capacity, measured with the link to itself (``torchpp replan`` lets no fitted rate exceed them)."""
+
 
 def _is_link_key(k: Any) -> bool:
     return isinstance(k, str) and k.count("|") == 1 and "" not in k.split("|")
@@ -54,6 +58,11 @@ class Bandwidth:
 
     def burst(self, src: str, dst: str) -> float:
         return self.burst_bytes.get(self.key(src, dst), 0.0)
+
+    @property
+    def probed(self) -> bool:
+        """Whether the rates are a probe's (each link's capacity), not a fit or an estimate."""
+        return self.source.startswith(PROBE_SOURCE)
 
     def hosts(self) -> list[str]:
         return sorted({h for k in self.bytes_per_sec for h in k.split("|")})

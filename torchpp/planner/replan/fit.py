@@ -190,14 +190,12 @@ class LinkFit:
 def fit_links(plan: Plan, meas: Measurements, old: Bandwidth) -> list[LinkFit]:
     """Per directed host pair: throughput (and latency, when message sizes vary enough to tell).
 
-    Where ``old`` is a probe's file (:data:`~torchpp.cluster.probe.PROBE_SOURCE`), no link is fitted
+    Where ``old`` is a probe's file (:attr:`~torchpp.formats.Bandwidth.probed`), no link is fitted
     faster than the probe measured it: a pipeline message cannot beat the link, but its clock (both
     ends posted -> arrived) reads one that was already buffered when its receive was posted as nearly
     instant. On the demo's homelab the fits read pi4a -> pi3 at 523-605 MB/s (probed 102-109 MB/s, the
     link shaped to 37.5 MB/s), and the re-plans priced on them were slower than the plans they replaced."""
-    from ...cluster.probe import PROBE_SOURCE
-
-    probed = (old.source or "").startswith(PROBE_SOURCE)
+    probed = old.probed
     by: dict[tuple[str, str], list[Transfer]] = defaultdict(list)
     for t in meas.transfers:
         a, b = plan.device_of_rank(t.src).host, plan.device_of_rank(t.dst).host
