@@ -17,7 +17,11 @@ MAPE ≤ 10% with the speed check reading the hosts slower. The full runs need a
 nothing else on it (each homelab demo takes ~15 minutes there); ``--quick`` runs the demo's quick
 size (tiny model, local processes unless ``--cluster``), one run per load, for a smoke test.
 
-    sudo .venv/bin/python benchmarks/bench_fidelity.py [--runs 3] [--loads 0,2] [--out DIR]
+Each run also prints the re-plan's measured step over the plan's: a re-plan is meant to be faster
+than the plan it replaces, and one that is slower says its corrected costs misjudged the new layout.
+``--config`` runs the homelab scenario on another cluster file (e.g. another CPU quota period).
+
+    sudo .venv/bin/python benchmarks/bench_fidelity.py [--runs 3] [--loads 0,2] [--config FILE] [--out DIR]
     .venv/bin/python benchmarks/bench_fidelity.py --quick
 """
 from __future__ import annotations
@@ -50,6 +54,8 @@ class RunFigures:
     seconds: float
     errors: dict[str, float] = field(default_factory=dict)
     """Step-time error (predicted / measured - 1) of each trained plan: even, plan, replan."""
+    steps: dict[str, float] = field(default_factory=dict)
+    """Measured step (s) of each trained plan."""
     mape: float | None = None
     mape_now: float | None = None
     """MAPE of the predictions at the speed the at-launch check read (None without the check)."""
@@ -89,6 +95,7 @@ def figures(out: Path, stdout: str, load: int, run: int, seconds: float, ok: boo
         return f
     runs = json.loads(summary.read_text())["runs"]
     f.errors = {r["name"]: r["error"] for r in runs if r.get("error") is not None}
+    f.steps = {r["name"]: r["measured_step_s"] for r in runs if r.get("measured_step_s")}
     f.mape = statistics.fmean(abs(e) for e in f.errors.values()) if f.errors else None
     now = [r["error_now"] if "error_now" in r else  # (older summaries lack it)
            (r["predicted_now_s"] / r["measured_step_s"] - 1 if r.get("predicted_now_s") is not None else None)
@@ -128,17 +135,21 @@ def pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:+.1f}%"
 
 
+def ratio(steps: dict[str, float]) -> str:
+    return f"{steps['replan'] / steps['plan']:.3f}" if "replan" in steps and "plan" in steps else "–"
+
+
 def table(rows: list[RunFigures], cluster: bool) -> list[str]:
-    lines = ["| load | run | even | plan | re-plan | MAPE | MAPE at launch | memory worst | profile (s) | "
+    lines = ["| load | run | even | plan | re-plan | re-plan / plan (measured) | MAPE | MAPE at launch | memory worst | profile (s) | "
              "rounds from median (worst host) | capacity vs quota ratio (worst host) | slowest host at launch |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for f in rows:
         worst = max(f.round_spread.items(), key=lambda kv: kv[1], default=None)
         quota = max(f.quota_error.items(), key=lambda kv: abs(kv[1]), default=None)
         slow = max(f.speed_now.items(), key=lambda kv: kv[1], default=None)
         lines.append(
             f"| {f.load} busy | {f.run} | {pct(f.errors.get('even'))} | {pct(f.errors.get('plan'))} | "
-            f"{pct(f.errors.get('replan'))} | {'–' if f.mape is None else f'{100 * f.mape:.1f}%'} | "
+            f"{pct(f.errors.get('replan'))} | {ratio(f.steps)} | {'–' if f.mape is None else f'{100 * f.mape:.1f}%'} | "
             f"{'–' if f.mape_now is None else f'{100 * f.mape_now:.1f}%'} | {pct(f.memory)} | {f.profile_s:.0f} | "
             + (f"{worst[0]} {100 * worst[1]:.1f}%" if worst else "–") + " | "
             + (f"{quota[0]} {pct(quota[1])}" if quota and cluster else "–") + " | "
@@ -176,6 +187,10 @@ def verdict(rows: list[RunFigures], cluster: bool) -> list[str]:
             slower = [f for f in fs if f.speed_now and max(f.speed_now.values()) > 1.0]
             if any(f.speed_now for f in fs):
                 line += f"; the speed check read the hosts slower than profiled in {len(slower)} of {len(fs)}"
+        regress = [f for f in fs if "replan" in f.steps and "plan" in f.steps]
+        if regress:
+            line += (f"; re-plan / plan measured {', '.join(ratio(f.steps) for f in regress)} "
+                     f"(slower in {sum(f.steps['replan'] > f.steps['plan'] for f in regress)} of {len(regress)})")
         out.append(line)
     return out
 
@@ -187,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the demo's quick size, one run per load (a smoke test)")
     ap.add_argument("--local", action="store_true", help="local processes even where the emulated cluster is possible")
     ap.add_argument("--cluster", action="store_true", help="with --quick: on the emulated cluster where possible")
+    ap.add_argument("--config", type=Path, default=None,
+                    help="cluster config for the homelab scenario (default configs/cluster/homelab.json)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per demo run (default 3600)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_fidelity")
     a = ap.parse_args(argv)
@@ -198,12 +215,13 @@ def main(argv: list[str] | None = None) -> int:
 
     cluster = not a.local and (a.cluster or not a.quick) and cluster_available() is None
     quick = ["--quick"] if a.quick else []
-    demo_args = [*quick, *([] if cluster else ["--local"]), *(["--speed-check"] if cluster and not a.quick else [])]
+    demo_args = [*quick, *([] if cluster else ["--local"]), *(["--speed-check"] if cluster and not a.quick else []),
+                 *(["--cluster", str(a.config.resolve())] if a.config else [])]
     quotas = None
     if cluster:
         from torchpp.cluster.config import ClusterConfig
 
-        quotas = {h.name: h.cpu for h in ClusterConfig.load(ROOT / DemoConfig.scenario("homelab").cluster).hosts
+        quotas = {h.name: h.cpu for h in ClusterConfig.load(a.config or ROOT / DemoConfig.scenario("homelab").cluster).hosts
                   if h.cpu}
     a.out.mkdir(parents=True, exist_ok=True)
     print(f"bench_fidelity: {runs} demo run(s) at each of {loads} busy processes, on "

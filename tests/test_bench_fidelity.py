@@ -32,8 +32,10 @@ def _demo_out(tmp_path):
         "outliers": [{"host": "pi3", "round": 1, "value": 0.019, "median": 0.34, "tolerance": 0.1}]}))
     (out / "summary.json").write_text(json.dumps({"runs": [
         {"name": "even", "error": 0.04, "error_now": 0.01, "memory_error": -0.05, "speed_now": {"pi3": 1.2}},
-        {"name": "plan", "error": -0.02, "error_now": 0.02, "memory_error": 0.08, "speed_now": {"pi3": 1.1}},
-        {"name": "replan", "error": 0.03, "error_now": None, "memory_error": 0.01, "speed_now": {}}]}))
+        {"name": "plan", "error": -0.02, "error_now": 0.02, "memory_error": 0.08, "speed_now": {"pi3": 1.1},
+         "measured_step_s": 1.6},
+        {"name": "replan", "error": 0.03, "error_now": None, "memory_error": 0.01, "speed_now": {},
+         "measured_step_s": 1.8}]}))
     return out
 
 
@@ -52,11 +54,12 @@ def test_a_runs_figures(tmp_path):
     assert "rounds within 5.9% of their median (target ≤ 10%: met)" in lines[0]
     assert "medians within 4.8% of the quota ratios" in lines[0]
     assert "slower than profiled in 1 of 1" in lines[0]
+    assert "re-plan / plan measured 1.125 (slower in 1 of 1)" in lines[0]
     (tmp_path / "q").mkdir()
     quiet = bf.figures(_demo_out(tmp_path / "q"), STDOUT, load=0, run=1, seconds=1.0, ok=True)
     assert "(target ≤ 5% each: met)" in bf.verdict([quiet], cluster=False)[0]
     row = bf.table([f], cluster=True)[2]
-    assert row.startswith("| 2 busy | 1 | +4.0% | -2.0% | +3.0% | 3.0% | 1.5% | +8.0% | 173 | pi3 5.9% |")
+    assert row.startswith("| 2 busy | 1 | +4.0% | -2.0% | +3.0% | 1.125 | 3.0% | 1.5% | +8.0% | 173 | pi3 5.9% |")
 
 
 def test_a_failed_run_is_said(tmp_path):

@@ -260,10 +260,12 @@ def test_replan_reads_a_real_run(tmp_path):
     s = json.loads((tmp_path / "r" / "replan_summary.json").read_text())
     # three steps after the first two (which fault their pages in): the medians have a middle
     assert set(s["hosts"]) == {"host0", "host1"} and set(s["measured_steps"]) == {"3", "4", "5"}
+    kept = 3 - len(s["stalled_steps"])           # a step far slower than the median is left out
+    assert kept >= 2 and set(s["stalled_steps"]) <= {"3", "4", "5"}
     for h in s["hosts"].values():
-        assert h["timings"] == 3 * 2 * 2 and h["factor"] > 0      # 3 steps x 2 micro-batches x (F, B)
+        assert h["timings"] == kept * 2 * 2 and h["factor"] > 0   # steps x 2 micro-batches x (F, B)
     assert {lk["link"] for lk in s["links"]} == {"host0|host1", "host1|host0"}
-    assert all(lk["messages"] == 6 and lk["new_bytes_per_sec"] > 0 for lk in s["links"])
+    assert all(lk["messages"] == 2 * kept and lk["new_bytes_per_sec"] > 0 for lk in s["links"])
     assert all(v["measured_peak_bytes"] > 0 for v in s["memory"]["ranks"].values())
     # the runtime's own time per call is measured, written and priced: the old plan, re-priced, is
     # what the simulator makes of the written files, and close to what it measured (loosely: on a
@@ -448,3 +450,31 @@ def test_no_link_is_fitted_faster_than_the_probe_measured_it():
     assert by[("a", "b")].bytes_per_sec == 1e8 and by[("a", "b")].capped_from == pytest.approx(1e9)
     assert by[("b", "a")].bytes_per_sec == pytest.approx(1e7) and by[("b", "a")].capped_from is None
     assert {(lk.src, lk.dst): lk.bytes_per_sec for lk in claimed} == pytest.approx({("a", "b"): 1e9, ("b", "a"): 1e7})
+
+
+def test_a_stalled_step_is_left_out_of_the_fits(run_dir, capsys):
+    """A traced step much slower than the median (here every host 1.8x slower, as a first step
+    faulting its pages in) would carry its slowness into every host's factor; it is left out of
+    every fit and named, and the step time stays the median."""
+    files(run_dir / "stalled", {"a": 1 / 1.8, "b": 0.5 / 1.8, "c": 1 / 1.8}, TRUE_RATE / 1.8)
+    shutil.copy(run_dir / "true" / "bandwidth.json", run_dir / "stalled" / "bandwidth.json")
+    plan = Plan.load(run_dir / "plan.json")
+    write_traces(plan, run_dir / "true", {"a": 1, "b": 1, "c": 1}, run_dir / "traces", steps=(3, 4))
+    write_traces(plan, run_dir / "stalled", {"a": 1, "b": 1, "c": 1}, run_dir / "traces", steps=(2,))
+    prof = Profiles.from_layers([LayersFile.load(run_dir / "claimed" / f"layers_{h}.json") for h in "abc"])
+    m = read_run(run_dir / "traces", plan, prof)
+    assert sorted(m.steps) == [2, 3, 4] and list(m.stalled) == [2] and m.stalled[2] > 1.5 * m.step_time_s
+    assert {c.step for c in m.compute} == {3, 4} and {t.step for t in m.transfers} == {3, 4}
+    assert all(len(v) == 2 for v in m.optimizer.values()) and all(set(g) == {3, 4} for g in m.gaps.values())
+    assert main(replan_args(run_dir)) == 0
+    s = json.loads((run_dir / "out2" / "replan_summary.json").read_text())
+    assert list(s["stalled_steps"]) == ["2"]
+    assert s["hosts"]["b"]["factor"] == pytest.approx(2.0, rel=0.03)
+    for h in "ac":
+        assert s["hosts"][h]["factor"] == pytest.approx(1.0, rel=0.03)
+    old = s["old_plan"]
+    assert old["repriced_step_time_s"] == pytest.approx(old["measured_step_time_s"], rel=0.05)
+    assert "left out of every fit: step(s) 2 (" in (run_dir / "out2" / "replan_summary.txt").read_text()
+    # steps that agree are all kept
+    m2 = read_run(run_dir / "traces", plan, prof, steps=[3, 4])
+    assert not m2.stalled and {c.step for c in m2.compute} == {3, 4}

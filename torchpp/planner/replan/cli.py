@@ -71,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     if len(meas.steps) < 3:
         print(f"  note: {len(meas.steps)} traced step(s): a median of fewer than three is their mean, so a step the "
               f"machine stalled in counts in full; trace three or more after the first two")
+    if meas.stalled:
+        from .summary import stalled_line
+        print("  " + stalled_line({str(n): t for n, t in meas.stalled.items()}, meas.step_time_s))
     fit = fit_hosts(plan, old, meas)
     for h, f in fit.fits.items():
         print(f"  {h}: measured/predicted {f.factor:.3f} (forward {f.forward:.3f}, backward {f.backward:.3f}) "

@@ -39,6 +39,14 @@ def _fmt_rate(x: float | None) -> str:
     return f"{x / 1e6:.3g} MB/s"
 
 
+def stalled_line(stalled: Mapping[str, float], median_s: float) -> str:
+    from .read import STALLED_STEP
+
+    steps = ", ".join(f"{n} ({t:.4g} s, {100 * (t / median_s - 1):+.0f}%)" for n, t in stalled.items())
+    return (f"left out of every fit: step(s) {steps}, slower than the median step by more than "
+            f"{100 * STALLED_STEP:.0f}% (stalled: a first step's page faults, another process)")
+
+
 def summary_text(s: dict[str, Any]) -> str:
     o = s["old_plan"]
     pred = o["predicted_step_time_s"]
@@ -48,6 +56,7 @@ def summary_text(s: dict[str, Any]) -> str:
              + (f"{pred:.4g} s ({100 * o['prediction_error']:+.1f}%)" if pred is not None else "– (no prediction)"),
              f"old plan re-priced with the corrected costs: {o['repriced_step_time_s']:.4g} s "
              f"({100 * o['repriced_error']:+.1f}% vs measured)",
+             *([stalled_line(s["stalled_steps"], o["measured_step_time_s"])] if s.get("stalled_steps") else []),
              f"new plan predicted: {s['new_plan']['predicted_step_time_s']:.4g} s; predicted gain "
              f"{100 * s['predicted_gain']:+.1f}% throughput over the old plan (both with the corrected costs)",
              *([s["size_choice"]] if s.get("size_choice") else []), "",
@@ -118,6 +127,7 @@ def build_summary(plan: Plan, plan_src: str, traces: str, meas: "Measurements", 
         "format": "torchpp.replan_summary/1",
         "plan": plan_src, "traces": traces, "timelines": meas.files,
         "measured_steps": {str(k): v for k, v in meas.steps.items()},
+        "stalled_steps": {str(k): v for k, v in meas.stalled.items()},
         "old_plan": {"measured_step_time_s": meas.step_time_s, "predicted_step_time_s": old_pred,
                      "predicted_source": old_pred_src if old_pred is not None else None,
                      "prediction_error": (old_pred - meas.step_time_s) / meas.step_time_s if old_pred else None,
