@@ -113,3 +113,81 @@ def test_the_period_cost_is_granted_on_top_of_each_scaled_quota(tmp_path, clean)
         per_period.append(int(quota))
     assert per_period == [round(q * 10_000) for q in cfg.quotas()]
     assert (per_period[1] - 400) / (per_period[0] - 400) == pytest.approx(0.2 / 0.6, rel=1e-3)
+
+
+AFFINITY = "import os; print(sorted(os.sched_getaffinity(0)), flush=True)"
+
+
+def test_steady_cpu_fills_each_hosts_idle_time_on_its_core_while_it_runs(tmp_path, clean):  # noqa: F811
+    """With ``steady_cpu`` every host of a run has an idle-priority filler in its own child group on
+    the core the host is pinned to, for as long as the run lasts (not outside it: the launcher's own
+    steps keep the cores); the host's processes run on that core."""
+    if cgroups.detect()["cpu"].version == 2:
+        pytest.skip("steady_cpu needs the cgroup v1 cpu controller (the filler's group sits beside the host's processes)")
+    cfg = ClusterConfig.load(write_config(tmp_path, "tpts", [{"name": "a", "cpu": 0.3}, {"name": "b", "cpu": 0.2}],
+                                          subnet="10.77.96.0/24", master_port=29558, cpu_period_ms=10,
+                                          steady_cpu=True))
+    try:
+        cluster.up(cfg, log=lambda *_: None)
+        state = cluster.load_state("tpts")
+        hosts = state["hosts"]
+        assert sorted(h["core"] for h in hosts) == [0, 1] or len(os.sched_getaffinity(0)) == 1
+        groups = [cgroups.existing(h["cgroup"]) for h in hosts]
+        assert all(g.pids(fill=True) == [] for g in groups)  # no filler outside a run
+        with cluster.idle_filled(state, [0, 1]) as pids:
+            for h, g, i in zip(hosts, groups, (0, 1)):
+                assert g.pids() == [] and g.pids(fill=True) == [pids[i]]
+                assert os.sched_getscheduler(pids[i]) == os.SCHED_IDLE
+                assert os.sched_getaffinity(pids[i]) == {h["core"]}
+        assert all(g.pids(fill=True) == [] for g in groups)
+        rc, res = cluster.run("tpts", [PY, "-c", AFFINITY], tmp_path / "logs", timeout=60, log=lambda *_: None)
+        assert rc == 0
+        for h, r in zip(hosts, res):
+            assert r.log.read_text().strip() == str([h["core"]])
+        assert all(g.pids(fill=True) == [] for g in groups)  # the run's fillers ended with it
+    finally:
+        cluster.down(cfg.name, log=lambda *_: None)
+
+
+PASSES = """
+import json, random, time, torch
+torch.manual_seed(0); random.seed(0)
+m = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(2)])
+x = torch.randn(16, 256)
+def one():
+    m(x).square().mean().backward()
+t0, n = time.process_time(), 0
+while time.process_time() - t0 < 0.05:   # passes of 2 ms of CPU
+    one(); n += 1
+k = max(1, n // 25)
+cpu = wall = 0.0
+for _ in range(40):
+    time.sleep(0.03 + 0.05 * random.random())   # waiting on a link
+    w, c = time.perf_counter(), time.process_time()
+    for _ in range(k):
+        one()
+    cpu += time.process_time() - c; wall += time.perf_counter() - w
+print(json.dumps({{"share": cpu / wall}}))
+"""
+
+
+@pytest.mark.parametrize("steady", [False, True], ids=["plain-quota", "steady_cpu"])
+def test_a_pass_after_waiting_runs_at_the_quotas_pace_only_with_steady_cpu(tmp_path, clean, monkeypatch, steady):  # noqa: F811
+    """A 0.25-core host that waited on its links runs its next short pass (2 ms of CPU) out of the
+    quota it did not use: at most of a whole core's speed under a plain quota, at the quota's pace
+    with ``steady_cpu``, as a small device would. The share is CPU time over wall time of the passes."""
+    if steady and cgroups.detect()["cpu"].version == 2:
+        pytest.skip("steady_cpu needs the cgroup v1 cpu controller (the filler's group sits beside the host's processes)")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    cfg = ClusterConfig.load(write_config(tmp_path, "tptp", [{"name": "pi3", "cpu": 0.25}], subnet="10.77.95.0/24",
+                                          master_port=29559, cpu_period_ms=10, steady_cpu=steady))
+    try:
+        cluster.up(cfg, log=lambda *_: None)
+        share = _share("tptp", PASSES, tmp_path / "passes")["share"]
+    finally:
+        cluster.down(cfg.name, log=lambda *_: None)
+    print(f"{'steady_cpu' if steady else 'plain quota'}: short passes after waiting got {share:.3f} of a core")
+    if steady:
+        assert share <= 0.25 * 1.4, f"{share:.3f} of a core: the host ran faster than its 0.25-core quota"
+    else:
+        assert share >= 0.25 * 1.8, f"{share:.3f} of a core (expected a burst out of the saved quota)"

@@ -307,3 +307,25 @@ def test_period_cost_keeps_the_work_ratios_and_the_sum():
     work = [x - 0.04 for x in q[:3]]  # 0.4 ms of every 10 ms period
     assert work[1] / work[0] == pytest.approx(0.45 / 0.7) and work[2] / work[0] == pytest.approx(0.25 / 0.7)
     assert q[2] / q[0] > 0.25 / 0.7 and q[1] / q[0] > 0.45 / 0.7  # the small hosts gain the most
+
+
+def test_steady_cpu_packs_every_host_onto_one_core():
+    """steady_cpu pins each host to a core: the quotas are packed largest first onto the core with
+    the most room, and a config whose quotas do not fit (or a host without a quota) is refused
+    naming the file and the field."""
+    hosts = [{"name": "laptop", "cpu": 0.7}, {"name": "pi4a", "cpu": 0.45}, {"name": "pi4b", "cpu": 0.45},
+             {"name": "pi3", "cpu": 0.25}]
+    cfg = ClusterConfig.parse({"name": "x", "cpu_period_ms": 10, "steady_cpu": True, "hosts": hosts}, "c.json")
+    assert cfg.steady_cpu and not ClusterConfig.parse({"name": "x", "hosts": hosts}, "c.json").steady_cpu
+    cores = cfg.cores(2)
+    assert cores == [0, 1, 1, 0]  # laptop + pi3 = 0.95, the two Pi 4s 0.9
+    for c in (0, 1):
+        assert sum(q for q, k in zip(cfg.quotas(), cores) if k == c) <= 1.0
+    assert sorted(cfg.cores(4)) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match=r"c.json: steady_cpu .* do not pack onto this machine's 1 core"):
+        cfg.cores(1)
+    free = ClusterConfig.parse({"name": "x", "steady_cpu": True, "hosts": [*hosts, {"name": "free"}]}, "c.json")
+    with pytest.raises(ValueError, match=r"steady_cpu needs a cpu quota on every host \(none on free\)"):
+        free.cores(8)
+    with pytest.raises(FormatError, match="steady_cpu"):
+        ClusterConfig.parse({"name": "x", "steady_cpu": "yes", "hosts": hosts}, "c.json")

@@ -26,6 +26,7 @@ import math
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,9 @@ beside the 0.7-core host) the homelab's four hosts got 82-90% of their quotas on
 95-98%. cgroup v2 caps a weight at 100 processes' worth, so an inner group holding more (homelab:
 1.85 cores, 118) competes as 100 there."""
 CONTROLLERS = ("cpu", "memory")
+
+FILL = "idle-fill"
+"""The child group of a host's group that holds its idle filler (:meth:`Cgroup.fill_idle`)."""
 
 
 @dataclass(frozen=True)
@@ -256,19 +260,61 @@ class Cgroup:
         """For ``subprocess.Popen(preexec_fn=...)``: the child joins before it execs."""
         self.add(os.getpid())
 
-    def pids(self) -> list[int]:
-        return sorted({pid for path in self.dirs() for pid in _pids_under(path)})
+    def pids(self, fill: bool = False) -> list[int]:
+        """Processes inside, the idle filler (:meth:`fill_idle`) only with ``fill``."""
+        return sorted({pid for path in self.dirs() for pid in _pids_under(path, () if fill else (FILL,))})
 
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        for pid in self.pids():
+    def kill(self, sig: int = signal.SIGKILL, fill: bool = False) -> None:
+        for pid in self.pids(fill):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
+    def fill_idle(self, core: int) -> int:
+        """Start a spinner on ``core`` in the child group ``FILL``, at idle priority (the group's
+        ``cpu.idle``, the task's SCHED_IDLE): it runs only while nothing else of this group is
+        runnable on that core, so the group's quota is used up while its processes wait and they
+        cannot run a pass faster than the quota out of what they saved (config.py). Returns its
+        pid; :meth:`stop_fill` ends it."""
+        h = _hierarchy("cpu", self.hier)
+        if h.version == 2:  # v2 lets a group hold processes or child groups, not both
+            raise NotPermitted("steady_cpu needs the cgroup v1 cpu controller (on v2 a host's group cannot hold "
+                               "both its processes and the idle filler's group); set steady_cpu to false")
+        path = self.paths()["cpu"] / FILL
+        path.mkdir(exist_ok=True)
+        idle = path / "cpu.idle"
+        if not (idle.exists() and idle.read_text().strip() == "1"):  # (an idle group's weight cannot be written)
+            _write_weight(h, path, 0.002)  # the smallest weight
+            if idle.exists():
+                _write(idle, "1")
+
+        def setup() -> None:
+            os.sched_setaffinity(0, {core})
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            _write(path / "cgroup.procs", str(os.getpid()))
+
+        # the loop runs in the background of a shell that exits at once: it is nobody's child here
+        # (no zombie once killed)
+        out = subprocess.run(["sh", "-c", "while :; do :; done </dev/null >/dev/null 2>&1 & echo $!"],
+                             preexec_fn=setup, start_new_session=True, stdin=subprocess.DEVNULL,
+                             capture_output=True, text=True, check=True, timeout=10)
+        return int(out.stdout.strip())
+
+    def stop_fill(self) -> None:
+        path = self.paths()["cpu"] / FILL
+        for _ in range(100):
+            pids = _pids_under(path) if path.exists() else []
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+
     def remove(self, timeout: float = 10.0) -> None:
-        """Kill what is left inside, then remove the directories (deepest first)."""
+        """Kill what is left inside (the idle filler too), then remove the directories (deepest first)."""
         deadline = time.monotonic() + timeout
-        while self.pids() and time.monotonic() < deadline:
-            self.kill(signal.SIGKILL)
+        while self.pids(fill=True) and time.monotonic() < deadline:
+            self.kill(signal.SIGKILL, fill=True)
             time.sleep(0.05)
         for path in self.dirs():
             _rmtree_cgroup(path)
@@ -300,9 +346,10 @@ def weigh_inner_groups(hier: dict[str, Hierarchy] | None = None) -> None:
     if root is None or not root.is_dir():
         return
     for d, subdirs, _ in sorted(os.walk(root), key=lambda t: -len(Path(t[0]).parts)):
-        if subdirs:
+        subs = [c for c in subdirs if c != FILL]  # a host's filler does not weigh it down
+        if subs:
             with contextlib.suppress(OSError, NotPermitted):
-                _write_weight(h, Path(d), sum(_read_weight(h, Path(d) / c) for c in subdirs))
+                _write_weight(h, Path(d), sum(_read_weight(h, Path(d) / c) for c in subs))
 
 
 def _write_weight(h: Hierarchy, path: Path, processes: float) -> None:
@@ -416,9 +463,10 @@ def clear_all(hier: dict[str, Hierarchy] | None = None) -> list[Path]:
     return removed
 
 
-def _pids_under(root: Path) -> list[int]:
+def _pids_under(root: Path, skip: tuple[str, ...] = ()) -> list[int]:
     out: set[int] = set()
-    for d, _, _ in os.walk(root):
+    for d, sub, _ in os.walk(root):
+        sub[:] = [x for x in sub if x not in skip]
         with contextlib.suppress(OSError):
             out.update(int(x) for x in (Path(d) / "cgroup.procs").read_text().split())
     return sorted(out)

@@ -107,6 +107,10 @@ def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any
         netns.add(cfg.switch_ns)
         netns.add_bridge(cfg.switch_ns, BRIDGE)
         quotas = cfg.quotas()
+        try:
+            cores = cfg.cores(len(os.sched_getaffinity(0))) if cfg.steady_cpu else None
+        except ValueError as e:
+            raise ClusterError(str(e)) from None
         for i, h in enumerate(cfg.hosts):
             ns, port = cfg.host_ns(i), cfg.switch_port(i)
             netns.add(ns)
@@ -129,13 +133,17 @@ def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any
                 group.reserve(quotas[i])  # on a busy machine each host still gets its quota (cgroups.py)
             if h.memory is not None:
                 group.set_memory(h.memory)
+            if cores is not None:
+                hosts[i]["core"] = cores[i]  # `run` pins the host's processes there and fills its idle time
             log(f"  {h.name:<10} {cfg.address(i):<12} cpu {h.cpu if h.cpu else 'all':<5} "
                 f"memory {_gib(h.memory):<8} up: {hosts[i]['uplink']}; down: {hosts[i]['downlink']}")
         cgroups.weigh_inner_groups()
         log(f"  every host: TCP congestion control {state['tcp']}, CPU quota period {cfg.cpu_period_ms:g} ms"
             + (f", {cfg.cpu_period_cost_ms:g} ms of it lost per period: quotas "
                + ", ".join(f"{h.name} {q:.3g}" for h, q in zip(cfg.hosts, quotas) if q is not None) + " cores"
-               if cfg.cpu_period_cost_ms else ""))
+               if cfg.cpu_period_cost_ms else "")
+            + (", each pinned to a core with its idle time filled while it runs (steady_cpu): "
+               + ", ".join(f"{h.name} core {c}" for h, c in zip(cfg.hosts, cores)) if cores is not None else ""))
         for l in cfg.links:
             log(f"  link {l.src} -> {l.dst}: {l.shape.describe()}")
         total = sum(h.cpu or os.cpu_count() or 1 for h in cfg.hosts)
@@ -429,13 +437,17 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
     codes: dict[int, int] = {}
     whys: dict[int, str] = {}
     oom = _OomWatch(groups)
+    fill = contextlib.ExitStack()
     try:
+        fill.enter_context(idle_filled(state, groups, hier))
         for p, env, path in zip(places, envs, paths):
             f = open(path, "wb")
             files.append(f)
             procs.append(subprocess.Popen(netns.exec_argv(state["hosts"][p.host_index]["netns"], expand(argv, p)), env=env,
                                           stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          preexec_fn=_child_setup(groups[p.host_index]), start_new_session=True))
+                                          preexec_fn=_child_setup(groups[p.host_index],
+                                                                  state["hosts"][p.host_index].get("core")),
+                                          start_new_session=True))
         while len(codes) < len(procs):
             for i, p in enumerate(procs):
                 if i not in codes and p.poll() is not None:
@@ -460,6 +472,7 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
         _kill_all(procs, list(groups.values()), grace_s)
         raise
     finally:
+        fill.close()
         for f in files:
             f.close()
         if follower:
@@ -526,10 +539,35 @@ def _watchdog(dirs: list[Path], tmp: Path) -> subprocess.Popen:
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
 
 
-def _child_setup(group: cgroups.Cgroup):
-    """``preexec_fn``: join the host's cgroup and get SIGTERM if `cluster run` dies (PR_SET_PDEATHSIG)."""
+@contextlib.contextmanager
+def idle_filled(state: dict[str, Any], host_indices, hier: dict | None = None):
+    """While the block runs, each of these hosts pinned by ``steady_cpu`` has its idle time filled
+    (:meth:`~.cgroups.Cgroup.fill_idle`); only then, so that work outside a run (the launcher's
+    own steps) is not starved of the cores. Yields host index -> filler pid."""
+    groups = {i: cgroups.existing(state["hosts"][i]["cgroup"], hier) for i in sorted(set(host_indices))
+              if state["hosts"][i].get("core") is not None}
+    pids = {}
+    try:
+        for i, g in groups.items():
+            pids[i] = g.fill_idle(state["hosts"][i]["core"])
+        yield pids
+    finally:
+        for g in groups.values():
+            g.stop_fill()
+
+
+def host_preexec(host: dict[str, Any], hier: dict | None = None):
+    """``preexec_fn`` for a process of one host of the cluster state (its group and core)."""
+    return _child_setup(cgroups.existing(host["cgroup"], hier), host.get("core"))
+
+
+def _child_setup(group: cgroups.Cgroup, core: int | None = None):
+    """``preexec_fn``: join the host's cgroup (and its core, with ``steady_cpu``) and get SIGTERM if
+    `cluster run` dies (PR_SET_PDEATHSIG)."""
     def setup() -> None:
         group.preexec()
+        if core is not None:
+            os.sched_setaffinity(0, {core})
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     return setup

@@ -23,7 +23,14 @@ throttled host loses in every period (refilling its caches, waking up) before it
 at a 10 ms period a 0.25-core host's torch steps did ~15% less work per CPU-second than a 0.7-core
 one's, so the small hosts ran below their speed ratio. With it each host's quota becomes
 ``s * cpu + cost / period`` cores, ``s`` keeping the quotas' sum: the work each host does per
-period stays in the ratio of its ``cpu``. Every field but ``name`` and ``hosts[].name`` is optional.
+period stays in the ratio of its ``cpu``. ``steady_cpu`` (default false) pins every host to one core
+of the machine and fills its idle time with an idle-priority spinner in its own group: a quota
+refills every period whether or not the host used it, so a host that waited on its links ran its next
+short pass at a whole core's speed out of the saved quota (a 0.25-core host's 5 ms passes at 3x its
+quota's pace, measured), and a pipeline stage with little work looked faster than its profile —
+the re-plan then gave it more work and the step got slower. With the spinner the idle time uses the
+quota up, so a pass runs at the quota's pace whatever came before, as on a small device; the hosts'
+quotas must pack onto the machine's cores. Every field but ``name`` and ``hosts[].name`` is optional.
 """
 from __future__ import annotations
 
@@ -93,7 +100,27 @@ class ClusterConfig:
     """The hosts' TCP congestion control (module docstring); resolved by ``cluster.host_tcp``."""
     cpu_period_cost_ms: float = 0.0
     """CPU a throttled host loses per quota period before useful work (module docstring)."""
+    steady_cpu: bool = False
+    """Pin every host to a core and fill its idle time (module docstring; :meth:`cores`)."""
     source: str = "<config>"
+
+    def cores(self, ncpu: int) -> list[int]:
+        """With ``steady_cpu``: the machine core each host is pinned to, packing the quotas onto
+        ``ncpu`` cores (largest first, each onto the core with the most room)."""
+        quotas = self.quotas()
+        if any(q is None for q in quotas):
+            raise ValueError(f"{self.source}: steady_cpu needs a cpu quota on every host "
+                             f"(none on {', '.join(h.name for h, q in zip(self.hosts, quotas) if q is None)})")
+        room, out = [1.0] * ncpu, [0] * len(quotas)
+        for i in sorted(range(len(quotas)), key=lambda i: -quotas[i]):
+            core = max(range(ncpu), key=lambda c: room[c])
+            if quotas[i] > room[core] + 1e-9:
+                raise ValueError(f"{self.source}: steady_cpu pins every host to one core, but the quotas "
+                                 f"({', '.join(f'{h.name} {q:.3g}' for h, q in zip(self.hosts, quotas))}) do not "
+                                 f"pack onto this machine's {ncpu} core(s); set steady_cpu to false")
+            room[core] -= quotas[i]
+            out[i] = core
+        return out
 
     def quotas(self) -> list[float | None]:
         """Cores each host's cgroup is given: ``cpu`` itself, or with ``cpu_period_cost_ms`` the
@@ -208,8 +235,9 @@ class ClusterConfig:
         if not 0.0 <= cost < most:
             raise r.fail("cpu_period_cost_ms", f"CPU lost per quota period, from 0 to under {most:.3g} ms "
                          "(the hosts' mean quota per period)", cost)
+        steady = r.bool("steady_cpu", False)
         return ClusterConfig(name=name, hosts=hosts, links=links, subnet=subnet, master_port=port, tcp=tcp,
-                             cpu_period_ms=period, cpu_period_cost_ms=cost, source=source)
+                             cpu_period_ms=period, cpu_period_cost_ms=cost, steady_cpu=steady, source=source)
 
     @staticmethod
     def load(path: str | os.PathLike) -> "ClusterConfig":

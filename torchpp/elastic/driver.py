@@ -21,6 +21,7 @@ TensorBoard and their traces' metadata.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -176,6 +177,7 @@ class ClusterLauncher:
         if state is None or state.get("phase") != "up":
             raise ElasticError(f"cluster '{name}' is not up")
         self.state = state
+        self.fill = contextlib.ExitStack()
 
     def start(self, plan: Path, argv: list[str], log_dir: Path, attempt: int) -> list[Worker]:
         from ..cluster import cgroups, cluster, netns
@@ -185,6 +187,8 @@ class ClusterLauncher:
         master = next(p.host_index for p in places if p.rank == 0)
         hier = cgroups.detect()
         log_dir.mkdir(parents=True, exist_ok=True)
+        self.fill.close()  # steady_cpu: the attempt's hosts have their idle time filled until stop()
+        self.fill.enter_context(cluster.idle_filled(self.state, [p.host_index for p in places], hier))
         out = []
         for p in places:
             h = self.state["hosts"][p.host_index]
@@ -193,12 +197,13 @@ class ClusterLauncher:
             with open(log, "wb") as f:
                 proc = subprocess.Popen(netns.exec_argv(h["netns"], _train_cmd(plan, argv)), env=env, stdout=f,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                        preexec_fn=cgroups.existing(h["cgroup"], hier).preexec)
+                                        preexec_fn=cluster.host_preexec(h, hier))
             out.append(Worker(p.rank, p.host, proc, log))
         return out
 
     def stop(self, workers: list[Worker], grace_s: float) -> None:
         _stop_procs([w.proc for w in workers], grace_s)
+        self.fill.close()
 
 
 def _stop_procs(procs: list[subprocess.Popen], grace_s: float) -> None:
