@@ -110,6 +110,28 @@ def test_the_closing_table_shows_the_prediction_at_launch(tmp_path):
     assert not any("at launch" in x for x in plain)
 
 
+def test_a_replan_slower_than_its_plan_is_said(tmp_path):
+    """Under the table: the re-plan's measured step against the plan's, with the gain it predicted
+    (its replan_summary.json) and both runs' spread; slower is said in words."""
+    from torchpp.demo import RunResult, replan_line
+
+    (tmp_path / "replan").mkdir()
+    (tmp_path / "replan" / "replan_summary.json").write_text(json.dumps({"predicted_gain": 0.078}))
+
+    def run(name, step, plan):
+        return RunResult(name=name, plan=str(plan), measured_step_s=step, predicted_step_s=None,
+                         steps_s=[step] * 6, report="", trace_dir="")
+
+    old, slow = run("plan", 1.670, tmp_path / "plan.json"), run("replan", 1.886, tmp_path / "replan" / "plan.json")
+    line = replan_line([run("even", 3.7, tmp_path / "e.json"), old, slow])
+    assert line.startswith("re-plan: measured 1.886 s against the plan's 1.670 s (+12.9%), slower than the plan it "
+                           "replaced: its corrected costs misjudged the new layout")
+    assert "it predicted +7.8% throughput" in line and "step spread 0% and 0%" in line
+    fast = replan_line([old, run("replan", 1.6, tmp_path / "elsewhere" / "plan.json")])
+    assert "(-4.2%), faster than the plan it replaced; the two runs'" in fast  # no summary: no prediction
+    assert replan_line([old]) is None
+
+
 def test_step_times_are_the_last_runs_only(tmp_path):
     """The trainer appends to metrics.jsonl: an earlier run's steps in the same file are left out."""
     from torchpp.demo import measured_step_times

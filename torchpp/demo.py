@@ -856,6 +856,9 @@ def summary_lines(cfg: DemoConfig, mode: str, hosts: Sequence[str], results: Seq
                      f"{dash} {bound / ref:.2f}x | – |")
     wire = wire_comparison(results)
     out = lines + (wire_lines(cfg, wire) if wire is not None else []) + ["", "why: " + why_line(plan, baselines)]
+    verdict = replan_line(results)
+    if verdict:
+        out.append(verdict)
     gap = (plan.predicted or {}).get("gap_to_bound")
     if gap:
         from .planner.gap import Gap
@@ -867,6 +870,25 @@ def summary_lines(cfg: DemoConfig, mode: str, hosts: Sequence[str], results: Seq
                    + "; ".join(f"{r.name}: " + ", ".join(f"{h} x{x:.2f}" for h, x in r.speed_now.items())
                                for r in results if r.speed_now) + ")")
     return out
+
+
+def replan_line(results: Sequence[RunResult]) -> str | None:
+    """Whether the re-plan paid off, measured, beside what it predicted (``replan_summary.json``
+    beside its plan.json): a re-plan slower than the plan it replaced is said, not left to the table."""
+    by = {r.name: r for r in results}
+    if "replan" not in by or "plan" not in by:
+        return None
+    new, old = by["replan"], by["plan"]
+    change = new.measured_step_s / old.measured_step_s - 1
+    gain = None
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        gain = json.loads((Path(new.plan).parent / "replan_summary.json").read_text())["predicted_gain"]
+    said = ("slower than the plan it replaced: its corrected costs misjudged the new layout (per host in "
+            "replan_summary.txt)" if change > 0 else "faster than the plan it replaced")
+    return (f"re-plan: measured {new.measured_step_s:.3f} s against the plan's {old.measured_step_s:.3f} s "
+            f"({100 * change:+.1f}%), {said}"
+            + (f"; it predicted {100 * gain:+.1f}% throughput" if gain is not None else "")
+            + f"; the two runs' step spread {100 * old.spread:.0f}% and {100 * new.spread:.0f}%")
 
 
 def _plan_of(r: RunResult) -> "Plan":

@@ -30,7 +30,9 @@ short pass at a whole core's speed out of the saved quota (a 0.25-core host's 5 
 quota's pace, measured), and a pipeline stage with little work looked faster than its profile —
 the re-plan then gave it more work and the step got slower. With the spinner the idle time uses the
 quota up, so a pass runs at the quota's pace whatever came before, as on a small device; the hosts'
-quotas must pack onto the machine's cores. Every field but ``name`` and ``hosts[].name`` is optional.
+quotas must pack onto the machine's cores. Off in the shipped configs: with two hosts on each of
+this machine's two cores a pass also waits for the quota's refill and the other host, and the demo's
+predictions got worse (docs/cluster.md). Every field but ``name`` and ``hosts[].name`` is optional.
 """
 from __future__ import annotations
 
