@@ -478,3 +478,46 @@ def test_a_stalled_step_is_left_out_of_the_fits(run_dir, capsys):
     # steps that agree are all kept
     m2 = read_run(run_dir / "traces", plan, prof, steps=[3, 4])
     assert not m2.stalled and {c.step for c in m2.compute} == {3, 4}
+
+
+def _speed_run(tmp_path: Path, true: dict[str, float]) -> Path:
+    """The fixture's three claimed-equal hosts, traced on a cluster of ``true`` speeds."""
+    claimed = {"a": 1.0, "b": 1.0, "c": 1.0}
+    paths, bwp = files(tmp_path / "claimed", claimed, CLAIMED_RATE, 0.25)
+    files(tmp_path / "true", true, CLAIMED_RATE, 0.25)
+    (tmp_path / "devices.json").write_text(json.dumps({h: 1 for h in claimed}))
+    lfs = [LayersFile.load(p) for p in paths]
+    plan = make_plan(lfs[0].model, seq_len=16, global_batch=8, num_microbatches=4,
+                     layer_ranges=[(0, 2), (2, 4), (4, 6)], group_sizes=[1, 1, 1], hosts=list(claimed))
+    plan.predicted, _ = predict(plan, Profiles.from_layers(lfs), Links(Bandwidth.load(bwp)), MemoryEstimator.analytic(),
+                                {h: GB for h in claimed})
+    plan.save(tmp_path / "plan.json")
+    write_traces(plan, tmp_path / "true", {"a": 1, "b": 1, "c": 1}, tmp_path / "traces", steps=(2, 3, 4))
+    return tmp_path
+
+
+def test_a_mostly_idle_host_faster_than_its_profile_keeps_its_profiles_speed(tmp_path, capsys):
+    """c truly runs 2x faster than profiled, but it waits for b most of the step: its speed-up may be
+    rest (a quota refilled while waiting) that a busier plan takes away, so it keeps its profile's
+    speed; b, busy, 1.5x slower than profiled, is corrected."""
+    d = _speed_run(tmp_path, {"a": 1.0, "b": 1 / 1.5, "c": 2.0})
+    assert main(replan_args(d)) == 0
+    s = json.loads((d / "out2" / "replan_summary.json").read_text())
+    c, b = s["hosts"]["c"], s["hosts"]["b"]
+    assert c["busy"] < 0.5 <= b["busy"]
+    assert c["held_from"]["factor"] == pytest.approx(0.5, rel=0.05) and c["factor"] == 1.0
+    assert c["forward_factor"] == c["backward_factor"] == 1.0 and c["new_capacity"] == pytest.approx(1.0, rel=0.02)
+    assert b["held_from"] is None and b["factor"] == pytest.approx(1.5, rel=0.03)
+    assert "c: ran faster than its profile (forward 0.5" in (d / "out2" / "replan_summary.txt").read_text()
+
+
+def test_busy_hosts_faster_than_their_profiles_are_taken_at_their_speed(tmp_path, capsys):
+    """Every host 1.5x faster than profiled and each busy most of the step: the speed-ups are measured
+    where the hosts work, so they are taken."""
+    d = _speed_run(tmp_path, {"a": 1.5, "b": 1.5, "c": 1.5})
+    assert main(replan_args(d)) == 0
+    s = json.loads((d / "out2" / "replan_summary.json").read_text())
+    for h in "abc":
+        v = s["hosts"][h]
+        assert v["busy"] >= 0.5 and v["held_from"] is None
+        assert v["factor"] == pytest.approx(1 / 1.5, rel=0.03)

@@ -25,6 +25,16 @@ if TYPE_CHECKING:
 
 
 # ----------------------------------------------------------------------------- fitting
+BUSY = 0.5
+"""A host that computed for less than this share of the step and ran faster than its profile keeps
+its profile's speed. Its profile timed passes back to back; a host that waits between passes can
+run the next one faster out of what it rested (a CPU quota refilled while it waited, a turbo or
+thermal budget), a speed it loses when a new plan keeps it busy. On the demo's homelab, a Pi 3
+holding one or two layers (busy 23-50% of the step) measured 0.74-0.89 of its profile's times; the
+re-plans, taking that, gave it three layers, where it ran 22% slower than its profile and the step
+got 5-13% slower than the plan it replaced. Slower than profiled is always taken (contention, a
+hotter device: a busier plan only makes it worse)."""
+
 def _ls_factor(y: np.ndarray, p: np.ndarray) -> float:
     """Least-squares scale k minimising Σ(y − k·p)² (k >= 0)."""
     den = float(p @ p)
@@ -58,6 +68,11 @@ class HostFit:
     measured_s: float
     predicted_s: float
     """Mean forward + backward per micro-batch (all of the host's ranks)."""
+    busy: float = 1.0
+    """Share of the step the host computed (its ranks' passes over the step time; median step)."""
+    held_from: dict[str, float] | None = None
+    """Where the host ran faster than its profile while mostly idle (:data:`BUSY`): the measured
+    overall, forward and backward factors; the fit's factors are then held at 1 (the profile's speed)."""
 
 
 @dataclass(frozen=True)
@@ -373,13 +388,35 @@ def per_call_s(meas: Measurements, ranks: Sequence[int]) -> float | None:
     return float(np.median(means)) if means else None
 
 
+def busy_share(meas: Measurements, ranks: Sequence[int]) -> float:
+    """Seconds the ranks computed in a step over the step's time, median over the traced steps."""
+    by_step: dict[int, float] = defaultdict(float)
+    for c in meas.compute:
+        if c.rank in ranks:
+            by_step[c.step] += c.seconds
+    shares = [t / meas.steps[n] for n, t in by_step.items() if meas.steps.get(n)]
+    return float(np.median(shares)) if shares else 1.0
+
+
+def hold_idle_speedup(f: HostFit, busy: float) -> HostFit:
+    """``f`` with every factor below 1 raised to 1 where the host was busy less than :data:`BUSY`."""
+    f.busy = busy
+    if busy >= BUSY or min([f.factor, f.forward, f.backward, *(g[k] for g in f.groups for k in ("forward", "backward"))]) >= 1:
+        return f
+    f.held_from = {"factor": f.factor, "forward": f.forward, "backward": f.backward}
+    f.factor, f.forward, f.backward = max(1.0, f.factor), max(1.0, f.forward), max(1.0, f.backward)
+    f.groups = [{**g, "forward": max(1.0, g["forward"]), "backward": max(1.0, g["backward"])} for g in f.groups]
+    return f
+
+
 def fit_hosts(plan: Plan, old: "OldCosts", meas: Measurements) -> CostFit:
     """Fit every host the plan used and build the corrected profiles (hosts it did not use keep theirs)."""
     prof, files = old.profiles, old.files
     ranks_of: dict[str, list[int]] = defaultdict(list)
     for r in plan.ranks:
         ranks_of[plan.device_of_rank(r).host].append(r)
-    fits = {h: fit_host(h, rs, plan, prof, meas) for h, rs in sorted(ranks_of.items())}
+    fits = {h: hold_idle_speedup(fit_host(h, rs, plan, prof, meas), busy_share(meas, rs))
+            for h, rs in sorted(ranks_of.items())}
     cap = old.capacities
     ref = cap.ref_host if cap is not None and cap.ref_host in prof.fwd else (files[0].host if files else old.planned[0])
     cap_batch = next((lf.run.batch for lf in files if lf.host == ref), old.default_template.run.batch)

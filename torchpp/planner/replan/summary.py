@@ -82,6 +82,12 @@ def summary_text(s: dict[str, Any]) -> str:
                      f"{100 * work.get('old', 0):>7.1f}% -> {100 * work.get('new', 0):.1f}%")
     lines += ["  (ms/call: the runtime's own time between two compute calls beyond waiting, added to every "
               "forward and backward)"]
+    for h, v in s["hosts"].items():
+        if v.get("held_from"):
+            m = v["held_from"]
+            lines.append(f"  {h}: ran faster than its profile (forward {m['forward']:.3f}, backward {m['backward']:.3f}) "
+                         f"while busy {100 * v['busy']:.0f}% of the step: kept at its profile's speed (a host that "
+                         f"waits can run its next pass faster out of what it rested, and a busier plan takes that away)")
     lines += ["", "links (measured from matched send/recv pairs, waiting for the sender excluded):"]
     if not s["links"]:
         lines.append("  none between different hosts")
@@ -135,7 +141,7 @@ def build_summary(plan: Plan, plan_src: str, traces: str, meas: "Measurements", 
                      "repriced_error": (repriced - meas.step_time_s) / meas.step_time_s},
         "hosts": {h: {"ranks": f.ranks, "layers": [list(r) for r in f.ranges], "timings": f.points,
                       "factor": f.factor, "forward_factor": f.forward, "backward_factor": f.backward,
-                      "groups": f.groups, "fit_rms_rel": f.rms_rel,
+                      "groups": f.groups, "fit_rms_rel": f.rms_rel, "busy": f.busy, "held_from": f.held_from,
                       "measured_s_per_microbatch": f.measured_s, "predicted_s_per_microbatch": f.predicted_s,
                       "old_capacity": fit.old_capacity[h], "new_capacity": fit.new_capacity[h],
                       "old_table": old.origin[h], "old_call_overhead_s": old.profiles.call.get(h, 0.0),
