@@ -33,7 +33,8 @@ thermal budget), a speed it loses when a new plan keeps it busy. On the demo's h
 holding one or two layers (busy 23-50% of the step) measured 0.74-0.89 of its profile's times; the
 re-plans, taking that, gave it three layers, where it ran 22% slower than its profile and the step
 got 5-13% slower than the plan it replaced. Slower than profiled is always taken (contention, a
-hotter device: a busier plan only makes it worse)."""
+hotter device: a busier plan only makes it worse). Only against measured profiles (layers files):
+a table made from the model's FLOPs at a nominal speed is corrected whichever way the run says."""
 
 def _ls_factor(y: np.ndarray, p: np.ndarray) -> float:
     """Least-squares scale k minimising Σ(y − k·p)² (k >= 0)."""
@@ -398,10 +399,9 @@ def busy_share(meas: Measurements, ranks: Sequence[int]) -> float:
     return float(np.median(shares)) if shares else 1.0
 
 
-def hold_idle_speedup(f: HostFit, busy: float) -> HostFit:
+def hold_idle_speedup(f: HostFit) -> HostFit:
     """``f`` with every factor below 1 raised to 1 where the host was busy less than :data:`BUSY`."""
-    f.busy = busy
-    if busy >= BUSY or min([f.factor, f.forward, f.backward, *(g[k] for g in f.groups for k in ("forward", "backward"))]) >= 1:
+    if f.busy >= BUSY or min([f.factor, f.forward, f.backward, *(g[k] for g in f.groups for k in ("forward", "backward"))]) >= 1:
         return f
     f.held_from = {"factor": f.factor, "forward": f.forward, "backward": f.backward}
     f.factor, f.forward, f.backward = max(1.0, f.factor), max(1.0, f.forward), max(1.0, f.backward)
@@ -415,8 +415,11 @@ def fit_hosts(plan: Plan, old: "OldCosts", meas: Measurements) -> CostFit:
     ranks_of: dict[str, list[int]] = defaultdict(list)
     for r in plan.ranks:
         ranks_of[plan.device_of_rank(r).host].append(r)
-    fits = {h: hold_idle_speedup(fit_host(h, rs, plan, prof, meas), busy_share(meas, rs))
-            for h, rs in sorted(ranks_of.items())}
+    fits = {h: fit_host(h, rs, plan, prof, meas) for h, rs in sorted(ranks_of.items())}
+    for h, f in fits.items():
+        f.busy = busy_share(meas, ranks_of[h])
+        if files:  # measured profiles; a FLOP model's nominal speed is no speed to hold a host at
+            hold_idle_speedup(f)
     cap = old.capacities
     ref = cap.ref_host if cap is not None and cap.ref_host in prof.fwd else (files[0].host if files else old.planned[0])
     cap_batch = next((lf.run.batch for lf in files if lf.host == ref), old.default_template.run.batch)
