@@ -521,3 +521,43 @@ def test_busy_hosts_faster_than_their_profiles_are_taken_at_their_speed(tmp_path
         v = s["hosts"][h]
         assert v["busy"] >= 0.5 and v["held_from"] is None
         assert v["factor"] == pytest.approx(1 / 1.5, rel=0.03)
+
+
+def test_a_plan_is_changed_only_for_a_gain_beyond_the_costs_error_on_the_run():
+    from torchpp.planner.replan.size import choose_plan
+
+    c = choose_plan(measured_s=2.0, repriced_s=2.04, new_s=2.03)      # +0.5% gain, 2% error
+    assert c.kept and c.margin == pytest.approx(0.02) and c.gain == pytest.approx(2.04 / 2.03 - 1)
+    assert c.line().startswith("plan kept: the best plan found is predicted +0.5% throughput")
+    c = choose_plan(measured_s=2.0, repriced_s=2.04, new_s=1.8)
+    assert not c.kept and c.line().startswith("plan changed: predicted +13.3%")
+
+
+def test_replan_keeps_the_traced_plan_when_the_gain_is_inside_the_error(tmp_path, capsys):
+    """A re-plan's own plan, traced and re-planned: the best plan found beats it by no more than the
+    corrected costs miss its run, so it is written back (with the corrected prediction) and the summary
+    says so; --any-gain takes whatever the search found."""
+    d = _speed_run(tmp_path, {"a": 1.0, "b": 0.5, "c": 1.0})
+    assert main(replan_args(d)) == 0
+    first = json.loads((d / "out2" / "replan_summary.json").read_text())
+    assert first["plan_choice"].startswith("plan changed")          # b is 2x slower: a real gain
+    p1 = Plan.load(d / "out2" / "plan.json")
+    write_traces(p1, d / "true", {"a": 1, "b": 1, "c": 1}, d / "traces2", steps=(2, 3, 4))
+    args = ["replan", "--plan", str(d / "out2" / "plan.json"), "--traces", str(d / "traces2"), "--layers",
+            *[str(d / "claimed" / f"layers_{h}.json") for h in "abc"], "--bandwidth", str(d / "claimed" / "bandwidth.json"),
+            "--devices", str(d / "devices.json")]
+    assert main([*args, "--out-dir", str(d / "free"), "--any-gain"]) == 0
+    free = json.loads((d / "free" / "replan_summary.json").read_text())
+    assert main([*args, "--out-dir", str(d / "out3")]) == 0
+    s = json.loads((d / "out3" / "replan_summary.json").read_text())
+    margin = abs(s["old_plan"]["repriced_error"])
+    assert free["plan_choice"] is None and free["predicted_gain"] <= margin
+    assert s["plan_choice"].startswith("plan kept") and s["predicted_gain"] == pytest.approx(0.0, abs=1e-9)
+    new = Plan.load(d / "out3" / "plan.json")
+    assert [(st.layers, [dv.host for dv in st.devices]) for st in new.stages] == \
+        [(st.layers, [dv.host for dv in st.devices]) for st in p1.stages]
+    assert new.schedule == p1.schedule and new.micro_batch_size == p1.micro_batch_size
+    assert new.predicted["step_time_s"] == pytest.approx(s["old_plan"]["repriced_step_time_s"], rel=1e-6)
+    meta = json.loads((d / "out3" / "plan_meta.json").read_text())
+    assert meta["replan"]["kept"] and meta["chosen"]["stages"] == p1.num_stages
+    assert "plan kept" in (d / "out3" / "replan_summary.txt").read_text()

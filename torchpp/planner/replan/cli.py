@@ -6,6 +6,7 @@ costs, write the corrected files, re-price the old plan, plan again, summarise.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from ...formats import KIND_NAMES, LayersFile, Plan, write_json
@@ -49,6 +50,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--any-size", action="store_true",
                    help="let the micro-batch size change for any predicted gain (default: only for a gain beyond "
                         "the corrected costs' error on the traced run, which they were fitted at)")
+    p.add_argument("--any-gain", action="store_true",
+                   help="take the best plan found for any predicted gain (default: keep the traced plan unless the "
+                        "new one is predicted faster by more than the corrected costs' error on the traced run)")
     p.set_defaults(func=run)
 
 
@@ -116,10 +120,13 @@ def run(args: argparse.Namespace) -> int:
     if (not args.any_size and args.micro_batch_sizes is None and batch % plan.micro_batch_size == 0
             and result.plan.micro_batch_size != plan.micro_batch_size):
         result = _size_on_evidence(args, plan, costs, result, meas.step_time_s, repriced, meta)
+    if not args.any_gain:
+        result = _plan_on_evidence(args, costs, result, meas.step_time_s, repriced, meta)
     api.write(result, args.out_dir)
     print(api.written_text(result, args.out_dir), end="")
     add_new_plan(summary, plan, result.plan, old.all_hosts)
     summary["size_choice"] = meta["replan"].get("size_choice")
+    summary["plan_choice"] = meta["replan"].get("plan_choice")
     _write_summary(args.out_dir, summary)
     return 0
 
@@ -148,6 +155,36 @@ def _size_on_evidence(args: argparse.Namespace, plan: Plan, costs, result, measu
     kept.meta.setdefault("replan", {})["size"] = {"kept": plan.micro_batch_size, "other": result.plan.micro_batch_size,
                                                   "other_gain": choice.gain, "margin": choice.margin}
     return kept
+
+
+def _plan_on_evidence(args: argparse.Namespace, costs, result, measured_s: float, repriced_s: float, meta: dict):
+    """The searched plan, or the traced plan itself (predicted with the corrected costs) where the
+    searched one's gain is inside the corrected costs' error on the run (:func:`.size.choose_plan`)."""
+    from ...formats import Plan
+    from ..report import input_hashes, predict
+    from .size import choose_plan
+
+    choice = choose_plan(measured_s, repriced_s, float(result.plan.predicted["step_time_s"]))
+    meta["replan"]["plan_choice"] = choice.line()
+    print(choice.line())
+    if not choice.kept:
+        return result
+    kept = Plan.load(args.plan)
+    pred, tl = predict(kept, costs.profiles, costs.links, costs.memory, costs.budget, costs.optimizer_s_per_byte)
+    kept.predicted, kept.inputs = pred, input_hashes(costs.sources)
+    found = result.plan
+    meta = {**result.meta, "replan": {**meta["replan"], "kept": True, "searched_best": {
+        "step_time_s": found.predicted["step_time_s"], "schedule": found.schedule, "stages": found.num_stages,
+        "micro_batch_size": found.micro_batch_size}},
+            "chosen_schedule": kept.schedule,
+            "chosen": {"stages": kept.num_stages, "micro_batch_size": kept.micro_batch_size,
+                       "num_microbatches": kept.num_microbatches, "devices": kept.world_size,
+                       "idle": [h for h in result.meta["hosts"]
+                                if h not in {d.host for s in kept.stages for d in s.devices}]},
+            "predicted": {k: pred[k] for k in ("step_time_s", "throughput_samples_per_s", "lower_bound_s",
+                                               "ratio_to_lower_bound", "gap_to_bound", "bubble", "optimizer")
+                          if k in pred}, "inputs": kept.inputs}
+    return replace(result, plan=kept, timeline=tl, meta=meta, compare=[])
 
 
 def _old_prediction(plan: Plan, old: OldCosts, bandwidth: Path | None) -> tuple[float | None, str]:

@@ -1,4 +1,4 @@
-"""Whether a re-plan may change the micro-batch size: only on evidence.
+"""Whether a re-plan may change the micro-batch size, or the plan at all: only on evidence.
 
 The corrected costs are fitted on one run at one micro-batch size. At that size they are checked
 against the run itself; at another they rest on carrying the fit (its split of each call into a
@@ -44,3 +44,32 @@ def choose_size(measured_size: int, measured_s: float, repriced_s: float, free_s
         return SizeChoice(measured_size, kept=False, margin=margin, gain=None)
     gain = same_size_step_s / free_step_s - 1.0
     return SizeChoice(measured_size, kept=gain <= margin, margin=margin, gain=gain)
+
+
+@dataclass(frozen=True)
+class PlanChoice:
+    """The searched plan against the run's own plan, both priced with the corrected costs."""
+
+    kept: bool
+    """True: the run's plan is kept (the searched plan's gain is inside the costs' error on the run)."""
+    margin: float
+    gain: float
+
+    def line(self) -> str:
+        if self.kept:
+            return (f"plan kept: the best plan found is predicted {100 * self.gain:+.1f}% throughput over the run's, "
+                    f"inside the corrected costs' {100 * self.margin:.1f}% error on the run they were fitted to "
+                    f"(--any-gain takes it)")
+        return (f"plan changed: predicted {100 * self.gain:+.1f}% throughput over the run's, beyond the corrected "
+                f"costs' {100 * self.margin:.1f}% error on the run")
+
+
+def choose_plan(measured_s: float, repriced_s: float, new_s: float) -> PlanChoice:
+    """Keep the run's plan unless the searched plan (``new_s``) beats its re-pricing (``repriced_s``)
+    by more than ``|repriced − measured| / measured``: a gain the costs cannot tell from their own miss
+    on the run is no reason to move (one demo re-plan moved two Pi 4s' stages for a predicted 0.1%
+    and measured 3.5% slower)."""
+    margin = abs(repriced_s - measured_s) / measured_s
+    gain = repriced_s / new_s - 1.0
+    return PlanChoice(kept=gain <= margin, margin=margin, gain=gain)
+

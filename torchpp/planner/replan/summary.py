@@ -59,7 +59,8 @@ def summary_text(s: dict[str, Any]) -> str:
              *([stalled_line(s["stalled_steps"], o["measured_step_time_s"])] if s.get("stalled_steps") else []),
              f"new plan predicted: {s['new_plan']['predicted_step_time_s']:.4g} s; predicted gain "
              f"{100 * s['predicted_gain']:+.1f}% throughput over the old plan (both with the corrected costs)",
-             *([s["size_choice"]] if s.get("size_choice") else []), "",
+             *([s["size_choice"]] if s.get("size_choice") else []),
+             *([s["plan_choice"]] if s.get("plan_choice") else []), "",
              f"per host (measured / predicted compute; capacity relative to {s['capacity_ref_host']}):",
              f"  {'host':<14} {'layers':<12} {'timings':>7} {'factor':>7} {'fwd':>6} {'bwd':>6} {'fit rms':>8} "
              f"{'capacity old -> new':>20}  {'ms/call':>7}  layers old -> new  work share old -> new"]
