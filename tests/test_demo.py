@@ -130,6 +130,11 @@ def test_a_replan_slower_than_its_plan_is_said(tmp_path):
     fast = replan_line([old, run("replan", 1.6, tmp_path / "elsewhere" / "plan.json")])
     assert "(-4.2%), faster than the plan it replaced; the two runs'" in fast  # no summary: no prediction
     assert replan_line([old]) is None
+    (tmp_path / "replan" / "replan_summary.json").write_text(json.dumps({
+        "predicted_gain": 0.0, "plan_choice": "plan kept: the best plan found is predicted +0.1% throughput"}))
+    kept = replan_line([old, run("replan", 1.7, tmp_path / "replan" / "plan.json")])
+    assert kept.startswith("re-plan: plan kept: the best plan found is predicted +0.1% throughput; the same plan "
+                           "measured 1.700 s against 1.670 s (+1.8%: the runs' own noise")
 
 
 def test_step_times_are_the_last_runs_only(tmp_path):

@@ -880,9 +880,14 @@ def replan_line(results: Sequence[RunResult]) -> str | None:
         return None
     new, old = by["replan"], by["plan"]
     change = new.measured_step_s / old.measured_step_s - 1
-    gain = None
+    gain, choice = None, ""
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        gain = json.loads((Path(new.plan).parent / "replan_summary.json").read_text())["predicted_gain"]
+        s = json.loads((Path(new.plan).parent / "replan_summary.json").read_text())
+        gain, choice = s["predicted_gain"], s.get("plan_choice") or ""
+    if choice.startswith("plan kept"):
+        return (f"re-plan: {choice}; the same plan measured {new.measured_step_s:.3f} s against "
+                f"{old.measured_step_s:.3f} s ({100 * change:+.1f}%: the runs' own noise; their step spread "
+                f"{100 * old.spread:.0f}% and {100 * new.spread:.0f}%)")
     said = ("slower than the plan it replaced: its corrected costs misjudged the new layout (per host in "
             "replan_summary.txt)" if change > 0 else "faster than the plan it replaced")
     return (f"re-plan: measured {new.measured_step_s:.3f} s against the plan's {old.measured_step_s:.3f} s "
