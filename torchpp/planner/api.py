@@ -455,7 +455,7 @@ def _meta(res: Any, chosen: Plan, pb: Any, options: PlanOptions, compare: list[d
     return {
         "format": "torchpp.plan_meta/1",
         "model": pb.profiles.model.name, "hosts": hosts, "global_batch": options.global_batch,
-        "schedule": options.schedule, "chosen_schedule": chosen.schedule, "host_tables": dict(pb.profiles.origin),
+        "schedule": options.schedule, "host_tables": dict(pb.profiles.origin),
         "search": {"mode": res.mode, "dp_candidates": res.dp_candidates, "priced": res.candidates_priced,
                    "planning_time_s": res.planning_time_s, "refined": res.refined, "max_stages": options.max_stages,
                    "best_per_schedule": res.kinds,
@@ -463,13 +463,21 @@ def _meta(res: Any, chosen: Plan, pb: Any, options: PlanOptions, compare: list[d
                    "candidates": [{"step_time_s": s, "schedule": p.schedule, "stages": p.num_stages,
                                    "micro_batch_size": p.micro_batch_size, "devices": p.world_size}
                                   for s, p in best_per_kind(res.priced, META_CANDIDATES)]},
+        **chosen_meta(chosen, hosts), "compare": compare, **(extra or {}),
+    }
+
+
+def chosen_meta(chosen: Plan, hosts: Sequence[str]) -> dict[str, Any]:
+    """plan_meta.json's part about the plan written: its shape, its prediction, its inputs."""
+    return {
+        "chosen_schedule": chosen.schedule,
         "chosen": {"stages": chosen.num_stages, "micro_batch_size": chosen.micro_batch_size,
                    "num_microbatches": chosen.num_microbatches, "devices": chosen.world_size,
                    "idle": [h for h in hosts if h not in {d.host for s in chosen.stages for d in s.devices}]},
         "predicted": {k: chosen.predicted[k] for k in ("step_time_s", "throughput_samples_per_s", "lower_bound_s",
                                                        "ratio_to_lower_bound", "gap_to_bound", "bubble",
                                                        "optimizer") if k in chosen.predicted},
-        "compare": compare, "inputs": chosen.inputs, **(extra or {}),
+        "inputs": chosen.inputs,
     }
 
 

@@ -161,6 +161,7 @@ def _plan_on_evidence(args: argparse.Namespace, costs, result, measured_s: float
     """The searched plan, or the traced plan itself (predicted with the corrected costs) where the
     searched one's gain is inside the corrected costs' error on the run (:func:`.size.choose_plan`)."""
     from ...formats import Plan
+    from .. import api
     from ..report import input_hashes, predict
     from .size import choose_plan
 
@@ -173,17 +174,10 @@ def _plan_on_evidence(args: argparse.Namespace, costs, result, measured_s: float
     pred, tl = predict(kept, costs.profiles, costs.links, costs.memory, costs.budget, costs.optimizer_s_per_byte)
     kept.predicted, kept.inputs = pred, input_hashes(costs.sources)
     found = result.plan
-    meta = {**result.meta, "replan": {**meta["replan"], "kept": True, "searched_best": {
-        "step_time_s": found.predicted["step_time_s"], "schedule": found.schedule, "stages": found.num_stages,
-        "micro_batch_size": found.micro_batch_size}},
-            "chosen_schedule": kept.schedule,
-            "chosen": {"stages": kept.num_stages, "micro_batch_size": kept.micro_batch_size,
-                       "num_microbatches": kept.num_microbatches, "devices": kept.world_size,
-                       "idle": [h for h in result.meta["hosts"]
-                                if h not in {d.host for s in kept.stages for d in s.devices}]},
-            "predicted": {k: pred[k] for k in ("step_time_s", "throughput_samples_per_s", "lower_bound_s",
-                                               "ratio_to_lower_bound", "gap_to_bound", "bubble", "optimizer")
-                          if k in pred}, "inputs": kept.inputs}
+    meta = {**result.meta, **api.chosen_meta(kept, result.meta["hosts"]),
+            "replan": {**meta["replan"], "kept": True, "searched_best": {
+                "step_time_s": found.predicted["step_time_s"], "schedule": found.schedule,
+                "stages": found.num_stages, "micro_batch_size": found.micro_batch_size}}}
     return replace(result, plan=kept, timeline=tl, meta=meta, compare=[])
 
 
