@@ -300,15 +300,7 @@ class Cgroup:
         return int(out.stdout.strip())
 
     def stop_fill(self) -> None:
-        path = self.paths()["cpu"] / FILL
-        for _ in range(100):
-            pids = _pids_under(path) if path.exists() else []
-            if not pids:
-                return
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.02)
+        _kill_under(self.paths()["cpu"] / FILL, tries=100, pause_s=0.02)
 
     def remove(self, timeout: float = 10.0) -> None:
         """Kill what is left inside (the idle filler too), then remove the directories (deepest first)."""
@@ -450,17 +442,22 @@ def clear_all(hier: dict[str, Hierarchy] | None = None) -> list[Path]:
     removed = []
     for root in sorted({h.mount / PREFIX for h in hier.values()}):
         if root.is_dir():
-            for _ in range(200):
-                pids = _pids_under(root)
-                if not pids:
-                    break
-                for pid in pids:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                time.sleep(0.05)
+            _kill_under(root, tries=200, pause_s=0.05)
             _rmtree_cgroup(root)
             removed.append(root)
     return removed
+
+
+def _kill_under(root: Path, tries: int, pause_s: float) -> None:
+    """SIGKILL every process under ``root`` until none is left (or ``tries`` rounds have passed)."""
+    for _ in range(tries):
+        pids = _pids_under(root) if root.exists() else []
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(pause_s)
 
 
 def _pids_under(root: Path, skip: tuple[str, ...] = ()) -> list[int]:
