@@ -445,8 +445,7 @@ def run(name: str, argv: list[str], log_dir: Path, timeout: float | None = None,
             files.append(f)
             procs.append(subprocess.Popen(netns.exec_argv(state["hosts"][p.host_index]["netns"], expand(argv, p)), env=env,
                                           stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          preexec_fn=_child_setup(groups[p.host_index],
-                                                                  state["hosts"][p.host_index].get("core")),
+                                          preexec_fn=host_preexec(state["hosts"][p.host_index], hier),
                                           start_new_session=True))
         while len(codes) < len(procs):
             for i, p in enumerate(procs):
