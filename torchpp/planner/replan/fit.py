@@ -399,14 +399,13 @@ def busy_share(meas: Measurements, ranks: Sequence[int]) -> float:
     return float(np.median(shares)) if shares else 1.0
 
 
-def hold_idle_speedup(f: HostFit) -> HostFit:
-    """``f`` with every factor below 1 raised to 1 where the host was busy less than :data:`BUSY`."""
+def hold_idle_speedup(f: HostFit) -> None:
+    """Raise every factor of ``f`` below 1 to 1 where the host was busy less than :data:`BUSY`."""
     if f.busy >= BUSY or min([f.factor, f.forward, f.backward, *(g[k] for g in f.groups for k in ("forward", "backward"))]) >= 1:
-        return f
+        return
     f.held_from = {"factor": f.factor, "forward": f.forward, "backward": f.backward}
     f.factor, f.forward, f.backward = max(1.0, f.factor), max(1.0, f.forward), max(1.0, f.backward)
     f.groups = [{**g, "forward": max(1.0, g["forward"]), "backward": max(1.0, g["backward"])} for g in f.groups]
-    return f
 
 
 def fit_hosts(plan: Plan, old: "OldCosts", meas: Measurements) -> CostFit:

@@ -118,6 +118,7 @@ def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "p
             if a.kind in _PASSES:
                 pred[(r, a.stage, a.kind.value, a.microbatch)] = cost.compute_s(r, a)
     out = Measurements()
+    opt_steps: dict[int, list[tuple[int, float]]] = defaultdict(list)
     for n, path in found:
         tr = load_trace(path)
         evs = events_from_trace(tr)
@@ -144,7 +145,7 @@ def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "p
                                       f"{e.stage})", f"a compute pass of {plan_src}'s schedule {plan.schedule!r}")
                 out.compute.append(Compute(e.rank, n, e.kind, int(e.microbatch), e.dur, pred[key], e.stage))
             elif e.kind == "optimizer":
-                out.optimizer[e.rank].append((n, e.dur))
+                opt_steps[e.rank].append((n, e.dur))
             elif e.kind.startswith("send"):
                 sends[message_key(e)] = e
             elif e.kind.startswith("recv"):
@@ -161,17 +162,17 @@ def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "p
             secs = rv.end - first.start
             unc = (rtt.get(sd.rank, 0.0) + rtt.get(rv.rank, 0.0)) / 2
             out.transfers.append(Transfer(int(sd.rank), int(rv.rank), int(rv.bytes), secs, unc, id(first) in clipped, n))
-    _leave_out_stalled(out)
+    _leave_out_stalled(out, opt_steps)
     return out
 
 
-def _leave_out_stalled(m: Measurements) -> None:
-    """Drop what the stalled steps measured (peaks stay: a peak is a peak whenever it came).
-    ``m.optimizer`` comes in as rank -> [(step, seconds)] and leaves as rank -> [seconds]."""
+def _leave_out_stalled(m: Measurements, opt_steps: Mapping[int, list[tuple[int, float]]]) -> None:
+    """Drop what the stalled steps measured (peaks stay: a peak is a peak whenever it came);
+    ``opt_steps``: rank -> [(step, optimizer seconds)]."""
     med = m.step_time_s
     m.stalled = {n: t for n, t in m.steps.items() if t > (1 + STALLED_STEP) * med}
-    for r in list(m.optimizer):
-        m.optimizer[r] = [d for n, d in m.optimizer[r] if n not in m.stalled]
+    for r, got in opt_steps.items():
+        m.optimizer[r] = [d for n, d in got if n not in m.stalled]
     if not m.stalled:
         return
     m.compute = [c for c in m.compute if c.step not in m.stalled]
