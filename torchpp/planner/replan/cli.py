@@ -135,7 +135,6 @@ def _size_on_evidence(args: argparse.Namespace, plan: Plan, costs, result, measu
                       meta: dict):
     """The free search's plan, or the best at the run's micro-batch size where the other size's
     predicted gain is inside the corrected costs' error on the run (:mod:`.size`)."""
-    from dataclasses import replace
 
     from .. import api
     from ..types import InfeasibleError
