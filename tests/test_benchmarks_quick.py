@@ -119,6 +119,8 @@ QUICK = [
                   rf"^  instance  1: 2 hosts x\s+\d+ layers, G=\s*\d+: {NUM} s CPU, plan_meta {NUM} kB",
                   rf"^  seed 000's plan \(1f1b\): {NUM} s; ratio {NUM} \(target <= 0\.5\)$",
                   rf"^  planner / lower bound {NUM} ",
+                  rf"^  instance 1: 6 devices x\s+\d+ layers, G=\s*\d+: planner / every order {NUM} \({NUM} s CPU; "
+                  rf"three orders alone {NUM}\)",
                   rf"^  worst {NUM}, mean {NUM}, instances at 1\.0000: \d/1 \(target worst <= 1\.02\)$"],
                  id="bench_planner"),
     pytest.param("bench_planner.py", ["--quick", "--gantts", "{out}"],

@@ -33,6 +33,8 @@ SEEDS = 6
 """Distinct one-chunk layouts whose device groups seed the other kinds."""
 TINY_CUTS = 64
 """On small instances, a kind and chunk count with at most this many ways to cut the layers has every cut priced."""
+AROUND_SEEDS = 2
+"""One-chunk plans of the device-order search (planner/reorder.py) the other kinds also start from."""
 REPRICED = 3
 """Beyond small instances, one-chunk layouts of the DP's kind priced again under each other one-chunk
 kind: this many of the best at each micro-batch size. The kinds rank sizes differently (1F1B's
@@ -55,11 +57,21 @@ def search_kinds(pb: Problem, kinds: Sequence[str], progress=None) -> SearchResu
     base = search_single(replace(pb, schedule=first), progress)
     t = base.tables
     priced: list[tuple[float, Plan]] = list(base.priced) if first in one else []
+    # the other kinds start from the DP's plans as they would without the device-order search, and
+    # from the best few that search found besides (it finds 1F1B plans a move apart, which would
+    # otherwise crowd out the layouts another kind does best on)
+    near = {id(p) for _, p in base.around}
+    own = [x for x in base.priced if id(x[1]) not in near]
+    extra = sorted(base.around, key=lambda x: x[0])[:AROUND_SEEDS]
     for k in [k for k in one if k != first]:
         pbk = replace(pb, schedule=k)
-        priced += _search_one(pbk, t, base.priced, small)
+        priced += _search_one(pbk, t, own, small)
+        if extra:
+            priced += _reprice(pbk, t, extra)
     if multi:
-        found = _search_chunks(pb, t, base.priced, multi, small)
+        found = _search_chunks(pb, t, own, multi, small)
+        if extra:
+            found += _search_chunks(pb, t, extra, multi, small)
         if progress and found:
             progress(f"  chunked kinds: {len(found)} plan(s) priced, best step {min(s for s, _ in found):.4g} s")
         priced += found

@@ -40,9 +40,14 @@ from .pricing import price_plan
 from .prune import layout_bound
 from ..schedules import REGISTRY
 from .refine import refine
+from .reorder import layout_of, order_of, search_orders
 from .tables import StageCosts, Tables, infeasible_message
 from .types import (REFINE_HEURISTIC, InfeasibleError, Problem, SearchResult, StageChoice, max_stages_of,
                     micro_batch_sizes)
+
+
+REORDER_DEVICES = 8
+"""Past ``exact_devices``, clusters of at most this many devices also search device orders locally."""
 
 
 def device_orders(pb: Problem, t: Tables) -> tuple[list[tuple[int, ...]], str]:
@@ -153,7 +158,15 @@ def search_single(pb: Problem, progress=None) -> SearchResult:
         300 if exact else REFINE_HEURISTIC if len(pb.hosts) <= 16 else 0)
     before = min((s for s, _ in priced), default=float("inf"))
     found = refine(pb, t, seeds, budget)
-    priced += found
+    around: list[tuple[float, Plan]] = []
+    if not exact and len(pb.hosts) <= REORDER_DEVICES and (seeds or found):
+        # three device orders are a guess: search the orders near the best plan's (planner/reorder.py),
+        # on top of what the DP's candidates and their local search found
+        best = min(seeds + [(s, p.micro_batch_size, layout_of(pb, p)) for s, p in found], key=lambda x: x[0])
+        near = search_orders(pb, t, order_of(best[2], orders[0]), best[1], set(orders))
+        around = [(s, p) for s, _, _, p in near]
+        around += refine(pb, t, [(s, b, lay) for s, b, lay, _ in near], budget)
+    priced += found + around
     if not priced:  # every candidate was beaten before it was priced: the search that called this has the winner
         return SearchResult(plan=None, step_time_s=float("inf"), candidates_priced=0, dp_candidates=len(cands),
                             planning_time_s=time.perf_counter() - t0, mode=mode, tables=t)
@@ -164,5 +177,5 @@ def search_single(pb: Problem, progress=None) -> SearchResult:
     step, plan = priced[0]
     return SearchResult(plan=plan, step_time_s=step, candidates_priced=len(priced), dp_candidates=len(cands),
                         planning_time_s=time.perf_counter() - t0, priced=priced, mode=mode, refined=len(found),
-                        tables=t)
+                        tables=t, around=around)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Sequence
 
-from ..formats import Bandwidth, BlockProfile, LayersFile, ModelInfo, RunInfo
+from ..formats import GB, Bandwidth, BlockProfile, LayersFile, ModelInfo, RunInfo
 
 if TYPE_CHECKING:
     from ..cost import MemoryEstimator
@@ -77,6 +77,21 @@ def random_instance(rng: random.Random, *, hosts: int, layers: int, batch: int =
     return files, bw, mem
 
 
+def qwen_like(rng: random.Random, hosts: int, layers: int) -> tuple[list[LayersFile], Bandwidth, dict[str, int]]:
+    """CPU hosts running a Qwen3-0.6B-shaped model (a tail as dear as ten decoder layers, hosts 0.5-3x
+    the reference speed with 2-16 GiB, links 0.1-1 Gbit/s): the planner benchmarks' clusters."""
+    names = [f"cpu{i}" for i in range(hosts)]
+    layer_s = 0.8  # one decoder layer forward for 4 samples of 512 tokens on the reference host
+    files = [layers_file(h, num_layers=layers, speed=rng.choice([0.5, 1.0, 1.5, 2.0, 3.0]), batch=4, seq_len=512,
+                         layer_fwd_s=[layer_s * rng.uniform(0.95, 1.05) for _ in range(layers)],
+                         embed_fwd_s=0.05, tail_fwd_s=10 * layer_s, layer_param_bytes=62_923_776,
+                         embed_param_bytes=622_329_856, tail_param_bytes=622_333_952,
+                         act_bytes_per_sample=512 * 1024 * 4) for h in names]
+    rates = {Bandwidth.key(a, b): rng.choice([0.1, 0.5, 1.0]) * 1e9 / 8 for a in names for b in names if a != b}
+    mem = {h: rng.choice([2, 4, 8, 16]) * GB for h in names}
+    return files, Bandwidth(bytes_per_sec=rates, latency_s={k: 2e-4 for k in rates}), mem
+
+
 SEED000_HOSTS = {"host0": (1.0, 8), "host1": (0.7, 4), "host2": (0.5, 4), "host3": (0.35, 2)}
 """Seed 000's 4-host instance: capacity (speed relative to host0) and memory in GB per host."""
 SEED000_PLAN = [((0, 12), "host0"), ((12, 20), "host1"), ((20, 25), "host2"), ((25, 28), "host3")]
@@ -88,7 +103,6 @@ def seed000_instance() -> tuple[list[LayersFile], Bandwidth, dict[str, int], "Me
     for a batch of 4 on host0, hosts of speed 1/0.7/0.5/0.35 with 8/4/4/2 GB, every link 12.5e6 B/s,
     memory model base 5e8 B, alpha 4, Kp 2. Returns (layers files, links, memory bytes, memory model)."""
     from ..cost import MemoryEstimator
-    from ..formats import GB
 
     files = [layers_file(h, num_layers=28, speed=speed, batch=4, seq_len=512, layer_fwd_s=0.12, layer_bwd_s=0.24,
                          embed_fwd_s=0.0, tail_fwd_s=0.0, layer_param_bytes=62_923_776,
@@ -109,7 +123,6 @@ so the 4-host instance's capacities are repeated (1, 0.7, 0.5, 0.35, 1, 0.7, 0.5
 def seed000_8host_instance() -> tuple[list[LayersFile], Bandwidth, dict[str, int], "MemoryEstimator"]:
     """Seed 000's 8-host instance: the 4-host instance's model, links and memory model on
     :data:`SEED000_8HOSTS` with 24 GB each (the seed's devices.json)."""
-    from ..formats import GB
 
     files4, _, _, memory = seed000_instance()
     ref = files4[0]

@@ -103,6 +103,8 @@ class SearchResult:
     mode: str = ""
     refined: int = 0
     """Plans priced by the local search (included in ``candidates_priced``)."""
+    around: list[tuple[float, Plan]] = field(default_factory=list)
+    """Those of ``priced`` the searches around the DP's candidates found (device orders, local search)."""
     tables: Any = None
     """The search's ``planner.tables.Tables`` (the kinds search reuses them)."""
     kinds: dict[str, float] = field(default_factory=dict)
