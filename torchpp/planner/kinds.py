@@ -176,8 +176,12 @@ def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], 
         return costs[(b, v)]
 
     cands: dict[tuple, tuple[float, ChunkLayout]] = {}
+    vee = [k for k in kinds if REGISTRY[k].placement == "v"]
     for b, groups in _seed_groups(pb, plans, small):
         found_here = layouts(lambda v: costs_of(b, v), kinds, groups, t.L)
+        if vee and not small and len(groups) > 1:
+            # a V's first position holds the lm_head, the part a one-chunk plan gives its last stage
+            found_here += layouts(lambda v: costs_of(b, v), vee, groups[::-1], t.L)
         if small:
             found_here += [(0.0, x) for x in every_cut(kinds, b, groups, t.L, TINY_CUTS)]
         for est, lay in found_here:
