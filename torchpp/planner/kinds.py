@@ -25,7 +25,7 @@ from .chunks import ChunkLayout, descend, layout_bound_of, every_cut, group_sequ
 from .refine import refine
 from .single import search_single
 from .tables import StageCosts, Tables, infeasible_message
-from .types import InfeasibleError, Problem, SearchResult, StageChoice, best_per, micro_batch_sizes
+from .types import InfeasibleError, Problem, SearchResult, StageChoice, best_per, micro_batch_sizes, stage_layout
 
 SMALL_DEVICES = 3
 """Up to this many devices the kinds are searched exhaustively over device groups (see above)."""
@@ -142,7 +142,7 @@ def _reprice(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]]) -> lis
         except ValueError:  # the kind's order does not run this micro-batch count on this many stages
             continue
         out.append((s, plan))
-        seeds.append((s, p.micro_batch_size, [(st.cut, tuple(order[x] for x in range(*st.hosts))) for st in stages]))
+        seeds.append((s, p.micro_batch_size, stage_layout(order, stages)))
     return out + refine(pb, t, seeds, 4 if len(pb.hosts) <= 16 else 0)
 
 

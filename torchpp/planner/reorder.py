@@ -20,7 +20,7 @@ from .pricing import price_plan
 from .prune import layout_bound
 from ..schedules import REGISTRY
 from .tables import StageCosts, Tables
-from .types import INF, Layout, Problem, max_stages_of
+from .types import INF, Layout, Problem, max_stages_of, stage_layout
 
 ORDER_EVALS = 24
 """Orders priced by the local search (each: one DP at one micro-batch size and its best two layouts
@@ -70,7 +70,7 @@ def search_orders(pb: Problem, t: Tables, start: tuple[int, ...], b: int, seen: 
         ranked = sorted(((m + S - 1) * val, stages) for S, (val, stages) in got.items())[:PER_ORDER]
         best = INF
         for _, stages in ranked:
-            layout = [(st.cut, tuple(order[x] for x in range(*st.hosts))) for st in stages]
+            layout = stage_layout(order, stages)
             if layout_bound(t, [(c, list(g)) for c, g in layout], b, m, split) >= pb.ledger.step_time_s:
                 continue  # cannot beat the best priced plan (planner/prune.py)
             plan = build_plan(pb, t, order, stages, b, "optimal")

@@ -43,7 +43,7 @@ from .refine import refine
 from .reorder import layout_of, order_of, search_orders
 from .tables import StageCosts, Tables, infeasible_message
 from .types import (REFINE_HEURISTIC, InfeasibleError, Problem, SearchResult, StageChoice, max_stages_of,
-                    micro_batch_sizes)
+                    micro_batch_sizes, stage_layout)
 
 
 REORDER_DEVICES = 8
@@ -147,7 +147,7 @@ def search_single(pb: Problem, progress=None) -> SearchResult:
             continue
         step = price_plan(pb, plan)
         priced.append((step, plan))
-        seeds.append((step, b, [(st.cut, tuple(order[x] for x in range(*st.hosts))) for st in stages]))
+        seeds.append((step, b, stage_layout(order, stages)))
         if progress:
             progress(f"  candidate: {plan.num_stages} stage(s), micro-batch {b} x {plan.num_microbatches}: "
                      f"bottleneck {val:.4g} s, priced step {step:.4g} s")

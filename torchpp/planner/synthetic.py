@@ -123,7 +123,6 @@ so the 4-host instance's capacities are repeated (1, 0.7, 0.5, 0.35, 1, 0.7, 0.5
 def seed000_8host_instance() -> tuple[list[LayersFile], Bandwidth, dict[str, int], "MemoryEstimator"]:
     """Seed 000's 8-host instance: the 4-host instance's model, links and memory model on
     :data:`SEED000_8HOSTS` with 24 GB each (the seed's devices.json)."""
-
     files4, _, _, memory = seed000_instance()
     ref = files4[0]
     files = [layers_file(h, num_layers=28, speed=speed, batch=4, seq_len=512, layer_fwd_s=0.12, layer_bwd_s=0.24,

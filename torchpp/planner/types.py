@@ -117,6 +117,11 @@ Layout = list[tuple[tuple[int, int], tuple[int, ...]]]
 """A plan's shape: per stage its layer cut [c, c2) and its group (host indices)."""
 
 
+def stage_layout(order: Sequence[int], stages: Sequence[StageChoice]) -> Layout:
+    """The layout of the DP's stage choices over a device order."""
+    return [(st.cut, tuple(order[x] for x in range(*st.hosts))) for st in stages]
+
+
 # ----------------------------------------------------------------------------- from DP to plans
 REFINE_HEURISTIC = 8
 """Local-search pricings beyond ``exact_devices`` devices (up to 16 devices)."""
