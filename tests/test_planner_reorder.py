@@ -22,7 +22,7 @@ def _problem(seed: float, hosts: int, layers: int, G: int, exact_devices: int, s
                    memory=MemoryEstimator.analytic(), global_batch=G, schedule=schedule, exact_devices=exact_devices)
 
 
-@pytest.mark.parametrize("seed,layers,G", [(0.06985542357461894, 17, 16), (0.5827880059033551, 7, 16)])
+@pytest.mark.parametrize("seed,layers,G", [(0.8403481205226678, 13, 32), (0.6229016948897019, 17, 32)])
 def test_order_search_reaches_the_exact_search(seed, layers, G, monkeypatch):
     """Six Qwen-like hosts: searched as a cluster past exact_devices (5), the three orders alone give a
     plan over 20% slower than the search over all 720 orders; with the order search within 5%."""

@@ -63,6 +63,7 @@ def chunk_counts(kind: str, p: int, L: int) -> list[int]:
     return [v for v in range(2, MAX_CHUNKS_PER_DEVICE + 1) if v * p <= L]
 
 
+@functools.lru_cache(maxsize=256)
 def placement(kind: str, p: int, v: int) -> Placement:
     return placement_of(kind, p * v, v)
 
@@ -171,13 +172,28 @@ def build_chunk_plan(pb: Problem, t: Tables, lay: ChunkLayout) -> Plan | None:
     return None
 
 
-def layout_bound_of(t: Tables, lay: ChunkLayout, m: int) -> float:
-    """A lower bound on ``lay``'s priced step (planner/prune.py); 0 where the kind cannot place it."""
+def layout_bound_of(t: Tables, lay: ChunkLayout, m: int, quick: bool = False) -> float:
+    """A lower bound on ``lay``'s priced step (planner/prune.py; ``quick``: its first filter); 0 where
+    the kind cannot place it."""
     try:
         pl = placement(lay.kind, len(lay.groups), lay.v)
     except ValueError:
         return 0.0
-    return chunk_bound(t, lay.groups, lay.bounds, pl.position, lay.b, m, REGISTRY[lay.kind].split_backward)
+    return chunk_bound(t, lay.groups, lay.bounds, pl.position, lay.b, m, REGISTRY[lay.kind].split_backward, quick)
+
+
+def beaten(t: Tables, lay: ChunkLayout, m: int, step: float) -> bool:
+    """Whether ``lay`` cannot beat ``step`` (its bound is not below it), the quick bound tried first."""
+    return layout_bound_of(t, lay, m, quick=True) >= step or layout_bound_of(t, lay, m) >= step
+
+
+def fits_weights(pb: Problem, t: Tables, lay: ChunkLayout) -> bool:
+    """:func:`weights_fit` of a layout (False where its kind cannot place it)."""
+    try:
+        pl = placement(lay.kind, len(lay.groups), lay.v)
+    except ValueError:
+        return False
+    return weights_fit(pb, t, lay, pl, [(lay.bounds[i], lay.bounds[i + 1]) for i in range(len(lay.bounds) - 1)])
 
 
 def weights_fit(pb: Problem, t: Tables, lay: ChunkLayout, pl: Placement, ranges: Sequence[tuple[int, int]]) -> bool:
@@ -242,18 +258,16 @@ def group_sequences(n_hosts: int, max_group: int) -> Iterable[tuple[tuple[int, .
 
 
 def neighbours(lay: ChunkLayout, kinds: Sequence[str]) -> list[ChunkLayout]:
-    """Layouts one move away: a cut ±1, a chunk shifted ±1, two groups swapped, the other kind of the family."""
+    """Layouts one move away: a cut ±1 (a layer between neighbouring chunks), two consecutive cuts ±1
+    (a chunk shifted), every cut after or before one ±1 (a layer between the last or the first chunk
+    and any other: a one-cut move passes it through every chunk between), two groups swapped, the
+    other kind of the family."""
     out: list[ChunkLayout] = []
-    S, bd = len(lay.bounds) - 1, list(lay.bounds)
-    for k in range(1, S):
-        for d in (-1, 1):
-            nb = list(bd)
-            nb[k] += d
-            out.append(replace(lay, bounds=tuple(nb)))
-            if k + 1 < S:
-                nb2 = list(nb)
-                nb2[k + 1] += d
-                out.append(replace(lay, bounds=tuple(nb2)))
+    S, bd = len(lay.bounds) - 1, lay.bounds
+    short = [(k, j, d) for k in range(1, S) for d in (-1, 1) for j in (k + 1, k + 2) if j <= S]  # cuts k..j-1
+    long = {(k, S) for k in range(1, S)} | {(1, k) for k in range(2, S + 1)} - {(k, j) for k, j, _ in short}
+    for k, j, d in short + [(k, j, d) for k, j in sorted(long) for d in (-1, 1)]:
+        out.append(replace(lay, bounds=tuple(x + d if k <= i < j else x for i, x in enumerate(bd))))
     for i, j in itertools.combinations(range(len(lay.groups)), 2):
         g = list(lay.groups)
         g[i], g[j] = g[j], g[i]
@@ -275,7 +289,7 @@ def descend(pb: Problem, t: Tables, starts: Sequence[tuple[float, ChunkLayout]],
             best = None
             for nb in neighbours(cur, kinds):
                 if nb.key not in seen:
-                    if layout_bound_of(t, nb, pb.global_batch // nb.b) >= pb.ledger.step_time_s:
+                    if beaten(t, nb, pb.global_batch // nb.b, pb.ledger.step_time_s):
                         continue  # cannot beat the best priced plan (planner/prune.py)
                     if used >= budget:
                         break

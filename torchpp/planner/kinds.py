@@ -21,7 +21,7 @@ from ..schedules import REGISTRY
 from .build import build_plan
 from .pricing import price_plan
 from .prune import layout_bound
-from .chunks import ChunkLayout, descend, layout_bound_of, every_cut, group_sequences, layouts, price_layout
+from .chunks import ChunkLayout, beaten, descend, fits_weights, layout_bound_of, every_cut, group_sequences, layouts, price_layout
 from .refine import refine
 from .single import search_single
 from .tables import StageCosts, Tables, infeasible_message
@@ -54,7 +54,7 @@ def search_kinds(pb: Problem, kinds: Sequence[str], progress=None) -> SearchResu
     multi = [k for k in kinds if k in MULTI_CHUNK]
     small = len(pb.hosts) <= SMALL_DEVICES
     first = next((k for k in one if REGISTRY[k].spec.every_m), "1f1b")  # the DP tries every m
-    base = search_single(replace(pb, schedule=first), progress)
+    base = search_single(replace(pb, schedule=first), progress, also=[] if small else [k for k in one if k != first])
     t = base.tables
     priced: list[tuple[float, Plan]] = list(base.priced) if first in one else []
     # the other kinds start from the DP's plans as they would without the device-order search, and
@@ -69,7 +69,7 @@ def search_kinds(pb: Problem, kinds: Sequence[str], progress=None) -> SearchResu
         if extra:
             priced += _reprice(pbk, t, extra)
     if multi:
-        found = _search_chunks(pb, t, own, multi, small)
+        found = _search_chunks(pb, t, own, multi, small, base.skipped)
         if extra:
             found += _search_chunks(pb, t, extra, multi, small)
         if progress and found:
@@ -146,14 +146,19 @@ def _reprice(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]]) -> lis
     return out + refine(pb, t, seeds, 4 if len(pb.hosts) <= 16 else 0)
 
 
-def _seed_groups(pb: Problem, plans: Sequence[tuple[float, Plan]], small: bool) -> list[tuple[int, tuple]]:
-    """(micro-batch size, device groups in pipeline order) to try the chunked kinds on."""
+def _seed_groups(pb: Problem, plans: Sequence[tuple[float, Plan]], small: bool,
+                 skipped: Sequence[tuple[int, tuple]] = ()) -> list[tuple[int, tuple]]:
+    """(micro-batch size, device groups in pipeline order) to try the chunked kinds on: the best
+    priced plans', and those of the DP's candidates the one-chunk bound skipped (they seed as they
+    would have had the bound not skipped them)."""
     idx = {h: i for i, h in enumerate(pb.hosts)}
     out: dict[tuple, None] = {}
     for _, p in sorted(plans, key=lambda x: x[0]):
         if len(out) >= SEEDS:
             break
         out[(p.micro_batch_size, tuple(tuple(idx[d.host] for d in st.devices) for st in p.stages))] = None
+    for x in skipped:
+        out[x] = None
     if small:
         for b in micro_batch_sizes(pb):
             for groups in group_sequences(len(pb.hosts), b):
@@ -162,7 +167,7 @@ def _seed_groups(pb: Problem, plans: Sequence[tuple[float, Plan]], small: bool) 
 
 
 def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], kinds: Sequence[str],
-                   small: bool) -> list[tuple[float, Plan]]:
+                   small: bool, skipped: Sequence[tuple[int, tuple]] = ()) -> list[tuple[float, Plan]]:
     """Every chunked kind's DP layout on each seed's groups; on small instances all of them priced,
     else the best :data:`PRICED` by estimate and the best of each kind; then the local search."""
     tables: dict[int, Tables] = {}
@@ -177,7 +182,7 @@ def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], 
 
     cands: dict[tuple, tuple[float, ChunkLayout]] = {}
     vee = [k for k in kinds if REGISTRY[k].placement == "v"]
-    for b, groups in _seed_groups(pb, plans, small):
+    for b, groups in _seed_groups(pb, plans, small, skipped):
         found_here = layouts(lambda v: costs_of(b, v), kinds, groups, t.L)
         if vee and not small and len(groups) > 1:
             # a V's first position holds the lm_head, the part a one-chunk plan gives its last stage
@@ -187,8 +192,10 @@ def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], 
         for est, lay in found_here:
             cands.setdefault(lay.key, (est, lay))
     ranked = sorted(cands.values(), key=lambda x: x[0])
-    if small:  # ranked by the bound, so the first plans priced prune the most (planner/prune.py)
-        ranked = sorted(ranked, key=lambda x: layout_bound_of(t, x[1], pb.global_batch // x[1].b))
+    if small:  # ranked by the quick bound, so the first plans priced prune the most (planner/prune.py)
+        ranked = [x for x in ranked if fits_weights(pb, t, x[1])]
+        quick = {lay.key: layout_bound_of(t, lay, pb.global_batch // lay.b, quick=True) for _, lay in ranked}
+        ranked = sorted(ranked, key=lambda x: quick[x[1].key])
     if not small:
         top = {x[1].key: x for x in ranked[:PRICED]}
         for kind in kinds:
@@ -200,7 +207,9 @@ def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], 
     starts: list[tuple[float, ChunkLayout]] = []
     found: list[tuple[float, Plan]] = []
     for _, lay in ranked:
-        if layout_bound_of(t, lay, pb.global_batch // lay.b) >= pb.ledger.step_time_s:
+        if small and quick[lay.key] >= pb.ledger.step_time_s:
+            break  # nor can any after it (ranked by this bound; the best step only falls)
+        if beaten(t, lay, pb.global_batch // lay.b, pb.ledger.step_time_s):
             continue  # cannot beat the best priced plan (planner/prune.py)
         got = price_layout(pb, t, lay)
         seen[lay.key] = got[0] if got else float("inf")

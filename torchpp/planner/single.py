@@ -99,20 +99,10 @@ def bottlenecks(pb: Problem, t: Tables | None = None, orders: Sequence[tuple[int
 
 
 
-def search_single(pb: Problem, progress=None) -> SearchResult:
-    """The plan of one one-chunk schedule kind (``pb.schedule``) with the lowest priced step time."""
-    t0 = time.perf_counter()
-    if not pb.hosts:
-        raise ValueError("no devices to plan for")
-    pb.profiles.ensure(pb.hosts)
-    pb.links.check(pb.hosts)
-    t = Tables(pb)
-    orders, mode = device_orders(pb, t)
-    cands: list = []
-    bottlenecks(pb, t, orders, collect=cands)
-    if not cands:
-        raise InfeasibleError(infeasible_message(pb, t))
-    cands.sort(key=lambda x: x[0])
+def _picked(pb: Problem, cands: list) -> list:
+    """The DP's candidates to price: the best ``top_k`` distinct ones, and the best of every
+    (micro-batch size, stage count)."""
+    cands = sorted(cands, key=lambda x: x[0])
     seen, picked = set(), []
 
     def pick(cand) -> None:
@@ -134,13 +124,32 @@ def search_single(pb: Problem, progress=None) -> SearchResult:
         shapes.setdefault((cand[2], len(cand[4])), cand)
     for cand in shapes.values():
         pick(cand)
+    return picked
+
+
+def search_single(pb: Problem, progress=None, also: Sequence[str] = ()) -> SearchResult:
+    """The plan of one one-chunk kind (``pb.schedule``) with the lowest priced step; ``also``: kinds its
+    plans are priced under next (planner/kinds.py), whose bound must hold too to skip a candidate."""
+    t0 = time.perf_counter()
+    if not pb.hosts:
+        raise ValueError("no devices to plan for")
+    pb.profiles.ensure(pb.hosts)
+    pb.links.check(pb.hosts)
+    t = Tables(pb)
+    orders, mode = device_orders(pb, t)
+    cands: list = []
+    bottlenecks(pb, t, orders, collect=cands)
+    if not cands:
+        raise InfeasibleError(infeasible_message(pb, t))
+    picked = _picked(pb, cands)
     priced: list[tuple[float, Plan]] = []
     seeds: list[tuple[float, int, list[tuple[tuple[int, int], tuple[int, ...]]]]] = []
-    pruned, split = 0, REGISTRY[pb.schedule].split_backward
+    skipped: list[tuple[int, tuple[tuple[int, ...], ...]]] = []
+    split = any(REGISTRY[k].split_backward for k in (pb.schedule, *also))
     for est, val, b, order, stages in picked:
         groups = [(st.cut, [order[x] for x in range(*st.hosts)]) for st in stages]
         if layout_bound(t, groups, b, pb.global_batch // b, split) >= pb.ledger.step_time_s:
-            pruned += 1  # cannot beat the best priced plan (planner/prune.py)
+            skipped.append((b, tuple(tuple(g) for _, g in groups)))  # cannot win (planner/prune.py)
             continue
         plan = build_plan(pb, t, order, stages, b, "optimal")
         if plan is None:
@@ -151,7 +160,7 @@ def search_single(pb: Problem, progress=None) -> SearchResult:
         if progress:
             progress(f"  candidate: {plan.num_stages} stage(s), micro-batch {b} x {plan.num_microbatches}: "
                      f"bottleneck {val:.4g} s, priced step {step:.4g} s")
-    if not priced and not pruned:
+    if not priced and not skipped:
         raise InfeasibleError(infeasible_message(pb, t))
     exact = len(pb.hosts) <= pb.exact_devices
     budget = pb.refine_evals if pb.refine_evals is not None else (
@@ -177,5 +186,5 @@ def search_single(pb: Problem, progress=None) -> SearchResult:
     step, plan = priced[0]
     return SearchResult(plan=plan, step_time_s=step, candidates_priced=len(priced), dp_candidates=len(cands),
                         planning_time_s=time.perf_counter() - t0, priced=priced, mode=mode, refined=len(found),
-                        tables=t, around=around)
+                        tables=t, around=around, skipped=skipped)
 

@@ -32,11 +32,17 @@ class Tables:
         self.hosts = pb.hosts
         self.tau: dict[tuple[int, int], np.ndarray] = {}
         self.tau0: dict[tuple[int, int], np.ndarray] = {}
+        self.pass_time: dict[int, tuple[np.ndarray, ...]] = {}
+        """Per host, nothing recomputed: forward per sample and per call, backward per sample and per
+        call (the bounds' fill and drain, planner/prune.py)."""
         for h, name in enumerate(pb.hosts):
             for v in (0, 1):
                 st = stage_time(p, name, self.span[v])
                 self.tau[(h, v)] = np.where(valid, st.per_sample, np.inf)
                 self.tau0[(h, v)] = np.where(valid, st.per_call, 0.0)  # paid once per micro-batch, whatever its size
+                if v == 0:
+                    self.pass_time[h] = tuple(np.where(valid, x, 0.0) for x in (
+                        st.forward_per_sample, st.forward_per_call, st.backward_per_sample, st.backward_per_call))
         whole = Span.of_cut(0, L, L)
         self.full_time = {h: float(stage_time(p, n, whole).per_sample) for h, n in enumerate(pb.hosts)}
         self._per_sample: dict[tuple[int, int, int], np.ndarray] = {}

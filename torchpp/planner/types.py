@@ -105,6 +105,9 @@ class SearchResult:
     """Plans priced by the local search (included in ``candidates_priced``)."""
     around: list[tuple[float, Plan]] = field(default_factory=list)
     """Those of ``priced`` the searches around the DP's candidates found (device orders, local search)."""
+    skipped: list[tuple[int, tuple[tuple[int, ...], ...]]] = field(default_factory=list)
+    """(micro-batch size, device groups in pipeline order) of the DP's candidates the bound skipped
+    (planner/prune.py): they cannot win under this kind, but may under another."""
     tables: Any = None
     """The search's ``planner.tables.Tables`` (the kinds search reuses them)."""
     kinds: dict[str, float] = field(default_factory=dict)
