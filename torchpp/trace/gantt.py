@@ -81,11 +81,13 @@ def lanes(bars: Sequence[Bar]) -> list[int]:
 
 def _draw_device(ax, bars: Sequence[Bar], base: float, style: str, t0: float, span: float,
                  show_throttling: bool) -> None:
+    # one collection per colour and row, not one per bar: a plan's chart has thousands of bars
     y0, h = (base + 1.05, 0.8) if style == "dual" else (base + 0.5, 0.45)
+    rows: dict[tuple, list[tuple[float, float]]] = {}
     for b in bars:
         if b.channel == "comm" or b.end <= b.start:
             continue
-        ax.broken_barh([(b.start - t0, b.end - b.start)], (y0, h), color=COLOURS[b.kind], edgecolor="k", lw=0.3)
+        rows.setdefault((b.kind, y0, h, "k", 0.3, 1.0), []).append((b.start - t0, b.end - b.start))
         if b.label and b.end - b.start > span / 80:
             ax.text((b.start + b.end) / 2 - t0, y0 + h / 2, b.label, ha="center", va="center", fontsize=6)
     comm = [b for b in bars if b.channel == "comm" and b.end > b.start]
@@ -94,8 +96,9 @@ def _draw_device(ax, bars: Sequence[Bar], base: float, style: str, t0: float, sp
     hl = height / (max(lane, default=0) + 1)
     for b, k in zip(comm, lane):
         edge, lw = ("red", 1.4) if (show_throttling and b.throttled) else ("k", 0.3)
-        ax.broken_barh([(b.start - t0, b.end - b.start)], (top + k * hl, hl), color=COLOURS[b.kind], edgecolor=edge,
-                       lw=lw, alpha=0.9)
+        rows.setdefault((b.kind, top + k * hl, hl, edge, lw, 0.9), []).append((b.start - t0, b.end - b.start))
+    for (kind, y, height_, edge, lw, alpha), xs in rows.items():
+        ax.broken_barh(xs, (y, height_), color=COLOURS[kind], edgecolor=edge, lw=lw, alpha=alpha)
 
 
 def draw(ax, bars: Sequence[Bar], title: str = "", *, names: Mapping[int, str] | None = None, style: str = "dual",
