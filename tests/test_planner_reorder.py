@@ -42,3 +42,17 @@ def test_moves_and_orders():
     assert len(moves) == 3 + 6 and all(sorted(m) == [0, 1, 2, 3] for m in moves)
     assert moves[0] == (1, 2, 3, 0) and (1, 0, 2, 3) in moves and (3, 1, 2, 0) in moves
     assert order_of([((0, 2), (2,)), ((2, 4), (0, 3))], [3, 2, 1, 0]) == (2, 0, 3, 1)
+
+
+def test_order_search_also_starts_from_the_next_micro_batch_size(monkeypatch):
+    """Six hosts where every order the DP sees pipelines badly, so the best plan is one stage at
+    8 samples a micro-batch: the order search from that plan alone stays there (1.5x the every-order
+    search, whose plan is a 3-stage pipeline at 1); started also from the best plan of the next
+    size, it finds the pipeline."""
+    seed, layers, G = 0.9409760010879991, 12, 16
+    exact = search(_problem(seed, 6, layers, G, exact_devices=6)).step_time_s
+    got = search(_problem(seed, 6, layers, G, exact_devices=5))
+    monkeypatch.setattr(single, "ORDER_STARTS", 1)
+    one = search(_problem(seed, 6, layers, G, exact_devices=5))
+    assert one.step_time_s > 1.4 * exact and one.plan.num_stages == 1
+    assert got.step_time_s <= 1.05 * exact and got.plan.num_stages > 1

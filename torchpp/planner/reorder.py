@@ -55,9 +55,10 @@ def _moves(order: tuple[int, ...]) -> list[tuple[int, ...]]:
 
 
 def search_orders(pb: Problem, t: Tables, start: tuple[int, ...], b: int, seen: set[tuple[int, ...]],
-                  evals: int | None = None) -> list[tuple[float, int, Layout, Plan]]:
-    """First-improvement descent over device orders from ``start`` at micro-batch size ``b``:
-    every plan priced, as (step, b, layout, plan). ``seen``: orders already searched (the DP's own)."""
+                  evals: int | None = None, start_s: float | None = None) -> list[tuple[float, int, Layout, Plan]]:
+    """First-improvement descent over device orders from ``start`` (its plan's step ``start_s``, by
+    default the best priced) at micro-batch size ``b``: every plan priced, as (step, b, layout, plan).
+    ``seen``: orders already searched at this size (the DP's own)."""
     evals = ORDER_EVALS if evals is None else evals
     m = pb.global_batch // b
     sc = StageCosts(t, b, m, pb.allow_recompute)
@@ -81,7 +82,7 @@ def search_orders(pb: Problem, t: Tables, start: tuple[int, ...], b: int, seen: 
             best = min(best, step)
         return best
 
-    cur, cur_s = start, pb.ledger.step_time_s
+    cur, cur_s = start, pb.ledger.step_time_s if start_s is None else start_s
     used = 0
     improved = True
     while improved and used < evals:

@@ -48,6 +48,10 @@ from .types import (REFINE_HEURISTIC, InfeasibleError, Problem, SearchResult, St
 
 REORDER_DEVICES = 8
 """Past ``exact_devices``, clusters of at most this many devices also search device orders locally."""
+ORDER_STARTS = 2
+"""Micro-batch sizes the device-order search starts from: the best priced plan's and the next best
+size's (an order is searched at one size; a one-stage plan's size, the winner while every order
+tried pipelines badly, is rarely a pipeline's)."""
 
 
 def device_orders(pb: Problem, t: Tables) -> tuple[list[tuple[int, ...]], str]:
@@ -171,8 +175,13 @@ def search_single(pb: Problem, progress=None, also: Sequence[str] = ()) -> Searc
     if not exact and len(pb.hosts) <= REORDER_DEVICES and (seeds or found):
         # three device orders are a guess: search the orders near the best plan's (planner/reorder.py),
         # on top of what the DP's candidates and their local search found
-        best = min(seeds + [(s, p.micro_batch_size, layout_of(pb, p)) for s, p in found], key=lambda x: x[0])
-        near = search_orders(pb, t, order_of(best[2], orders[0]), best[1], set(orders))
+        pool = seeds + [(s, p.micro_batch_size, layout_of(pb, p)) for s, p in found]
+        per_size: dict[int, tuple] = {}
+        for x in sorted(pool, key=lambda x: x[0]):
+            per_size.setdefault(x[1], x)
+        near = []
+        for s0, b, lay in list(per_size.values())[:ORDER_STARTS]:
+            near += search_orders(pb, t, order_of(lay, orders[0]), b, set(orders), start_s=s0)
         around = [(s, p) for s, _, _, p in near]
         around += refine(pb, t, [(s, b, lay) for s, b, lay, _ in near], budget)
     priced += found + around
