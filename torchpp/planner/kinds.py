@@ -23,9 +23,10 @@ from .pricing import price_plan
 from .prune import layout_bound
 from .chunks import ChunkLayout, beaten, descend, fits_weights, layout_bound_of, every_cut, group_sequences, layouts, price_layout
 from .refine import refine
+from .reorder import layout_of
 from .single import search_single
 from .tables import StageCosts, Tables, infeasible_message
-from .types import InfeasibleError, Problem, SearchResult, StageChoice, best_per, micro_batch_sizes, stage_layout
+from .types import InfeasibleError, Problem, SearchResult, best_per, layout_choices, micro_batch_sizes
 
 SMALL_DEVICES = 3
 """Up to this many devices the kinds are searched exhaustively over device groups (see above)."""
@@ -114,24 +115,13 @@ def best_per_size(plans: Sequence[tuple[float, Plan]], n: int) -> list[tuple[flo
     return best_per(plans, n, lambda p: p.micro_batch_size)
 
 
-def _layout_of(pb: Problem, plan: Plan) -> tuple[list[int], list[StageChoice]]:
-    """A one-chunk plan's device order and stage choices (what build_plan takes)."""
-    idx = {h: i for i, h in enumerate(pb.hosts)}
-    order, stages, pos = [], [], 0
-    for st in plan.stages:
-        order += [idx[d.host] for d in st.devices]
-        stages.append(StageChoice(cut=st.layers, hosts=(pos, pos + len(st.devices)), recompute_all=False, cost=0.0))
-        pos += len(st.devices)
-    return order, stages
-
-
 def _reprice(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]]) -> list[tuple[float, Plan]]:
     """The given one-chunk layouts priced under ``pb.schedule``, then refined by the local search."""
     out, seeds = [], []
     for _, p in plans:
-        order, stages = _layout_of(pb, p)
-        groups = [(st.cut, [order[x] for x in range(*st.hosts)]) for st in stages]
-        if layout_bound(t, groups, p.micro_batch_size, p.num_microbatches,
+        layout = layout_of(pb, p)
+        order, stages = layout_choices(layout)
+        if layout_bound(t, layout, p.micro_batch_size, p.num_microbatches,
                         REGISTRY[pb.schedule].split_backward) >= pb.ledger.step_time_s:
             continue  # cannot beat the best priced plan (planner/prune.py)
         try:
@@ -142,7 +132,7 @@ def _reprice(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]]) -> lis
         except ValueError:  # the kind's order does not run this micro-batch count on this many stages
             continue
         out.append((s, plan))
-        seeds.append((s, p.micro_batch_size, stage_layout(order, stages)))
+        seeds.append((s, p.micro_batch_size, layout))
     return out + refine(pb, t, seeds, 4 if len(pb.hosts) <= 16 else 0)
 
 

@@ -10,7 +10,7 @@ from .pricing import price_plan
 from .prune import layout_bound
 from ..schedules import REGISTRY
 from .tables import Tables
-from .types import INF, Layout, Problem, StageChoice, max_stages_of
+from .types import INF, Layout, Problem, layout_choices, max_stages_of
 
 def _neighbours(layout: Layout, n_hosts: int) -> list[Layout]:
     """Plans one move away: a cut ±1, a stage shifted ±1, two groups swapped, two stages merged, a
@@ -107,12 +107,7 @@ def refine(pb: Problem, t: Tables, seeds: Sequence[tuple[float, int, Layout]], b
                     if used >= budget:
                         break
                     used += 1
-                    order = [h for _, g in nb for h in g]
-                    pos, stages = 0, []
-                    for c, g in nb:
-                        stages.append(StageChoice(cut=c, hosts=(pos, pos + len(g)), recompute_all=False, cost=0.0))
-                        pos += len(g)
-                    plan = build_plan(pb, t, order, stages, b, "optimal")
+                    plan = build_plan(pb, t, *layout_choices(nb), b, "optimal")
                     s = INF
                     if plan is not None:
                         s = price_plan(pb, plan)

@@ -125,6 +125,18 @@ def stage_layout(order: Sequence[int], stages: Sequence[StageChoice]) -> Layout:
     return [(st.cut, tuple(order[x] for x in range(*st.hosts))) for st in stages]
 
 
+def layout_choices(layout: Layout) -> tuple[list[int], list[StageChoice]]:
+    """A layout as a device order and the DP's stage choices over it (what ``build_plan`` takes):
+    the inverse of :func:`stage_layout`."""
+    order: list[int] = []
+    stages = []
+    for cut, group in layout:
+        stages.append(StageChoice(cut=tuple(cut), hosts=(len(order), len(order) + len(group)), recompute_all=False,
+                                  cost=0.0))
+        order += group
+    return order, stages
+
+
 # ----------------------------------------------------------------------------- from DP to plans
 REFINE_HEURISTIC = 8
 """Local-search pricings beyond ``exact_devices`` devices (up to 16 devices)."""
