@@ -139,8 +139,8 @@ def _reprice(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]]) -> lis
 def _seed_groups(pb: Problem, plans: Sequence[tuple[float, Plan]], small: bool,
                  skipped: Sequence[tuple[int, tuple]] = ()) -> list[tuple[int, tuple]]:
     """(micro-batch size, device groups in pipeline order) to try the chunked kinds on: the best
-    priced plans', and those of the DP's candidates the one-chunk bound skipped (they seed as they
-    would have had the bound not skipped them)."""
+    priced plans' groups, and those of the DP's candidates the one-chunk bound skipped (they seed as
+    they would have had the bound not skipped them), each at every micro-batch size."""
     idx = {h: i for i, h in enumerate(pb.hosts)}
     out: dict[tuple, None] = {}
     for _, p in sorted(plans, key=lambda x: x[0]):
@@ -149,6 +149,11 @@ def _seed_groups(pb: Problem, plans: Sequence[tuple[float, Plan]], small: bool,
         out[(p.micro_batch_size, tuple(tuple(idx[d.host] for d in st.devices) for st in p.stages))] = None
     for x in skipped:
         out[x] = None
+    sizes = micro_batch_sizes(pb)
+    for _, groups in list(out):  # a kind's best size is its own: ZBV fills with W what 1F1B fills with fewer, larger calls
+        for b in sizes:
+            if max(len(g) for g in groups) <= b:
+                out[(b, groups)] = None
     if small:
         for b in micro_batch_sizes(pb):
             for groups in group_sequences(len(pb.hosts), b):
