@@ -34,6 +34,9 @@ SEEDS = 6
 """Distinct one-chunk layouts whose device groups seed the other kinds."""
 TINY_CUTS = 64
 """On small instances, a kind and chunk count with at most this many ways to cut the layers has every cut priced."""
+EVERY_SIZE_DEVICES = 8
+"""Up to this many devices each seed's groups are tried at every micro-batch size (past it, at the
+seed's: 64 x 96 took 6.3 -> 8.7 s with every size)."""
 AROUND_SEEDS = 2
 """One-chunk plans of the device-order search (planner/reorder.py) the other kinds also start from."""
 REPRICED = 3
@@ -140,7 +143,8 @@ def _seed_groups(pb: Problem, plans: Sequence[tuple[float, Plan]], small: bool,
                  skipped: Sequence[tuple[int, tuple]] = ()) -> list[tuple[int, tuple]]:
     """(micro-batch size, device groups in pipeline order) to try the chunked kinds on: the best
     priced plans' groups, and those of the DP's candidates the one-chunk bound skipped (they seed as
-    they would have had the bound not skipped them), each at every micro-batch size."""
+    they would have had the bound not skipped them), each at every micro-batch size (up to
+    :data:`EVERY_SIZE_DEVICES`)."""
     idx = {h: i for i, h in enumerate(pb.hosts)}
     out: dict[tuple, None] = {}
     for _, p in sorted(plans, key=lambda x: x[0]):
@@ -149,7 +153,7 @@ def _seed_groups(pb: Problem, plans: Sequence[tuple[float, Plan]], small: bool,
         out[(p.micro_batch_size, tuple(tuple(idx[d.host] for d in st.devices) for st in p.stages))] = None
     for x in skipped:
         out[x] = None
-    sizes = micro_batch_sizes(pb)
+    sizes = micro_batch_sizes(pb) if len(pb.hosts) <= EVERY_SIZE_DEVICES else []
     for _, groups in list(out):  # a kind's best size is its own: ZBV fills with W what 1F1B fills with fewer, larger calls
         for b in sizes:
             if max(len(g) for g in groups) <= b:
