@@ -56,3 +56,23 @@ def test_order_search_also_starts_from_the_next_micro_batch_size(monkeypatch):
     one = search(_problem(seed, 6, layers, G, exact_devices=5))
     assert one.step_time_s > 1.4 * exact and one.plan.num_stages == 1
     assert got.step_time_s <= 1.05 * exact and got.plan.num_stages > 1
+
+
+def test_tied_estimates_of_an_order_do_not_break_its_ranking(monkeypatch):
+    """Two stage counts of one order can estimate the same step ((m + S - 1) x bottleneck); ranking
+    them compared their stage choices and raised TypeError."""
+    from torchpp.planner import reorder
+    from torchpp.planner.tables import Tables
+
+    pb = _problem(0.5827880059033551, 6, 7, 16, exact_devices=5)
+    real = reorder.dp_order_fast
+
+    def tied(order, sc, *a):
+        got = real(order, sc, *a)
+        # every stage count's estimate made (m + S - 1) x val = 1
+        return {S: (1.0 / (sc.m + S - 1), stages) for S, (_, stages) in got.items()}
+
+    monkeypatch.setattr(reorder, "dp_order_fast", tied)
+    t = Tables(pb)
+    found = reorder.search_orders(pb, t, (0, 1, 2, 3, 4, 5), 2, set(), evals=3, start_s=float("inf"))
+    assert found and all(step > 0 for step, *_ in found)

@@ -68,7 +68,8 @@ def search_orders(pb: Problem, t: Tables, start: tuple[int, ...], b: int, seen: 
 
     def price_order(order: tuple[int, ...]) -> float:
         got = dp_order_fast(order, sc, max_stages, pb.max_group, {})
-        ranked = sorted(((m + S - 1) * val, stages) for S, (val, stages) in got.items())[:PER_ORDER]
+        ranked = sorted((((m + S - 1) * val, stages) for S, (val, stages) in got.items()),
+                        key=lambda x: x[0])[:PER_ORDER]  # ties keep the DP's order (stage choices do not compare)
         best = INF
         for _, stages in ranked:
             layout = stage_layout(order, stages)
