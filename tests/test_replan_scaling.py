@@ -110,8 +110,8 @@ def _replan(d) -> None:
 
 def test_replan_time_grows_linearly_with_events(tmp_path):
     """One plan, its timelines of 2 and of 16 traced steps (776 and 6,208 events): reading and
-    fitting them (what of `torchpp replan` depends on the events) grows about linearly; the whole
-    command is then mostly the new plan's search, which the events do not enlarge."""
+    fitting them (what of `torchpp replan` depends on the events) grows about linearly, and so does
+    the whole command (the new plan's search, which the events do not enlarge, plus that reading)."""
     from torchpp.planner.replan import fit_hosts, fit_links, read_old_costs, read_run
     from torchpp.formats import Plan
 
@@ -130,5 +130,7 @@ def test_replan_time_grows_linearly_with_events(tmp_path):
 
     ratio = _cpu(read_and_fit, runs[16]) / max(_cpu(read_and_fit, runs[2]), 1e-6)
     assert ratio < 24, f"replan's reading: 8x the events took {ratio:.1f}x the CPU"
+    # the new plan's search, which the events do not enlarge, is now about 9x the reading of 2 steps
+    # (it was most of the command): linear reading puts the whole near 1.7x, quadratic near 7x
     whole = _cpu(_replan, runs[16], reps=1) / _cpu(_replan, runs[2], reps=1)
-    assert whole < 2, f"replan: 8x the events took {whole:.1f}x the CPU"
+    assert whole < 3, f"replan: 8x the events took {whole:.1f}x the CPU"
