@@ -48,6 +48,8 @@ from .types import (REFINE_HEURISTIC, InfeasibleError, Problem, SearchResult, St
 
 REORDER_DEVICES = 8
 """Past ``exact_devices``, clusters of at most this many devices also search device orders locally."""
+UNPICKED = 12
+"""DP candidates beyond those priced whose device groups the chunked kinds also start from (planner/kinds.py)."""
 ORDER_STARTS = 2
 """Micro-batch sizes the device-order search starts from: the best priced plan's and the next best
 size's (an order is searched at one size; a one-stage plan's size, the winner while every order
@@ -101,6 +103,19 @@ def bottlenecks(pb: Problem, t: Tables | None = None, orders: Sequence[tuple[int
                     best[(b, S)] = (val, tuple(order), stages)
     return best
 
+
+
+def _unpicked(cands: list, picked: list, n: int) -> list[tuple[int, tuple[tuple[int, ...], ...]]]:
+    """(micro-batch size, device groups) of the ``n`` best candidates by estimate not in ``picked``."""
+    mine = {id(c) for c in picked}
+    out: dict[tuple, None] = {}
+    for c in sorted(cands, key=lambda x: x[0]):
+        if len(out) >= n:
+            break
+        if id(c) not in mine:
+            _, _, b, order, stages = c
+            out[(b, tuple(tuple(order[x] for x in range(*st.hosts)) for st in stages))] = None
+    return list(out)
 
 
 def _picked(pb: Problem, cands: list) -> list:
@@ -195,5 +210,5 @@ def search_single(pb: Problem, progress=None, also: Sequence[str] = ()) -> Searc
     step, plan = priced[0]
     return SearchResult(plan=plan, step_time_s=step, candidates_priced=len(priced), dp_candidates=len(cands),
                         planning_time_s=time.perf_counter() - t0, priced=priced, mode=mode, refined=len(found),
-                        tables=t, around=around, skipped=skipped)
+                        tables=t, around=around, skipped=skipped, unpicked=_unpicked(cands, picked, UNPICKED))
 

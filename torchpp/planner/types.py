@@ -108,6 +108,9 @@ class SearchResult:
     skipped: list[tuple[int, tuple[tuple[int, ...], ...]]] = field(default_factory=list)
     """(micro-batch size, device groups in pipeline order) of the DP's candidates the bound skipped
     (planner/prune.py): they cannot win under this kind, but may under another."""
+    unpicked: list[tuple[int, tuple[tuple[int, ...], ...]]] = field(default_factory=list)
+    """(micro-batch size, device groups) of the DP's best candidates beyond those it priced, best
+    estimate first: more device groups for the other kinds to start from."""
     tables: Any = None
     """The search's ``planner.tables.Tables`` (the kinds search reuses them)."""
     kinds: dict[str, float] = field(default_factory=dict)
