@@ -114,7 +114,7 @@ def _unpicked(cands: list, picked: list, n: int) -> list[tuple[int, tuple[tuple[
             break
         if id(c) not in mine:
             _, _, b, order, stages = c
-            out[(b, tuple(tuple(order[x] for x in range(*st.hosts)) for st in stages))] = None
+            out[(b, tuple(g for _, g in stage_layout(order, stages)))] = None
     return list(out)
 
 
@@ -166,16 +166,16 @@ def search_single(pb: Problem, progress=None, also: Sequence[str] = ()) -> Searc
     skipped: list[tuple[int, tuple[tuple[int, ...], ...]]] = []
     split = any(REGISTRY[k].split_backward for k in (pb.schedule, *also))
     for est, val, b, order, stages in picked:
-        groups = [(st.cut, [order[x] for x in range(*st.hosts)]) for st in stages]
-        if layout_bound(t, groups, b, pb.global_batch // b, split) >= pb.ledger.step_time_s:
-            skipped.append((b, tuple(tuple(g) for _, g in groups)))  # cannot win (planner/prune.py)
+        layout = stage_layout(order, stages)
+        if layout_bound(t, layout, b, pb.global_batch // b, split) >= pb.ledger.step_time_s:
+            skipped.append((b, tuple(g for _, g in layout)))  # cannot win (planner/prune.py)
             continue
         plan = build_plan(pb, t, order, stages, b, "optimal")
         if plan is None:
             continue
         step = price_plan(pb, plan)
         priced.append((step, plan))
-        seeds.append((step, b, stage_layout(order, stages)))
+        seeds.append((step, b, layout))
         if progress:
             progress(f"  candidate: {plan.num_stages} stage(s), micro-batch {b} x {plan.num_microbatches}: "
                      f"bottleneck {val:.4g} s, priced step {step:.4g} s")
