@@ -76,8 +76,9 @@ def search_kinds(pb: Problem, kinds: Sequence[str], progress=None) -> SearchResu
         found = _search_chunks(pb, t, own, multi, small, base.skipped)
         if extra:
             found += _search_chunks(pb, t, extra, multi, small)
-        if base.unpicked and not small:
-            # more device groups, searched apart so the pass above is what it was without them
+        if base.unpicked and not small and len(pb.hosts) <= pb.exact_devices:
+            # more device groups, searched apart so the pass above is what it was without them; past
+            # exact_devices the order search varies the seeds (and this pass cost 8 x 28 a third more)
             found += _search_chunks(pb, t, [], multi, small, base.unpicked)
         if progress and found:
             progress(f"  chunked kinds: {len(found)} plan(s) priced, best step {min(s for s, _ in found):.4g} s")
