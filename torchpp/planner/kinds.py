@@ -37,6 +37,11 @@ TINY_CUTS = 64
 EVERY_SIZE_DEVICES = 8
 """Up to this many devices each seed's groups are tried at every micro-batch size (past it, at the
 seed's: 64 x 96 took 6.3 -> 8.7 s with every size)."""
+UNPICKED_DEVICES = 4
+"""Up to this many devices the chunked kinds also start from the DP's unpriced candidates
+(``SearchResult.unpicked``), in a pass of their own. Its cost grows with the candidates: 5 hosts x
+41 layers went 0.54 -> 0.93 s of CPU, 8 x 28 0.72 -> 0.98 s, for one better plan of 96 between them;
+past 5 devices the order search varies the seeds."""
 AROUND_SEEDS = 2
 """One-chunk plans of the device-order search (planner/reorder.py) the other kinds also start from."""
 REPRICED = 3
@@ -76,9 +81,8 @@ def search_kinds(pb: Problem, kinds: Sequence[str], progress=None) -> SearchResu
         found = _search_chunks(pb, t, own, multi, small, base.skipped)
         if extra:
             found += _search_chunks(pb, t, extra, multi, small)
-        if base.unpicked and not small and len(pb.hosts) <= pb.exact_devices:
-            # more device groups, searched apart so the pass above is what it was without them; past
-            # exact_devices the order search varies the seeds (and this pass cost 8 x 28 a third more)
+        if base.unpicked and not small and len(pb.hosts) <= UNPICKED_DEVICES:
+            # more device groups, searched apart so the pass above is what it was without them
             found += _search_chunks(pb, t, [], multi, small, base.unpicked)
         if progress and found:
             progress(f"  chunked kinds: {len(found)} plan(s) priced, best step {min(s for s, _ in found):.4g} s")
