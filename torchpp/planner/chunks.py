@@ -48,6 +48,11 @@ class ChunkLayout:
     """Chunk c holds decoder layers [bounds[c], bounds[c + 1])."""
 
     @property
+    def ranges(self) -> list[tuple[int, int]]:
+        """Each chunk's layer range [start, end)."""
+        return [(self.bounds[i], self.bounds[i + 1]) for i in range(len(self.bounds) - 1)]
+
+    @property
     def key(self) -> tuple:
         return (self.kind, self.v, self.b, tuple(tuple(sorted(g)) for g in self.groups), self.bounds)
 
@@ -138,12 +143,12 @@ def build_chunk_plan(pb: Problem, t: Tables, lay: ChunkLayout) -> Plan | None:
     """A plan of ``lay`` with Algorithm 1 shares per group, recomputing a group's layers only when its
     devices do not fit otherwise; None when memory does not fit or the kind cannot run it."""
     names = [[pb.hosts[h] for h in g] for g in lay.groups]
-    ranges = [(lay.bounds[i], lay.bounds[i + 1]) for i in range(len(lay.bounds) - 1)]
+    ranges = lay.ranges
     try:
         pl = placement(lay.kind, len(lay.groups), lay.v)
     except ValueError:
         return None
-    if not weights_fit(pb, t, lay, pl, ranges):
+    if not weights_fit(pb, t, lay, pl):
         return None
     shares = []
     for pos, grp in enumerate(lay.groups):
@@ -193,14 +198,14 @@ def fits_weights(pb: Problem, t: Tables, lay: ChunkLayout) -> bool:
         pl = placement(lay.kind, len(lay.groups), lay.v)
     except ValueError:
         return False
-    return weights_fit(pb, t, lay, pl, [(lay.bounds[i], lay.bounds[i + 1]) for i in range(len(lay.bounds) - 1)])
+    return weights_fit(pb, t, lay, pl)
 
 
-def weights_fit(pb: Problem, t: Tables, lay: ChunkLayout, pl: Placement, ranges: Sequence[tuple[int, int]]) -> bool:
+def weights_fit(pb: Problem, t: Tables, lay: ChunkLayout, pl: Placement) -> bool:
     """Whether every device holds the weights of its group's chunks (the base and ``alpha`` × their
     parameter bytes, the tied weight once): a bound below its peak, so a layout failing it is never
     built (the dearest part of building one is its per-rank memory)."""
-    tied = float(pb.profiles.tied_bytes)
+    tied, ranges = float(pb.profiles.tied_bytes), lay.ranges
     for pos, grp in enumerate(lay.groups):
         cs = pl.chunks[pos]
         shared = tied if 0 in cs and len(ranges) - 1 in cs else 0.0
