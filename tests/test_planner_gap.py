@@ -23,7 +23,7 @@ def bound(prof, hosts, gb):
 
 
 def parts_sum(g: Gap) -> float:
-    return g.bound_s + sum(getattr(g, f"{p}_s") for p in Gap.PARTS)
+    return g.bound_s + sum(g.part_s(p) for p in Gap.PARTS)
 
 
 def test_balanced_pipeline_gap_is_its_fill_and_drain():
@@ -57,6 +57,26 @@ def test_one_device_gap_is_its_per_call_cost():
     assert g.per_call_s == pytest.approx(m * (fwd + bwd) * 0.5)
     assert g.fill_drain_s == pytest.approx(0.0, abs=1e-9) and g.placement_s == pytest.approx(0.0, abs=1e-9)
     assert g.communication_s == 0.0
+    assert g.runtime_call_s == pytest.approx(0.0, abs=1e-9)  # the file measured no runtime cost per call
+
+
+def test_runtime_calls_are_said_apart_from_the_blocks_fixed_seconds():
+    """The same host with the runtime's own cost per call (the call probe's): two calls per
+    micro-batch (forward, backward) add 2 m c to the step, said as the runtime's part; the blocks'
+    fixed seconds stay in per-call. A plan priced before the split (no runtime part) still reads."""
+    m, n, c = 4, 2, 0.05
+    lf = layers_file("a", num_layers=2, batch=4, layer_fwd_s=1.0, embed_fwd_s=0.4, tail_fwd_s=0.8, fixed_fraction=0.5)
+    lf.call_overhead_s = c
+    prof = Profiles.from_layers([lf])
+    plan = plan_for(lf, [(0, 2)], ["a"], gb=m * n, m=m)
+    g = gap_to_bound(plan, prof, Links(uniform_links(["a"])), bound(prof, ["a"], m * n))
+    fwd, bwd = 0.4 + 1 + 1 + 0.8, 2 * (0.4 + 1 + 1 + 0.8)
+    assert g.per_call_s == pytest.approx(m * (fwd + bwd) * 0.5)
+    assert g.runtime_call_s == pytest.approx(2 * m * c)
+    assert parts_sum(g) == pytest.approx(g.step_s)
+    assert f"{2 * m * c:.3g} runtime per call" in g.line()
+    old = Gap(**{k: v for k, v in g.as_dict().items() if k != "runtime_call_s"})
+    assert "runtime" not in old.line() and old.largest() == "per_call"
 
 
 def test_uneven_hosts_gap_shows_placement_and_slow_links_show_communication():

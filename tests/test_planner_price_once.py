@@ -34,7 +34,7 @@ def test_a_plan_call_replays_the_chosen_plan_once(measured, monkeypatch, schedul
     chosen = [c for c in replays if c.plan is res.plan]
     on_own_costs = [c for c in chosen if not isinstance(c.links, FreeLinks)]
     assert len(on_own_costs) == 1
-    assert len(chosen) == 3  # and the gap's two counterfactuals: free links; free links and calls
+    assert len(chosen) == 4  # and the gap's three counterfactuals: free links; without the runtime's calls; free calls
     # the reused replay is the plan's price: replaying it again gives the same prediction
     again, _ = predict(res.plan, res.problem.profiles, res.problem.links, res.problem.memory, res.problem.budget,
                        res.problem.optimizer_s_per_byte)

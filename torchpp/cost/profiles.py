@@ -316,6 +316,16 @@ class Profiles:
             out.call[h], out.split_layer[h] = 0.0, 0.0
         return out
 
+    def without_runtime_calls(self, hosts: Iterable[str]) -> "Profiles":
+        """A copy with only the runtime's seconds per call of ``hosts`` taken out (the blocks' fixed
+        seconds kept): what a step would cost if the runtime itself were free."""
+        hosts = list(hosts)
+        self.ensure(hosts)
+        out = copy.deepcopy(self)
+        for h in hosts:
+            out.call[h] = 0.0
+        return out
+
     def capacity_call(self, host: str) -> float:
         """Runtime seconds per call of a host without a layers file: its own, measured on it by
         ``torchpp profile``'s call probe and carried in capacities.json, else the reference

@@ -6,11 +6,15 @@ spread as evenly as memory allows. A plan also pays for communication, per-call 
 pipeline's fill and drain, recomputation, and whole layers on whole devices. Each is taken out
 of the same replay in turn, so the parts add up to the predicted step exactly:
 
-    step = bound + placement + recompute + fill/drain + per-call + communication
+    step = bound + placement + recompute + fill/drain + per-call + runtime + communication
 
 - communication: the step minus the step with free links;
+- runtime: that minus the step with free links and none of the runtime's own seconds per call
+  (what ``torchpp profile``'s call probe measured: dispatch, posting sends and receives, copies),
+  the part of a call's cost the runtime can cut;
 - per-call: that minus the step with free links and free calls (blocks' fixed seconds per call,
-  the runtime's per call, a split backward's per layer and call);
+  a split backward's per layer and call): the model's own cost of a call whatever its samples,
+  which larger micro-batches amortise;
 - fill/drain: that minus the busiest rank's busy time (compute and optimizer) in it;
 - recompute: that rank's recomputation in it;
 - placement: the rest of that rank's work above the bound (whole layers on whole devices, device
@@ -33,7 +37,7 @@ from ..sim.trace import recompute_of
 
 
 LABELS = {"placement": "placement", "recompute": "recompute", "fill_drain": "fill/drain", "per_call": "per-call",
-          "communication": "communication"}
+          "runtime_call": "runtime per call", "communication": "communication"}
 
 
 @dataclass(frozen=True)
@@ -47,18 +51,25 @@ class Gap:
     fill_drain_s: float
     per_call_s: float
     communication_s: float
+    runtime_call_s: float | None = None
+    """The runtime's own seconds per call; None in a plan priced before it was said apart from
+    ``per_call_s`` (which then holds both)."""
 
-    PARTS = ("placement", "recompute", "fill_drain", "per_call", "communication")
+    PARTS = ("placement", "recompute", "fill_drain", "per_call", "runtime_call", "communication")
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
 
+    def part_s(self, part: str) -> float:
+        return getattr(self, f"{part}_s") or 0.0
+
     def largest(self) -> str:
         """The part that adds the most above the bound."""
-        return max(self.PARTS, key=lambda p: getattr(self, f"{p}_s"))
+        return max(self.PARTS, key=self.part_s)
 
     def line(self) -> str:
-        parts = " + ".join(f"{getattr(self, f'{p}_s'):.3g} {LABELS[p]}" for p in self.PARTS)
+        parts = " + ".join(f"{self.part_s(p):.3g} {LABELS[p]}" for p in self.PARTS
+                           if p != "runtime_call" or self.runtime_call_s is not None)
         return f"{self.step_s:.4g} s = {self.bound_s:.4g} bound + {parts}"
 
 
@@ -71,6 +82,8 @@ def gap_to_bound(plan: Plan, profiles: Profiles, links, bound_s: float,
     lists = Compiled(build(plan))  # the same action lists on every cost: built once
     step = step_s if step_s is not None else price(plan, profiles, links, optimizer_s_per_byte, schedule=lists)[0]
     no_comm, _ = price(plan, profiles, FreeLinks(), optimizer_s_per_byte, schedule=lists)
+    no_runtime, _ = price(plan, profiles.without_runtime_calls(hosts), FreeLinks(), optimizer_s_per_byte,
+                          schedule=lists)
     work = profiles.per_sample_only(hosts)
     bare, tl = price(plan, work, FreeLinks(), optimizer_s_per_byte, schedule=lists)
     rec = recompute_of(plan, work)
@@ -79,4 +92,5 @@ def gap_to_bound(plan: Plan, profiles: Profiles, links, bound_s: float,
     recompute = sum(rec(busiest, sp.action) for sp in tl.spans[busiest]
                     if sp.action.kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT))
     return Gap(step_s=step, bound_s=bound_s, placement_s=busy[busiest] - recompute - bound_s, recompute_s=recompute,
-               fill_drain_s=bare - busy[busiest], per_call_s=no_comm - bare, communication_s=step - no_comm)
+               fill_drain_s=bare - busy[busiest], per_call_s=no_runtime - bare, runtime_call_s=no_comm - no_runtime,
+               communication_s=step - no_comm)
