@@ -164,6 +164,7 @@ class _Family:
         span = t.span[0]
         valid = t.valid
         self.ps, self.pc, self.fd1, self.fdb = [], [], [], []
+        self.f1, self.fb = [], []  # the first micro-batch's forward alone (one sample, b samples)
         for h, name in enumerate(pb.hosts):
             st = stage_time(p, name, span)
             sf = min(1.0, float(st.split)) if self.split else 1.0
@@ -171,15 +172,18 @@ class _Family:
             pc = st.fwd0 + sf * st.bwd0 + 2 * st.call
             self.ps.append(np.where(valid, ps, INF))
             self.pc.append(np.where(valid, pc, INF))
-            fd = []
+            fd, fo = [], []
             for n in (1, b):
                 fwd = st.fwd0 + st.call + n * st.fwd
                 # where the backward is split a stage's W may run after the gradient left it: its
                 # drain is not on every path, only its forward's fill
                 back = 0.0 if self.split else st.bwd0 + st.call + n * st.bwd
                 fd.append(np.where(valid, fwd + back, INF))
+                fo.append(np.where(valid, fwd, INF))
             self.fd1.append(fd[0])
             self.fdb.append(fd[1])
+            self.f1.append(fo[0])
+            self.fb.append(fo[1])
         # seconds of forward per byte of activations a recomputed layer saves (per in-flight unit),
         # the cheapest layer of each cut
         acts = t.mem.memory.activations(p.act_bytes)
@@ -315,6 +319,7 @@ class _Family:
         self.a_sorted = np.sort(np.asarray(acts[lay], dtype=float))
         self.a_tail = float(acts[K - 1])
         self.ps, self.pc, self.fd1, self.fdb, self.ratio_h = [], [], [], [], []
+        self.f1, self.fb = [], []
         self._held: dict[int, tuple[np.ndarray, float]] = {}
         for h, name in enumerate(pb.hosts):
             f, bw = p.table(name)
@@ -328,14 +333,16 @@ class _Family:
             self.ps.append(np.where(ok, cum(ls[lay])[cnt] + ends_s, INF))
             self.pc.append(np.where(ok, cum(lc[lay])[cnt] + ends_c + 2 * self.vmin * call, INF))
             # one chain element: the cheapest one-layer chunk's forward (and backward, unless split)
-            one = []
+            one, fo = [], []
             for n in (1, b):
-                back = 0.0 if self.split else 1.0
-                chain = np.min(f0[lay] + n * f[lay] + back * (b0[lay] + n * bw[lay])) + (1 + back) * call
-                embed = f0[0] + n * f[0] + back * (b0[0] + n * bw[0])  # the head's first chunk holds the embedding
-                one.append(np.where(ok, chain + np.where(head, embed, 0.0), INF))
+                for back, into in ((0.0 if self.split else 1.0, one), (0.0, fo)):
+                    chain = np.min(f0[lay] + n * f[lay] + back * (b0[lay] + n * bw[lay])) + (1 + back) * call
+                    embed = f0[0] + n * f[0] + back * (b0[0] + n * bw[0])  # the head's first chunk holds the embedding
+                    into.append(np.where(ok, chain + np.where(head, embed, 0.0), INF))
             self.fd1.append(one[0])
             self.fdb.append(one[1])
+            self.f1.append(fo[0])
+            self.fb.append(fo[1])
             self.ratio_h.append(float(np.min([f[k] / acts[k] if acts[k] > 0 else INF for k in range(1, L + 1)]))
                                 if L else INF)
         self.out = float(np.min(p.act_bytes[1:K - 1])) if K > 2 else 0.0
@@ -467,28 +474,67 @@ class _Family:
                         "F": np.where(self.t.valid, w0 * st.fwd0 + c + w1 * st.fwd, INF),
                         "B": np.where(self.t.valid, w0 * st.bwd0 + c + w1 * st.bwd, INF),
                         "IW": np.where(self.t.valid, 2 * c + sf * (w0 * st.bwd0 + w1 * st.bwd), INF)})
-        self.least: dict[int, dict] = {}
+        # per host and sample count, the least step of each (chunk class, type) it could take
+        self.least_h: dict[int, list[dict]] = {}
         for n in sorted({1, b}):
-            least = {}
-            for c in range(L):
-                cls = (c == 0, c == L - 1)
-                for name in pb.hosts:
+            per_host = []
+            for name in pb.hosts:
+                least = {}
+                for c in range(L):
+                    cls = (c == 0, c == L - 1)
                     st = stage_time(p, name, Span.of_cut(c, c + 1, L))
                     for t, s in (("F", st.forward(n)), ("B", st.backward(n)), ("I", st.backward_input(n)),
                                  ("W", st.backward_weight(n))):
                         least[(cls, t)] = min(least.get((cls, t), INF), s)
-            self.least[n] = least
+                per_host.append(least)
+            self.least_h[n] = per_host
+        self._least_memo: dict = {}
         out = self.t.out_bytes[1:L] if L > 1 else np.zeros(1)
         out_min = float(np.min(out)) if not self.chunked else float(self.out)
-        self.hop = {n: min((self._xfer(a, c, n * out_min) for a in range(self.N) for c in range(self.N) if a != c),
-                           default=0.0) for n in sorted({1, b})}
+        self.hop_mat = {n: [[self._xfer(a, c, n * out_min) if a != c else INF for c in range(self.N)]
+                            for a in range(self.N)] for n in sorted({1, b})}
 
-    def _kind_paths(self, kind: str, p: int, q: int, v: int) -> list[list] | None:
+    def _least(self, n: int, mine: frozenset) -> dict:
+        """The least step of each (chunk class, type) on ``n`` samples any device outside ``mine``
+        takes: the other positions of a plan hold other devices (all of them where none is left)."""
+        key = (n, mine)
+        got = self._least_memo.get(key)
+        if got is None:
+            hosts = [h for h in range(self.N) if h not in mine] or list(range(self.N))
+            got = {}
+            for h in hosts:
+                for k, v in self.least_h[n][h].items():
+                    got[k] = min(got.get(k, INF), v)
+            self._least_memo[key] = got
+        return got
+
+    def _hop(self, n: int, mine: frozenset, into: bool | None) -> float:
+        """The fastest transfer of ``n`` samples' activations: out of the devices ``mine`` (``into``
+        False), into them (True), or between two others (None)."""
+        key = ("hop", n, mine, into)
+        got = self._least_memo.get(key)
+        if got is None:
+            others = [h for h in range(self.N) if h not in mine]
+            ins = list(mine) if mine else list(range(self.N))
+            if into is None:
+                pairs = [(a, c) for a in others for c in others] if len(others) > 1 else []
+            elif into:
+                pairs = [(a, c) for a in others for c in ins]
+            else:
+                pairs = [(a, c) for a in ins for c in others]
+            if not pairs:  # nothing known of who sits there: any pair
+                pairs = [(a, c) for a in range(self.N) for c in range(self.N)]
+            got = self._least_memo[key] = min((self.hop_mat[n][a][c] for a, c in pairs if a != c), default=0.0)
+        return got
+
+    def _kind_paths(self, kind: str, p: int, q: int, v: int, mine: frozenset = frozenset()) -> list[list] | None:
         """Paths :func:`.orderbound.rank_paths` keeps for position q of ``kind`` at depth p, one list
         per way the other positions could be shared: a plan is bounded by the largest path of at
         least one list. Where a group may sit at the depth, its devices run one sample at least:
-        with one device to spare one position may be a group (each choice a list), with more any."""
-        key = (kind, p, q, v, self.one_sample)
+        with one device to spare one position may be a group (each choice a list), with more any.
+        ``mine``: the devices at position q, which no other position holds (their steps and hops
+        are priced over the other devices)."""
+        key = (kind, p, q, v, self.one_sample, mine)
         if key in self._paths:
             return self._paths[key]
         pl = placement(kind, p, v)
@@ -503,10 +549,14 @@ class _Family:
             cheap = [set(range(p))]
 
         def least_of(n: int, t: str, c: int) -> float:
-            got = self.least[n].get(((c == 0, c == last), t))
+            least = self._least(n, mine)
+            got = least.get(((c == 0, c == last), t))
             if got is None:  # no one-layer chunk of that class (few layers): the least of any
-                got = min(vv for (kk, tt), vv in self.least[n].items() if tt == t)
+                got = min(vv for (kk, tt), vv in least.items() if tt == t)
             return got
+
+        def hop(x: int, y: int, n: int) -> float:
+            return self._hop(n, mine, None if q not in (x, y) else y == q)
 
         def typical(t: str, c: int) -> float:
             return least_of(b, t, c) * max(1.0, L / (p * v))
@@ -516,7 +566,7 @@ class _Family:
             try:
                 got.append(rank_paths(kind, pl, q, self.m,
                                       lambda pos, t, c: least_of(1 if pos in few else b, t, c),
-                                      lambda x, y: self.hop[1 if (x in few or y in few) else b], typical))
+                                      lambda x, y: hop(x, y, 1 if (x in few or y in few) else b), typical))
             except (ValueError, RuntimeError):
                 got = None
                 break
@@ -570,7 +620,7 @@ class _Family:
         A group's devices each run the position's order on their share of the b samples: a path
         through one of them is at least the least per-call part of its steps plus the shares'
         least largest per-sample part (every device runs at least one sample)."""
-        paths = self._kind_paths(kind, p, q, v)
+        paths = self._kind_paths(kind, p, q, v, frozenset(g) if len(g) == 1 else frozenset())
         if paths is None:
             return None
         pl = placement(kind, p, v)
@@ -631,9 +681,10 @@ class _Family:
         pb = self.pb
         return pb.links.time(pb.hosts[a], pb.hosts[c], nbytes)
 
-    def _link_terms(self, g: tuple[int, ...], h: int | None) -> tuple[np.ndarray, np.ndarray]:
+    def _link_terms(self, g: tuple[int, ...], h: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(the two transfers a micro-batch makes between group g and the next, g's head device h
-        (None: a group), the links' throughput bound) over the boundary position."""
+        (None: a group), the links' throughput bound, the forward transfer alone) over the boundary
+        position."""
         b, m = self.b, self.m
         if self.chunked:
             nbytes = np.full(self.L + 1, self.out)
@@ -644,12 +695,14 @@ class _Family:
             fw, bw = self._xfer(d, h, b * nbytes), self._xfer(h, d, b * nbytes)
             lat = fw if self.split else fw + bw  # a split stage's last W may follow its gradient's return
             if self.chunked:  # each direction carries 2m transfers (V: m activations and m gradients)
-                return lat, 2 * m * np.maximum(fw, bw)
-            return lat, np.maximum(m * fw + bw, m * bw + fw)
+                return lat, 2 * m * np.maximum(fw, bw), fw + np.zeros(self.L + 1)
+            return lat, np.maximum(m * fw + bw, m * bw + fw), fw + np.zeros(self.L + 1)
         one = min((self._xfer(a, x, 0.0) + (0.0 if self.split else self._xfer(x, a, 0.0))
                    for a in g for x in range(self.N) if x != a), default=0.0)
         per = (1 if self.split else 2) * self._per_byte_min(g)
-        return np.full(self.L + 1, one) + per * nbytes, np.zeros(self.L + 1)
+        one_fw = min((self._xfer(a, x, 0.0) for a in g for x in range(self.N) if x != a), default=0.0)
+        return (np.full(self.L + 1, one) + per * nbytes, np.zeros(self.L + 1),
+                np.full(self.L + 1, one_fw) + self._per_byte_min(g) * nbytes)
 
     def _per_byte_min(self, g: tuple[int, ...]) -> float:
         best = INF
@@ -688,7 +741,14 @@ class _Family:
         V[j][U][(head, grouped)] is an array over (first position of a suffix of j + 1 stages using
         devices U whose first group is ``head``: a device, or -1 for a group; whether the suffix has
         a group) x (the last stage's device, or a group in the last column, where a tied weight is
-        all-reduced between the ends)."""
+        all-reduced between the ends).
+
+        With a tied weight, T (same keys, same arrays) keeps the least over the same suffixes of the
+        first micro-batch's forward from the suffix's first stage to the last stage's input plus
+        the last stage's own load: the last stage all-reduces the tied weight after its work and
+        before its optimizer step, so a plan lasts at least that plus the all-reduce with its head
+        (kept apart from V: the least of each over merged suffixes bounds the least of their
+        largest)."""
         N, L, b = self.N, self.L, self.b
         self.cols = N + 1 if (self.tied and self.name != "v" and not standalone) else 1
         self.one_sample = grouped is not False
@@ -701,12 +761,16 @@ class _Family:
             load_of = lambda hs, j: np.maximum(plain(hs, j), self._order_term(hs, j))  # noqa: E731
         fd_of = (lambda hs: self.fdb[hs[0]] if len(hs) == 1 else np.minimum.reduce([self.fd1[h] for h in hs])) \
             if self.chunked else self._group_fd
+        f_of = lambda hs: self.fb[hs[0]] if len(hs) == 1 else np.minimum.reduce([self.f1[h] for h in hs])  # noqa: E731
+        tail_tied = self.cols > 1
         counts = (lambda fl: fl) if grouped else (lambda fl: True)  # noqa: E731  a whole plan that counts
         best = cap
         V: list[dict[int, dict[tuple[int, bool], np.ndarray]]] = [dict() for _ in range(N)]
-        links: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        T: list[dict[int, dict[tuple[int, bool], np.ndarray]]] = [dict() for _ in range(N)]
+        links: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for g, hs in groups.items():
             last = load_of(hs, 0)[:, L].copy()
+            tail = last.copy()
             fl = len(hs) > 1
             if not self.chunked and counts(fl):  # one stage: the whole model on one group
                 best = min(best, float(last[0]))
@@ -714,8 +778,13 @@ class _Family:
             last[0] = INF
             if np.isfinite(last).any():
                 arr = np.full((L + 1, self.cols), INF)
-                arr[:, (hs[0] if len(hs) == 1 else N) if self.cols > 1 else 0] = last
+                col = (hs[0] if len(hs) == 1 else N) if self.cols > 1 else 0
+                arr[:, col] = last
                 V[0].setdefault(g, {})[(hs[0] if len(hs) == 1 else -1, fl)] = arr
+                if tail_tied:
+                    tarr = np.full((L + 1, self.cols), INF)
+                    tarr[:, col] = tail
+                    T[0].setdefault(g, {})[(hs[0] if len(hs) == 1 else -1, fl)] = tarr
         for j in range(N - 1):
             for U, heads in V[j].items():
                 for g in _subsets(whole & ~U):
@@ -723,16 +792,21 @@ class _Family:
                     if hs is None:
                         continue
                     Ms: dict[bool, np.ndarray] = {}
-                    for (h, fl), arr in heads.items():
+                    Ts: dict[bool, np.ndarray] = {}
+                    for (h, fl0), arr in heads.items():
                         key = (g, h)
                         if key not in links:
                             links[key] = self._link_terms(hs, None if h < 0 else h)
-                        lat, thr = links[key]
+                        lat, thr, fw = links[key]
                         cand = np.maximum((0.0 if standalone else lat[:, None]) + arr, thr[:, None])
-                        fl = fl or len(hs) > 1
+                        fl = fl0 or len(hs) > 1
                         Ms[fl] = np.minimum(Ms[fl], cand) if fl in Ms else cand
+                        if tail_tied:
+                            tc = fw[:, None] + T[j][U][(h, fl0)]
+                            Ts[fl] = np.minimum(Ts[fl], tc) if fl in Ts else tc
                     load = load_of(hs, j + 1)
                     fd = np.zeros_like(load) if standalone else fd_of(hs)
+                    ff = f_of(hs) if tail_tied else None
                     for fl, M in Ms.items():
                         tot = np.maximum(load[:, :, None], fd[:, :, None] + M[None, :, :])
                         if self.cols > 1:
@@ -742,6 +816,8 @@ class _Family:
                             head = np.maximum(load[0][:, None] + tied[None, :], tot[0])
                             if not self.split:
                                 head = np.maximum(head, fd[0][:, None] + M + tied[None, :])
+                            # the last stage's work from the first forward's arrival, then the all-reduce
+                            head = np.maximum(head, ff[0][:, None] + Ts[fl] + tied[None, :])
                             tot[0] = head
                         new = tot.min(axis=1)
                         if counts(fl):
@@ -753,4 +829,8 @@ class _Family:
                         slot = V[j + 1].setdefault(U | g, {})
                         key = (hs[0] if len(hs) == 1 else -1, fl)
                         slot[key] = np.minimum(slot[key], new) if key in slot else new
+                        if tail_tied:
+                            tnew = (ff[:, :, None] + Ts[fl][None, :, :]).min(axis=1)
+                            tslot = T[j + 1].setdefault(U | g, {})
+                            tslot[key] = np.minimum(tslot[key], tnew) if key in tslot else tnew
         return best
