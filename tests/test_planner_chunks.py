@@ -97,6 +97,28 @@ def test_seed000_instance_plan_is_at_most_half_of_seed000s_own_plan():
     assert lower_bound(pb.profiles, pb.hosts, pb.budget, pb.memory, 20) <= res.step_time_s
 
 
+def test_a_v_is_seeded_with_the_head_that_can_hold_its_ends():
+    """Five qwen-like hosts, 17 layers, a 594 MB tied lm_head that only the slow 8 GB host and one
+    fast 4 GB host can hold with its optimizer state: a one-chunk plan all-reduces the tied weight
+    between its ends over slow links, so no one-chunk plan seeds a V headed by the fast host, and
+    the usual half of a device per chunk rejects that head. A V on the five hosts built by hand,
+    the fast host at its head and the others by speed, prices 23.3 s; the search's plan was 58.2 s
+    (the slow host at the head) and now beats the hand-built one."""
+    from torchpp.planner.synthetic import qwen_like
+
+    files, bw, mem = qwen_like(random.Random(0.5406858855321425), 5, 17)
+    pb = problem(files, bw, mem, 4, schedule="auto")
+    idx = {h: i for i, h in enumerate(pb.hosts)}
+    by_hand = ChunkLayout(kind="zbv", v=2, b=1, groups=tuple((idx[h],) for h in ("cpu4", "cpu0", "cpu1", "cpu2", "cpu3")),
+                          bounds=(0, 1, 4, 6, 8, 10, 11, 12, 13, 16, 17))
+    plan = build_chunk_plan(pb, Tables(pb), by_hand)
+    hand, _ = price(plan, pb.profiles, pb.links)
+    assert hand == pytest.approx(23.32, abs=0.01)
+    res = search(pb)
+    assert res.plan.schedule in ("v", "zbv") and res.step_time_s <= hand
+    assert res.plan.stages[0].devices[0].host == "cpu4"
+
+
 def test_plan_compare_with_a_plan_file_prices_it_the_same_way(tmp_path):
     pb = seed000_problem()
     theirs = seed000_plan(pb.profiles.model)

@@ -474,6 +474,17 @@ class _Family:
                         "F": np.where(self.t.valid, w0 * st.fwd0 + c + w1 * st.fwd, INF),
                         "B": np.where(self.t.valid, w0 * st.bwd0 + c + w1 * st.bwd, INF),
                         "IW": np.where(self.t.valid, 2 * c + sf * (w0 * st.bwd0 + w1 * st.bwd), INF)})
+        # per host: each block's forward per sample, and the least forward per call of a one-layer
+        # chunk of each class (the fill before the last chunk, orderbound.RankPath.fill_call)
+        self.fwd_ps = [np.asarray(p.table(name)[0], dtype=float) for name in pb.hosts]
+        self.call_h: list[dict] = []
+        for name in pb.hosts:
+            least = {}
+            for c in range(L):
+                cls = (c == 0, c == L - 1)
+                pc = float(stage_time(p, name, Span.of_cut(c, c + 1, L)).forward_per_call)
+                least[cls] = min(least.get(cls, INF), pc)
+            self.call_h.append(least)
         # per host and sample count, the least step of each (chunk class, type) it could take
         self.least_h: dict[int, list[dict]] = {}
         for n in sorted({1, b}):
@@ -505,6 +516,41 @@ class _Family:
             for h in hosts:
                 for k, v in self.least_h[n][h].items():
                     got[k] = min(got.get(k, INF), v)
+            self._least_memo[key] = got
+        return got
+
+    def _least_call(self, mine: frozenset) -> dict:
+        """The least forward per call of a one-layer chunk of each class on a device outside ``mine``."""
+        key = ("call", mine)
+        got = self._least_memo.get(key)
+        if got is None:
+            hosts = [h for h in range(self.N) if h not in mine] or list(range(self.N))
+            got = {}
+            for h in hosts:
+                for k, v in self.call_h[h].items():
+                    got[k] = min(got.get(k, INF), v)
+            self._least_memo[key] = got
+        return got
+
+    def _others_forward(self, mine: frozenset, holds_embed: bool) -> np.ndarray:
+        """Over the programme's cells, the least per-sample forward of every layer a position
+        holding the cell's layers (and the last chunk) leaves to the others, on the fastest device
+        outside ``mine`` for each: one-chunk cells (c, L) leave the embedding and layers [0, c);
+        chunked cells leave L - (their count) decoder layers, the cheapest, and the embedding unless
+        the position holds chunk 0."""
+        key = ("others", mine, holds_embed)
+        got = self._least_memo.get(key)
+        if got is None:
+            hosts = [h for h in range(self.N) if h not in mine] or list(range(self.N))
+            ps = np.minimum.reduce([self.fwd_ps[h] for h in hosts])
+            L = self.L
+            if self.chunked:
+                cum = np.concatenate([[0.0], np.cumsum(np.sort(ps[1:L + 1]))])
+                got = cum[np.clip(L - self.cnt, 0, L)] + (0.0 if holds_embed else float(ps[0]))
+            else:
+                pre = np.cumsum(ps[:L + 1])  # pre[c]: the embedding and decoder layers [0, c)
+                pre[0] = 0.0  # a stage from layer 0 holds the embedding itself
+                got = np.broadcast_to(pre[:, None], (L + 1, L + 1)).copy()
             self._least_memo[key] = got
         return got
 
@@ -561,15 +607,23 @@ class _Family:
         def typical(t: str, c: int) -> float:
             return least_of(b, t, c) * max(1.0, L / (p * v))
 
+        def call_of(t: str, c: int) -> float:
+            least = self._least_call(mine)
+            got = least.get((c == 0, c == last))
+            return min(least.values()) if got is None else got
+
         got: list[list] | None = []
         for few in cheap:
             try:
-                got.append(rank_paths(kind, pl, q, self.m,
-                                      lambda pos, t, c: least_of(1 if pos in few else b, t, c),
-                                      lambda x, y: hop(x, y, 1 if (x in few or y in few) else b), typical))
+                paths = rank_paths(kind, pl, q, self.m,
+                                   lambda pos, t, c: least_of(1 if pos in few else b, t, c),
+                                   lambda x, y: hop(x, y, 1 if (x in few or y in few) else b), typical,
+                                   lambda pos, t, c: call_of(t, c))
             except (ValueError, RuntimeError):
                 got = None
                 break
+            # the samples every other position's forward runs at least: one where a group may sit
+            got.append((paths, 1 if few - {q} else b))
         self._paths[key] = got
         return got
 
@@ -629,7 +683,8 @@ class _Family:
         opt = min(self.opt[h] for h in g) * self.weights
         priced: dict = {}
         out = None
-        for alt in paths:
+        holds_embed = 0 in mine
+        for alt, n_fill in paths:
             best = None
             for path in alt:
                 key = repr(path.counts)
@@ -643,7 +698,11 @@ class _Family:
                         with np.errstate(divide="ignore"):
                             inv = sum(1.0 / self._priced(h, path.counts, mine, last_chunk, "sample") for h in g)
                         priced[key] = per_call + np.where(inv > 0, self.b / np.where(inv > 0, inv, 1.0), INF)
-                val = path.before + priced[key]
+                before = path.before
+                if path.fill_call is not None:  # every other layer's forward runs before its first
+                    before = np.maximum(before, path.fill_call + n_fill * self._others_forward(
+                        frozenset(g) if len(g) == 1 else frozenset(), holds_embed))
+                val = before + priced[key]
                 val = val + (np.maximum(path.after, opt) if path.last else path.after)
                 best = val if best is None else np.maximum(best, val)
             if best is None:  # no step to bound it: nothing known of that way

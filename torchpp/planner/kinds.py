@@ -54,6 +54,17 @@ STARTS = 4
 """Priced chunked layouts the local search starts from."""
 PRICED = 6
 """Beyond small instances, chunked layouts priced (best estimates) besides each kind's best estimate."""
+V_HEADS = 2
+"""Beyond small instances and up to :data:`EVERY_SIZE_DEVICES` devices, devices a V is also seeded
+with at its head (those fastest at the embedding and the lm_head), the others after it by speed,
+each prefix of them: a V keeps both ends on its first position, and the one-chunk plans' groups,
+whose ends sit apart (their tied weight all-reduced between them), can miss its best head. Their
+chunk DP checks the head's chunks against the whole device and the others' against half (the usual
+half of the head rejects it where the lm_head's weight is large: one tied tensor for both of its
+chunks); the weights are checked again before pricing. They are priced and searched after the
+others, with a budget of their own, so they only add plans."""
+V_PRICED = 3
+"""Of those seeds' layouts, this many (best estimates) priced."""
 
 
 def search_kinds(pb: Problem, kinds: Sequence[str], progress=None) -> SearchResult:
@@ -173,6 +184,22 @@ def _seed_groups(pb: Problem, plans: Sequence[tuple[float, Plan]], small: bool,
     return list(out)
 
 
+def _v_seeds(pb: Problem, t: Tables) -> list[tuple[tuple[int, ...], ...]]:
+    """Device sequences a V starts from besides the one-chunk plans' (:data:`V_HEADS`)."""
+    p, N = pb.profiles, len(pb.hosts)
+    last = p.num_blocks - 1
+
+    def ends(h: int) -> float:
+        f, b = p.table(pb.hosts[h])
+        return float(f[0] + b[0] + f[last] + b[last])
+
+    out = []
+    for head in sorted(range(N), key=lambda h: (ends(h), h))[:V_HEADS]:
+        rest = sorted((h for h in range(N) if h != head), key=lambda h: (t.full_time[h], h))
+        out += [((head,), *((h,) for h in rest[:n])) for n in range(1, N)]
+    return out
+
+
 def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], kinds: Sequence[str],
                    small: bool, skipped: Sequence[tuple[int, tuple]] = ()) -> list[tuple[float, Plan]]:
     """Every chunked kind's DP layout on each seed's groups; on small instances all of them priced,
@@ -198,6 +225,20 @@ def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], 
             found_here += [(0.0, x) for x in every_cut(kinds, b, groups, t.L, TINY_CUTS)]
         for est, lay in found_here:
             cands.setdefault(lay.key, (est, lay))
+    heads: dict[tuple, tuple[float, ChunkLayout]] = {}
+    if vee and not small and len(pb.hosts) <= EVERY_SIZE_DEVICES:
+        sizes = micro_batch_sizes(pb)
+        head_tables: dict[int, Tables] = {}
+        for groups in _v_seeds(pb, t):
+            head = groups[0][0]
+            if head not in head_tables:
+                head_tables[head] = Tables(replace(pb, budget={h: x if h == pb.hosts[head] else x / 2
+                                                               for h, x in pb.budget.items()}))
+            for b in sizes:
+                sc = StageCosts(head_tables[head], b, pb.global_batch // b, pb.allow_recompute)
+                for est, lay in layouts(lambda v: sc, vee, groups, t.L):
+                    if lay.key not in cands and fits_weights(pb, t, lay):
+                        heads.setdefault(lay.key, (est, lay))
     ranked = sorted(cands.values(), key=lambda x: x[0])
     if small:  # ranked by the quick bound, so the first plans priced prune the most (planner/prune.py)
         ranked = [x for x in ranked if fits_weights(pb, t, x[1])]
@@ -211,10 +252,23 @@ def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], 
                 top.setdefault(first[1].key, first)
         ranked = list(top.values())
     seen: dict[tuple, float] = {}
+    budget = 1000 if small else 8 if len(pb.hosts) <= 16 else 4
+    found, starts = _price_ranked(pb, t, ranked, seen, quick if small else None)
+    found += descend(pb, t, starts if small else starts[:STARTS], kinds, budget, seen)
+    if heads:  # after the others' search, with a budget of its own: the same plans as without it, or better
+        got, starts = _price_ranked(pb, t, sorted(heads.values(), key=lambda x: x[0])[:V_PRICED], seen, None)
+        found += got + descend(pb, t, starts[:1], kinds, budget, seen)
+    return found
+
+
+def _price_ranked(pb: Problem, t: Tables, ranked: Sequence[tuple[float, ChunkLayout]], seen: dict,
+                  quick: dict | None) -> tuple[list[tuple[float, Plan]], list[tuple[float, ChunkLayout]]]:
+    """The layouts priced in turn, but those that cannot beat the best priced step (``quick``: the
+    small path's ranking bound, after which none can); their plans, and the layouts by step."""
     starts: list[tuple[float, ChunkLayout]] = []
     found: list[tuple[float, Plan]] = []
     for _, lay in ranked:
-        if small and quick[lay.key] >= pb.ledger.step_time_s:
+        if quick is not None and quick[lay.key] >= pb.ledger.step_time_s:
             break  # nor can any after it (ranked by this bound; the best step only falls)
         if beaten(t, lay, pb.global_batch // lay.b, pb.ledger.step_time_s):
             continue  # cannot beat the best priced plan (planner/prune.py)
@@ -224,6 +278,4 @@ def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], 
             starts.append((got[0], lay))
             found.append(got)
     starts.sort(key=lambda x: x[0])
-    budget = 1000 if small else 8 if len(pb.hosts) <= 16 else 4
-    found += descend(pb, t, starts if small else starts[:STARTS], kinds, budget, seen)
-    return found
+    return found, starts

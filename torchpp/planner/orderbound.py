@@ -49,6 +49,12 @@ class RankPath:
     after: float
     """``C2`` at its last step."""
     last: bool
+    fill_call: float | None = None
+    """Where the path starts at or after the rank's first forward of the pipeline's last chunk: the
+    first micro-batch's forwards through every chunk before it (one after another, with the hops
+    between positions), the other positions' per-call parts alone. Every other position's layer
+    runs on that chain, so the certificate adds their per-sample forwards to it, which the
+    one-layer prices of ``before`` leave out."""
 
 
 @functools.lru_cache(maxsize=512)
@@ -169,11 +175,25 @@ def critical_path(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[in
 
 def rank_paths(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[int, str, int], float],
                hop_s: Callable[[int, int], float],
-               typical: Callable[[str, int], float]) -> list[RankPath]:
+               typical: Callable[[str, int], float],
+               call_s: Callable[[int, str, int], float] | None = None) -> list[RankPath]:
     """A few paths through position q's steps (module docstring), those longest when the rank's
     step of each type and chunk costs ``typical(type, chunk)`` times 1/4 .. 4, and the longest
-    paths through every rank's steps at 1/2 .. 4 times it."""
+    paths through every rank's steps at 1/2 .. 4 times it. ``call_s``: the other positions' steps
+    without their per-sample part, for :attr:`RankPath.fill_call` (where q holds the last chunk)."""
     order, c1, c2 = fill_drain(kind, pl, q, m, step_s, hop_s)
+    last_chunk = len(pl.position) - 1
+    first_tail = next((i for i, (k, c, mb) in enumerate(order) if k == Kind.FORWARD and c == last_chunk and mb == 0),
+                      None)
+    fill_call = None
+    if call_s is not None and first_tail is not None:
+        fill_call = 0.0
+        for c in range(last_chunk):
+            here, after = pl.position[c], pl.position[c + 1]
+            if here != q:
+                fill_call += call_s(here, "F", c)
+            if after != here:
+                fill_call += hop_s(here, after)
     n = len(order)
     if not n:
         return []
@@ -181,6 +201,8 @@ def rank_paths(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[int, 
     local = {c: k for k, c in enumerate(mine)}
     eps = 1e-12
     starts = [0] + [i for i in range(1, n) if c1[i] > c1[i - 1] + eps]
+    if fill_call is not None and first_tail not in starts:
+        starts = sorted(starts + [first_tail])  # where the fill before the last chunk lifts the path
     ends = [j for j in range(n - 1) if c2[j] > c2[j + 1] + eps] + [n - 1]
     # prefix counts per (type, local chunk)
     cols = {(t, k): idx for idx, (t, k) in enumerate((t, k) for t in TYPES for k in range(len(mine)))}
@@ -194,6 +216,8 @@ def rank_paths(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[int, 
     cnt = pref[E + 1][None, :, :] - pref[S][:, None, :]          # (starts, ends, columns)
     const = c1[S][:, None] + c2[E][None, :]
     keep = {(0, len(ends) - 1)}
+    if fill_call is not None:
+        keep.add((starts.index(first_tail), len(ends) - 1))
     for scale in (0.25, 0.5, 1.0, 2.0, 4.0):
         val = np.where(ok, const + scale * (cnt @ w), -np.inf)
         keep.add(tuple(int(x) for x in np.unravel_index(np.argmax(val), val.shape)))
@@ -202,7 +226,8 @@ def rank_paths(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[int, 
         if not ok[a, b]:
             continue
         counts = {t: tuple(int(cnt[a, b, cols[(t, k)]]) for k in range(len(mine))) for t in TYPES}
-        out.append(RankPath(counts=counts, before=float(c1[S[a]]), after=float(c2[E[b]]), last=bool(E[b] == n - 1)))
+        out.append(RankPath(counts=counts, before=float(c1[S[a]]), after=float(c2[E[b]]), last=bool(E[b] == n - 1),
+                            fill_call=fill_call if first_tail is not None and S[a] >= first_tail else None))
     for scale in (0.5, 1.0, 2.0, 4.0):
         out.append(critical_path(kind, pl, q, m, step_s, hop_s, lambda t, c: scale * typical(t, c)))
     return list({repr(p): p for p in out}.values())
