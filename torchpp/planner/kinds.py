@@ -62,7 +62,7 @@ whose ends sit apart (their tied weight all-reduced between them), can miss its 
 chunk DP checks the head's chunks against the whole device and the others' against half (the usual
 half of the head rejects it where the lm_head's weight is large: one tied tensor for both of its
 chunks); the weights are checked again before pricing. They are priced and searched after the
-others, with a budget of their own, so they only add plans."""
+others, with a budget of their own: the others' search runs as it did without them."""
 V_PRICED = 3
 """Of those seeds' layouts, this many (best estimates) priced."""
 
