@@ -57,12 +57,13 @@ PRICED = 6
 V_HEADS = 2
 """Beyond small instances and up to :data:`EVERY_SIZE_DEVICES` devices, devices a V is also seeded
 with at its head (those fastest at the embedding and the lm_head), the others after it by speed,
-each prefix of them: a V keeps both ends on its first position, and the one-chunk plans' groups,
-whose ends sit apart (their tied weight all-reduced between them), can miss its best head. Their
-chunk DP checks the head's chunks against the whole device and the others' against half (the usual
-half of the head rejects it where the lm_head's weight is large: one tied tensor for both of its
-chunks); the weights are checked again before pricing. They are priced and searched after the
-others, with a budget of their own: the others' search runs as it did without them."""
+each prefix of them, where no seed put it at a V's head already: a V keeps both ends on its first
+position, and the one-chunk plans' groups, whose ends sit apart (their tied weight all-reduced
+between them), can miss its best head. Their chunk DP checks the head's chunks against the whole
+device and the others' against half (the usual half of the head rejects it where the lm_head's
+weight is large: one tied tensor for both of its chunks); the weights are checked again before
+pricing. They are priced and searched after the others, with a budget of their own: the others'
+search runs as it did without them."""
 V_PRICED = 3
 """Of those seeds' layouts, this many (best estimates) priced."""
 
@@ -229,8 +230,11 @@ def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], 
     if vee and not small and len(pb.hosts) <= EVERY_SIZE_DEVICES:
         sizes = micro_batch_sizes(pb)
         head_tables: dict[int, Tables] = {}
+        tried = {(lay.groups[0], len(lay.groups)) for _, lay in cands.values() if lay.kind in vee}
         for groups in _v_seeds(pb, t):
             head = groups[0][0]
+            if (groups[0], len(groups)) in tried:
+                continue  # the one-chunk plans' groups already head a V as deep with it
             if head not in head_tables:
                 head_tables[head] = Tables(replace(pb, budget={h: x if h == pb.hosts[head] else x / 2
                                                                for h, x in pb.budget.items()}))
