@@ -56,16 +56,20 @@ PRICED = 6
 """Beyond small instances, chunked layouts priced (best estimates) besides each kind's best estimate."""
 V_HEADS = 2
 """Beyond small instances and up to :data:`EVERY_SIZE_DEVICES` devices, devices a V is also seeded
-with at its head (those fastest at the embedding and the lm_head), the others after it by speed,
-each prefix of them, where no seed put it at a V's head already: a V keeps both ends on its first
+with at its head (those fastest at the embedding and the lm_head), the others after it by speed
+(:data:`V_DEPTHS` prefixes of them), where no seed put it at a V's head as deep already: a V keeps both ends on its first
 position, and the one-chunk plans' groups, whose ends sit apart (their tied weight all-reduced
 between them), can miss its best head. Their chunk DP checks the head's chunks against the whole
 device and the others' against half (the usual half of the head rejects it where the lm_head's
 weight is large: one tied tensor for both of its chunks); the weights are checked again before
 pricing. They are priced and searched after the others, with a budget of their own: the others'
 search runs as it did without them."""
+V_DEPTHS = 3
+"""Those seeds hold this many depths each: every device, and one and two fewer (the slowest left out)."""
 V_PRICED = 3
 """Of those seeds' layouts, this many (best estimates) priced."""
+V_CLOSE = 1.1
+"""The local search starts from the best of them where it is within this factor of the best step."""
 
 
 def search_kinds(pb: Problem, kinds: Sequence[str], progress=None) -> SearchResult:
@@ -197,7 +201,7 @@ def _v_seeds(pb: Problem, t: Tables) -> list[tuple[tuple[int, ...], ...]]:
     out = []
     for head in sorted(range(N), key=lambda h: (ends(h), h))[:V_HEADS]:
         rest = sorted((h for h in range(N) if h != head), key=lambda h: (t.full_time[h], h))
-        out += [((head,), *((h,) for h in rest[:n])) for n in range(1, N)]
+        out += [((head,), *((h,) for h in rest[:n])) for n in range(max(1, N - V_DEPTHS), N)]
     return out
 
 
@@ -230,6 +234,7 @@ def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], 
     if vee and not small and len(pb.hosts) <= EVERY_SIZE_DEVICES:
         sizes = micro_batch_sizes(pb)
         head_tables: dict[int, Tables] = {}
+        head_costs: dict[tuple[int, int], StageCosts] = {}
         tried = {(lay.groups[0], len(lay.groups)) for _, lay in cands.values() if lay.kind in vee}
         for groups in _v_seeds(pb, t):
             head = groups[0][0]
@@ -239,7 +244,9 @@ def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], 
                 head_tables[head] = Tables(replace(pb, budget={h: x if h == pb.hosts[head] else x / 2
                                                                for h, x in pb.budget.items()}))
             for b in sizes:
-                sc = StageCosts(head_tables[head], b, pb.global_batch // b, pb.allow_recompute)
+                if (head, b) not in head_costs:
+                    head_costs[(head, b)] = StageCosts(head_tables[head], b, pb.global_batch // b, pb.allow_recompute)
+                sc = head_costs[(head, b)]
                 for est, lay in layouts(lambda v: sc, vee, groups, t.L):
                     if lay.key not in cands and fits_weights(pb, t, lay):
                         heads.setdefault(lay.key, (est, lay))
@@ -261,7 +268,9 @@ def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], 
     found += descend(pb, t, starts if small else starts[:STARTS], kinds, budget, seen)
     if heads:  # after the others' search, with a budget of its own: the same plans as without it, or better
         got, starts = _price_ranked(pb, t, sorted(heads.values(), key=lambda x: x[0])[:V_PRICED], seen, None)
-        found += got + descend(pb, t, starts[:1], kinds, budget, seen)
+        found += got
+        if starts and starts[0][0] < V_CLOSE * pb.ledger.step_time_s:  # a start that may end ahead
+            found += descend(pb, t, starts[:1], kinds, budget, seen)
     return found
 
 
