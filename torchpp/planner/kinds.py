@@ -65,10 +65,11 @@ weight is large: one tied tensor for both of its chunks); the weights are checke
 pricing. They are priced and searched after the others, with a budget of their own: the others'
 search runs as it did without them."""
 V_DEPTHS = 3
-"""Those seeds hold this many depths each: every device, and one and two fewer (the slowest left out)."""
+"""Those seeds hold this many depths each: the deepest a V can be (every device, or half the layers),
+and one and two fewer (the slowest left out)."""
 V_PRICED = 3
 """Of those seeds' layouts, this many (best estimates) priced."""
-V_CLOSE = 1.1
+V_CLOSE = 1.25
 """The local search starts from the best of them where it is within this factor of the best step."""
 
 
@@ -201,7 +202,8 @@ def _v_seeds(pb: Problem, t: Tables) -> list[tuple[tuple[int, ...], ...]]:
     out = []
     for head in sorted(range(N), key=lambda h: (ends(h), h))[:V_HEADS]:
         rest = sorted((h for h in range(N) if h != head), key=lambda h: (t.full_time[h], h))
-        out += [((head,), *((h,) for h in rest[:n])) for n in range(max(1, N - V_DEPTHS), N)]
+        deepest = min(N, t.L // 2)  # a V of p positions has 2p chunks of a layer at least
+        out += [((head,), *((h,) for h in rest[:p - 1])) for p in range(max(2, deepest - V_DEPTHS + 1), deepest + 1)]
     return out
 
 
