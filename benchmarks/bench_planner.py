@@ -233,13 +233,10 @@ def certificates(count: int, seed: int = 5) -> list[float]:
         cases.append((f"random {i + 1}, 8 hosts x {layers} layers, G={G}", files, bw, mem, MemoryEstimator.analytic(), G))
     gaps = []
     for name, files, bw, mem, memory, G in cases:
-        pb = Problem(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files], budget=mem,
-                     memory=memory, global_batch=G, schedule="auto")
-        try:
-            res = search(pb)
-        except InfeasibleError:
-            print(f"  {name}: no plan fits", flush=True)
+        got = _planned(name, files, bw, mem, memory, G)
+        if got is None:
             continue
+        pb, res = got
         c0 = time.process_time()
         cert = certify(pb, res.step_time_s)
         gaps.append(cert.gap)
@@ -247,6 +244,17 @@ def certificates(count: int, seed: int = 5) -> list[float]:
         print(f"  {name}: {res.plan.schedule}, {cert.line()}; {time.process_time() - c0:.1f} s CPU; bound per "
               f"family: {fams}", flush=True)
     return gaps
+
+
+def _planned(name: str, files, bw, mem, memory, G: int):
+    """(problem, its ``--schedule auto`` search) of a certificate's cluster; None (said) when no plan fits."""
+    pb = Problem(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files], budget=mem,
+                 memory=memory, global_batch=G, schedule="auto")
+    try:
+        return pb, search(pb)
+    except InfeasibleError:
+        print(f"  {name}: no plan fits", flush=True)
+        return None
 
 
 def small_certificates(count: int, seed: int = 7) -> list[float]:
@@ -261,13 +269,11 @@ def small_certificates(count: int, seed: int = 7) -> list[float]:
     for i in range(count):
         hosts, layers, G = rng.randint(3, 6), rng.randint(4, 24), rng.choice([4, 8, 16])
         files, bw, mem = qwen_like(random.Random(rng.random()), hosts, layers)
-        pb = Problem(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files], budget=mem,
-                     memory=MemoryEstimator.analytic(), global_batch=G, schedule="auto")
-        try:
-            res = search(pb)
-        except InfeasibleError:
-            print(f"  cluster {i + 1}: {hosts} hosts x {layers} layers, G={G}: no plan fits", flush=True)
+        got = _planned(f"cluster {i + 1}: {hosts} hosts x {layers} layers, G={G}", files, bw, mem,
+                       MemoryEstimator.analytic(), G)
+        if got is None:
             continue
+        pb, res = got
         c0 = time.process_time()
         bound, _ = space_bound(pb)
         gaps.append(res.step_time_s / bound - 1)

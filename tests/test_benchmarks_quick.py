@@ -123,6 +123,10 @@ QUICK = [
                   rf"three orders alone {NUM}\)",
                   rf"^  worst {NUM}, mean {NUM}, instances at 1\.0000: \d/1 \(target worst <= 1\.02\)$"],
                  id="bench_planner"),
+    pytest.param("bench_planner.py", ["--certify-small", "1"],
+                 [rf"^  cluster 1: 5 hosts x\s+8 layers, G=\s*8: zbv, step {NUM} s, bound {NUM} s, within {NUM}% "
+                  rf"\({NUM} s CPU\)$", r"^  worst [0-9.]+%, within 5%: 1/1, within 15%: 1/1$"],
+                 id="bench_planner_certify_small"),
     pytest.param("bench_planner.py", ["--quick", "--gantts", "{out}"],
                  [rf"^  {k}: {NUM} s -> .*{k}\.png$" for k in ("1f1b", "zbv")], id="bench_planner_gantts"),
     pytest.param("bench_loop.py", ["--quick", "--local", "--out", "{out}"],

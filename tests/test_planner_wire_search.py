@@ -135,7 +135,9 @@ def test_format_links_price_a_transfer_as_the_cost_model_prices_a_link_in_that_f
 BEFORE = Path(__file__).parent / "data" / "plans_before_lossy_search"
 """plan.json of two instances as the planner wrote them before the lossy search existed (commit e112bd2;
 rand1 written again when the search itself found a faster plan there, ZBV at 4 x 2 in 12.27 s against
-ZB-H1 at 8 x 1 in 12.45 s, once the chunked kinds also started from the DP's unpriced candidates)."""
+ZB-H1 at 8 x 1 in 12.45 s, once the chunked kinds also started from the DP's unpriced candidates;
+both again when the predicted gap to the bound said the runtime's seconds per call apart: one more
+field, ``runtime_call_s``, the plans the same)."""
 
 
 def _rand1(tmp_path) -> api.PlanInputs:

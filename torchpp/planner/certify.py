@@ -808,88 +808,108 @@ class _Family:
         before its optimizer step, so a plan lasts at least that plus the all-reduce with its head
         (kept apart from V: the least of each over merged suffixes bounds the least of their
         largest)."""
-        N, L, b = self.N, self.L, self.b
-        self.cols = N + 1 if (self.tied and self.name != "v" and not standalone) else 1
+        self.cols = self.N + 1 if (self.tied and self.name != "v" and not standalone) else 1
         self.one_sample = grouped is not False
-        whole = (1 << N) - 1
-        groups = {g: tuple(h for h in range(N) if g >> h & 1) for g in range(1, whole + 1)}
-        groups = {g: hs for g, hs in groups.items() if len(hs) <= (1 if grouped is False else b)}
-        load_of = self._chunk_load if self.chunked else self._group_load
+        return _Programme(self, cap, standalone, grouped).run()
+
+
+class _Programme:
+    """One run of :meth:`_Family.solve`: its terms chosen once, then the suffixes extended stage by stage."""
+
+    def __init__(self, fam: _Family, cap: float, standalone: bool, grouped: bool | None):
+        self.fam, self.best, self.standalone = fam, cap, standalone
+        N, b = fam.N, fam.b
+        self.whole = (1 << N) - 1
+        groups = {g: tuple(h for h in range(N) if g >> h & 1) for g in range(1, self.whole + 1)}
+        self.groups = {g: hs for g, hs in groups.items() if len(hs) <= (1 if grouped is False else b)}
+        load_of = fam._chunk_load if fam.chunked else fam._group_load
         if standalone:
             plain = load_of
-            load_of = lambda hs, j: np.maximum(plain(hs, j), self._order_term(hs, j))  # noqa: E731
-        fd_of = (lambda hs: self.fdb[hs[0]] if len(hs) == 1 else np.minimum.reduce([self.fd1[h] for h in hs])) \
-            if self.chunked else self._group_fd
-        f_of = lambda hs: self.fb[hs[0]] if len(hs) == 1 else np.minimum.reduce([self.f1[h] for h in hs])  # noqa: E731
-        tail_tied = self.cols > 1
-        counts = (lambda fl: fl) if grouped else (lambda fl: True)  # noqa: E731  a whole plan that counts
-        best = cap
-        V: list[dict[int, dict[tuple[int, bool], np.ndarray]]] = [dict() for _ in range(N)]
-        T: list[dict[int, dict[tuple[int, bool], np.ndarray]]] = [dict() for _ in range(N)]
-        links: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        for g, hs in groups.items():
-            last = load_of(hs, 0)[:, L].copy()
+            load_of = lambda hs, j: np.maximum(plain(hs, j), fam._order_term(hs, j))  # noqa: E731
+        self.load_of = load_of
+        self.fd_of = (lambda hs: fam.fdb[hs[0]] if len(hs) == 1 else np.minimum.reduce([fam.fd1[h] for h in hs])) \
+            if fam.chunked else fam._group_fd
+        self.f_of = lambda hs: fam.fb[hs[0]] if len(hs) == 1 else np.minimum.reduce([fam.f1[h] for h in hs])  # noqa: E731
+        self.tail_tied = fam.cols > 1
+        self.counts = (lambda fl: fl) if grouped else (lambda fl: True)  # noqa: E731  a whole plan that counts
+        self.V: list[dict[int, dict[tuple[int, bool], np.ndarray]]] = [dict() for _ in range(N)]
+        self.T: list[dict[int, dict[tuple[int, bool], np.ndarray]]] = [dict() for _ in range(N)]
+        self.links: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def run(self) -> float:
+        self._last_stages()
+        for j in range(self.fam.N - 1):
+            for U, heads in self.V[j].items():
+                for g in _subsets(self.whole & ~U):
+                    hs = self.groups.get(g)
+                    if hs is not None:
+                        self._stage_before(j, U, heads, g, hs)
+        return self.best
+
+    def _last_stages(self) -> None:
+        fam, L, N = self.fam, self.fam.L, self.fam.N
+        for g, hs in self.groups.items():
+            last = self.load_of(hs, 0)[:, L].copy()
             tail = last.copy()
             fl = len(hs) > 1
-            if not self.chunked and counts(fl):  # one stage: the whole model on one group
-                best = min(best, float(last[0]))
-            last[last >= best] = INF
+            if not fam.chunked and self.counts(fl):  # one stage: the whole model on one group
+                self.best = min(self.best, float(last[0]))
+            last[last >= self.best] = INF
             last[0] = INF
-            if np.isfinite(last).any():
-                arr = np.full((L + 1, self.cols), INF)
-                col = (hs[0] if len(hs) == 1 else N) if self.cols > 1 else 0
-                arr[:, col] = last
-                V[0].setdefault(g, {})[(hs[0] if len(hs) == 1 else -1, fl)] = arr
-                if tail_tied:
-                    tarr = np.full((L + 1, self.cols), INF)
-                    tarr[:, col] = tail
-                    T[0].setdefault(g, {})[(hs[0] if len(hs) == 1 else -1, fl)] = tarr
-        for j in range(N - 1):
-            for U, heads in V[j].items():
-                for g in _subsets(whole & ~U):
-                    hs = groups.get(g)
-                    if hs is None:
-                        continue
-                    Ms: dict[bool, np.ndarray] = {}
-                    Ts: dict[bool, np.ndarray] = {}
-                    for (h, fl0), arr in heads.items():
-                        key = (g, h)
-                        if key not in links:
-                            links[key] = self._link_terms(hs, None if h < 0 else h)
-                        lat, thr, fw = links[key]
-                        cand = np.maximum((0.0 if standalone else lat[:, None]) + arr, thr[:, None])
-                        fl = fl0 or len(hs) > 1
-                        Ms[fl] = np.minimum(Ms[fl], cand) if fl in Ms else cand
-                        if tail_tied:
-                            tc = fw[:, None] + T[j][U][(h, fl0)]
-                            Ts[fl] = np.minimum(Ts[fl], tc) if fl in Ts else tc
-                    load = load_of(hs, j + 1)
-                    fd = np.zeros_like(load) if standalone else fd_of(hs)
-                    ff = f_of(hs) if tail_tied else None
-                    for fl, M in Ms.items():
-                        tot = np.maximum(load[:, :, None], fd[:, :, None] + M[None, :, :])
-                        if self.cols > 1:
-                            tied = self._tied(hs, U)
-                            # the head stage all-reduces the tied weight after its own work; without a
-                            # split backward every stage's gradient reaches it first (its drain)
-                            head = np.maximum(load[0][:, None] + tied[None, :], tot[0])
-                            if not self.split:
-                                head = np.maximum(head, fd[0][:, None] + M + tied[None, :])
-                            # the last stage's work from the first forward's arrival, then the all-reduce
-                            head = np.maximum(head, ff[0][:, None] + Ts[fl] + tied[None, :])
-                            tot[0] = head
-                        new = tot.min(axis=1)
-                        if counts(fl):
-                            best = min(best, float(new[0].min()))
-                        new[new >= best] = INF
-                        new[0] = INF  # a suffix starting at layer 0 is a whole plan: counted above
-                        if not np.isfinite(new).any():
-                            continue
-                        slot = V[j + 1].setdefault(U | g, {})
-                        key = (hs[0] if len(hs) == 1 else -1, fl)
-                        slot[key] = np.minimum(slot[key], new) if key in slot else new
-                        if tail_tied:
-                            tnew = (ff[:, :, None] + Ts[fl][None, :, :]).min(axis=1)
-                            tslot = T[j + 1].setdefault(U | g, {})
-                            tslot[key] = np.minimum(tslot[key], tnew) if key in tslot else tnew
-        return best
+            if not np.isfinite(last).any():
+                continue
+            key = (hs[0] if len(hs) == 1 else -1, fl)
+            col = (hs[0] if len(hs) == 1 else N) if fam.cols > 1 else 0
+            arr = np.full((L + 1, fam.cols), INF)
+            arr[:, col] = last
+            self.V[0].setdefault(g, {})[key] = arr
+            if self.tail_tied:
+                tarr = np.full((L + 1, fam.cols), INF)
+                tarr[:, col] = tail
+                self.T[0].setdefault(g, {})[key] = tarr
+
+    def _stage_before(self, j: int, U: int, heads: dict, g: int, hs: tuple[int, ...]) -> None:
+        """The group ``hs`` as the stage before each suffix of ``heads`` (devices U, j + 1 stages)."""
+        fam = self.fam
+        Ms: dict[bool, np.ndarray] = {}
+        Ts: dict[bool, np.ndarray] = {}
+        for (h, fl0), arr in heads.items():
+            key = (g, h)
+            if key not in self.links:
+                self.links[key] = fam._link_terms(hs, None if h < 0 else h)
+            lat, thr, fw = self.links[key]
+            cand = np.maximum((0.0 if self.standalone else lat[:, None]) + arr, thr[:, None])
+            fl = fl0 or len(hs) > 1
+            Ms[fl] = np.minimum(Ms[fl], cand) if fl in Ms else cand
+            if self.tail_tied:
+                tc = fw[:, None] + self.T[j][U][(h, fl0)]
+                Ts[fl] = np.minimum(Ts[fl], tc) if fl in Ts else tc
+        load = self.load_of(hs, j + 1)
+        fd = np.zeros_like(load) if self.standalone else self.fd_of(hs)
+        ff = self.f_of(hs) if self.tail_tied else None
+        for fl, M in Ms.items():
+            tot = np.maximum(load[:, :, None], fd[:, :, None] + M[None, :, :])
+            if fam.cols > 1:
+                tied = fam._tied(hs, U)
+                # the head stage all-reduces the tied weight after its own work; without a split
+                # backward every stage's gradient reaches it first (its drain)
+                head = np.maximum(load[0][:, None] + tied[None, :], tot[0])
+                if not fam.split:
+                    head = np.maximum(head, fd[0][:, None] + M + tied[None, :])
+                # the last stage's work from the first forward's arrival, then the all-reduce
+                head = np.maximum(head, ff[0][:, None] + Ts[fl] + tied[None, :])
+                tot[0] = head
+            new = tot.min(axis=1)
+            if self.counts(fl):
+                self.best = min(self.best, float(new[0].min()))
+            new[new >= self.best] = INF
+            new[0] = INF  # a suffix starting at layer 0 is a whole plan: counted above
+            if not np.isfinite(new).any():
+                continue
+            key = (hs[0] if len(hs) == 1 else -1, fl)
+            slot = self.V[j + 1].setdefault(U | g, {})
+            slot[key] = np.minimum(slot[key], new) if key in slot else new
+            if self.tail_tied:
+                tnew = (ff[:, :, None] + Ts[fl][None, :, :]).min(axis=1)
+                tslot = self.T[j + 1].setdefault(U | g, {})
+                tslot[key] = np.minimum(tslot[key], tnew) if key in tslot else tnew
