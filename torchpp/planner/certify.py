@@ -474,60 +474,41 @@ class _Family:
                         "F": np.where(self.t.valid, w0 * st.fwd0 + c + w1 * st.fwd, INF),
                         "B": np.where(self.t.valid, w0 * st.bwd0 + c + w1 * st.bwd, INF),
                         "IW": np.where(self.t.valid, 2 * c + sf * (w0 * st.bwd0 + w1 * st.bwd), INF)})
-        # per host: each block's forward per sample, and the least forward per call of a one-layer
-        # chunk of each class (the fill before the last chunk, orderbound.RankPath.fill_call)
+        # per host: each block's forward per sample; per host and sample count, the least step of
+        # each (chunk class, type) it could take, and (n = 0) the least forward per call of a
+        # one-layer chunk of each class (the fill before the last chunk, orderbound.RankPath.fill_call)
         self.fwd_ps = [np.asarray(p.table(name)[0], dtype=float) for name in pb.hosts]
-        self.call_h: list[dict] = []
-        for name in pb.hosts:
-            least = {}
+        self.least_h: dict[int, list[dict]] = {n: [{} for _ in pb.hosts] for n in sorted({0, 1, b})}
+        for h, name in enumerate(pb.hosts):
             for c in range(L):
                 cls = (c == 0, c == L - 1)
-                pc = float(stage_time(p, name, Span.of_cut(c, c + 1, L)).forward_per_call)
-                least[cls] = min(least.get(cls, INF), pc)
-            self.call_h.append(least)
-        # per host and sample count, the least step of each (chunk class, type) it could take
-        self.least_h: dict[int, list[dict]] = {}
-        for n in sorted({1, b}):
-            per_host = []
-            for name in pb.hosts:
-                least = {}
-                for c in range(L):
-                    cls = (c == 0, c == L - 1)
-                    st = stage_time(p, name, Span.of_cut(c, c + 1, L))
-                    for t, s in (("F", st.forward(n)), ("B", st.backward(n)), ("I", st.backward_input(n)),
-                                 ("W", st.backward_weight(n))):
+                st = stage_time(p, name, Span.of_cut(c, c + 1, L))
+                steps = {n: (("F", st.forward(n)), ("B", st.backward(n)), ("I", st.backward_input(n)),
+                             ("W", st.backward_weight(n))) for n in self.least_h if n}
+                steps[0] = (("F", float(st.forward_per_call)),)
+                for n, these in steps.items():
+                    least = self.least_h[n][h]
+                    for t, s in these:
                         least[(cls, t)] = min(least.get((cls, t), INF), s)
-                per_host.append(least)
-            self.least_h[n] = per_host
         self._least_memo: dict = {}
         out = self.t.out_bytes[1:L] if L > 1 else np.zeros(1)
         out_min = float(np.min(out)) if not self.chunked else float(self.out)
         self.hop_mat = {n: [[self._xfer(a, c, n * out_min) if a != c else INF for c in range(self.N)]
                             for a in range(self.N)] for n in sorted({1, b})}
 
+    def _outside(self, mine: frozenset) -> list[int]:
+        """The devices other positions of a plan can hold: those outside ``mine`` (all where none is left)."""
+        return [h for h in range(self.N) if h not in mine] or list(range(self.N))
+
     def _least(self, n: int, mine: frozenset) -> dict:
         """The least step of each (chunk class, type) on ``n`` samples any device outside ``mine``
-        takes: the other positions of a plan hold other devices (all of them where none is left)."""
+        takes (n = 0: the least forward per call, keyed (class, "F"))."""
         key = (n, mine)
         got = self._least_memo.get(key)
         if got is None:
-            hosts = [h for h in range(self.N) if h not in mine] or list(range(self.N))
             got = {}
-            for h in hosts:
+            for h in self._outside(mine):
                 for k, v in self.least_h[n][h].items():
-                    got[k] = min(got.get(k, INF), v)
-            self._least_memo[key] = got
-        return got
-
-    def _least_call(self, mine: frozenset) -> dict:
-        """The least forward per call of a one-layer chunk of each class on a device outside ``mine``."""
-        key = ("call", mine)
-        got = self._least_memo.get(key)
-        if got is None:
-            hosts = [h for h in range(self.N) if h not in mine] or list(range(self.N))
-            got = {}
-            for h in hosts:
-                for k, v in self.call_h[h].items():
                     got[k] = min(got.get(k, INF), v)
             self._least_memo[key] = got
         return got
@@ -541,8 +522,7 @@ class _Family:
         key = ("others", mine, holds_embed)
         got = self._least_memo.get(key)
         if got is None:
-            hosts = [h for h in range(self.N) if h not in mine] or list(range(self.N))
-            ps = np.minimum.reduce([self.fwd_ps[h] for h in hosts])
+            ps = np.minimum.reduce([self.fwd_ps[h] for h in self._outside(mine)])
             L = self.L
             if self.chunked:
                 cum = np.concatenate([[0.0], np.cumsum(np.sort(ps[1:L + 1]))])
@@ -608,9 +588,7 @@ class _Family:
             return least_of(b, t, c) * max(1.0, L / (p * v))
 
         def call_of(t: str, c: int) -> float:
-            least = self._least_call(mine)
-            got = least.get((c == 0, c == last))
-            return min(least.values()) if got is None else got
+            return least_of(0, t, c)
 
         got: list[list] | None = []
         for few in cheap:
