@@ -57,13 +57,13 @@ PRICED = 6
 V_HEADS = 2
 """Beyond small instances and up to :data:`EVERY_SIZE_DEVICES` devices, devices a V is also seeded
 with at its head (those fastest at the embedding and the lm_head), the others after it by speed
-(:data:`V_DEPTHS` prefixes of them), where no seed put it at a V's head as deep already: a V keeps both ends on its first
-position, and the one-chunk plans' groups, whose ends sit apart (their tied weight all-reduced
-between them), can miss its best head. Their chunk DP checks the head's chunks against the whole
-device and the others' against half (the usual half of the head rejects it where the lm_head's
-weight is large: one tied tensor for both of its chunks); the weights are checked again before
-pricing. They are priced and searched after the others, with a budget of their own: the others'
-search runs as it did without them."""
+(:data:`V_DEPTHS` prefixes of them), where no seed put it at a V's head as deep already: a V keeps
+both ends on its first position, and the one-chunk plans' groups, whose ends sit apart (their tied
+weight all-reduced between them), can miss its best head. Their chunk DP checks the head's chunks
+against the whole device and the others' against half (the usual half of the head rejects it where
+the lm_head's weight is large: one tied tensor for both of its chunks); the weights are checked
+again before pricing. They are priced and searched after the others, with a budget of their own:
+the others' search runs as it did without them."""
 V_DEPTHS = 3
 """Those seeds hold this many depths each: the deepest a V can be (every device, or half the layers),
 and one and two fewer (the slowest left out)."""
@@ -202,8 +202,8 @@ def _v_seeds(pb: Problem, t: Tables) -> list[tuple[tuple[int, ...], ...]]:
     out = []
     for head in sorted(range(N), key=lambda h: (ends(h), h))[:V_HEADS]:
         rest = sorted((h for h in range(N) if h != head), key=lambda h: (t.full_time[h], h))
-        deepest = min(N, t.L // 2)  # a V of p positions has 2p chunks of a layer at least
-        out += [((head,), *((h,) for h in rest[:p - 1])) for p in range(max(2, deepest - V_DEPTHS + 1), deepest + 1)]
+        deepest = min(N, t.L // 2)  # a V at depth d has 2d chunks of a layer at least
+        out += [((head,), *((h,) for h in rest[:d - 1])) for d in range(max(2, deepest - V_DEPTHS + 1), deepest + 1)]
     return out
 
 
@@ -232,26 +232,7 @@ def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], 
             found_here += [(0.0, x) for x in every_cut(kinds, b, groups, t.L, TINY_CUTS)]
         for est, lay in found_here:
             cands.setdefault(lay.key, (est, lay))
-    heads: dict[tuple, tuple[float, ChunkLayout]] = {}
-    if vee and not small and len(pb.hosts) <= EVERY_SIZE_DEVICES:
-        sizes = micro_batch_sizes(pb)
-        head_tables: dict[int, Tables] = {}
-        head_costs: dict[tuple[int, int], StageCosts] = {}
-        tried = {(lay.groups[0], len(lay.groups)) for _, lay in cands.values() if lay.kind in vee}
-        for groups in _v_seeds(pb, t):
-            head = groups[0][0]
-            if (groups[0], len(groups)) in tried:
-                continue  # the one-chunk plans' groups already head a V as deep with it
-            if head not in head_tables:
-                head_tables[head] = Tables(replace(pb, budget={h: x if h == pb.hosts[head] else x / 2
-                                                               for h, x in pb.budget.items()}))
-            for b in sizes:
-                if (head, b) not in head_costs:
-                    head_costs[(head, b)] = StageCosts(head_tables[head], b, pb.global_batch // b, pb.allow_recompute)
-                sc = head_costs[(head, b)]
-                for est, lay in layouts(lambda v: sc, vee, groups, t.L):
-                    if lay.key not in cands and fits_weights(pb, t, lay):
-                        heads.setdefault(lay.key, (est, lay))
+    heads = _v_head_layouts(pb, t, vee, cands) if vee and not small and len(pb.hosts) <= EVERY_SIZE_DEVICES else {}
     ranked = sorted(cands.values(), key=lambda x: x[0])
     if small:  # ranked by the quick bound, so the first plans priced prune the most (planner/prune.py)
         ranked = [x for x in ranked if fits_weights(pb, t, x[1])]
@@ -274,6 +255,31 @@ def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], 
         if starts and starts[0][0] < V_CLOSE * pb.ledger.step_time_s:  # a start that may end ahead
             found += descend(pb, t, starts[:1], kinds, budget, seen)
     return found
+
+
+def _v_head_layouts(pb: Problem, t: Tables, vee: Sequence[str], cands: dict[tuple, tuple[float, ChunkLayout]]
+                    ) -> dict[tuple, tuple[float, ChunkLayout]]:
+    """The V kinds' layouts of :func:`_v_seeds` at every micro-batch size, those ``cands`` lacks
+    whose weights fit, with their estimates (:data:`V_HEADS`)."""
+    out: dict[tuple, tuple[float, ChunkLayout]] = {}
+    tables: dict[int, Tables] = {}
+    costs: dict[tuple[int, int], StageCosts] = {}
+    tried = {(lay.groups[0], len(lay.groups)) for _, lay in cands.values() if lay.kind in vee}
+    for groups in _v_seeds(pb, t):
+        head = groups[0][0]
+        if (groups[0], len(groups)) in tried:
+            continue  # the one-chunk plans' groups already head a V as deep with it
+        if head not in tables:  # the head's whole device for its chunks, half of the others'
+            tables[head] = Tables(replace(pb, budget={h: x if h == pb.hosts[head] else x / 2
+                                                      for h, x in pb.budget.items()}))
+        for b in micro_batch_sizes(pb):
+            if (head, b) not in costs:
+                costs[(head, b)] = StageCosts(tables[head], b, pb.global_batch // b, pb.allow_recompute)
+            sc = costs[(head, b)]
+            for est, lay in layouts(lambda v: sc, vee, groups, t.L):
+                if lay.key not in cands and fits_weights(pb, t, lay):
+                    out.setdefault(lay.key, (est, lay))
+    return out
 
 
 def _price_ranked(pb: Problem, t: Tables, ranked: Sequence[tuple[float, ChunkLayout]], seen: dict,
