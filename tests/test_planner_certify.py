@@ -8,6 +8,7 @@ import json
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from torchpp.cost import Links, MemoryEstimator, Profiles
@@ -185,3 +186,30 @@ def test_the_tied_all_reduce_follows_the_last_stage_work():
     bound, _ = space_bound(pb)
     assert best == pytest.approx(15.248, abs=1e-3)
     assert best / 1.04 <= bound <= best * (1 + 1e-9), (bound, best)
+
+
+def test_the_fill_before_the_last_chunk_is_capped_by_memory():
+    """Five Qwen-like hosts, 17 layers (the instance of test_planner_chunks' V head seeds): the fill
+    before a V head's last chunk runs every other layer's forward, each device holding no more
+    layers than its memory has room for. The fastest host (cpu0) holds only a few: the rest run on
+    slower ones. Each count of layers is priced greedily, cheapest device first up to its room; the
+    bound rises from 15.11 s to 17.29 s and stays below the plan the search finds (21.85 s)."""
+    from torchpp.planner.certify import _Family
+    from torchpp.planner.synthetic import qwen_like
+    from torchpp.planner.tables import Tables
+
+    files, bw, mem = qwen_like(random.Random(0.5406858855321425), 5, 17)
+    pb = Problem(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files], budget=mem,
+                 memory=MemoryEstimator.analytic(), global_batch=4, schedule="auto")
+    pb.profiles.ensure(pb.hosts)
+    fam = _Family(pb, Tables(pb), ["zbv"], 1, "v")
+    head = frozenset({pb.hosts.index("cpu4")})
+    capped = fam._capped_forward(head)
+    per = {h: float(np.min(fam.fwd_ps[pb.hosts.index(h)][1:18])) for h in ("cpu0", "cpu1")}
+    room = next(k for k in range(1, 18) if capped[k] - capped[k - 1] > per["cpu0"] * 1.5) - 1
+    assert 1 <= room < 17 and capped[room] == pytest.approx(room * per["cpu0"])
+    assert capped[room + 1] - capped[room] == pytest.approx(min(float(np.min(fam.fwd_ps[pb.hosts.index(h)][1:18]))
+                                                                for h in ("cpu1", "cpu2", "cpu3")))
+    assert capped[15] > np.sort(np.minimum.reduce([fam.fwd_ps[h] for h in range(5) if h not in head])[1:18])[:15].sum()
+    bound, _ = space_bound(pb)
+    assert 17.2 <= bound <= search(pb).step_time_s

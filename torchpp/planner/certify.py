@@ -524,15 +524,42 @@ class _Family:
         if got is None:
             ps = np.minimum.reduce([self.fwd_ps[h] for h in self._outside(mine)])
             L = self.L
+            capped = self._capped_forward(mine)  # by how many layers each device's memory holds
             if self.chunked:
                 cum = np.concatenate([[0.0], np.cumsum(np.sort(ps[1:L + 1]))])
-                got = cum[np.clip(L - self.cnt, 0, L)] + (0.0 if holds_embed else float(ps[0]))
+                k = np.clip(L - self.cnt, 0, L)
+                got = np.maximum(cum[k], capped[k]) + (0.0 if holds_embed else float(ps[0]))
             else:
                 pre = np.cumsum(ps[:L + 1])  # pre[c]: the embedding and decoder layers [0, c)
+                pre = np.maximum(pre, capped + float(ps[0]))
                 pre[0] = 0.0  # a stage from layer 0 holds the embedding itself
                 got = np.broadcast_to(pre[:, None], (L + 1, L + 1)).copy()
             self._least_memo[key] = got
         return got
+
+    def _capped_forward(self, mine: frozenset) -> np.ndarray:
+        """Per count k of decoder layers, the least per-sample forward of k layers on devices outside
+        ``mine`` where each device holds no more layers than its memory has room for their weights
+        (the model's base plus alpha times the lightest layers' bytes), each layer at its device's
+        cheapest: inf where they do not fit."""
+        mem, L = self.t.mem.memory, self.L
+        light = np.concatenate([[0.0], np.cumsum(np.sort(np.asarray(self.pb.profiles.param_bytes[1:L + 1],
+                                                                     dtype=float)))])
+        devs = []
+        for h in self._outside(mine):
+            room = int(np.searchsorted(mem.base + mem.alpha * light, self.pb.budget[self.pb.hosts[h]],
+                                       side="right")) - 1
+            devs.append((float(np.min(self.fwd_ps[h][1:L + 1])) if L else 0.0, max(room, 0)))
+        out = np.full(L + 1, INF)
+        out[0], total, held = 0.0, 0.0, 0
+        for per, room in sorted(devs):
+            for _ in range(room):
+                if held == L:
+                    break
+                held += 1
+                total += per
+                out[held] = total
+        return out
 
     def _hop(self, n: int, mine: frozenset, into: bool | None) -> float:
         """The fastest transfer of ``n`` samples' activations: out of the devices ``mine`` (``into``
