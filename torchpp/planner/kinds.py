@@ -66,7 +66,7 @@ again before pricing. They are priced and searched after the others, with a budg
 the others' search runs as it did without them."""
 V_DEPTHS = 3
 """Those seeds hold this many depths each: the deepest a V can be (every device, or half the layers),
-and one and two fewer (the slowest left out)."""
+and one and two fewer (the slowest left out); and the shortest, two and three positions."""
 V_PRICED = 3
 """Of those seeds' layouts, this many (best estimates) priced."""
 V_CLOSE = 1.25
@@ -203,7 +203,8 @@ def _v_seeds(pb: Problem, t: Tables) -> list[tuple[tuple[int, ...], ...]]:
     for head in sorted(range(N), key=lambda h: (ends(h), h))[:V_HEADS]:
         rest = sorted((h for h in range(N) if h != head), key=lambda h: (t.full_time[h], h))
         deepest = min(N, t.L // 2)  # a V at depth d has 2d chunks of a layer at least
-        out += [((head,), *((h,) for h in rest[:d - 1])) for d in range(max(2, deepest - V_DEPTHS + 1), deepest + 1)]
+        depths = sorted({*range(max(2, deepest - V_DEPTHS + 1), deepest + 1), *range(2, min(4, deepest + 1))})
+        out += [((head,), *((h,) for h in rest[:d - 1])) for d in depths]
     return out
 
 
