@@ -679,7 +679,8 @@ class _Family:
         A group's devices each run the position's order on their share of the b samples: a path
         through one of them is at least the least per-call part of its steps plus the shares'
         least largest per-sample part (every device runs at least one sample)."""
-        paths = self._kind_paths(kind, p, q, v, frozenset(g) if len(g) == 1 else frozenset())
+        alone = frozenset(g) if len(g) == 1 else frozenset()  # devices no other position holds
+        paths = self._kind_paths(kind, p, q, v, alone)
         if paths is None:
             return None
         pl = placement(kind, p, v)
@@ -705,8 +706,7 @@ class _Family:
                         priced[key] = per_call + np.where(inv > 0, self.b / np.where(inv > 0, inv, 1.0), INF)
                 before = path.before
                 if path.fill_call is not None:  # every other layer's forward runs before its first
-                    before = np.maximum(before, path.fill_call + n_fill * self._others_forward(
-                        frozenset(g) if len(g) == 1 else frozenset(), holds_embed))
+                    before = np.maximum(before, path.fill_call + n_fill * self._others_forward(alone, holds_embed))
                 val = before + priced[key]
                 val = val + (np.maximum(path.after, opt) if path.last else path.after)
                 best = val if best is None else np.maximum(best, val)
