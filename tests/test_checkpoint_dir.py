@@ -75,6 +75,23 @@ def test_leftovers_are_removed_and_complete_checkpoints_kept(tmp_path):
     assert ckpt.latest_local(tmp_path) == 2
 
 
+def test_a_step_set_aside_by_another_rank_while_it_is_read_is_no_checkpoint(tmp_path, monkeypatch):
+    """Two ranks of one host share the directory: the manifest writer renames a damaged step
+    (``.damaged``) while the other rank lists the steps to agree on the next one."""
+    _fake_step(tmp_path, 1)
+    _fake_step(tmp_path, 2)
+    real = ckpt.read_json
+
+    def renamed_first(path):
+        if Path(path).parent == ckpt.step_dir(tmp_path, 2):  # after read_json's is_file, before its read
+            ckpt.set_aside(Path(path).parent)
+            return json.loads(Path(path).read_text())
+        return real(path)
+
+    monkeypatch.setattr(ckpt, "read_json", renamed_first)
+    assert ckpt.complete_steps(tmp_path) == [1]
+
+
 def test_prune_keeps_the_newest_complete_checkpoints(tmp_path):
     for s in (1, 2, 3, 4):
         _fake_step(tmp_path, s)

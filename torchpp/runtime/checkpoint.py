@@ -550,12 +550,13 @@ def is_complete(d: Path) -> bool:
 
 
 def _complete_manifest(d: Path) -> dict[str, Any] | None:
-    """``d``'s manifest when the checkpoint is complete (else None)."""
+    """``d``'s manifest when the checkpoint is complete (else None). Another rank of this host may
+    set ``d`` aside while it is read (:func:`resume_intact`): a manifest gone midway is none."""
     if not (d / MANIFEST).is_file():
         return None
     try:
         data = read_json(d / MANIFEST)
-    except ValueError:
+    except (ValueError, OSError):
         return None
     ok = data.get("format") in (CKPT_FORMAT, LOG_FORMAT) and all((d / f).is_file() for f in data.get("files", []))
     return data if ok else None
