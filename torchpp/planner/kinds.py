@@ -54,6 +54,10 @@ STARTS = 4
 """Priced chunked layouts the local search starts from."""
 PRICED = 6
 """Beyond small instances, chunked layouts priced (best estimates) besides each kind's best estimate."""
+DESCENT = 32
+"""Beyond small instances and up to 16 devices, layouts each local search of the chunked kinds prices
+(first improvements, ``chunks.descend``); most are rejected on their replay alone, before their memory
+is worked out, at about a fifth of a full pricing."""
 V_HEADS = 2
 """Beyond small instances and up to :data:`EVERY_SIZE_DEVICES` devices, devices a V is also seeded
 with at its head (those fastest at the embedding and the lm_head), the others after it by speed
@@ -247,14 +251,14 @@ def _search_chunks(pb: Problem, t: Tables, plans: Sequence[tuple[float, Plan]], 
                 top.setdefault(first[1].key, first)
         ranked = list(top.values())
     seen: dict[tuple, float] = {}
-    budget = 1000 if small else 8 if len(pb.hosts) <= 16 else 4
+    budget = 1000 if small else DESCENT if len(pb.hosts) <= 16 else 4
     found, starts = _price_ranked(pb, t, ranked, seen, quick if small else None)
-    found += descend(pb, t, starts if small else starts[:STARTS], kinds, budget, seen)
+    found += descend(pb, t, starts if small else starts[:STARTS], kinds, budget, seen, first=not small)
     if heads:  # after the others' search, with a budget of its own: the same plans as without it, or better
         got, starts = _price_ranked(pb, t, sorted(heads.values(), key=lambda x: x[0])[:V_PRICED], seen, None)
         found += got
         if starts and starts[0][0] < V_CLOSE * pb.ledger.step_time_s:  # a start that may end ahead
-            found += descend(pb, t, starts[:1], kinds, budget, seen)
+            found += descend(pb, t, starts[:1], kinds, budget, seen, first=True)
     return found
 
 

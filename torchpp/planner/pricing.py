@@ -96,9 +96,10 @@ class _Firsts:
         self.coll = list(range(len(first)))
 
 
-def price_plan(pb: Problem, plan: Plan) -> float:
+def price_plan(pb: Problem, plan: Plan, keep: bool = True) -> float:
     """``plan``'s replayed step time on ``pb``'s costs; the lowest so far is kept with its replay
-    (replayed again with its spans recorded only when it is the lowest so far)."""
+    (replayed again with its spans recorded only when it is the lowest so far; never with ``keep``
+    False: a plan not yet known to fit)."""
     key = schedule_key(plan)
     built = pb.ledger.schedules
     if key not in built:  # validated once, for the plan the search returns (planner.search)
@@ -108,6 +109,6 @@ def price_plan(pb: Problem, plan: Plan) -> float:
     cost: Any = DistinctCost(MeasuredCost(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte,
                                           stage_times=pb.ledger.stage_times), distinct)
     step = simulate(c, cost, SimOptions(comm="links"), spans=False).makespan
-    if pb.ledger.wants(step, plan):  # its spans are replayed only if it stays the best (``Ledger.timeline``)
+    if keep and pb.ledger.wants(step, plan):  # its spans are replayed only if it stays the best (``Ledger.timeline``)
         pb.ledger.offer(step, plan, lambda: price(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte, schedule=c)[1])
     return step
