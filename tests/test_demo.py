@@ -68,6 +68,12 @@ def check_artefacts(out: Path, hosts: list[str]) -> dict:
     assert "\nabove the bound (predicted; each part taken out of the same replay in turn): " in table
     assert [b["name"].split()[0] for b in summary["baselines"]] == ["single", "dp"]
     assert summary["lower_bound_s"] > 0
+    # the plan certified: a bound on every plan of the space, so at most the plan's own predicted step
+    cert = summary["certificate"]
+    planned = Plan.load(out / "plan" / "plan.json").predicted["step_time_s"]
+    assert 0 < cert["bound_s"] <= cert["step_s"] == pytest.approx(planned)
+    assert "| best plan of the planner's space, proven at least |" in table
+    assert f"\ncertificate: the plan's predicted {cert['step_s']:.3f} s is within {100 * cert['gap']:.1f}%" in table
     return summary
 
 

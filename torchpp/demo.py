@@ -639,14 +639,23 @@ class Demo:
         d = self.path("plan_lossy" if lossy else "plan")
         title = (f"plan again from the same measurements, --allow-lossy {lossy}" if lossy
                  else "plan (DP over stages, groups, device orders, micro-batching)")
+        from .planner.certify import MAX_DEVICES
+
+        certify = not lossy and len(self.hosts.names) <= MAX_DEVICES
         text = self.p.run(title, [*self.tp, "plan", "--layers", *map(str, m.files), "--capacities", str(m.capacities),
                                   "--bandwidth", str(m.bandwidth), "--memory-model", str(m.memory), "--devices",
                                   str(m.devices), "--global-batch", str(self.cfg.global_batch),
                                   *(("--allow-lossy", lossy) if lossy else ("--compare", self.cfg.compare)),
-                                  "--out-dir", str(d)])
-        shown = ("plan:", "predicted", "stage ", "    ", "wire formats")
+                                  *(("--certify",) if certify else ()), "--out-dir", str(d)])
+        shown = ("plan:", "predicted", "stage ", "    ", "wire formats", "within ")
         self.p.note("\n".join(x for x in text.splitlines() if x.startswith(shown) and "candidate" not in x)[:2000])
         return d / "plan.json"
+
+    def certificate(self) -> dict | None:
+        """The plan's certificate (plan_meta.json): how far it can be from the best plan of the space
+        searched; None where it was not certified."""
+        meta = json.loads(self.path("plan", "plan_meta.json").read_text())
+        return meta.get("certificate")
 
     def compared(self) -> dict[str, dict]:
         """The planner's comparison rows (plan_meta.json), by name."""
@@ -800,7 +809,8 @@ class Demo:
         plan = Plan.load(next(r.plan for r in results if r.name == "plan"))
         second = (f"- lossy plan summary {self.path('plan_lossy', 'summary.txt')}" if self.cfg.lossy
                   else f"- replan summary {self.path('replan', 'replan_summary.txt')}")
-        text = "\n".join(summary_lines(self.cfg, self.hosts.mode, self.hosts.names, results, baselines, plan)
+        cert = self.certificate()
+        text = "\n".join(summary_lines(self.cfg, self.hosts.mode, self.hosts.names, results, baselines, plan, cert)
                          + ["", "files:"] + [f"- {r.name}: plan {r.plan}, report {r.report}, timelines {r.trace_dir}"
                                              for r in results]
                          + [f"- plan summary {self.path('plan', 'summary.txt')}, Gantt {self.path('plan', 'gantt.png')}",
@@ -811,7 +821,7 @@ class Demo:
                                                          "memory_error": r.memory_error,
                                                          "windows_s": r.windows, "spread": r.spread} for r in results],
                    "baselines": [asdict(b) for b in baselines],
-                   "lower_bound_s": (plan.predicted or {}).get("lower_bound_s"),
+                   "lower_bound_s": (plan.predicted or {}).get("lower_bound_s"), "certificate": cert,
                    "seconds": time.monotonic() - self.p.t0}
         wire = wire_comparison(results)
         if wire is not None:
@@ -824,9 +834,10 @@ class Demo:
 
 
 def summary_lines(cfg: DemoConfig, mode: str, hosts: Sequence[str], results: Sequence[RunResult],
-                  baselines: Sequence[Baseline], plan: "Plan") -> list[str]:
+                  baselines: Sequence[Baseline], plan: "Plan", certificate: dict | None = None) -> list[str]:
     """The closing table: each baseline, the plan, the re-plan (or the lossy plan, then the two side by
-    side: ``wire_lines``) and the lower bound, then why."""
+    side: ``wire_lines``), the bound proven for the planner's space (``certificate``, plan_meta's) and
+    the lower bound, then why."""
     ref = next(r.measured_step_s for r in results if r.name == "plan")
     now = any(r.predicted_now_s is not None for r in results)
     at, dash = (" at launch (error) |", " – |") if now else ("", "")
@@ -850,12 +861,20 @@ def summary_lines(cfg: DemoConfig, mode: str, hosts: Sequence[str], results: Seq
         cell = (f" {r.predicted_now_s:.3f} ({100 * r.error_now:+.1f}%) |" if r.predicted_now_s is not None else dash)
         lines.append(f"| {r.name} | {p.num_microbatches} x {p.micro_batch_size} | {r.measured_step_s:.3f} | "
                      f"{100 * r.spread:.0f}% | {pred} | {err} |{cell} {r.measured_step_s / ref:.2f}x | {mem} |")
+    if certificate:
+        lines.append(f"| best plan of the planner's space, proven at least | – | – | – | {certificate['bound_s']:.3f} "
+                     f"| – |{dash} {certificate['bound_s'] / ref:.2f}x | – |")
     bound = (plan.predicted or {}).get("lower_bound_s")
     if bound:
         lines.append(f"| lower bound (all work incl. the optimizer over all capacity) | – | – | – | {bound:.3f} | – |"
                      f"{dash} {bound / ref:.2f}x | – |")
     wire = wire_comparison(results)
     out = lines + (wire_lines(cfg, wire) if wire is not None else []) + ["", "why: " + why_line(plan, baselines)]
+    if certificate:
+        out.append(f"certificate: the plan's predicted {certificate['step_s']:.3f} s is within "
+                   f"{100 * certificate['gap']:.1f}% of the best plan of the space it searched (every split, device "
+                   "group, order, micro-batching and schedule kind under each host's memory), whose step is proven "
+                   f"at least {certificate['bound_s']:.3f} s (`torchpp plan --certify`)")
     verdict = replan_line(results)
     if verdict:
         out.append(verdict)
