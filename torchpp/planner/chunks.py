@@ -320,8 +320,8 @@ def descend(pb: Problem, t: Tables, starts: Sequence[tuple[float, ChunkLayout]],
     """Steepest descent on the priced step time from each start, pricing at most ``budget`` layouts;
     ``first``: each step takes the first neighbour that improves, in a fixed shuffled order. A
     budget far below the ~100 neighbours of an 8-device V ends steepest descent within its first
-    step; taking the first improvement went further on 22 of 43 random clusters (to 0.86x the
-    step), none worse."""
+    step; taking the first improvement went further on 21 of 43 random clusters (to 0.86x the
+    step), none worse (docs/planner.md)."""
     found: list[tuple[float, Plan]] = []
     used = 0
     order = random.Random(0)
