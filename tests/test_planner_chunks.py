@@ -150,7 +150,7 @@ def test_a_layout_priced_before_its_memory_is_never_above_its_price():
 
 def test_the_chunked_local_search_goes_past_its_first_step_on_eight_hosts():
     """On 8 hosts a V has ~75 neighbours: a steepest descent pricing 8 of them stopped the search
-    at 31.31 s on this cluster; taking first improvements, 32 layouts each, finds 29.67 s."""
+    at 31.31 s on this cluster; taking first improvements, 32 layouts each, finds 29.66 s."""
     res = search(_eight_hosts())
     assert res.plan.schedule in ("v", "zbv") and res.step_time_s < 30.0
 
