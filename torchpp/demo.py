@@ -651,16 +651,17 @@ class Demo:
         self.p.note("\n".join(x for x in text.splitlines() if x.startswith(shown) and "candidate" not in x)[:2000])
         return d / "plan.json"
 
+    def plan_meta(self) -> dict:
+        return json.loads(self.path("plan", "plan_meta.json").read_text())
+
     def certificate(self) -> dict | None:
         """The plan's certificate (plan_meta.json): how far it can be from the best plan of the space
         searched; None where it was not certified."""
-        meta = json.loads(self.path("plan", "plan_meta.json").read_text())
-        return meta.get("certificate")
+        return self.plan_meta().get("certificate")
 
     def compared(self) -> dict[str, dict]:
         """The planner's comparison rows (plan_meta.json), by name."""
-        meta = json.loads(self.path("plan", "plan_meta.json").read_text())
-        return {r["name"]: r for r in meta.get("compare", [])}
+        return {r["name"]: r for r in self.plan_meta().get("compare", [])}
 
     def even_plan(self, planned: Path, m: Measured | None = None) -> Path:
         """The even 1F1B split over every host, at its own best micro-batching as the planner priced it."""
