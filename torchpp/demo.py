@@ -636,12 +636,13 @@ class Demo:
     def plan(self, m: Measured, lossy: str | None = None) -> Path:
         """The plan from ``m``'s files (``plan/``, the baselines priced beside it); with ``lossy``, the
         same search with those lossy choices allowed (``plan_lossy/``)."""
-        d = self.path("plan_lossy" if lossy else "plan")
-        title = (f"plan again from the same measurements, --allow-lossy {lossy}" if lossy
-                 else "plan (DP over stages, groups, device orders, micro-batching)")
         from .planner.certify import MAX_DEVICES
 
+        d = self.path("plan_lossy" if lossy else "plan")
         certify = not lossy and len(self.hosts.names) <= MAX_DEVICES
+        title = (f"plan again from the same measurements, --allow-lossy {lossy}" if lossy
+                 else "plan (DP over stages, groups, device orders, micro-batching"
+                 + ("; how far from the best plan: --certify)" if certify else ")"))
         text = self.p.run(title, [*self.tp, "plan", "--layers", *map(str, m.files), "--capacities", str(m.capacities),
                                   "--bandwidth", str(m.bandwidth), "--memory-model", str(m.memory), "--devices",
                                   str(m.devices), "--global-batch", str(self.cfg.global_batch),
