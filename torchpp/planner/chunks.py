@@ -28,7 +28,7 @@ from ..formats import Placement, Plan, placement_of
 from ..plans import make_chunked_plan
 from ..schedules import REGISTRY, RELEASES, Kind, ScheduleError, position_order
 from .allocate import allocate
-from .pricing import price_plan
+from .pricing import keep_priced, price_plan
 from .prune import chunk_bound
 from .tables import StageCosts, Tables
 from .types import INF, Problem
@@ -249,10 +249,16 @@ def price_layout(pb: Problem, t: Tables, lay: ChunkLayout, above: float = INF
     if got is None:
         return None
     try:
-        if above < INF and (step := price_plan(pb, got[0], keep=False)) >= above:
+        step = price_plan(pb, got[0], keep=False) if above < INF else None
+        if step is not None and step >= above:
             return step, None
         plan = _fitted(pb, lay, *got)
-        return None if plan is None else (price_plan(pb, plan), plan)
+        if plan is None:
+            return None
+        if step is not None and plan is got[0]:  # it fits as replayed: kept without a second replay
+            keep_priced(pb, plan, step)
+            return step, plan
+        return price_plan(pb, plan), plan
     except (ValueError, ScheduleError):
         return None
 

@@ -109,6 +109,14 @@ def price_plan(pb: Problem, plan: Plan, keep: bool = True) -> float:
     cost: Any = DistinctCost(MeasuredCost(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte,
                                           stage_times=pb.ledger.stage_times), distinct)
     step = simulate(c, cost, SimOptions(comm="links"), spans=False).makespan
-    if keep and pb.ledger.wants(step, plan):  # its spans are replayed only if it stays the best (``Ledger.timeline``)
-        pb.ledger.offer(step, plan, lambda: price(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte, schedule=c)[1])
+    if keep:
+        keep_priced(pb, plan, step)
     return step
+
+
+def keep_priced(pb: Problem, plan: Plan, step: float) -> None:
+    """Keep ``plan``, replayed by :func:`price_plan` at ``step``, where it is the lowest so far (its
+    spans are replayed only if it stays the best: ``Ledger.timeline``)."""
+    if pb.ledger.wants(step, plan):
+        c, _ = pb.ledger.schedules[schedule_key(plan)]
+        pb.ledger.offer(step, plan, lambda: price(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte, schedule=c)[1])
