@@ -94,3 +94,40 @@ def test_gloo_goodput_is_the_stars_link_rate(star_cluster, tmp_path):
     raw = Network(star_of(star_cluster, wire=False)).rate(0, 1)
     for key, got in Bandwidth.load(out / "bandwidth.json").bytes_per_sec.items():
         assert abs(got / want - 1) <= 0.03, f"{key}: {got:.0f} B/s, star link {want:.0f} B/s (tc rate {raw:.0f})"
+
+
+@pytest.fixture
+def star3(tmp_path, monkeypatch):
+    """Three hosts on one switch, each interface shaped to 40 Mbit/s both ways."""
+    name = "tpt3fan"
+    left = {**cluster.leftovers(name)}
+    if any(left.values()):
+        pytest.skip(f"cluster {name} already exists ({left}); `torchpp cluster down -n {name}` removes it")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    p = tmp_path / "c3.json"
+    p.write_text(json.dumps({"name": name, "subnet": "10.77.44.0/24", "master_port": 29544, "cpu_period_ms": 10,
+                             "hosts": [{"name": n, "cpu": 0.5, "memory": "2G", "rate": "40mbit", "down_rate": "40mbit"}
+                                       for n in ("a", "b", "c")]}))
+    cfg = ClusterConfig.load(p)
+    try:
+        cluster.up(cfg, log=lambda *_: None)
+        yield cfg
+    finally:
+        cluster.down(cfg.name, log=lambda *_: None)
+        assert not any(cluster.leftovers(name).values())
+
+
+def test_the_probe_finds_each_hosts_one_interface(star3, tmp_path):
+    """Each host's veth is shaped as a whole, so its sends to two peers at once share one link's rate:
+    the probe's fan-out and fan-in read about one link (measured 1.00-1.07), not two."""
+    out = tmp_path / "probe"
+    rc, res = cluster.run(star3.name, [sys.executable, "-m", "torchpp", "bandwidth", "probe", "--out-dir", str(out),
+                                       "--sizes", "512K,2M", "--repeats", "2", "--timeout", "120"],
+                          tmp_path / "logs", timeout=300, log=lambda *_: None)
+    assert rc == 0, "".join(cluster.tail(r.log) for r in res)
+    bw = Bandwidth.load(out / "bandwidth.json")
+    assert set(bw.egress_bytes_per_sec) == set(bw.ingress_bytes_per_sec) == {"a", "b", "c"}
+    for h in "abc":
+        link = max(bw.rate(h, o) for o in "abc" if o != h)
+        for what, got in (("egress", bw.egress(h)), ("ingress", bw.ingress(h))):
+            assert 0.85 <= got / link <= 1.25, f"{h} {what}: {got:.0f} B/s against one link's {link:.0f} B/s"

@@ -369,24 +369,33 @@ def configure_probe(p: argparse.ArgumentParser) -> None:
     p.add_argument("--burst-size", type=_size_or_zero, default=256 << 10,
                    help="bytes sent after a rest to measure each link's burst (0: not measured)")
     p.add_argument("--rest", type=float, default=0.3, help="seconds of silence before each burst message")
+    p.add_argument("--fan-seconds", type=float, default=0.25,
+                   help="with 3+ hosts, each host's fan-out and fan-in (do its sends share one interface?): "
+                        "seconds of each message at its link's rate (0: not measured)")
+    p.add_argument("--fan-repeats", type=int, default=2, help="timed fan-outs and fan-ins per host (median)")
     p.set_defaults(func=_probe)
 
 
 def _probe(args: argparse.Namespace) -> int:
-    from .probe import PairResult, ProbeSettings, run, write
+    from .probe import NicResult, PairResult, ProbeSettings, run, write
 
     def show(res: PairResult) -> None:
         print(f"  {res.src} -> {res.dst}: {res.bytes_per_sec * 8 / 1e6:9.2f} Mbit/s  "
               f"latency {res.latency_s * 1e3:7.3f} ms  burst {res.burst_bytes / 1e3:7.1f} kB  "
               f"({len(res.points)} size(s))", flush=True)
 
+    def show_nic(res: NicResult) -> None:
+        print(f"  {res.host}: to all peers at once {res.egress_bytes_per_sec * 8 / 1e6:9.2f} Mbit/s, "
+              f"from all at once {res.ingress_bytes_per_sec * 8 / 1e6:9.2f} Mbit/s", flush=True)
+
     settings = ProbeSettings(host=args.host, sizes=args.sizes, repeats=args.repeats, pings=args.pings,
                              pair_budget=args.pair_budget, timeout=args.timeout, burst_size=args.burst_size,
-                             rest_s=args.rest)
+                             rest_s=args.rest, fan_s=args.fan_seconds, fan_repeats=args.fan_repeats)
     t0 = time.perf_counter()
-    results = run(settings, show)
+    results = run(settings, show, show_nic)
     if results is not None:
-        print(f"probe: {len(results)} pair(s) in {time.perf_counter() - t0:.1f}s", flush=True)
+        print(f"probe: {len(results.pairs)} pair(s), {len(results.nics)} host(s)' interfaces in "
+              f"{time.perf_counter() - t0:.1f}s", flush=True)
         write(results, args.out_dir, args.csv, args.json, args.sizes)
         print(f"wrote {args.out_dir / args.csv} and {args.out_dir / args.json}")
     return 0

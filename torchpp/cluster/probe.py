@@ -15,6 +15,14 @@ Then the link's burst: after ``rest_s`` of silence, one message of ``burst_size`
 that passes a burst at once after a rest (a token bucket: a shaper's burst, a NIC's offload
 segment) delivers it sooner than the rate says; the bytes it gained are its burst,
 ``size − rate · (time − round trip)`` (bandwidth.json's ``burst_bytes``; see ``cost.links``).
+
+With three or more hosts, each host's interfaces: the host sends one message to every other
+host at once (fan-out), then every other host sends one to it at once (fan-in), each message
+about ``fan_s`` seconds at its link's rate. Their bytes over the time the last one took are
+the host's ``egress_bytes_per_sec`` and ``ingress_bytes_per_sec``: about one link's rate where
+the host's sends (receives) share one interface (a Pi's Ethernet port, a Wi-Fi radio, a shaped
+interface), the sum of its links' where they do not. Pairs measured one at a time cannot tell
+the two apart, and a pipeline's middle stage sends a gradient back and an activation on at once.
 """
 from __future__ import annotations
 
@@ -48,6 +56,10 @@ class ProbeSettings:
     """Bytes of the message sent after a rest to measure the link's burst (0: not measured)."""
     rest_s: float = 0.3
     """Seconds of silence before each burst message (long enough for the link's bucket to refill)."""
+    fan_s: float = 0.25
+    """Seconds at its link's rate of each message of a host's fan-out and fan-in (0: not measured)."""
+    fan_repeats: int = 2
+    """Timed fan-outs and fan-ins per host (after one untimed; the median is used)."""
 
 
 @dataclass
@@ -60,6 +72,28 @@ class PairResult:
     """(message bytes, median seconds to deliver and acknowledge)."""
     burst_bytes: float = 0.0
     """Bytes the link passed at once after a rest (:func:`burst_of`); 0 when not measured or none."""
+
+
+@dataclass
+class NicResult:
+    """One host's interfaces: bytes/s of its sends to every other host at once, and of theirs to it."""
+    host: str
+    egress_bytes_per_sec: float
+    ingress_bytes_per_sec: float
+
+
+@dataclass
+class Probed:
+    """What a probe measured: every ordered pair, and each host's interfaces (empty under 3 hosts)."""
+    pairs: list[PairResult]
+    nics: list[NicResult]
+
+
+def fan_size(rates: list[float], fan_s: float) -> int:
+    """Bytes of each fan message: ``fan_s`` seconds at the slowest of the hub's links, in whole
+    floats, between 64 KiB and 64 MiB (a message must outlast a link's burst, and a fast link must
+    not take minutes)."""
+    return int(min(max(min(rates) * fan_s, 64 << 10), 64 << 20)) // 4 * 4
 
 
 def fit_rate(points: list[tuple[int, float]], rtt: float) -> float:
@@ -142,10 +176,72 @@ def _round_trips(buf, ping, peer: int, me_src: bool, repeats: int, rest_s: float
     return times
 
 
-def probe(args: ProbeSettings, on_pair: Callable[[PairResult], None] | None = None) -> list[PairResult] | None:
-    """Measure every ordered pair; returns the results on rank 0, None elsewhere.
+def _fan(hub: int, rank: int, world: int, size: int, inward: bool, repeats: int) -> float:
+    """Every rank calls this; on ``hub``, the median seconds until ``size`` bytes have crossed
+    between it and every other rank at once (``inward``: they send when the hub's go reaches
+    them, so that no sender starts before the hub's clock; else it sends and each acknowledges),
+    after one untimed round; 0.0 elsewhere."""
+    import torch
+    import torch.distributed as dist
 
-    ``on_pair`` sees each pair this rank sent as soon as it is measured (progress for people)."""
+    peers = [p for p in range(world) if p != hub]
+    ping = torch.zeros(1)
+    bufs = [torch.empty(size // 4) for _ in (peers if rank == hub and inward else [0])]
+    times = []
+    for i in range(repeats + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == hub:
+            if inward:
+                for p in peers:
+                    dist.send(ping, p)
+                for w in [dist.irecv(b, p) for b, p in zip(bufs, peers)]:
+                    w.wait()
+            else:
+                for w in [dist.isend(bufs[0], p) for p in peers]:
+                    w.wait()
+                for p in peers:
+                    dist.recv(ping, p)
+            if i:
+                times.append(time.perf_counter() - t0)
+        elif inward:
+            dist.recv(ping, hub)
+            dist.send(bufs[0], hub)
+        else:
+            dist.recv(bufs[0], hub)
+            dist.send(ping, hub)
+    return statistics.median(times) if times else 0.0
+
+
+def _fans(pairs: list[PairResult], hosts: list[str], rank: int, args: ProbeSettings,
+          on_nic: Callable[[NicResult], None] | None) -> list[NicResult]:
+    """Each host's fan-out and fan-in (every rank calls this with every pair's result); every
+    rank gets every host's :class:`NicResult`."""
+    from ..runtime.exchange import all_gather_json
+
+    world = len(hosts)
+    rate = {(r.src, r.dst): r.bytes_per_sec for r in pairs}
+    mine = None
+    for hub in range(world):
+        others = [h for i, h in enumerate(hosts) if i != hub]
+        got = []
+        for inward in (False, True):
+            size = fan_size([rate[(o, hosts[hub])] if inward else rate[(hosts[hub], o)] for o in others], args.fan_s)
+            got.append((world - 1) * size / max(_fan(hub, rank, world, size, inward, args.fan_repeats), 1e-9))
+        if rank == hub:
+            mine = NicResult(hosts[hub], got[0], got[1])
+            if on_nic is not None:
+                on_nic(mine)
+    return [NicResult(**r) for r in all_gather_json(dataclasses.asdict(mine))]
+
+
+def probe(args: ProbeSettings, on_pair: Callable[[PairResult], None] | None = None,
+          on_nic: Callable[[NicResult], None] | None = None) -> Probed | None:
+    """Measure every ordered pair, then (three hosts or more) each host's interfaces; returns the
+    results on rank 0, None elsewhere.
+
+    ``on_pair`` sees each pair this rank sent as soon as it is measured, ``on_nic`` this rank's
+    host's interfaces (progress for people)."""
     import torch.distributed as dist
 
     from ..hostname import host_name
@@ -172,29 +268,32 @@ def probe(args: ProbeSettings, on_pair: Callable[[PairResult], None] | None = No
                         on_pair(res)
             dist.barrier()
     gathered = all_gather_json([dataclasses.asdict(r) for r in mine])
-    if rank != 0:
-        return None
     results = [PairResult(src=r["src"], dst=r["dst"], bytes_per_sec=float(r["bytes_per_sec"]),
                           latency_s=float(r["latency_s"]), points=[(int(b), float(t)) for b, t in r["points"]],
                           burst_bytes=float(r["burst_bytes"]))
                for part in gathered for r in part]
-    return results
+    nics = _fans(results, hosts, rank, args, on_nic) if world >= 3 and args.fan_s > 0 else []
+    return Probed(results, nics) if rank == 0 else None
 
 
-def write(results: list[PairResult], out_dir: Path, csv_name: str, json_name: str, sizes: list[int]) -> None:
+def write(probed: Probed, out_dir: Path, csv_name: str, json_name: str, sizes: list[int]) -> None:
     from ..formats import Bandwidth
     from ..formats.bandwidth import PROBE_SOURCE
     out_dir.mkdir(parents=True, exist_ok=True)
+    results = probed.pairs
     lines = [f"{r.src},{r.dst},{r.bytes_per_sec * 8 / 1e9:.6f}" for r in results]
     (out_dir / csv_name).write_text("\n".join(lines) + "\n")
     bw = Bandwidth(bytes_per_sec={Bandwidth.key(r.src, r.dst): r.bytes_per_sec for r in results},
                    latency_s={Bandwidth.key(r.src, r.dst): r.latency_s for r in results},
                    burst_bytes={Bandwidth.key(r.src, r.dst): r.burst_bytes for r in results if r.burst_bytes > 0},
+                   egress_bytes_per_sec={n.host: n.egress_bytes_per_sec for n in probed.nics},
+                   ingress_bytes_per_sec={n.host: n.ingress_bytes_per_sec for n in probed.nics},
                    source=f"{PROBE_SOURCE} (gloo p2p, sizes {','.join(str(s) for s in sizes)} bytes)")
     bw.save(out_dir / json_name)
 
 
-def run(args: ProbeSettings, on_pair: Callable[[PairResult], None] | None = None) -> list[PairResult] | None:
+def run(args: ProbeSettings, on_pair: Callable[[PairResult], None] | None = None,
+        on_nic: Callable[[NicResult], None] | None = None) -> Probed | None:
     """Join the world from the environment (torchrun's variables), probe, leave; rank 0's results.
 
     Raises ``UsageError`` (before any collective) when the environment or settings cannot work."""
@@ -207,8 +306,10 @@ def run(args: ProbeSettings, on_pair: Callable[[PairResult], None] | None = None
                          f"`torchpp cluster run -- torchpp bandwidth probe`")
     if int(os.environ["WORLD_SIZE"]) < 2:
         raise UsageError("WORLD_SIZE: expected at least 2 processes to measure a link")
-    if args.repeats < 1 or args.pings < 1:
-        raise UsageError("--repeats and --pings: expected at least 1")
+    if args.repeats < 1 or args.pings < 1 or args.fan_repeats < 1:
+        raise UsageError("--repeats, --pings and --fan-repeats: expected at least 1")
+    if not 0 <= args.fan_s <= 60:
+        raise UsageError(f"--fan-seconds: expected 0 to 60 seconds, got {args.fan_s}")
     from ..hostname import host_name
     try:
         host_name(args.host)  # a bad --host or TORCHPP_HOST/HOST stops this rank before any collective
@@ -224,6 +325,6 @@ def run(args: ProbeSettings, on_pair: Callable[[PairResult], None] | None = None
         raise UsageError(str(e)) from None
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     try:
-        return probe(args, on_pair)
+        return probe(args, on_pair, on_nic)
     finally:
         dist.destroy_process_group()

@@ -73,6 +73,7 @@ class MeasuredCost:
         self._out_bytes: dict[int, float] = {}
         """Bytes per sample leaving each stage (a plan's transfers ask for few stages, many times)."""
         self.burst_s = self._burst_s if self.links.bw.burst_bytes else None
+        self.nic_s = self._nic_s if self.links.shares_nics else None
         self.rank: dict[int, _RankCost] = {}
         for r in plan.ranks:
             chunks = plan.stages_of_rank(r)
@@ -141,6 +142,14 @@ class MeasuredCost:
         has a measured burst, else None (the simulator's FIFO links as they were)."""
         a, b, nbytes, link = self._send(src, dst, action)
         return self.links.burst_s(a, b, nbytes * wire_ratio(link.wire, self.plan.model.hidden_size))
+
+    def _nic_s(self, src: int, dst: int, action: Action) -> tuple[str, float, str, float]:
+        """(sender's host, seconds the send holds its uplink, receiver's host, seconds it holds its
+        downlink): ``Links.nic_s`` of the bytes the send puts on the wire. :attr:`nic_s` where some
+        host's interface is shared (measured fan-out / fan-in), else None."""
+        a, b, nbytes, link = self._send(src, dst, action)
+        up, down = self.links.nic_s(a, b, nbytes * wire_ratio(link.wire, self.plan.model.hidden_size))
+        return a, up, b, down
 
     def allreduce_s(self, action: Action) -> float:
         """A ring all-reduce of the group's weights, or of what its ``sync`` puts on the wire per step

@@ -47,6 +47,22 @@ class Links:
         """:meth:`time` of a transfer that finds the link rested (its bucket full)."""
         return self.time(src, dst, nbytes) - self.burst_s(src, dst, nbytes)[1]
 
+    @property
+    def shares_nics(self) -> bool:
+        """Whether some host's concurrent sends or receives share one interface (the probe's fan-out
+        and fan-in rates, bandwidth.json's ``egress_bytes_per_sec`` / ``ingress_bytes_per_sec``)."""
+        return bool(self.bw.egress_bytes_per_sec or self.bw.ingress_bytes_per_sec)
+
+    def nic_s(self, src: str, dst: str, nbytes: float) -> tuple[float, float]:
+        """(seconds ``nbytes`` on the wire hold the sender's uplink, the receiver's downlink): each host's
+        measured fan-out / fan-in rate, 0 where not measured or within one host. The simulator's
+        links queue a host's transfers on its interfaces by these (``sim.links``): a host whose
+        uplink is one link's rate sends to two peers one after the other, not both at once."""
+        if src == dst:
+            return 0.0, 0.0
+        up, down = self.bw.egress(src), self.bw.ingress(dst)
+        return (0.0 if up is None else nbytes / up), (0.0 if down is None else nbytes / down)
+
     def wire_time(self, src: str, dst: str, nbytes: float, fmt: str | None = None, row: int = 1,
                   codec: tuple[float, float] = (0.0, 0.0)) -> float:
         """``nbytes`` of fp32 data sent as wire format ``fmt`` (rows of ``row`` elements): the bytes on the
@@ -144,6 +160,9 @@ class FormatLinks(Links):
 
     def rested_time(self, src: str, dst: str, nbytes: float) -> float:
         return self.base.rested_time(src, dst, nbytes)
+
+    def nic_s(self, src: str, dst: str, nbytes: float) -> tuple[float, float]:
+        return self.base.nic_s(src, dst, nbytes * wire_ratio(self.fmt, self.row))
 
     def wire_time(self, src: str, dst: str, nbytes: float, fmt: str | None = None, row: int = 1,
                   codec: tuple[float, float] = (0.0, 0.0)) -> float:

@@ -36,6 +36,14 @@ class Bandwidth:
     token bucket's depth: a shaper's burst, a NIC's offload segment). A pipeline's messages of a
     few tens of kB, each after a pause, cross such a link far faster than its rate says; 0 where
     not measured."""
+    egress_bytes_per_sec: dict[str, float] = field(default_factory=dict)
+    """Optional, per host: bytes/s its sends to all its peers at once get together (the probe's
+    fan-out). A host whose sends share one uplink (a Pi's one Ethernet port, a Wi-Fi radio, a
+    shaped interface) gets about one link's rate here, not the sum of its links'; the cost model
+    then queues its concurrent sends on that uplink. Absent: every link is independent."""
+    ingress_bytes_per_sec: dict[str, float] = field(default_factory=dict)
+    """Optional, per host: bytes/s it receives from all its peers at once (the probe's fan-in):
+    the downlink its concurrent receives share."""
     source: str = ""
     """Where the numbers came from (an iperf3 CSV, ``torchpp bandwidth probe``, an estimate)."""
     format: str = f"torchpp.{BANDWIDTH_KIND}/{BANDWIDTH_VERSION}"
@@ -59,6 +67,14 @@ class Bandwidth:
     def burst(self, src: str, dst: str) -> float:
         return self.burst_bytes.get(self.key(src, dst), 0.0)
 
+    def egress(self, host: str) -> float | None:
+        """Bytes/s the host's sends share, or None (not measured: its links are independent)."""
+        return self.egress_bytes_per_sec.get(host)
+
+    def ingress(self, host: str) -> float | None:
+        """Bytes/s the host's receives share, or None (not measured)."""
+        return self.ingress_bytes_per_sec.get(host)
+
     @property
     def probed(self) -> bool:
         """Whether the rates are a probe's (each link's capacity), not a fit or an estimate."""
@@ -74,8 +90,9 @@ class Bandwidth:
 
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)
-        if not d["burst_bytes"]:  # unmeasured: files stay as they were
-            del d["burst_bytes"]
+        for k in ("burst_bytes", "egress_bytes_per_sec", "ingress_bytes_per_sec"):
+            if not d[k]:  # unmeasured: files stay as they were
+                del d[k]
         return {"format": d.pop("format"), **d}
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -100,9 +117,20 @@ class Bandwidth:
                 except ValueError as e:
                     raise FormatError(source, f"{name}.{k}", str(e).partition(": expected ")[2] or str(e)) from None
                 sub.float(k, positive=positive, min_value=None if positive else 0.0, max_value=top)
+        nics = {}
+        for name in ("egress_bytes_per_sec", "ingress_bytes_per_sec"):
+            sub = r.obj(name, {})
+            for k in sub.data:
+                try:
+                    V.host_name(k, f"{name}.{k}")
+                except ValueError as e:
+                    raise FormatError(source, f"{name}.{k}", "a host name (a key of bytes_per_sec's links)") from e
+                sub.float(k, positive=True, max_value=V.MAX_RATE)
+            nics[name] = {k: float(v) for k, v in sub.data.items()}
         return Bandwidth(bytes_per_sec={k: float(v) for k, v in rates.data.items()},
                          latency_s={k: float(v) for k, v in lats.data.items()},
-                         burst_bytes={k: float(v) for k, v in bursts.data.items()}, source=r.str("source", ""))
+                         burst_bytes={k: float(v) for k, v in bursts.data.items()}, **nics,
+                         source=r.str("source", ""))
 
     @staticmethod
     def load(path: str | os.PathLike) -> "Bandwidth":

@@ -70,7 +70,7 @@ class DistinctCost:
     def __init__(self, cost: MeasuredCost, distinct: Distinct):
         self.cost, self.distinct = cost, distinct
         self.compute_s, self.transfer_s, self.allreduce_s = cost.compute_s, cost.transfer_s, cost.allreduce_s
-        self.burst_s = cost.burst_s
+        self.burst_s, self.nic_s = cost.burst_s, getattr(cost, "nic_s", None)
 
     def durations(self, c: Compiled) -> list[float]:
         d = self.distinct

@@ -178,6 +178,25 @@ def bursts(c: Compiled, cost: CostModel) -> list[tuple[float, float]] | None:
     return out if any(depth > 0 for depth, _ in out) else None
 
 
+def nics(c: Compiled, cost: CostModel) -> list[tuple[int, float, int, float]] | None:
+    """Per send, (its sender's uplink, the seconds it holds it, its receiver's downlink, the seconds
+    it holds that), interfaces numbered in order of first use, from the cost model's optional
+    ``nic_s(src, dst, action) -> (src_host, up_s, dst_host, down_s)``; None where it has none."""
+    nic_s = getattr(cost, "nic_s", None)
+    if nic_s is None:
+        return None
+    ranks, acts, code, owner, peer = c.ranks, c.acts, c.code, c.owner, c.peer
+    ids: dict[tuple[str, str], int] = {}
+    out = [(0, 0.0, 0, 0.0)] * len(acts)
+    for a, k in enumerate(code):
+        if k == SA or k == SG:
+            src, up, dst, down = nic_s(ranks[owner[a]], ranks[peer[a]], acts[a])
+            u = ids.setdefault(("up", src), len(ids))
+            d = ids.setdefault(("down", dst), len(ids))
+            out[a] = (u, float(up), d, float(down))
+    return out if any(up > 0 or down > 0 for _, up, _, down in out) else None
+
+
 def timeline(c: Compiled, start: list[float], end: list[float], ready: list[float]) -> Timeline:
     """The per-rank spans of a finished run, in list order."""
     tl = Timeline({r: [] for r in c.ranks})

@@ -6,8 +6,9 @@ posted without blocking, a receive waits for its message, the optimizer step wai
 rank's outstanding all-reduces (:mod:`.core`). Communication runs in one of two models:
 
 - ``links`` (:mod:`.links`): every directed link is its own FIFO and every transfer runs at
-  full speed (a link with a measured burst is a token bucket); all-reduces of a rank run one
-  after another. This is exactly :func:`replay`'s pricing.
+  full speed (a link with a measured burst is a token bucket; a host whose interface is
+  shared queues its transfers on it); all-reduces of a rank run one after another. This is
+  exactly :func:`replay`'s pricing.
 - ``shared`` (:mod:`.shared`): each rank has one comm channel that its outgoing transfers
   and its all-reduces share by priority (:mod:`.tiers`); all-reduces slow compute
   (interference) and receivers can be congested (:mod:`.congestion`).
@@ -19,7 +20,7 @@ rate never changes finishes at ``start + duration`` exactly.
 from __future__ import annotations
 
 from ..schedules import Schedule
-from .compiled import AR, SA, SG, Compiled, bursts, check_finished, durations, durations_generic, timeline
+from .compiled import AR, SA, SG, Compiled, bursts, check_finished, durations, durations_generic, nics, timeline
 from .core import Run, step
 from .links import links_hooks, replay_links
 from .shared import shared_hooks
@@ -35,17 +36,18 @@ def simulate(sched: Schedule | Compiled, cost: CostModel, options: SimOptions | 
     ``spans=False`` keeps only the makespan (a sweep needs nothing else); ``record_rates``
     logs every rate change of a transfer or all-reduce (``SimResult.rate_log``). The ``links``
     model is walked list by list (``links.replay_links``, the same numbers without the event
-    heap); ``events=True`` runs it on the event core instead (what the tests compare it with).
-    """
+    heap); ``events=True`` runs it on the event core instead (what the tests compare it with),
+    as does a cost model whose hosts share interfaces (``nic_s``: their queues need time order)."""
     c = sched if isinstance(sched, Compiled) else Compiled(sched)
     o = options or SimOptions()
     dur = durations(c, cost)
-    if o.comm == "links" and not events:
+    shared_nics = nics(c, cost) if o.comm == "links" else None
+    if o.comm == "links" and not events and shared_nics is None:
         start, end, ready, pc = replay_links(c, dur, bursts(c, cost))
         return _result(c, pc, start, end, ready, spans)
     run = Run(c, dur)
     if o.comm == "links":
-        step(run, links_hooks(run, bursts(c, cost)))
+        step(run, links_hooks(run, bursts(c, cost), shared_nics))
         return _result(c, run.pc, run.start, run.end, run.ready, spans)
     hooks, ch = shared_hooks(run, o, record_rates)
     step(run, hooks)

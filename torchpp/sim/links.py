@@ -12,6 +12,11 @@ keeps ``V``, when its FIFO at full rate would drain (the bucket is full again th
 duration ``d`` posted at ``t`` makes ``V' = max(V, t) + d`` and arrives at ``max(t + d − take,
 V' − depth)``: a rested link passes the first ``depth`` seconds' worth at once, a busy one
 only what it refilled since. The fluid token bucket, exactly; without bursts, ``V'`` itself.
+
+Where the cost model says hosts' interfaces are shared (``nic_s``: the probe's fan-out and fan-in
+rates), a transfer also waits for its sender's uplink and its receiver's downlink
+(:func:`through_nics`): a 10 Mbit/s Pi that sends a gradient back and an activation on at once
+sends them one after the other.
 """
 from __future__ import annotations
 
@@ -37,16 +42,45 @@ def transfer(link_free: dict[tuple[int, int], float], key: tuple[int, int], now:
     return s, e
 
 
-def links_hooks(run: Run, burst: list[tuple[float, float]] | None = None) -> CommHooks:
-    """``burst``: per send, (its link's bucket, what a full one takes off it) in seconds, or None."""
+def through_nics(nic_free: list[float], s: float, e: float, d: float, take: float,
+                 nic: tuple[int, float, int, float]) -> tuple[float, float]:
+    """(start, arrival) of a transfer that its link alone would carry from ``s`` to ``e`` (``d``
+    seconds at the link's rate, ``take`` of them passed at once if its bucket was full), held
+    back by its sender's uplink and its receiver's downlink: each interface is a FIFO that a
+    transfer holds for its bytes at the interface's rate (``nic``: uplink, seconds on it,
+    downlink, seconds on it). An interface that was idle at ``s`` passes the transfer as its
+    link does (rested: the burst too); a busy one starts it when its earlier transfers are
+    through. Two sends posted together on an uplink of one link's rate arrive ``d`` and ``2d``
+    later; on an uplink of twice that rate both arrive after ``d``."""
+    up, x_up, down, x_down = nic
+    for i, x in ((up, x_up), (down, x_down)):
+        if x > 0.0:
+            f = nic_free[i]
+            done = f + x if f > s else s + x - take
+            nic_free[i] = done
+            if done > e:
+                e = done
+    return max(s, e - d), e
+
+
+def links_hooks(run: Run, burst: list[tuple[float, float]] | None = None,
+                nic: list[tuple[int, float, int, float]] | None = None) -> CommHooks:
+    """``burst``: per send, (its link's bucket, what a full one takes off it) in seconds, or None;
+    ``nic``: per send, its interfaces and the seconds it holds each (``compiled.nics``), or None.
+    Interfaces are shared by sends of different ranks, so they need the core's time order: the
+    list-by-list walk (:func:`replay_links`) is for models without them."""
     c = run.c
     dur, fin, heap, start = run.dur, run.fin, run.heap, run.start
     peer, members_of = c.peer, c.coll_members
     link_free: dict[tuple[int, int], float] = {}
+    nic_free = [0.0] * (1 + max((max(n[0], n[2]) for n in nic), default=0)) if nic is not None else []
     push = heapq.heappush
 
     def post_send(a: int, ri: int, now: float) -> None:
-        s, e = transfer(link_free, (ri, peer[a]), now, dur[a], None if burst is None else burst[a])
+        b = None if burst is None else burst[a]
+        s, e = transfer(link_free, (ri, peer[a]), now, dur[a], b)
+        if nic is not None:
+            s, e = through_nics(nic_free, s, e, dur[a], 0.0 if b is None or b[0] <= 0.0 else b[1], nic[a])
         start[a] = s
         fin[a] = e
         push(heap, (e, a))

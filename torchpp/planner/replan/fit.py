@@ -440,9 +440,11 @@ def fit_hosts(plan: Plan, old: "OldCosts", meas: Measurements) -> CostFit:
 
 
 def corrected_bandwidth(old: Bandwidth, links: Sequence[LinkFit], traces: str) -> Bandwidth:
-    """The old bandwidth file with the measured links' rates and latencies."""
+    """The old bandwidth file with the measured links' rates and latencies (its bursts and hosts'
+    interfaces as they were measured)."""
     bw = Bandwidth(bytes_per_sec=dict(old.bytes_per_sec), latency_s=dict(old.latency_s),
-                   burst_bytes=dict(old.burst_bytes),
+                   burst_bytes=dict(old.burst_bytes), egress_bytes_per_sec=dict(old.egress_bytes_per_sec),
+                   ingress_bytes_per_sec=dict(old.ingress_bytes_per_sec),
                    source=f"{old.source or 'none'}; links measured by torchpp replan from {traces}")
     for lk in links:
         k = Bandwidth.key(lk.src, lk.dst)
