@@ -264,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--warmup", type=int, default=20, help="learning-rate warm-up steps")
     c.add_argument("--plan-lossy", default=None, metavar="bf16,int8,powersgd",
                    help="profile and probe on the cluster, plan with --allow-lossy this, run that plan as pp_planned")
-    c.add_argument("--profile-alone", action="store_true", help="--plan-lossy: profile one host at a time")
+    c.add_argument("--profile-together", action="store_true",
+                   help="--plan-lossy: profile every host at once (default: one at a time, as separate machines "
+                        "would be: at once they share this machine's cores and price compute high)")
     c.add_argument("--work", default="/tmp/bench_wire_cluster", help="plans, traces and logs")
     c.add_argument("--run-timeout", type=float, default=3600.0, help="seconds per run before it is killed")
     c.add_argument("--cpu-period-ms", type=float, default=3.0,

@@ -141,8 +141,7 @@ def measure_and_plan(cluster_name: str, work: Path, allow: str, alone: bool = Fa
     prof = [sys.executable, "-m", "torchpp", "profile", "--model", PP["model"], "--layers", str(PP["layers"]),
             "--seq-len", str(PP["seq_len"]), "--batch", "1,2", "--iters", str(PROFILE_ITERS), "--warmup", "2",
             "--threads", "1", "--quiet", "--host", "{host}", "--out", str(d / "layers_{host}.json")]
-    # the probe's own defaults: a rate fitted over 64 kB and 512 kB alone reads 5% low at 10 Mbit/s (the small
-    # message gains part of a burst), which the tied all-reduce's seconds inherit
+    # the probe's own defaults (three sizes at 10 Mbit/s): the tied all-reduce's seconds are its rate's
     probe = [sys.executable, "-m", "torchpp", "bandwidth", "probe", "--out-dir", str(d / "probe")]
     steps = [("profile", prof)]
     if alone:  # one host at a time: no profile competes with another for this machine's cores
@@ -357,7 +356,7 @@ def main(args) -> int:
         got = None
         if args.plan_lossy:
             try:
-                got = measure_and_plan(cfg.name, work, args.plan_lossy, args.profile_alone, rows)
+                got = measure_and_plan(cfg.name, work, args.plan_lossy, not args.profile_together, rows)
             except (RuntimeError, subprocess.CalledProcessError) as e:  # the fixed runs still run
                 print(f"planning on the cluster failed: {e}", flush=True)
                 names = [n for n in names if n != "pp_planned"]
