@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from torchpp.cluster.probe import fan_size
+from torchpp.cluster.probe import NicResult, PairResult, fan_size, shared_nics
 from torchpp.cost import Links, MeasuredCost, Profiles
 from torchpp.formats import Bandwidth, FormatError
 from torchpp.planner.simple import make_plan
@@ -137,5 +137,14 @@ def test_interface_rates_round_trip_and_are_checked(tmp_path):
 def test_fan_messages_outlast_a_burst_and_stay_short_on_fast_links():
     assert fan_size([1.2e6, 2.4e6], 0.25) == 300_000
     assert fan_size([1e3], 0.25) == 64 << 10
-    assert fan_size([1.25e10], 0.25) == 64 << 20
+    assert fan_size([1.25e10], 0.25) == 16 << 20
     assert fan_size([1.2e6 + 1], 0.25) % 4 == 0
+
+
+def test_only_interfaces_slower_than_their_links_together_are_written():
+    pairs = [PairResult(a, b, RATE, 0.0, []) for a in PIS for b in PIS if a != b]
+    nics = [NicResult("pi0", 1.02 * RATE, 1.8 * RATE), NicResult("pi1", 2 * RATE, 2 * RATE),
+            NicResult("pi2", 1.5 * RATE, 0.9 * RATE)]
+    egress, ingress = shared_nics(pairs, nics)
+    assert egress == {"pi0": 1.02 * RATE, "pi2": 1.5 * RATE}
+    assert ingress == {"pi2": 0.9 * RATE}

@@ -22,7 +22,7 @@ host at once (fan-out), then every other host sends one to it at once (fan-in), 
 about ``fan_s`` seconds at its link's rate. Their bytes over the time the last one took are
 the host's ``egress_bytes_per_sec`` and ``ingress_bytes_per_sec``: about one link's rate where
 the host's sends (receives) share one interface (a Pi's Ethernet port, a Wi-Fi radio, a shaped
-interface), the sum of its links' where they do not. Pairs measured one at a time cannot tell
+interface), the sum of its links' where they do not (then nothing is written: :data:`SHARED`). Pairs measured one at a time cannot tell
 the two apart, and a pipeline's middle stage sends a gradient back and an activation on at once.
 """
 from __future__ import annotations
@@ -92,9 +92,26 @@ class Probed:
 
 def fan_size(rates: list[float], fan_s: float) -> int:
     """Bytes of each fan message: ``fan_s`` seconds at the slowest of the hub's links, in whole
-    floats, between 64 KiB and 64 MiB (a message must outlast a link's burst, and a fast link must
-    not take minutes)."""
-    return int(min(max(min(rates) * fan_s, 64 << 10), 64 << 20)) // 4 * 4
+    floats, between 64 KiB and 16 MiB (a message must outlast a link's burst, and a fast link, or
+    loopback, must not copy gigabytes)."""
+    return int(min(max(min(rates) * fan_s, 64 << 10), 16 << 20)) // 4 * 4
+
+
+SHARED = 0.9
+"""A host's fan-out (fan-in) below this fraction of the sum of its links' rates is a shared
+interface, written to bandwidth.json; above it the links are independent and nothing is written
+(the cost model then queues nothing, and prices as it did without a fan)."""
+
+
+def shared_nics(pairs: list[PairResult], nics: list[NicResult]) -> tuple[dict[str, float], dict[str, float]]:
+    """(egress, ingress) bytes/s of the hosts whose sends (receives) share one interface."""
+    out_sum: dict[str, float] = {}
+    in_sum: dict[str, float] = {}
+    for r in pairs:
+        out_sum[r.src] = out_sum.get(r.src, 0.0) + r.bytes_per_sec
+        in_sum[r.dst] = in_sum.get(r.dst, 0.0) + r.bytes_per_sec
+    return ({n.host: n.egress_bytes_per_sec for n in nics if n.egress_bytes_per_sec < SHARED * out_sum.get(n.host, 0)},
+            {n.host: n.ingress_bytes_per_sec for n in nics if n.ingress_bytes_per_sec < SHARED * in_sum.get(n.host, 0)})
 
 
 def fit_rate(points: list[tuple[int, float]], rtt: float) -> float:
@@ -286,13 +303,13 @@ def write(probed: Probed, out_dir: Path, csv_name: str, json_name: str, sizes: l
     from ..formats.bandwidth import PROBE_SOURCE
     out_dir.mkdir(parents=True, exist_ok=True)
     results = probed.pairs
+    egress, ingress = shared_nics(results, probed.nics)
     lines = [f"{r.src},{r.dst},{r.bytes_per_sec * 8 / 1e9:.6f}" for r in results]
     (out_dir / csv_name).write_text("\n".join(lines) + "\n")
     bw = Bandwidth(bytes_per_sec={Bandwidth.key(r.src, r.dst): r.bytes_per_sec for r in results},
                    latency_s={Bandwidth.key(r.src, r.dst): r.latency_s for r in results},
                    burst_bytes={Bandwidth.key(r.src, r.dst): r.burst_bytes for r in results if r.burst_bytes > 0},
-                   egress_bytes_per_sec={n.host: n.egress_bytes_per_sec for n in probed.nics},
-                   ingress_bytes_per_sec={n.host: n.ingress_bytes_per_sec for n in probed.nics},
+                   egress_bytes_per_sec=egress, ingress_bytes_per_sec=ingress,
                    source=f"{PROBE_SOURCE} (gloo p2p, sizes {','.join(str(s) for s in sizes)} bytes)")
     bw.save(out_dir / json_name)
 
