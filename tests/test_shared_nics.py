@@ -148,3 +148,42 @@ def test_only_interfaces_slower_than_their_links_together_are_written():
     egress, ingress = shared_nics(pairs, nics)
     assert egress == {"pi0": 1.02 * RATE, "pi2": 1.5 * RATE}
     assert ingress == {"pi2": 0.9 * RATE}
+
+
+def test_a_search_rejects_on_independent_links_first_and_finds_the_same_plan():
+    """Interfaces only delay transfers: the independent links' step bounds the plan's from below,
+    and a neighbour rejected on it would be rejected anyway, so the search ends where it would."""
+    import dataclasses
+
+    from torchpp.cost import MemoryEstimator
+    from torchpp.planner import chunks
+    from torchpp.planner.pricing import price_plan
+    from torchpp.planner.search import search
+    from torchpp.planner.synthetic import seed000_8host_instance
+    from torchpp.planner.types import Problem
+
+    files, bw, mem, _ = seed000_8host_instance()
+    hosts = [f.host for f in files]
+    shared = dataclasses.replace(bw, egress_bytes_per_sec={h: max(bw.rate(h, o) for o in hosts if o != h) for h in hosts},
+                                 ingress_bytes_per_sec={h: max(bw.rate(o, h) for o in hosts if o != h) for h in hosts})
+
+    def problem(b):
+        return Problem(profiles=Profiles.from_layers(files), links=Links(b), hosts=hosts, budget=mem,
+                       memory=MemoryEstimator.analytic(), global_batch=32, schedule="auto")
+
+    pb = problem(shared)
+    first = search(pb)
+    plan = first.plan
+    full = price_plan(pb, plan, keep=False)
+    floor = price_plan(pb, plan, keep=False, above=0.0)
+    assert floor == pytest.approx(price_plan(problem(bw), plan, keep=False), rel=1e-12)
+    assert floor < full
+    assert price_plan(pb, plan, keep=False, above=full * 2) == full
+
+    orig = chunks.price_plan
+    try:
+        chunks.price_plan = lambda pb, plan, keep=True, above=None: orig(pb, plan, keep)
+        res = search(problem(shared))
+    finally:
+        chunks.price_plan = orig
+    assert (res.step_time_s, res.plan.to_json()) == (first.step_time_s, plan.to_json())

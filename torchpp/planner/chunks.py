@@ -249,7 +249,7 @@ def price_layout(pb: Problem, t: Tables, lay: ChunkLayout, above: float = INF
     if got is None:
         return None
     try:
-        step = price_plan(pb, got[0], keep=False) if above < INF else None
+        step = price_plan(pb, got[0], keep=False, above=above) if above < INF else None
         if step is not None and step >= above:
             return step, None
         plan = _fitted(pb, lay, *got)

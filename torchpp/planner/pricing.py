@@ -22,7 +22,7 @@ from ..sim.compiled import AR, OPT, SA, SG, Compiled, durations_generic
 from ..sim.engine import simulate
 from ..sim.measured import price
 from ..sim.types import SimOptions
-from .types import Problem
+from .types import INF, Problem
 
 
 def schedule_key(plan: Plan) -> tuple:
@@ -96,10 +96,15 @@ class _Firsts:
         self.coll = list(range(len(first)))
 
 
-def price_plan(pb: Problem, plan: Plan, keep: bool = True) -> float:
+def price_plan(pb: Problem, plan: Plan, keep: bool = True, above: float = INF) -> float:
     """``plan``'s replayed step time on ``pb``'s costs; the lowest so far is kept with its replay
     (replayed again with its spans recorded only when it is the lowest so far; never with ``keep``
-    False: a plan not yet known to fit)."""
+    False: a plan not yet known to fit).
+
+    ``above``: a step the caller rejects at or above. Where hosts share interfaces (priced on the
+    simulator's event core, the dearer replay) the plan is first replayed on independent links,
+    list by list: that step is a lower bound (an interface only delays a transfer), and where it
+    is already at or above ``above`` it is returned as it is."""
     key = schedule_key(plan)
     built = pb.ledger.schedules
     if key not in built:  # validated once, for the plan the search returns (planner.search)
@@ -108,6 +113,12 @@ def price_plan(pb: Problem, plan: Plan, keep: bool = True) -> float:
     c, distinct = built[key]
     cost: Any = DistinctCost(MeasuredCost(plan, pb.profiles, pb.links, pb.optimizer_s_per_byte,
                                           stage_times=pb.ledger.stage_times), distinct)
+    if above < INF and cost.nic_s is not None:
+        nic_s, cost.nic_s = cost.nic_s, None
+        floor = simulate(c, cost, SimOptions(comm="links"), spans=False).makespan
+        cost.nic_s = nic_s
+        if floor >= above:
+            return floor
     step = simulate(c, cost, SimOptions(comm="links"), spans=False).makespan
     if keep:
         keep_priced(pb, plan, step)
