@@ -135,10 +135,11 @@ def test_interface_rates_round_trip_and_are_checked(tmp_path):
 
 
 def test_fan_messages_outlast_a_burst_and_stay_short_on_fast_links():
-    assert fan_size([1.2e6, 2.4e6], 0.25) == 300_000
-    assert fan_size([1e3], 0.25) == 64 << 10
-    assert fan_size([1.25e10], 0.25) == 16 << 20
-    assert fan_size([1.2e6 + 1], 0.25) % 4 == 0
+    assert fan_size(1.2e6, 0.25) == 300_000
+    assert fan_size(2.4e6, 0.25) == 600_000
+    assert fan_size(1e3, 0.25) == 64 << 10
+    assert fan_size(1.25e10, 0.25) == 16 << 20
+    assert fan_size(1.2e6 + 1, 0.25) % 4 == 0
 
 
 def test_only_interfaces_slower_than_their_links_together_are_written():

@@ -19,7 +19,7 @@ segment) delivers it sooner than the rate says; the bytes it gained are its burs
 
 With three or more hosts, each host's interfaces: the host sends one message to every other
 host at once (fan-out), then every other host sends one to it at once (fan-in), each message
-about ``fan_s`` seconds at its link's rate. Their bytes over the time the last one took are
+``fan_s`` seconds at its own link's rate. Their bytes over the time the last one took are
 the host's ``egress_bytes_per_sec`` and ``ingress_bytes_per_sec``: about one link's rate where
 the host's sends (receives) share one interface (a Pi's Ethernet port, a Wi-Fi radio, a shaped
 interface), the sum of its links' where they do not (then nothing is written: :data:`SHARED`). Pairs measured one at a time cannot tell
@@ -90,11 +90,12 @@ class Probed:
     nics: list[NicResult]
 
 
-def fan_size(rates: list[float], fan_s: float) -> int:
-    """Bytes of each fan message: ``fan_s`` seconds at the slowest of the hub's links, in whole
+def fan_size(rate: float, fan_s: float) -> int:
+    """Bytes of one fan message on a link of ``rate`` bytes/s: ``fan_s`` seconds of it, in whole
     floats, between 64 KiB and 16 MiB (a message must outlast a link's burst, and a fast link, or
-    loopback, must not copy gigabytes)."""
-    return int(min(max(min(rates) * fan_s, 64 << 10), 16 << 20)) // 4 * 4
+    loopback, must not copy gigabytes). Each link gets its own seconds' worth, so that on
+    independent links every message of a fan ends together and the fan reads their sum."""
+    return int(min(max(rate * fan_s, 64 << 10), 16 << 20)) // 4 * 4
 
 
 SHARED = 0.9
@@ -198,17 +199,20 @@ def _round_trips(buf, ping, peer: int, me_src: bool, repeats: int, rest_s: float
     return times
 
 
-def _fan(hub: int, rank: int, world: int, size: int, inward: bool, repeats: int) -> float:
-    """Every rank calls this; on ``hub``, the median seconds until ``size`` bytes have crossed
-    between it and every other rank at once (``inward``: they send when the hub's go reaches
-    them, so that no sender starts before the hub's clock; else it sends and each acknowledges),
-    after one untimed round; 0.0 elsewhere."""
+def _fan(hub: int, rank: int, world: int, sizes: list[int], inward: bool, repeats: int) -> float:
+    """Every rank calls this; on ``hub``, the median seconds until ``sizes[i]`` bytes have crossed
+    between it and its ``i``-th peer, all peers at once (``inward``: they send when the hub's go
+    reaches them, so that no sender starts before the hub's clock; else it sends and each
+    acknowledges), after one untimed round; 0.0 elsewhere."""
     import torch
     import torch.distributed as dist
 
     peers = [p for p in range(world) if p != hub]
     ping = torch.zeros(1)
-    bufs = [torch.empty(size // 4) for _ in (peers if rank == hub and inward else [0])]
+    if rank == hub:
+        bufs = [torch.empty(n // 4) for n in sizes]
+    else:
+        bufs = [torch.empty(sizes[peers.index(rank)] // 4)]
     times = []
     for i in range(repeats + 1):
         dist.barrier()
@@ -220,7 +224,7 @@ def _fan(hub: int, rank: int, world: int, size: int, inward: bool, repeats: int)
                 for w in [dist.irecv(b, p) for b, p in zip(bufs, peers)]:
                     w.wait()
             else:
-                for w in [dist.isend(bufs[0], p) for p in peers]:
+                for w in [dist.isend(b, p) for b, p in zip(bufs, peers)]:
                     w.wait()
                 for p in peers:
                     dist.recv(ping, p)
@@ -248,8 +252,8 @@ def _fans(pairs: list[PairResult], hosts: list[str], rank: int, args: ProbeSetti
         others = [h for i, h in enumerate(hosts) if i != hub]
         got = []
         for inward in (False, True):
-            size = fan_size([rate[(o, hosts[hub])] if inward else rate[(hosts[hub], o)] for o in others], args.fan_s)
-            got.append((world - 1) * size / max(_fan(hub, rank, world, size, inward, args.fan_repeats), 1e-9))
+            sizes = [fan_size(rate[(o, hosts[hub])] if inward else rate[(hosts[hub], o)], args.fan_s) for o in others]
+            got.append(sum(sizes) / max(_fan(hub, rank, world, sizes, inward, args.fan_repeats), 1e-9))
         if rank == hub:
             mine = NicResult(hosts[hub], got[0], got[1])
             if on_nic is not None:
