@@ -196,6 +196,32 @@ def test_probe_on_loopback_writes_both_files(tmp_path):
         assert gbps == pytest.approx(bw.rate(s, d) * 8 / 1e9, rel=1e-5)
 
 
+@pytest.mark.slow
+def test_probe_of_three_hosts_measures_each_hosts_fans(tmp_path):
+    """Three processes on 127.0.0.1: every pair, then each host's fan-out and fan-in (printed per host);
+    whatever the file keeps of them names known hosts with positive rates."""
+    import os
+    import subprocess
+    import sys
+
+    from torchpp.runtime.launch import popen_ranks, wait_ranks
+    procs = popen_ranks([sys.executable, "-m", "torchpp", "bandwidth", "probe", "--out-dir", str(tmp_path), "--sizes",
+                         "64K,256K", "--repeats", "2", "--fan-seconds", "0.02", "--timeout", "60"], 3,
+                        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+                        per_rank=lambda rank: {"HOST": ("a", "b", "c")[rank]},
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    outs = [out for _, out, _ in wait_ranks(procs, timeout_s=180)]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert "3 host(s)' interfaces" in outs[0]
+    for rank, host in enumerate("abc"):
+        assert f"  {host}: to all peers at once" in outs[rank]
+    from torchpp.formats import Bandwidth
+    bw = Bandwidth.load(tmp_path / "bandwidth.json")
+    assert len(bw.bytes_per_sec) == 6
+    for rates in (bw.egress_bytes_per_sec, bw.ingress_bytes_per_sec):
+        assert set(rates) <= {"a", "b", "c"} and all(v > 0 for v in rates.values())
+
+
 def _plan(hosts: list[str], groups: list[int]):
     from torchpp.models.presets import load_config, model_info
     from torchpp.planner.simple import make_plan
