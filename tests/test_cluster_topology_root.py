@@ -134,3 +134,49 @@ def test_the_probe_finds_each_hosts_one_interface(star3, tmp_path):
         link = max(bw.rate(h, o) for o in "abc" if o != h)
         for what, got in (("egress", bw.egress(h)), ("ingress", bw.ingress(h))):
             assert 0.85 <= got / link <= 1.25, f"{h} {what}: {got:.0f} B/s against one link's {link:.0f} B/s"
+
+
+_PAUSED_MESSAGES = r"""
+import datetime, os, statistics, time
+import torch, torch.distributed as dist
+from torchpp.runtime.rendezvous import env_store
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", store=env_store(rank, 2, datetime.timedelta(seconds=60)), rank=rank, world_size=2)
+pg = dist.distributed_c10d._get_default_group()
+buf = torch.empty(33280 // 4)  # an int8 activation of 2 x 64 tokens of 256: 33,280 bytes
+stamps = []
+for _ in range(6):
+    dist.barrier()
+    if rank == 1:
+        work = pg.recv([buf], 0, 5)  # posted ahead, as the runtime posts its receives
+        work.wait()
+        stamps.append(time.perf_counter())  # arrived
+    else:
+        time.sleep(0.05)
+        stamps.append(time.perf_counter())  # posted (the namespaces share the machine's clock)
+        pg.send([buf], 1, 5).wait()
+    dist.barrier()
+got = [None, None]
+dist.all_gather_object(got, stamps)
+if rank == 0:
+    print("transit_ms", statistics.median(1e3 * (b - a) for a, b in zip(got[0][2:], got[1][2:])), flush=True)
+dist.barrier()
+os._exit(0)  # gloo's threads can abort a normal exit once the peer has gone
+"""
+
+
+def test_a_message_after_a_pause_crosses_at_the_links_rate(star_cluster, tmp_path):
+    """33 kB sent after 50 ms of quiet into a receive posted ahead (a pipeline's int8 activation):
+    with segmentation offload a veth handed htb the whole message as one packet, which passed at
+    once (0.37 ms here, 0.3 ms on a 10 Mbit/s link, once TCP's window had grown); one segment per
+    packet, it takes its bytes over the rate less the shaper's burst (5.3 ms)."""
+    script = tmp_path / "paused.py"
+    script.write_text(_PAUSED_MESSAGES)
+    rc, res = cluster.run(NAME, [sys.executable, str(script)], tmp_path / "logs", timeout=120, log=lambda *_: None)
+    assert rc == 0, "\n".join(Path(r.log).read_text()[-3000:] for r in res)
+    line = next(l for l in Path(res[0].log).read_text().splitlines() if l.startswith("transit_ms"))
+    transit = float(line.split()[1]) / 1e3
+    rate = Network(star_of(star_cluster)).rate(0, 1)
+    burst = 4 * 1514  # at least what tc.py gives htb (2 ms of 40 Mbit/s is 10 kB)
+    floor = (33280 - max(burst, rate * 0.002)) / rate
+    assert transit >= 0.7 * floor, f"33 kB crossed in {transit * 1e3:.2f} ms, the link needs {floor * 1e3:.1f} ms"
