@@ -188,3 +188,25 @@ def test_a_search_rejects_on_independent_links_first_and_finds_the_same_plan():
     finally:
         chunks.price_plan = orig
     assert (res.step_time_s, res.plan.to_json()) == (first.step_time_s, plan.to_json())
+
+
+def test_a_replan_leaves_out_messages_that_shared_an_interface():
+    """The middle host's gradient back and activation on left through its one uplink together, each
+    at half its link's rate; fitted as they are they read the link at half its rate. Where the probe
+    found the interface shared, those messages are left out and the link reads its rate."""
+    from torchpp.planner.replan.fit import fit_links
+    from torchpp.planner.replan.read import Measurements, Transfer
+
+    lf = layers_file("pi0", num_layers=3, batch=1)
+    plan = make_plan(lf.model, seq_len=16, global_batch=3, num_microbatches=3, layer_ranges=[(0, 1), (1, 2), (2, 3)],
+                     group_sizes=[1, 1, 1], hosts=PIS)
+    n, d = 1_000_000, 1_000_000 / RATE
+    m = Measurements()
+    m.transfers = [Transfer(1, 0, n, d, start_s=0.0, end_s=d), Transfer(1, 2, n, d, start_s=5.0, end_s=5.0 + d),
+                   Transfer(1, 0, n, 2 * d, start_s=10.0, end_s=10.0 + 2 * d),  # these two together
+                   Transfer(1, 2, n, 2 * d, start_s=10.0, end_s=10.0 + 2 * d)]
+    alone = {(lk.src, lk.dst): lk for lk in fit_links(plan, m, uniform_links(PIS, RATE))}
+    shared = {(lk.src, lk.dst): lk for lk in fit_links(plan, m, _links(RATE, None).bw)}
+    assert alone[("pi1", "pi0")].bytes_per_sec < 0.8 * RATE
+    assert shared[("pi1", "pi0")].bytes_per_sec == pytest.approx(RATE)
+    assert shared[("pi1", "pi2")].bytes_per_sec == pytest.approx(RATE) and shared[("pi1", "pi2")].censored == 1

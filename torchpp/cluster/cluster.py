@@ -79,6 +79,25 @@ def host_tcp(wanted: str) -> str:
     return wanted
 
 
+def _host_network(cfg: ClusterConfig, i: int, tcp: str) -> bool:
+    """Host ``i``'s namespace on the switch, its address, TCP and shaped links; whether its veth
+    takes one segment per packet (:func:`netns.one_segment_per_packet`)."""
+    ns, port = cfg.host_ns(i), cfg.switch_port(i)
+    netns.add(ns)
+    netns.add_veth(cfg.switch_ns, port, ns, HOST_DEV)
+    segmented = netns.one_segment_per_packet(ns, HOST_DEV) and netns.one_segment_per_packet(cfg.switch_ns, port)
+    netns.set_master(cfg.switch_ns, port, BRIDGE)
+    netns.up(cfg.switch_ns, port)
+    netns.add_address(ns, HOST_DEV, cfg.cidr(i))
+    netns.up(ns, HOST_DEV)
+    if tcp != "machine":
+        netns.sysctl(ns, TCP_KEY, tcp)
+    for eg in (cfg.uplink(i), cfg.downlink(i)):
+        if not (eg.default.is_noop and not eg.per_dst):
+            tc.apply(eg)
+    return segmented
+
+
 def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any]:
     """Create the cluster. On any failure (or Ctrl-C) everything made so far is removed."""
     _require(f"`torchpp cluster up` ({cfg.name})")
@@ -113,20 +132,8 @@ def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any
             raise ClusterError(str(e)) from None
         unsegmented: list[str] = []
         for i, h in enumerate(cfg.hosts):
-            ns, port = cfg.host_ns(i), cfg.switch_port(i)
-            netns.add(ns)
-            netns.add_veth(cfg.switch_ns, port, ns, HOST_DEV)
-            if not (netns.one_segment_per_packet(ns, HOST_DEV) and netns.one_segment_per_packet(cfg.switch_ns, port)):
+            if not _host_network(cfg, i, tcp):
                 unsegmented.append(h.name)
-            netns.set_master(cfg.switch_ns, port, BRIDGE)
-            netns.up(cfg.switch_ns, port)
-            netns.add_address(ns, HOST_DEV, cfg.cidr(i))
-            netns.up(ns, HOST_DEV)
-            if tcp != "machine":
-                netns.sysctl(ns, TCP_KEY, tcp)
-            for eg in (cfg.uplink(i), cfg.downlink(i)):
-                if not (eg.default.is_noop and not eg.per_dst):
-                    tc.apply(eg)
             # Unlimited hosts still get a group: it is how run/down find every process they started.
             ctl = (tuple(c for c, v in (("cpu", h.cpu), ("memory", h.memory)) if v is not None)
                    or tuple(c for c in cgroups.CONTROLLERS if c in cgroups.detect())[:1])

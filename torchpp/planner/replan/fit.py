@@ -193,7 +193,8 @@ class LinkFit:
     at_clock_resolution: int = 0
     """Messages faster than the clocks' alignment can resolve (counted at that resolution)."""
     censored: int = 0
-    """Messages left out because they overlapped another on their row (all of them: old rate kept)."""
+    """Messages left out because they overlapped another on their row, or another on a shared
+    interface of their sender or receiver (all of them: old rate kept)."""
     capped_from: float | None = None
     """The fitted rate, where it exceeded the probe's measured capacity of the link (then the
     rate is that capacity)."""
@@ -217,9 +218,10 @@ def fit_links(plan: Plan, meas: Measurements, old: Bandwidth) -> list[LinkFit]:
         a, b = plan.device_of_rank(t.src).host, plan.device_of_rank(t.dst).host
         if a != b:
             by[(a, b)].append(t)
+    queued = shared_interface_overlaps(by, old)
     out = []
     for (a, b), all_ts in sorted(by.items()):
-        clean = [t for t in all_ts if not t.censored]
+        clean = [t for t in all_ts if not t.censored and id(t) not in queued]
         old_rate = old.rate(a, b) if old.has(a, b) else None
         if not clean and old_rate is not None:
             out.append(LinkFit(a, b, len(all_ts), old_rate, old.latency(a, b), old_rate, old.latency(a, b),
@@ -244,6 +246,28 @@ def fit_links(plan: Plan, meas: Measurements, old: Bandwidth) -> list[LinkFit]:
             capped, rate = rate, old_rate
         out.append(LinkFit(a, b, len(all_ts), rate, lat, old_rate, old_lat, int((raw < floor).sum()),
                            len(all_ts) - len(clean) if clean else 0, capped))
+    return out
+
+
+def shared_interface_overlaps(by: dict[tuple[str, str], list[Transfer]], bw: Bandwidth) -> set[int]:
+    """ids of the transfers that were on the wire while another left the same host's shared uplink
+    for another host, or reached the same host's shared downlink from another (``bw``'s interfaces):
+    they shared the interface, so their time says less than the link's rate; left out like a
+    message that overlapped another on its row."""
+    out: set[int] = set()
+    for key_of, shared in ((lambda ab: ab[0], bw.egress_bytes_per_sec), (lambda ab: ab[1], bw.ingress_bytes_per_sec)):
+        on: dict[str, list[tuple[float, float, int, tuple[str, str]]]] = defaultdict(list)
+        for ab, ts in by.items():
+            if key_of(ab) in shared:
+                on[key_of(ab)].extend((t.start_s + 1e9 * t.step, t.end_s + 1e9 * t.step, id(t), ab) for t in ts)
+        for spans in on.values():
+            spans.sort()
+            for i, (s0, e0, k0, ab0) in enumerate(spans):
+                for s1, e1, k1, ab1 in spans[i + 1:]:
+                    if s1 >= e0:
+                        break
+                    if ab1 != ab0:
+                        out.update((k0, k1))
     return out
 
 

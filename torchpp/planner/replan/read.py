@@ -58,6 +58,10 @@ class Transfer:
     """The later of the two slice starts was set by the previous message on its row, not by the
     message being posted: the transfer may have begun earlier, so its time is a lower bound."""
     step: int = 0
+    start_s: float = 0.0
+    """When both ends had posted it, on the merged clock (s)."""
+    end_s: float = 0.0
+    """When it arrived, on the merged clock (s)."""
 
 
 @dataclass
@@ -161,7 +165,8 @@ def read_run(trace_dir: Path, plan: Plan, profiles: Profiles, plan_src: str = "p
             first = sd if sd.start >= rv.start else rv
             secs = rv.end - first.start
             unc = (rtt.get(sd.rank, 0.0) + rtt.get(rv.rank, 0.0)) / 2
-            out.transfers.append(Transfer(int(sd.rank), int(rv.rank), int(rv.bytes), secs, unc, id(first) in clipped, n))
+            out.transfers.append(Transfer(int(sd.rank), int(rv.rank), int(rv.bytes), secs, unc, id(first) in clipped, n,
+                                          first.start, rv.end))
     _leave_out_stalled(out, opt_steps)
     return out
 
