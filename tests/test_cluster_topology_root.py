@@ -36,27 +36,33 @@ def _why_not() -> str | None:
 pytestmark = [pytest.mark.root, pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))]
 
 
-def leftovers() -> dict:
-    state = STATE_DIR / f"cluster-{NAME}.json"
-    return {**cluster.leftovers(NAME), "state": [str(state)] if state.exists() else []}
+def leftovers(name: str = NAME) -> dict:
+    state = STATE_DIR / f"cluster-{name}.json"
+    return {**cluster.leftovers(name), "state": [str(state)] if state.exists() else []}
 
 
-@pytest.fixture
-def star_cluster(tmp_path, monkeypatch):
-    if any(leftovers().values()):
-        pytest.skip(f"cluster {NAME} already exists ({leftovers()}); `torchpp cluster down -n {NAME}` removes it")
+def _star(tmp_path, monkeypatch, name: str, subnet: str, port: int, hosts: tuple[str, ...]):
+    """A star of ``hosts``, each 0.5 core and shaped to 40 Mbit/s both ways; taken down afterwards
+    and checked to leave nothing behind."""
+    if any(leftovers(name).values()):
+        pytest.skip(f"cluster {name} already exists ({leftovers(name)}); `torchpp cluster down -n {name}` removes it")
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    p = tmp_path / "c.json"
-    p.write_text(json.dumps({"name": NAME, "subnet": "10.77.43.0/24", "master_port": 29543, "cpu_period_ms": 10,
-                             "hosts": [
-        {"name": n, "cpu": 0.5, "memory": "2G", "rate": "40mbit", "down_rate": "40mbit"} for n in ("a", "b")]}))
+    p = tmp_path / f"{name}.json"
+    p.write_text(json.dumps({"name": name, "subnet": subnet, "master_port": port, "cpu_period_ms": 10,
+                             "hosts": [{"name": n, "cpu": 0.5, "memory": "2G", "rate": "40mbit", "down_rate": "40mbit"}
+                                       for n in hosts]}))
     cfg = ClusterConfig.load(p)
     try:
         cluster.up(cfg, log=lambda *_: None)
         yield cfg
     finally:
         cluster.down(cfg.name, log=lambda *_: None)
-        assert not any(leftovers().values()), f"left behind: {leftovers()}"
+        assert not any(leftovers(name).values()), f"left behind: {leftovers(name)}"
+
+
+@pytest.fixture
+def star_cluster(tmp_path, monkeypatch):
+    yield from _star(tmp_path, monkeypatch, NAME, "10.77.43.0/24", 29543, ("a", "b"))
 
 
 def test_host_namespaces_take_their_own_tcp_congestion_control(star_cluster):
@@ -102,22 +108,7 @@ def test_gloo_goodput_is_the_stars_link_rate(star_cluster, tmp_path, sizes, repe
 @pytest.fixture
 def star3(tmp_path, monkeypatch):
     """Three hosts on one switch, each interface shaped to 40 Mbit/s both ways."""
-    name = "tpt3fan"
-    left = {**cluster.leftovers(name)}
-    if any(left.values()):
-        pytest.skip(f"cluster {name} already exists ({left}); `torchpp cluster down -n {name}` removes it")
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    p = tmp_path / "c3.json"
-    p.write_text(json.dumps({"name": name, "subnet": "10.77.44.0/24", "master_port": 29544, "cpu_period_ms": 10,
-                             "hosts": [{"name": n, "cpu": 0.5, "memory": "2G", "rate": "40mbit", "down_rate": "40mbit"}
-                                       for n in ("a", "b", "c")]}))
-    cfg = ClusterConfig.load(p)
-    try:
-        cluster.up(cfg, log=lambda *_: None)
-        yield cfg
-    finally:
-        cluster.down(cfg.name, log=lambda *_: None)
-        assert not any(cluster.leftovers(name).values())
+    yield from _star(tmp_path, monkeypatch, "tpt3fan", "10.77.44.0/24", 29544, ("a", "b", "c"))
 
 
 def test_the_probe_finds_each_hosts_one_interface(star3, tmp_path):
