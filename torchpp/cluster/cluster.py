@@ -160,7 +160,6 @@ def up(cfg: ClusterConfig, skip_netem: bool = False, log=print) -> dict[str, Any
             log(f"  warning: `ip link set ... gso_max_segs 1` was refused for {', '.join(unsegmented)}: their "
                 f"shaped links pass up to 64 kB at once after a pause, faster than the rate (a newer iproute2 "
                 f"and kernel fix this)")
-        state["segmented"] = not unsegmented
         total = sum(h.cpu or os.cpu_count() or 1 for h in cfg.hosts)
         if total > (os.cpu_count() or 1):
             log(f"  note: the hosts' CPU quotas add up to {total:g} cores on a {os.cpu_count()}-core machine; "

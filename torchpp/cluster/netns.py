@@ -11,7 +11,7 @@ import os
 import signal
 from pathlib import Path
 
-from .system import run
+from .system import CommandFailed, run
 
 NETNS_DIR = Path("/run/netns")
 
@@ -65,7 +65,7 @@ def one_segment_per_packet(ns: str, dev: str) -> bool:
     instead of 23.5 ms; a real 10 Mbit/s interface sends it at its rate."""
     try:
         run(["ip", "-n", ns, "link", "set", dev, "gso_max_segs", "1"])
-    except Exception:  # noqa: BLE001 -- an old ip or kernel: the caller says what it means
+    except CommandFailed:  # an old ip or kernel: the caller says what that means
         return False
     return True
 

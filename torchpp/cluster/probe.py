@@ -22,8 +22,9 @@ host at once (fan-out), then every other host sends one to it at once (fan-in), 
 ``fan_s`` seconds at its own link's rate. Their bytes over the time the last one took are
 the host's ``egress_bytes_per_sec`` and ``ingress_bytes_per_sec``: about one link's rate where
 the host's sends (receives) share one interface (a Pi's Ethernet port, a Wi-Fi radio, a shaped
-interface), the sum of its links' where they do not (then nothing is written: :data:`SHARED`). Pairs measured one at a time cannot tell
-the two apart, and a pipeline's middle stage sends a gradient back and an activation on at once.
+interface), the sum of its links' where they do not (then nothing is written: :data:`SHARED`).
+Pairs measured one at a time cannot tell the two apart, and a pipeline's middle stage sends a
+gradient back and an activation on at once.
 """
 from __future__ import annotations
 
