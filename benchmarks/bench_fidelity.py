@@ -17,6 +17,11 @@ MAPE ≤ 10% with the speed check reading the hosts slower. The full runs need a
 nothing else on it (each homelab demo takes ~15 minutes there); ``--quick`` runs the demo's quick
 size (tiny model, local processes unless ``--cluster``), one run per load, for a smoke test.
 
+Each run also says how much CPU the machine lost to steal (other guests of a virtual machine):
+the worst trained plan's mean over its traced steps, and the mean over the whole demo run. A run
+that lost 5% of the machine is marked "slowed"; the verdict gives the MAPE of the others beside
+every run's (the prediction assumes a machine nobody else takes CPU from).
+
 Each run also prints the re-plan's measured step over the plan's: a re-plan is meant to be faster
 than the plan it replaces, and one that is slower says its corrected costs misjudged the new layout.
 ``--config`` runs the homelab scenario on another cluster file (e.g. another CPU quota period).
@@ -71,6 +76,19 @@ class RunFigures:
     """Per host, its capacity over its quota ratio, minus 1 (emulated cluster only)."""
     outliers: list[str] = field(default_factory=list)
     failure: str = ""
+    steal: dict[str, float] = field(default_factory=dict)
+    """Per trained plan, the cores other guests of the virtual machine took during its traced steps
+    (worst host; the demo's ``stolen_cores``)."""
+    steal_whole: float | None = None
+    """The same over the whole demo run, profile included (this process's two readings)."""
+    cpus: int = 1
+
+    @property
+    def stolen(self) -> bool:
+        """Whether steal slowed any trained plan's measurement (``cpu_steal.slowed``)."""
+        from torchpp.trace import cpu_steal
+
+        return any(cpu_steal.slowed(c, self.cpus) for c in self.steal.values())
 
 
 def figures(out: Path, stdout: str, load: int, run: int, seconds: float, ok: bool,
@@ -104,6 +122,7 @@ def figures(out: Path, stdout: str, load: int, run: int, seconds: float, ok: boo
     f.mape_now = statistics.fmean(abs(e) for e in now) if now else None
     mem = [r["memory_error"] for r in runs if r.get("memory_error") is not None]
     f.memory = max(mem, key=abs) if mem else None
+    f.steal = {r["name"]: r["stolen_cores"] for r in runs if r.get("stolen_cores") is not None}
     for r in runs:
         for h, x in (r.get("speed_now") or {}).items():
             f.speed_now[h] = max(f.speed_now.get(h, 0.0), x)
@@ -141,8 +160,9 @@ def ratio(steps: dict[str, float]) -> str:
 
 def table(rows: list[RunFigures], cluster: bool) -> list[str]:
     lines = ["| load | run | even | plan | re-plan | re-plan / plan (measured) | MAPE | MAPE at launch | memory worst | profile (s) | "
-             "rounds from median (worst host) | capacity vs quota ratio (worst host) | slowest host at launch |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "rounds from median (worst host) | capacity vs quota ratio (worst host) | slowest host at launch | "
+             "steal (cores: worst run; whole demo) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for f in rows:
         worst = max(f.round_spread.items(), key=lambda kv: kv[1], default=None)
         quota = max(f.quota_error.items(), key=lambda kv: abs(kv[1]), default=None)
@@ -153,9 +173,16 @@ def table(rows: list[RunFigures], cluster: bool) -> list[str]:
             f"{'–' if f.mape_now is None else f'{100 * f.mape_now:.1f}%'} | {pct(f.memory)} | {f.profile_s:.0f} | "
             + (f"{worst[0]} {100 * worst[1]:.1f}%" if worst else "–") + " | "
             + (f"{quota[0]} {pct(quota[1])}" if quota and cluster else "–") + " | "
-            + (f"{slow[0]} x{slow[1]:.2f}" if slow else "–") + " |"
+            + (f"{slow[0]} x{slow[1]:.2f}" if slow else "–") + " | " + steal_cell(f) + " |"
             + ("" if f.ok else f" FAILED: {f.failure[:80]}"))
     return lines
+
+
+def steal_cell(f: RunFigures) -> str:
+    worst = max(f.steal.items(), key=lambda kv: kv[1], default=None)
+    cell = f"{worst[0]} {worst[1]:.2f}" if worst else "–"
+    cell += f"; {f.steal_whole:.2f}" if f.steal_whole is not None else ""
+    return cell + (" (slowed)" if f.stolen else "")
 
 
 def verdict(rows: list[RunFigures], cluster: bool) -> list[str]:
@@ -187,6 +214,10 @@ def verdict(rows: list[RunFigures], cluster: bool) -> list[str]:
             slower = [f for f in fs if f.speed_now and max(f.speed_now.values()) > 1.0]
             if any(f.speed_now for f in fs):
                 line += f"; the speed check read the hosts slower than profiled in {len(slower)} of {len(fs)}"
+        clean = [f.mape for f in fs if not f.stolen]
+        if len(clean) < len(fs):
+            line += (f"; {len(fs) - len(clean)} run(s) lost CPU to steal (another guest of the virtual machine), "
+                     f"the others' MAPE " + (", ".join(f"{100 * m:.1f}%" for m in sorted(clean)) or "–"))
         regress = [f for f in fs if "replan" in f.steps and "plan" in f.steps]
         if regress:
             line += (f"; re-plan / plan measured {', '.join(ratio(f.steps) for f in regress)} "
@@ -212,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     if runs < 1 or any(n < 0 for n in loads) or not loads:
         ap.error("--runs must be >= 1 and --loads a list of numbers >= 0")
     from torchpp.demo import DemoConfig, cluster_available
+    from torchpp.trace import cpu_steal
 
     cluster = not a.local and (a.cluster or not a.quick) and cluster_available() is None
     quick = ["--quick"] if a.quick else []
@@ -232,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         for k in range(1, runs + 1):
             out = a.out / f"load{load}_run{k}"
             hogs = busy(load)
+            before = cpu_steal.read()
             try:
                 ok, text, seconds = run_demo(out, demo_args, a.timeout)
             finally:
@@ -239,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                     h.kill()
                     h.wait()
             f = figures(out, text, load, k, seconds, ok, quotas)
+            f.steal_whole, f.cpus = cpu_steal.stolen_cores(before), cpu_steal.cpus()
             if not ok:  # the demo's own error line, else the last line it printed
                 lines = [x for x in text.splitlines() if x.strip()]
                 f.failure = next((x for x in lines if x.startswith("torchpp demo: error:")), lines[-1] if lines else "?")

@@ -33,7 +33,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence
 
 if TYPE_CHECKING:
     from .formats import Plan
@@ -311,6 +311,9 @@ class RunResult:
     """The training loss of the run's last step (rank 0's metrics.jsonl)."""
     wire_bytes: int | None = None
     """Bytes the ranks put on the wire in the last traced step (``wire_bytes_per_step``)."""
+    cpu_steal: dict | None = None
+    """The analysis' ``cpu_steal``: per host, the cores other guests of a virtual machine took during
+    the traced steps (``torchpp.trace.cpu_steal``)."""
 
     @property
     def error(self) -> float | None:
@@ -334,6 +337,12 @@ class RunResult:
         """(slowest - fastest window) / the median step: how much the measurement itself moves."""
         w = self.windows
         return (max(w) - min(w)) / self.measured_step_s if len(w) > 1 else 0.0
+
+    @property
+    def stolen_cores(self) -> float | None:
+        """The most any host's machine lost to steal on average over the traced steps."""
+        hosts = (self.cpu_steal or {}).get("hosts") or {}
+        return max((v["cores"] for v in hosts.values()), default=None)
 
     @property
     def memory_error(self) -> float | None:
@@ -371,6 +380,10 @@ class Baseline:
     """Worst device's predicted memory / budget (host)."""
     note: str = ""
     """What a real run showed, e.g. the kernel's OOM kill."""
+
+
+def report_field(report_json: Path, key: str) -> Any:
+    return (json.loads(report_json.read_text()) if report_json.exists() else {}).get(key)
 
 
 def memory_rows(report_json: Path) -> list[dict]:
@@ -754,7 +767,8 @@ class Demo:
                          predicted_step_s=predicted, steps_s=steps, report=str(report / "report.md"),
                          trace_dir=str(traces), memory_mib=memory_rows(report / "report.json"),
                          predicted_now_s=predicted_now, speed_now=speed_now, loss=final_loss(logs),
-                         wire_bytes=wire_bytes_per_step(traces))
+                         wire_bytes=wire_bytes_per_step(traces), cpu_steal=report_field(report / "report.json",
+                                                                                         "cpu_steal"))
 
     def speed_check(self, d: Path) -> list[Path]:
         """Every host times its profiled layers again, all at once (as their speed files were taken),
@@ -823,6 +837,7 @@ class Demo:
         summary = {"format": "torchpp.demo/1", "mode": self.hosts.mode, "hosts": self.hosts.names,
                    "config": asdict(self.cfg), "runs": [{**asdict(r), "error": r.error, "error_now": r.error_now,
                                                          "memory_error": r.memory_error,
+                                                         "stolen_cores": r.stolen_cores,
                                                          "windows_s": r.windows, "spread": r.spread} for r in results],
                    "baselines": [asdict(b) for b in baselines],
                    "lower_bound_s": (plan.predicted or {}).get("lower_bound_s"), "certificate": cert,
@@ -892,7 +907,24 @@ def summary_lines(cfg: DemoConfig, mode: str, hosts: Sequence[str], results: Seq
         out.append("at launch: predicted at the speed each host's `torchpp speed-check` read just before the run ("
                    + "; ".join(f"{r.name}: " + ", ".join(f"{h} x{x:.2f}" for h, x in r.speed_now.items())
                                for r in results if r.speed_now) + ")")
+    stolen = steal_line(results)
+    if stolen:
+        out.append(stolen)
     return out
+
+
+def steal_line(results: Sequence[RunResult]) -> str | None:
+    """How much CPU other guests of a virtual machine took during each run (None where no trace said):
+    a run that lost a few percent of the machine measures slower than any prediction."""
+    from .trace import cpu_steal as cs
+
+    runs = [(r, r.stolen_cores, max(v["cpus"] for v in r.cpu_steal["hosts"].values()))
+            for r in results if r.stolen_cores is not None]
+    if not runs:
+        return None
+    said = "; ".join(f"{r.name} {cs.describe(c, n)}" + (" (slower for it)" if cs.slowed(c, n) else "")
+                     for r, c, n in runs)
+    return f"steal (CPU other guests of a virtual machine took during the traced steps, worst host): {said}"
 
 
 def replan_line(results: Sequence[RunResult]) -> str | None:

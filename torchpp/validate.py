@@ -37,6 +37,8 @@ MAX_SECONDS = 1e9
 """Any duration or length: about 30 years, far beyond a step; keeps products finite."""
 MAX_WORKERS = 1024
 MAX_THREADS = 1024
+MAX_CPUS = 1 << 16
+"""CPUs of one machine (a trace's ``cpus``, the cores it lost to steal)."""
 HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 SHARE_TOLERANCE = 1e-3
 """How far a group's shares may sum from 1 (they are written with a few digits)."""

@@ -41,6 +41,10 @@ def check_trace(data: Any, source: str) -> dict[str, Any]:
         for key in ("peak_rss_bytes", "base_rss_bytes"):
             if mr.has(key):
                 mr.int(key, min_value=0, max_value=V.MAX_BYTES)
+        if mr.has("cpu_steal_cores"):
+            mr.float("cpu_steal_cores", min_value=0.0, max_value=V.MAX_CPUS)
+        if mr.has("cpus"):
+            mr.int("cpus", min_value=1, max_value=V.MAX_CPUS)
         if mr.has("stage"):
             mr.int("stage", min_value=0, max_value=V.MAX_STAGES)
         if mr.has("stages"):

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..schedules import Action, Kind
 from ..formats import write_json
+from ..trace import cpu_steal
+from ..trace.cpu_steal import CpuClock
 from ..trace.chrome import TraceWriter, merge
 from ..trace.timeline import P2P_NAMES, p2p_event
 from .exchange import gather_json
@@ -117,6 +119,7 @@ class StepRecorder:
     _log: list[tuple] = field(default_factory=list)
     """The step's compute, collective and block slices as recorded, formatted into events by :meth:`finish`."""
     _begin: float = field(default_factory=time.perf_counter)
+    _cpu: CpuClock | None = field(default_factory=cpu_steal.read)
 
     def __post_init__(self) -> None:
         self.writer = TraceWriter(world_size=self.world_size, rank=self.rank, metadata={
@@ -230,6 +233,9 @@ class StepRecorder:
         w.metadata["peak_rss_bytes"] = peak_rss_bytes()
         if _BASE_RSS is not None:
             w.metadata["base_rss_bytes"] = _BASE_RSS
+        stolen = cpu_steal.stolen_cores(self._cpu)
+        if stolen is not None:  # another guest's time on this machine's CPUs during the step
+            w.metadata["cpu_steal_cores"], w.metadata["cpus"] = round(stolen, 4), cpu_steal.cpus()
         for row in ("send", "recv"):
             recs = sorted((p for p in self._p2p if P2P_NAMES[p.action.kind][0] == row), key=lambda p: p.done_s)
             prev_end = float("-inf")

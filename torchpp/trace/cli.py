@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .. import argtypes as T
 from ..formats import Plan
-from .report import check_traces_of_plan, find_timelines, run_analyze
+from .report import check_traces_of_plan, find_timelines, run_analyze, steal_line
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -31,6 +31,8 @@ def _main(args: argparse.Namespace) -> int:
           f"imbalance {b['imbalance']:.4f} + communication {b['communication']:.4f} + recompute {b['recompute']:.4f}")
     if rep["step_time_error"] is not None:
         print(f"predicted {rep['predicted_step_time_s']:.4f} s ({100 * rep['step_time_error']:+.1f}%)")
+    if (rep.get("cpu_steal") or {}).get("slowed"):
+        print(steal_line(rep["cpu_steal"]))
     print(f"wrote {args.out}/report.md, report.json, gantt.png, stages.png")
     if args.hta_dir is not None:
         from .hta import export_step

@@ -16,6 +16,7 @@ from ..errors import UsageError
 from ..formats import Plan, file_hash, trace_plan_hashes, write_json
 from .analyze import StepAnalysis, analyze, events_from_trace
 from .chrome import load_trace
+from .cpu_steal import describe, slowed
 from .of_plan import check_trace_alone, check_trace_of_plan
 
 _STEP = re.compile(r"timeline_step(\d+)_all\.json$")
@@ -39,6 +40,40 @@ def rank_memory(trace: dict[str, Any]) -> dict[int, int]:
     ranks = (trace.get("metadata") or {}).get("ranks") or {}
     return {int(r): int(v["peak_rss_bytes"]) - int(v.get("base_rss_bytes") or 0)
             for r, v in ranks.items() if v.get("peak_rss_bytes")}
+
+
+def cpu_steal(traces: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Per host, the cores its machine lost to other guests (steal) on average over the traced steps
+    and in the worst one, from each rank's metadata; ``slowed`` names the hosts where that was
+    enough to slow the measurement (``cpu_steal.slowed``). None where no trace recorded it."""
+    seen: dict[str, list[float]] = {}
+    cpus: dict[str, int] = {}
+    for tr in traces:
+        for r, v in ((tr.get("metadata") or {}).get("ranks") or {}).items():
+            if v.get("cpu_steal_cores") is not None:
+                host = str(v.get("host") or f"rank {r}")
+                seen.setdefault(host, []).append(float(v["cpu_steal_cores"]))
+                cpus[host] = int(v.get("cpus") or 1)
+    if not seen:
+        return None
+    hosts = {h: {"cores": statistics.fmean(xs), "worst_step_cores": max(xs), "cpus": cpus[h]}
+             for h, xs in sorted(seen.items())}
+    return {"hosts": hosts, "slowed": [h for h, v in hosts.items() if slowed(v["cores"], v["cpus"])]}
+
+
+def steal_line(steal: dict[str, Any] | None) -> str | None:
+    """The report's one line on steal, or None where the traces did not record it."""
+    if not steal:
+        return None
+    said: dict[str, list[str]] = {}  # hosts of one machine (an emulated cluster) read the same
+    for h, v in steal["hosts"].items():
+        said.setdefault(describe(v["cores"], v["cpus"]), []).append(h)
+    parts = "; ".join(f"{', '.join(hs)} {d}" for d, hs in said.items())
+    line = f"CPU taken by other guests of the virtual machine (steal), mean over the traced steps: {parts}"
+    if steal["slowed"]:
+        line += (f"; the measured times on {', '.join(steal['slowed'])} include it (every process there waited), "
+                 "the prediction assumes none")
+    return line
 
 
 def predicted_memory(plan: Plan | None) -> dict[int, int]:
@@ -94,6 +129,7 @@ def build_report(trace_dir: Path, plan: Plan | None = None, predicted: Path | No
     out["predicted_step_time_s"] = pred_step
     out["step_time_error"] = _rel(pred_step, med) if pred_step is not None else None
     meas_mem, pred_mem = rank_memory(rep_trace), predicted_memory(plan)
+    out["cpu_steal"] = cpu_steal([tr for _, _, tr in analyses])
     out["memory"] = {str(r): {"measured_peak_bytes": meas_mem.get(r), "predicted_peak_bytes": pred_mem.get(r),
                               "error": _rel(pred_mem[r], meas_mem[r]) if r in pred_mem and r in meas_mem else None}
                      for r in sorted(set(meas_mem) | set(pred_mem))}
@@ -113,6 +149,8 @@ def write_markdown(rep: dict[str, Any], path: Path) -> None:
     if rep["predicted_step_time_s"] is not None:
         lines.append(f"Predicted: {rep['predicted_step_time_s']:.4f} s, error "
                      f"{100 * rep['step_time_error']:+.1f}%")
+    if (steal := steal_line(rep.get("cpu_steal"))) is not None:
+        lines.append(steal)
     lines += ["", "## Per rank (seconds)", "",
               "| rank | stage(s) | compute | forward | backward | recompute | recv wait | all-reduce | optimizer | idle |",
               "|---|---|---|---|---|---|---|---|---|---|"]
