@@ -102,3 +102,35 @@ def test_the_demo_and_the_fidelity_bench_say_it(tmp_path):
                           steal={"plan": 0.01})
     line = bf.verdict([slowed, clean], cluster=False)[0]
     assert "1 run(s) lost CPU to steal" in line and "the others' MAPE 3.0%" in line
+
+
+def test_a_profile_keeps_its_steal_and_an_outlier_round_names_it(tmp_path):
+    from torchpp.formats import Capacities, LayersFile
+    from torchpp.planner.capacities import compute_capacities
+    from torchpp.planner.synthetic import layers_file
+    from torchpp.profiling.measure import format_summary
+
+    lf = layers_file("pi", num_layers=2)
+    assert "cpu_steal_cores" not in lf.to_json()["run"]  # not recorded: absent, as in older files
+    lf.run.cpu_steal_cores = 0.3
+    again = LayersFile.load(lf.save(tmp_path / "layers_pi.json"))
+    assert again.run.cpu_steal_cores == 0.3 and "steal (CPU other guests" in format_summary(again)
+    bad = again.to_json()
+    bad["run"]["cpu_steal_cores"] = -0.1
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(FormatError, match=r"run\.cpu_steal_cores"):
+        LayersFile.load(tmp_path / "bad.json")
+
+    def scaled(host, k, steal=None):
+        f = layers_file(host, num_layers=2, speed=1 / k)
+        f.run.cpu_steal_cores = steal
+        return f
+
+    rounds = [[scaled("ref", 1.0), scaled("pi", 2.0)], [scaled("ref", 1.0), scaled("pi", 3.0, steal=0.4)],
+              [scaled("ref", 1.0), scaled("pi", 2.04)]]
+    cap = compute_capacities(rounds[0], "ref", again=[(fs, [f"r{i}_{f.host}" for f in fs])
+                                                      for i, fs in enumerate(rounds[1:], 1)])
+    assert [(o.host, o.round, o.cpu_steal_cores) for o in cap.outliers] == [("pi", 1, 0.4)]
+    assert cap.outliers[0].line().endswith("; 0.40 core(s) of the machine went to other guests (steal) while it "
+                                           "was profiled")
+    assert Capacities.load(cap.save(tmp_path / "cap.json")) == cap

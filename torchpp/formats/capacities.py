@@ -37,10 +37,16 @@ class CapacityOutlier:
     median: float
     tolerance: float
     """The relative distance from ``median`` the round's profiles' spread allowed."""
+    cpu_steal_cores: float | None = None
+    """The most CPU (cores) the host's or the reference host's machine lost to other guests of a
+    virtual machine (steal) while that round's profiles were timed, where they recorded it."""
 
     def line(self) -> str:
+        steal = (f"; {self.cpu_steal_cores:.2f} core(s) of the machine went to other guests (steal) while it was "
+                 "profiled" if self.cpu_steal_cores else "")
         return (f"{self.host} round {self.round + 1}: {self.value:.3f} is {100 * (self.value / self.median - 1):+.0f}% "
-                f"from its median {self.median:.3f}, beyond the {100 * self.tolerance:.0f}% its profiles' spread explains")
+                f"from its median {self.median:.3f}, beyond the {100 * self.tolerance:.0f}% its profiles' spread explains"
+                + steal)
 
 
 @dataclass(kw_only=True)
@@ -84,6 +90,9 @@ class Capacities:
                     "consensus_round", "agreement", "outliers"):
             if not d[key]:
                 d.pop(key)
+        for o in d.get("outliers", []):
+            if o.get("cpu_steal_cores") is None:
+                o.pop("cpu_steal_cores", None)
         return {"format": d.pop("format"), **d}
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -159,7 +168,9 @@ def _round_judgement(r: Reader, capacity: Mapping[str, float], n_rounds: int) ->
         outliers.append(CapacityOutlier(host=host(o, "host", o.str("host")),
                                         round=o.int("round", min_value=0, max_value=max(0, n_rounds - 1)),
                                         value=o.float("value", positive=True), median=o.float("median", positive=True),
-                                        tolerance=o.float("tolerance", min_value=0.0)))
+                                        tolerance=o.float("tolerance", min_value=0.0),
+                                        cpu_steal_cores=o.float("cpu_steal_cores", None, min_value=0.0,
+                                                                max_value=V.MAX_CPUS)))
     return {"consensus_round": consensus, "agreement": agreement, "outliers": outliers}
 
 

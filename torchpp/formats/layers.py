@@ -156,6 +156,10 @@ class RunInfo:
     """Processor description of the host (informational)."""
     batches: list[int] = field(default_factory=list)
     """Every batch size measured (``batch`` is the largest; its means are the block times)."""
+    cpu_steal_cores: float | None = None
+    """Cores the machine lost to other guests of a virtual machine (steal) on average while the
+    blocks were timed (``torchpp.trace.cpu_steal``); the times include that slowdown. Optional:
+    None (absent) = not recorded."""
 
     @staticmethod
     def parse(r: Reader) -> "RunInfo":
@@ -165,7 +169,8 @@ class RunInfo:
                        iters=r.int("iters", min_value=1), warmup=r.int("warmup", min_value=0),
                        threads=r.int("threads", min_value=1), torch_version=r.str("torch_version"),
                        timer=r.str("timer", choices={"cpp", "python"}), seed=r.int("seed", 0),
-                       cpu=r.str("cpu", ""))
+                       cpu=r.str("cpu", ""),
+                       cpu_steal_cores=r.float("cpu_steal_cores", None, min_value=0.0, max_value=V.MAX_CPUS))
 
 
 def _codec(r: Reader) -> dict[str, list[float]] | None:
@@ -247,6 +252,8 @@ class LayersFile:
                 d.pop(key, None)
         if not d.get("left_out"):
             d.pop("left_out", None)
+        if d["run"].get("cpu_steal_cores") is None:
+            d["run"].pop("cpu_steal_cores", None)
         return {"format": d.pop("format"), **d}
 
     def save(self, path: str | os.PathLike) -> Path:

@@ -31,7 +31,9 @@ rounds), and the median of rounds that wide is a guess. So each host's rounds ar
 their median: ``agreement[h]`` is the largest relative distance of one of them from it, and a round
 farther than ``round_tolerance`` (what the two profiles' own step-to-step spread explains, at least
 ``MIN_TOLERANCE``) is listed in ``outliers``, for the caller to re-take (the demo does) or at least
-report. ``consensus_round[h]`` is the round whose ratio is the median, the profile a later
+report (with the CPU the machine lost to other guests of a virtual machine while that round was
+profiled, where the profiles recorded it: steal slows a round without anything here being wrong).
+``consensus_round[h]`` is the round whose ratio is the median, the profile a later
 ``speed-check`` should compare the host against (not round 1, which may be the outlier).
 """
 from __future__ import annotations
@@ -170,6 +172,10 @@ def compute_capacities(files: Sequence[LayersFile], ref_host: str, sources: Sequ
         ref_seconds = [sum(block_seconds(lf)[k] for k in shared) for lf in refs]
         tolerances = [{lf.host: round_tolerance(r, lf) for lf in fs} for r, fs in zip(refs, all_files)]
         consensus, agreement, outliers = judge_rounds(rounds, tolerances, ref_host, ref_seconds)
+        for o in outliers:  # what the machine lost to steal may be why (the host's or the reference's profile)
+            stolen = [lf.run.cpu_steal_cores for lf in all_files[o.round]
+                      if lf.host in (o.host, ref_host) and lf.run.cpu_steal_cores is not None]
+            o.cpu_steal_cores = max(stolen, default=None)
     tables = {}
     for lf in files:
         if lf.left_out:  # the blocks it did not time as Profiles prices them (from the hosts that did)

@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from ..models.presets import load_config
     from .host_memory import DoesNotFit
     from .measure import ProfileConfig, codec_costs, format_summary, max_positions, measure_layers
+    from ..trace import cpu_steal
 
     if args.timer not in (None, "cpp", "python"):
         raise UsageError(f"--timer: expected cpp or python, got {args.timer!r}")
@@ -94,6 +95,10 @@ def run(args: argparse.Namespace) -> int:
     lf.save(out)
     if tw is not None:
         tw.save(args.trace)
+    if cpu_steal.slowed(lf.run.cpu_steal_cores, cpu_steal.cpus()):  # even with --quiet: the times are off
+        print(f"warning: {lf.host}: this machine lost {cpu_steal.describe(lf.run.cpu_steal_cores, cpu_steal.cpus())} "
+              "to other guests of the virtual machine (steal) while the blocks were timed; the times in "
+              f"{out} include that slowdown", file=sys.stderr, flush=True)
     if not args.quiet:
         print(format_summary(lf))
         print(f"runtime per compute call: {1e3 * lf.call_overhead_s:.3f} ms (call_overhead_s"

@@ -21,6 +21,7 @@ from ..hostname import host_name
 from ..models.blocks import EMBED, TAIL, find_parts, layer_block
 from ..models.presets import DTYPES, build_model, has_weights, load_config, model_info
 from ..runtime.allocator import retain_freed_memory
+from ..trace import cpu_steal
 from ..trace.chrome import TraceWriter
 from .hooks import BlockProfiler, StepTimes
 from .host_memory import OPTIMIZER_SAMPLE_BYTES, Fit, block_bytes, choose_blocks
@@ -139,39 +140,13 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
     timed_cfg = _with_vocab(cfg, SMALL_VOCAB) if left_out else cfg
     model = build_model(pc.model, seed=pc.seed, dtype=pc.weights_dtype, config=timed_cfg, random_weights=random)
     parts, all_ids = find_parts(model), _token_ids(pc, int(timed_cfg.vocab_size))
-    proc, peak = psutil.Process(), 0
     timer = SpanTimer(1 << 12, prefer=pc.timer)
-
-    def sample_rss(*_):
-        nonlocal peak
-        peak = max(peak, proc.memory_info().rss)
-
-    rss_hook = model.register_forward_hook(sample_rss)
-    by_batch: dict[int, list[StepTimes]] = {bsz: [] for bsz in (*pc.fit_batches, pc.batch)}
-    try:
-        with BlockProfiler(model, timer=timer, parts=parts) as prof, \
-                torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(pc.autocast)):
-            # the sizes in turn, every round: a load that changes while the host is profiled (the
-            # other hosts of an emulated cluster finishing theirs) then weighs on every size alike
-            # instead of bending the per-call / per-sample fit; the main batch last in each round
-            for i in range(pc.warmup + pc.iters):
-                counted = i >= pc.warmup
-                for bsz in by_batch:
-                    st = prof.run_step(all_ids[:bsz])
-                    sample_rss()
-                    model.zero_grad(set_to_none=True)
-                    if counted:
-                        by_batch[bsz].append(st)
-                if progress:
-                    phase, k, n = ("measure", i - pc.warmup, pc.iters) if counted else ("warmup", i, pc.warmup)
-                    tag = f" (batches {', '.join(map(str, by_batch))})" if len(by_batch) > 1 else ""
-                    progress(phase + tag, k + 1, n, st.wall_s)
-    finally:
-        rss_hook.remove()
+    steal_since = cpu_steal.read()
+    by_batch, peak = _time_batches(model, parts, timer, all_ids, pc, progress)
     opt_s, opt_bytes = measure_optimizer(model, pc, timer) if pc.extras else ([], 1)
     del model  # the split backward builds a stage of its own
     split = measure_backward_split(cfg, pc, random) if pc.extras else None
-    steps = by_batch[pc.batch]
+    steps, stolen = by_batch[pc.batch], cpu_steal.stolen_cores(steal_since)  # the optimizer's and split's timing too
     if trace is not None:
         write_trace(trace, steps, pc)
     first = steps[0]
@@ -200,7 +175,8 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
         host=pc.host, model=model_info(cfg, pc.model, pc.weights_dtype, pc.autocast),
         run=RunInfo(seq_len=pc.seq_len, batch=pc.batch, iters=pc.iters, warmup=pc.warmup, threads=pc.threads,
                     torch_version=torch.__version__, timer=timer.backend, seed=pc.seed, cpu=_cpu_name(),
-                    batches=sorted(by_batch) if len(by_batch) > 1 else []),
+                    batches=sorted(by_batch) if len(by_batch) > 1 else [],
+                    cpu_steal_cores=None if stolen is None else round(stolen, 4)),
         embed=block(EMBED, None), tail=block(TAIL, None), embed_param_bytes=block(EMBED, None).param_bytes,
         tail_param_bytes=block(TAIL, None).param_bytes,
         layers=[block(n, i) for i, n in enumerate(names[1:-1])],
@@ -209,6 +185,40 @@ def measure_layers(pc: ProfileConfig, progress: Callable[[str, int, int, float],
         backward_split_factor=split.factor if split else None, backward_split_layer_s=split.layer_s if split else None,
         left_out=list(left_out), memory_limit_bytes=fit.memory.limit_bytes if fit is not None and left_out else None,
     )
+
+
+def _time_batches(model: torch.nn.Module, parts: Any, timer: SpanTimer, all_ids: torch.Tensor, pc: ProfileConfig,
+                  progress: Callable[[str, int, int, float], None] | None) -> tuple[dict[int, list[StepTimes]], int]:
+    """Every batch size's counted steps, and the peak RSS seen (sampled after each forward)."""
+    proc, peak = psutil.Process(), 0
+
+    def sample_rss(*_):
+        nonlocal peak
+        peak = max(peak, proc.memory_info().rss)
+
+    rss_hook = model.register_forward_hook(sample_rss)
+    by_batch: dict[int, list[StepTimes]] = {bsz: [] for bsz in (*pc.fit_batches, pc.batch)}
+    try:
+        with BlockProfiler(model, timer=timer, parts=parts) as prof, \
+                torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(pc.autocast)):
+            # the sizes in turn, every round: a load that changes while the host is profiled (the
+            # other hosts of an emulated cluster finishing theirs) then weighs on every size alike
+            # instead of bending the per-call / per-sample fit; the main batch last in each round
+            for i in range(pc.warmup + pc.iters):
+                counted = i >= pc.warmup
+                for bsz in by_batch:
+                    st = prof.run_step(all_ids[:bsz])
+                    sample_rss()
+                    model.zero_grad(set_to_none=True)
+                    if counted:
+                        by_batch[bsz].append(st)
+                if progress:
+                    phase, k, n = ("measure", i - pc.warmup, pc.iters) if counted else ("warmup", i, pc.warmup)
+                    tag = f" (batches {', '.join(map(str, by_batch))})" if len(by_batch) > 1 else ""
+                    progress(phase + tag, k + 1, n, st.wall_s)
+    finally:
+        rss_hook.remove()
+    return by_batch, peak
 
 
 def codec_costs(rows: int, hidden: int) -> dict[str, list[float]]:
@@ -439,6 +449,9 @@ def format_summary(lf: LayersFile) -> str:
                      f"backward {b0 * 1e3:.3f} ms of the totals above do not grow with the samples")
     lines.append(f"step {lf.step_time_s * 1e3:.3f} ms (blocks cover {100 * (tot_f + tot_b) / lf.step_time_s:.1f}%), "
                  f"peak RSS {lf.peak_rss_bytes / 2**20:.1f} MiB")
+    if r.cpu_steal_cores is not None:
+        lines.append(f"steal (CPU other guests of a virtual machine took while the blocks were timed): "
+                     f"{cpu_steal.describe(r.cpu_steal_cores, cpu_steal.cpus())}")
     if lf.codec_s_per_byte:
         lines.append("wire codecs (encode/decode ns per fp32 byte): " + ", ".join(
             f"{f} {e * 1e9:.2f}/{d * 1e9:.2f}" for f, (e, d) in lf.codec_s_per_byte.items()))
