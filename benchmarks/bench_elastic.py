@@ -10,7 +10,7 @@ recovery, not the plan). Two parts:
    checkpoint, ``--checkpoint-every 1`` written in the step, ``--checkpoint-every 1
    --checkpoint-background`` (both: a full checkpoint every ``--full-every`` steps, gradient logs
    between) and the same with a full checkpoint every step; the added wall seconds of the steps
-   (the last checkpoint's completion included) per step, over the step time, against issue 16's
+   (the last checkpoint's completion included) per step, over the step time, against the
    <= 5% target. Give ``--cost-steps`` at least twice ``--full-every`` so that the measured
    steps carry their share of full checkpoints.
 2. Recovery: `torchpp run --elastic`'s driver on the plan; one rank is SIGKILLed after checkpoint
@@ -19,7 +19,7 @@ recovery, not the plan). Two parts:
    restart by hand: `torchpp plan` from the command line plus the same start-up, load and first
    step (the time a person takes to notice is not counted, in the hand restart's favour).
 
-With ``--scenario homelab`` (root: the emulated cluster of issue 15's scenario, an old laptop and
+With ``--scenario homelab`` (root: the demo's emulated homelab cluster, an old laptop and
 three Raspberry Pis training qwen3-homelab, which none of them can hold alone) both parts run on
 the cluster instead: every host is measured and the plan made as `torchpp demo` does, the
 checkpoint cost is the period between consecutive steps (metrics.jsonl's wall clock, so a
@@ -134,7 +134,7 @@ def checkpoint_cost(d: Path, plan: Path, steps: int, ranks: int, rounds: int = 2
 
 
 TARGET = 0.05
-"""Issue 16: a checkpoint every step costs at most 5% of the step time."""
+"""The target: a checkpoint every step costs at most 5% of the step time."""
 
 
 def print_cost(cost: dict, what: str) -> None:
@@ -322,7 +322,7 @@ VICTIM = "pi4b"
 
 
 def homelab(args: argparse.Namespace) -> dict:
-    """Issue 15's scenario on the emulated cluster: measured, planned, then both parts."""
+    """The demo's homelab scenario on the emulated cluster: measured, planned, then both parts."""
     from torchpp.demo import DemoConfig, DemoError, cluster_available, demo_hosts
     from torchpp.elastic.driver import ClusterLauncher
     from torchpp.formats import Plan

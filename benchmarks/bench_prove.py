@@ -517,7 +517,7 @@ def single_row(demo: Demo, meas: Any) -> Row:
 
 # ----------------------------------------------------------------------------- the report
 def verdicts(summary: dict) -> dict[str, Any]:
-    """The issue's targets, each with its measured ratio (None where a side did not run)."""
+    """The targets, each with its measured ratio (None where a side did not run)."""
     rows = {r["name"]: r for r in summary["rows"]}
     med = lambda n: (rows.get(n) or {}).get("median_s")  # noqa: E731
     best_of = lambda prefix: min((r for r in summary["rows"] if r["name"].startswith(prefix) and r["median_s"]),  # noqa: E731

@@ -6,7 +6,7 @@ from torchpp.formats import ModelInfo
 from torchpp.planner.simple import make_plan
 from torchpp.schedules import Kind
 from torchpp.sim.replay import replay
-from torchpp.trace.analyze import Event, analyze
+from torchpp.trace.analyze import Event, analyze, events_from_trace
 
 NAMES = {Kind.SEND_ACT: "send_act", Kind.RECV_ACT: "recv_act", Kind.SEND_GRAD: "send_grad",
          Kind.RECV_GRAD: "recv_grad", Kind.ALLREDUCE: "allreduce", Kind.OPTIMIZER: "optimizer"}
@@ -98,3 +98,38 @@ def test_analyze_cli_writes_report(tmp_path):
     for f in ("report.md", "gantt.png", "stages.png"):
         assert (tmp_path / "rep" / f).stat().st_size > 0
     assert main(["analyze", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_the_error_splits_into_the_hosts_speed_and_the_rest(tmp_path):
+    """A run whose every compute took 1.25x its prediction (links free) is 20% slower than predicted,
+    all of it the hosts' speed: the critical path's compute reads 1.25x and, with it as measured, the
+    prediction is exact. Where the run's compute matched, the whole error is left to the rest."""
+    import json
+
+    from torchpp.sim.trace import predicted_trace
+    from torchpp.trace.report import build_report, compute_split
+
+    info = ModelInfo(name="t", num_layers=2, hidden_size=8, vocab_size=32, tied_embeddings=False)
+    plan = make_plan(info, seq_len=4, global_batch=4, num_microbatches=4, layer_ranges=[(0, 1), (1, 2)],
+                     group_sizes=[1, 1])
+    for name, k in (("pred.json", 1.0), ("slow/timeline_step1_all.json", 1.25)):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        tl = replay(S.build(plan), Cost([1.0 * k, 1.5 * k], [2.0 * k, 3.0 * k]))
+        (tmp_path / name).write_text(json.dumps(predicted_trace(plan, tl, step=1)))
+    rep = build_report(tmp_path / "slow", predicted=tmp_path / "pred.json")
+    assert rep["step_time_error"] == pytest.approx(1 / 1.25 - 1, rel=1e-6)
+    split = rep["compute_split"]
+    assert split["ratio"] == pytest.approx(1.25, rel=1e-6) and split["step_error"] == pytest.approx(0.0, abs=1e-6)
+    same = analyze(events_from_trace(json.loads((tmp_path / "pred.json").read_text())))
+    assert compute_split(same, same, same.step_time_s * 1.1)["step_error"] == pytest.approx(1 / 1.1 - 1)
+    assert build_report(tmp_path / "slow")["step_time_error"] is None  # no prediction: no split either
+
+
+def test_the_demo_says_each_runs_error_apart_from_the_hosts_speed():
+    from torchpp.demo import RunResult, compute_speed_line
+
+    runs = [RunResult("even", "p", 1.5, 1.05, [1.5], "r", "t", compute_split={"ratio": 1.5, "step_error": -0.02}),
+            RunResult("plan", "p", 1.0, 1.0, [1.0], "r", "t")]
+    assert compute_speed_line(runs) == ("apart from the hosts' speed (each run priced with its critical path's "
+                                        "compute as measured): even -2.0% (compute 1.50x its prediction)")
+    assert compute_speed_line(runs[1:]) is None

@@ -1,4 +1,4 @@
-"""`analyze` and `replan` read a timeline in time linear in its events (issue 37: 890 events took
+"""`analyze` and `replan` read a timeline in time linear in its events (890 events took
 3 s, 8,900 took 23 s and 26,700 took 261 s, the critical-path walk rebuilding a rank's list of
 end times at every step).
 

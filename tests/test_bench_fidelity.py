@@ -80,3 +80,27 @@ def test_quick_mode_end_to_end(tmp_path):
         assert set(r["errors"]) == {"even", "plan", "replan"} and r["mape"] is not None and r["memory"] is not None
         assert r["profile_s"] > 0
     assert "# demo fidelity" in (tmp_path / "results.md").read_text()
+    assert all(set(r["compute"]) == {"even", "plan", "replan"} for r in data["runs"])
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_fidelity.py"), "--quick", "--loads", "0,1",
+                          "--out", str(tmp_path), "--rescore"], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    again = json.loads((tmp_path / "results.json").read_text())
+    assert [(r["load"], r["run"], r["mape"], r["compute"]) for r in again["runs"]] == \
+        [(r["load"], r["run"], r["mape"], r["compute"]) for r in data["runs"]]
+
+
+
+def test_each_runs_error_at_measured_compute_is_read_and_judged(tmp_path):
+    """A run whose hosts ran the critical path's compute 1.5x slower than profiled misses by -30%;
+    with that compute as measured its prediction is off by -2%: both are printed, and the verdict
+    gives the MAPE of the second beside the first."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").write_text(json.dumps({"runs": [
+        {"name": "even", "error": -0.3, "compute_split": {"ratio": 1.5, "step_error": -0.02}},
+        {"name": "plan", "error": 0.04, "compute_split": {"ratio": 1.0, "step_error": 0.04}},
+        {"name": "replan", "error": 0.01}]}))
+    f = bf.figures(out, "", load=0, run=1, seconds=1.0, ok=True)
+    assert f.compute == {"even": [1.5, -0.02], "plan": [1.0, 0.04]} and f.mape_compute == pytest.approx(0.03)
+    assert bf.table([f], cluster=False)[2].endswith("| even 1.50, plan 1.00 | 3.0% |")
+    assert "(the hosts' speed taken out), MAPE 3.0%" in bf.verdict([f], cluster=False)[0]

@@ -267,7 +267,7 @@ def _content_cases(w: dict[str, Path]) -> list[tuple[str, list[str]]]:
 
 
 def _audit_cases(w: dict[str, Path]) -> list[tuple[str, list[str]]]:
-    """The audit's unbounded reads and tracebacks (issue 37): devices, FIFOs, huge files, a cluster that is not up."""
+    """The audit's unbounded reads and tracebacks: devices, FIFOs, huge files, a cluster that is not up."""
     import os
 
     d = w["root"]

@@ -1,4 +1,4 @@
-"""Peak memory per rank of a real 2-rank run against the planner's prediction (issue 15: within 10%).
+"""Peak memory per rank of a real 2-rank run against the planner's prediction (within 10%).
 
 qwen3-small's 4096-token vocabulary makes its tail (logits, lm_head) and embedding the largest
 terms of each rank, which the memory model must price: the calibration probes fit the model

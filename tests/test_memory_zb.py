@@ -1,5 +1,5 @@
 """Memory held between a micro-batch's input gradient (I) and its weight gradient (W): the term
-``Kw`` of the memory model (issue 15), read off the schedule's order, fitted by calibrate-memory's
+``Kw`` of the memory model, read off the schedule's order, fitted by calibrate-memory's
 zero-bubble probes, and a real 2-rank zb-h1 run's peak RSS per rank within 10% of it."""
 from __future__ import annotations
 

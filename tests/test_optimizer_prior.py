@@ -1,4 +1,4 @@
-"""The optimizer step measured by `torchpp profile` prices first plans (issue #15).
+"""The optimizer step measured by `torchpp profile` prices first plans.
 
 profile times the runtime's optimizer step into ``optimizer_s_per_byte``; the planner prices each
 host's step with its own rate (layers file, capacities.json's map, or the reference's over its

@@ -86,7 +86,7 @@ def seed000_problem(**kw):
 def test_seed000_instance_plan_is_at_most_half_of_seed000s_own_plan():
     pb = seed000_problem(schedule="auto")
     theirs = price(seed000_plan(pb.profiles.model), pb.profiles, pb.links)[0]
-    assert theirs == pytest.approx(88.08, abs=0.05)  # the issue's figure for seed 000's plan
+    assert theirs == pytest.approx(88.08, abs=0.05)  # the figure on record for seed 000's plan
     ours = search(replace(pb, schedule="1f1b"))
     assert ours.step_time_s == pytest.approx(84.30, abs=0.05)  # 1F1B alone pays the tied all-reduce
     res = search(pb)

@@ -1,4 +1,4 @@
-"""`replan` reads a run's timelines in time linear in their events (issue 37: `analyze` and `replan`
+"""`replan` reads a run's timelines in time linear in their events (`analyze` and `replan`
 grew superlinearly, 890 events 3 s, 8,900 23 s, 26,700 261 s; `test_analyze_scaling.py` covers
 analyze). The runtime's time between compute calls (`call_gaps`) scanned every receive of a rank
 for every gap between two of its calls: quadratic in a long timeline.

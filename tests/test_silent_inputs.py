@@ -1,4 +1,4 @@
-"""Inputs that were once answered silently or with a traceback (issue 37): each is now one line
+"""Inputs that were once answered silently or with a traceback: each is now one line
 naming the file, the field and what was expected (exit 2), or a correct answer.
 
 In-process through ``torchpp.cli.main`` on files torchpp itself made (only the topology plan

@@ -1,5 +1,5 @@
 """A split backward (zero-bubble's I then W) costs more than one backward pass; `torchpp profile`
-measures by how much on its host and the cost model prices I and W with it (issue #15)."""
+measures by how much on its host and the cost model prices I and W with it."""
 import pytest
 import torch
 

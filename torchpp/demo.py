@@ -314,6 +314,9 @@ class RunResult:
     cpu_steal: dict | None = None
     """The analysis' ``cpu_steal``: per host, the cores other guests of a virtual machine took during
     the traced steps (``torchpp.trace.cpu_steal``)."""
+    compute_split: dict | None = None
+    """The analysis' ``compute_split``: the critical path's compute measured against predicted, and the
+    error left with it as measured (``torchpp.trace.report.compute_split``)."""
 
     @property
     def error(self) -> float | None:
@@ -387,9 +390,8 @@ def report_field(report_json: Path, key: str) -> Any:
 
 
 def memory_rows(report_json: Path) -> list[dict]:
-    rep = json.loads(report_json.read_text()) if report_json.exists() else {}
     out = []
-    for r, v in sorted((rep.get("memory") or {}).items(), key=lambda kv: int(kv[0])):
+    for r, v in sorted((report_field(report_json, "memory") or {}).items(), key=lambda kv: int(kv[0])):
         p, q = v.get("predicted_peak_bytes"), v.get("measured_peak_bytes")
         if p and q:
             out.append({"rank": int(r), "predicted": p / 2**20, "measured": q / 2**20, "error": (p - q) / q})
@@ -768,7 +770,8 @@ class Demo:
                          trace_dir=str(traces), memory_mib=memory_rows(report / "report.json"),
                          predicted_now_s=predicted_now, speed_now=speed_now, loss=final_loss(logs),
                          wire_bytes=wire_bytes_per_step(traces), cpu_steal=report_field(report / "report.json",
-                                                                                         "cpu_steal"))
+                                                                                         "cpu_steal"),
+                         compute_split=report_field(report / "report.json", "compute_split"))
 
     def speed_check(self, d: Path) -> list[Path]:
         """Every host times its profiled layers again, all at once (as their speed files were taken),
@@ -907,10 +910,20 @@ def summary_lines(cfg: DemoConfig, mode: str, hosts: Sequence[str], results: Seq
         out.append("at launch: predicted at the speed each host's `torchpp speed-check` read just before the run ("
                    + "; ".join(f"{r.name}: " + ", ".join(f"{h} x{x:.2f}" for h, x in r.speed_now.items())
                                for r in results if r.speed_now) + ")")
-    stolen = steal_line(results)
-    if stolen:
-        out.append(stolen)
+    for extra in (compute_speed_line(results), steal_line(results)):
+        if extra:
+            out.append(extra)
     return out
+
+
+def compute_speed_line(results: Sequence[RunResult]) -> str | None:
+    """Each run's error apart from its hosts' speed: where a machine's speed moves from run to run,
+    a prediction misses by that whatever the model does; what is left is the model's."""
+    runs = [(r.name, r.compute_split) for r in results if r.compute_split]
+    if not runs:
+        return None
+    return ("apart from the hosts' speed (each run priced with its critical path's compute as measured): "
+            + "; ".join(f"{n} {100 * c['step_error']:+.1f}% (compute {c['ratio']:.2f}x its prediction)" for n, c in runs))
 
 
 def steal_line(results: Sequence[RunResult]) -> str | None:
@@ -958,8 +971,8 @@ def _plan_of(r: RunResult) -> "Plan":
 
 
 LOSS_TOLERANCE = {"bf16": 0.01, "fp16": 0.01, "int8": 0.02, "powersgd": 0.02, "diloco": 0.02}
-"""How far a lossy plan's loss may be from fp32's at equal steps (the slow-links issue, #36: bf16
-wire within 1%, int8 within 2%, DiLoCo within 2%); a plan is held to its lossiest choice's."""
+"""How far a lossy plan's loss may be from fp32's at equal steps (bf16 wire within 1%, int8 within
+2%, DiLoCo within 2%); a plan is held to its lossiest choice's."""
 EXACT_TOLERANCE = 1e-4
 """A plan with no lossy choice (fp32 everywhere, or the tied weight's exact ``rows`` sync) trains the
 fp32 plan's arithmetic: its loss equals fp32's up to the order of float sums."""

@@ -316,8 +316,8 @@ def critical_path(evs: list[Event]) -> dict[str, float]:
     for _ in range(2 * len(evs) + 2):
         lst = seq[rank]
         k = bisect.bisect_right(ends[rank], frontier + eps) - 1
-        while k >= 0 and lst[k].start >= frontier - eps and lst[k].dur > eps:
-            k -= 1  # already walked (or starts after the frontier)
+        while k >= 0 and lst[k].start >= frontier - eps:
+            k -= 1  # already walked, starts after the frontier, or takes no time there (a 0 s optimizer)
         if k < 0:
             break
         cur = lst[k]

@@ -30,7 +30,10 @@ def _main(args: argparse.Namespace) -> int:
     print(f"step time {rep['step_time_s']:.4f} s; bubble real {b['real']:.4f} = ideal {b['ideal']:.4f} + "
           f"imbalance {b['imbalance']:.4f} + communication {b['communication']:.4f} + recompute {b['recompute']:.4f}")
     if rep["step_time_error"] is not None:
-        print(f"predicted {rep['predicted_step_time_s']:.4f} s ({100 * rep['step_time_error']:+.1f}%)")
+        split = rep.get("compute_split")
+        print(f"predicted {rep['predicted_step_time_s']:.4f} s ({100 * rep['step_time_error']:+.1f}%)"
+              + (f"; {split['predicted_step_s']:.4f} s ({100 * split['step_error']:+.1f}%) with the critical path's "
+                 f"compute as measured ({split['ratio']:.2f}x its prediction)" if split else ""))
     if (rep.get("cpu_steal") or {}).get("slowed"):
         print(steal_line(rep["cpu_steal"]))
     print(f"wrote {args.out}/report.md, report.json, gantt.png, stages.png")
