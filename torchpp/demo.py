@@ -385,13 +385,10 @@ class Baseline:
     """What a real run showed, e.g. the kernel's OOM kill."""
 
 
-def report_field(report_json: Path, key: str) -> Any:
-    return (json.loads(report_json.read_text()) if report_json.exists() else {}).get(key)
-
-
-def memory_rows(report_json: Path) -> list[dict]:
+def memory_rows(rep: dict[str, Any]) -> list[dict]:
+    """Per rank with both, the predicted and measured peak MiB of an analysis (``report.json``)."""
     out = []
-    for r, v in sorted((report_field(report_json, "memory") or {}).items(), key=lambda kv: int(kv[0])):
+    for r, v in sorted((rep.get("memory") or {}).items(), key=lambda kv: int(kv[0])):
         p, q = v.get("predicted_peak_bytes"), v.get("measured_peak_bytes")
         if p and q:
             out.append({"rank": int(r), "predicted": p / 2**20, "measured": q / 2**20, "error": (p - q) / q})
@@ -765,13 +762,13 @@ class Demo:
                           [*self.tp, "analyze", str(traces), "--plan", str(plan), "--predicted", str(pred), "--out",
                            str(report)])
         self.p.note("\n".join([x for x in text.splitlines() if not x.startswith("$")][:2]))
+        rep = json.loads((report / "report.json").read_text()) if (report / "report.json").exists() else {}
         return RunResult(name=name, plan=str(plan), measured_step_s=statistics.median(steps),
                          predicted_step_s=predicted, steps_s=steps, report=str(report / "report.md"),
-                         trace_dir=str(traces), memory_mib=memory_rows(report / "report.json"),
+                         trace_dir=str(traces), memory_mib=memory_rows(rep),
                          predicted_now_s=predicted_now, speed_now=speed_now, loss=final_loss(logs),
-                         wire_bytes=wire_bytes_per_step(traces), cpu_steal=report_field(report / "report.json",
-                                                                                         "cpu_steal"),
-                         compute_split=report_field(report / "report.json", "compute_split"))
+                         wire_bytes=wire_bytes_per_step(traces), cpu_steal=rep.get("cpu_steal"),
+                         compute_split=rep.get("compute_split"))
 
     def speed_check(self, d: Path) -> list[Path]:
         """Every host times its profiled layers again, all at once (as their speed files were taken),
