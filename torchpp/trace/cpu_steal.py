@@ -3,9 +3,9 @@
 A virtual machine's CPUs share physical cores with other guests: while one of them runs, every
 process here waits, whatever its cgroup quota or priority, and a measured step is slower than
 the same step on the same machine a minute earlier. On the 2-core development VM the homelab
-demo's plan, trained three times back to back with nothing else running, measured +1.8% and
-+3.7% against its prediction in the two runs that lost no CPU, and -15.7% in the one that lost
-0.24 of a core on average (0.84 at worst, sampled every 2 s). Traces carry each step's steal so
+demo's plan, trained four times back to back with nothing else running, measured +1.8%, +3.7%
+and +2.6% against its prediction in the three runs that lost no CPU, and -15.7% in the one that
+lost 0.24 of a core on average (0.84 at worst, sampled every 2 s). Traces carry each step's steal so
 a slow run says why; on a physical machine (a Pi, a laptop) it stays 0.
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..formats import Plan, file_hash, trace_plan_hashes, write_json
-from .analyze import StepAnalysis, analyze, events_from_trace
+from .analyze import COMPUTE_KINDS, StepAnalysis, analyze, events_from_trace
 from .chrome import load_trace
 from .cpu_steal import describe, slowed
 from .of_plan import check_trace_alone, check_trace_of_plan
@@ -76,7 +76,7 @@ def steal_line(steal: dict[str, Any] | None) -> str | None:
     return line
 
 
-PATH_COMPUTE = ("F", "B", "I", "W", "optimizer")
+PATH_COMPUTE = (*COMPUTE_KINDS, "optimizer")
 """Kinds of the critical path that are a host's own work (recomputation runs inside B and I)."""
 
 
