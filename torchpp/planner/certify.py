@@ -48,10 +48,15 @@ from ..cost.actions import optimizer_rate
 from ..schedules import REGISTRY, peak_states, schedule_kinds
 from .allocate import waterfill
 from .chunks import chunk_counts, placement
+from .exact import one_chunk
 from .orderbound import rank_paths
 from .tables import Tables
 from .types import INF, Problem, micro_batch_sizes
 
+EXACT_DEVICES = 5
+"""Up to this many devices the one-chunk families are enumerated exactly where that fits :data:`EXACT_WORK`."""
+EXACT_WORK = 2_000_000
+"""The enumeration's budget (:func:`.exact.one_chunk`): about 10-30 s of CPU at most."""
 MAX_DEVICES = 8
 """Largest cluster certified: the programme visits every (devices used, next group) pair, 3^N of them."""
 
@@ -86,14 +91,18 @@ def certify(pb: Problem, step_s: float) -> Certificate:
     if len(pb.hosts) > MAX_DEVICES:
         raise ValueError(f"certify: at most {MAX_DEVICES} devices, got {len(pb.hosts)}")
     t0 = time.perf_counter()
-    bound, fams = space_bound(pb, cap=step_s)
+    enumerated: list[str] = []
+    bound, fams = space_bound(pb, cap=step_s, enumerated=enumerated)
+    method = ("exact DP over splits, device groups and micro-batch sizes of a per-plan lower bound (compute, forced "
+              "recomputation, fill/drain, links, all-reduces; each position's fill, idle and drain read off its "
+              "kind's order)")
+    if enumerated:
+        method += f"; {', '.join(enumerated)} enumerated exactly (every layout priced or bounded)"
     return Certificate(bound_s=min(bound, step_s), step_s=step_s, time_s=time.perf_counter() - t0, families=fams,
-                       method="exact DP over splits, device groups and micro-batch sizes of a per-plan lower bound "
-                              "(compute, forced recomputation, fill/drain, links, all-reduces; each position's "
-                              "fill, idle and drain read off its kind's order)")
+                       method=method)
 
 
-def space_bound(pb: Problem, cap: float = INF) -> tuple[float, dict[str, float]]:
+def space_bound(pb: Problem, cap: float = INF, enumerated: list[str] | None = None) -> tuple[float, dict[str, float]]:
     """The least lower bound over the space, each family's (values at or above the least found so far
     read as that: a family that cannot lower the bound is not solved further).
 
@@ -101,7 +110,12 @@ def space_bound(pb: Problem, cap: float = INF) -> tuple[float, dict[str, float]]
     values. Every pair is solved with the least value found so far as its cap (its states at or
     above it are dropped), the second, dearer programme only where the first leaves it below that:
     the same least as solving every pair in full. The chunked families come first, whose bound is
-    usually the lowest, so the one-chunk families' programmes run under a tight cap."""
+    usually the lowest, so the one-chunk families' programmes run under a tight cap.
+
+    On clusters of at most :data:`EXACT_DEVICES` devices a one-chunk family is first enumerated
+    (:mod:`.exact`: every layout priced or bounded, within :data:`EXACT_WORK`): where that completes,
+    its value is the family's least priced step (``cap`` where none is below it), and its name is
+    added to ``enumerated``."""
     pb.profiles.ensure(pb.hosts)
     kinds = schedule_kinds(pb.schedule)
     t = Tables(pb)
@@ -113,6 +127,14 @@ def space_bound(pb: Problem, cap: float = INF) -> tuple[float, dict[str, float]]
             if not ks:
                 continue
             mine = best
+            if placement == "single" and len(pb.hosts) <= EXACT_DEVICES:
+                got = one_chunk(pb, t, ks, cap, max_work=EXACT_WORK)  # its own least, up to the plan's step
+                if got.complete:
+                    fams["/".join(ks)] = got.step_s
+                    best = min(best, got.step_s)
+                    if enumerated is not None:
+                        enumerated.append("/".join(ks))
+                    continue
             for b in micro_batch_sizes(pb):
                 fam = _Family(pb, t, ks, b, placement)
                 got = fam.solve(best)
