@@ -90,7 +90,7 @@ class _Run:
 
     def _extend(self, c: int, head: float) -> None:
         """Stage ``len(cuts) - 1`` starts at layer ``c``; the first forward reaches it at ``head``."""
-        t, groups, b, m = self.t, self.groups, self.b, self.m
+        t, groups, b = self.t, self.groups, self.b
         s = len(self.cuts) - 1
         g = groups[s]
         last = s == len(groups) - 1
@@ -123,7 +123,7 @@ class _Run:
         """The least, over every split of layers [c, L) over stages s.. of the current groups, of
         their latest compute end counted from the first forward's arrival at stage s (each stage's
         ``m`` micro-batches after the first forward has passed the stages before it)."""
-        groups, b, m = self.groups[s:], self.b, self.m
+        groups, b = self.groups[s:], self.b
         key = (groups, b, c)
         got = self.rest.get(key)
         if got is None:
