@@ -14,16 +14,19 @@ priced step of the whole one-chunk space, or a proof that none beats the step gi
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+import numpy as np
+
 from ..formats import Plan
-from ..schedules import REGISTRY, ScheduleError
+from ..schedules import REGISTRY, ScheduleError, peak_states
 from .build import build_plan
 from .chunks import group_sequences
 from .pricing import price_plan
-from .prune import first_forward, forward_hop, group_bound, layout_bound, sync_bound
+from .prune import forward_hop, group_bound, layout_bound, sync_bound
 from .tables import Tables
 from .types import INF, Problem, StageChoice, max_stages_of, micro_batch_sizes
 
@@ -41,6 +44,8 @@ class Exact:
     (or no plan of it beats the step given)."""
     nodes: int
     priced: int
+    work: int
+    """Budget units spent (:data:`PRICE_WORK`)."""
     time_s: float
 
 
@@ -62,11 +67,12 @@ def one_chunk(pb: Problem, t: Tables, kinds: Sequence[str], step_s: float = INF,
     except _Budget:
         pass
     return Exact(step_s=run.best, plan=run.plan, complete=not run.stopped, nodes=run.nodes, priced=run.priced,
-                 time_s=time.perf_counter() - t0)
+                 work=run.work, time_s=time.perf_counter() - t0)
 
 
-PRICE_WORK = 50
-"""A priced layout (built, memory fitted, replayed) costs about as much as this many partial layouts."""
+PRICE_WORK = 15
+"""A priced layout (built, replayed until it reaches the best step) costs about as much as this many
+partial layouts (a unit is 30-45 us of CPU on the development machine)."""
 
 
 class _Budget(Exception):
@@ -76,7 +82,7 @@ class _Budget(Exception):
 class _Run:
     def __init__(self, pb: Problem, t: Tables, step_s: float, max_work: int | None):
         self.pb, self.t, self.best, self.plan = pb, t, step_s, None
-        self.max_work, self.nodes, self.priced, self.stopped = max_work, 0, 0, False
+        self.max_work, self.nodes, self.priced, self.work, self.stopped = max_work, 0, 0, 0, False
         self.rest: dict[tuple, float] = {}
 
     def sequence(self, groups: tuple[tuple[int, ...], ...], b: int, families: Sequence[tuple[bool, Sequence[str]]]
@@ -84,34 +90,80 @@ class _Run:
         """Every split of the layers over ``groups`` (pipeline order) at micro-batch size ``b``, priced
         under each family's kinds (full backward or split: (split, kinds)) where its bound allows."""
         self.groups, self.b, self.m, self.families = groups, b, self.pb.global_batch // b, families
+        self.states: dict[str, list] = {}
+        for _, ks in families:
+            for k in ks:
+                try:
+                    self.states[k] = [peak_states(k, len(groups), s, self.m) for s in range(len(groups))]
+                except ValueError:  # the kind's order does not run m micro-batches on this many stages
+                    continue
         self.cuts: list[int] = [0]
-        if self._rest(0, 0) < self.best:
-            self._extend(0, 0.0)
+        if self.states and self._rest(0)[0] < self.best:
+            self._extend(0, 0.0, tuple(self.states))
 
-    def _extend(self, c: int, head: float) -> None:
-        """Stage ``len(cuts) - 1`` starts at layer ``c``; the first forward reaches it at ``head``."""
-        t, groups, b = self.t, self.groups, self.b
+    def _extend(self, c: int, head: float, kinds: tuple[str, ...]) -> None:
+        """Stage ``len(cuts) - 1`` starts at layer ``c``; the first forward reaches it at ``head``;
+        ``kinds``: those whose memory the stages before it fit. Every end of the stage is tested at
+        once on the matrices (a group's samples shared as a fluid), the survivors one by one."""
+        groups, L = self.groups, self.t.L
         s = len(self.cuts) - 1
         g = groups[s]
         last = s == len(groups) - 1
-        for c2 in ([t.L] if last else range(c + 1, t.L - (len(groups) - 1 - s) + 1)):
+        work, first = self._matrices(g)
+        ends = np.arange(L, L + 1) if last else np.arange(c + 1, L - (len(groups) - 1 - s) + 1)
+        self._spend(1)
+        done = head + work[c, ends]
+        nxt = np.zeros(len(ends))
+        after = nxt
+        if not last:
+            nxt = head + first[c, ends] + self._hops(g, groups[s + 1])[ends]
+            after = nxt + self._rest(s + 1)[ends]
+        for i in np.flatnonzero((done < self.best) & (after < self.best)):
+            if done[i] >= self.best or after[i] >= self.best:
+                continue  # a plan found since beats it
+            c2 = int(ends[i])
             self.nodes += 1
-            if self.max_work is not None and self.nodes + PRICE_WORK * self.priced > self.max_work:
-                self.stopped = True
-                raise _Budget
-            if head + self._work(g, c, c2) >= self.best:
-                break  # every longer stage works longer still
-            if last:
-                self.cuts.append(c2)
-                self._leaf()
-                self.cuts.pop()
-                continue
-            nxt = head + first_forward(t, (c, c2), g, b) + forward_hop(t, c2, g, groups[s + 1], b)
-            if nxt + self._rest(s + 1, c2) >= self.best:
-                continue  # the stages after it cannot share the rest soon enough
+            self._spend(1)
+            if len(g) > 1 and head + self._work(g, c, c2) >= self.best:
+                continue  # its samples in whole shares, then its all-reduce
+            fit = tuple(k for k in kinds if self._fits(g, c, c2, self.states[k][s]))
+            if not fit:
+                continue  # no kind's order fits its memory, recomputing what it may
             self.cuts.append(c2)
-            self._extend(c2, nxt)
+            if last:
+                self._leaf(fit)
+            else:
+                self._extend(c2, float(nxt[i]), fit)
             self.cuts.pop()
+
+    def _fits(self, g: tuple[int, ...], c: int, c2: int, states: tuple) -> bool:
+        """Whether a stage's memory fits its order's states on group g with b samples, recomputing
+        no layer or every layer (:func:`.recompute.choose_recompute`'s test, read off matrices)."""
+        t, pb = self.t, self.pb
+        if len(g) > self.b:
+            return False
+        static = float(t.static[c, c2])
+        for v in ((0, 1) if pb.allow_recompute else (0,)):
+            per = self._peak(states, v)[c, c2]
+            caps = [math.floor(max(0.0, pb.budget[pb.hosts[h]] - static) / per + 1e-9) for h in g]
+            if min(caps) >= 1 and sum(caps) >= self.b:
+                return True
+        return False
+
+    def _peak(self, states: tuple, v: int) -> np.ndarray:
+        """Peak bytes per sample of every cut over ``states``, no layer (0) or every layer (1) recomputed."""
+        key = ("peak", states, v)
+        got = self.rest.get(key)
+        if got is None:
+            t = self.t
+            got = self.rest[key] = np.maximum(np.where(t.valid, t.mem.peak_per_sample(t.span[v], states), INF), 1e-30)
+        return got
+
+    def _spend(self, units: int) -> None:
+        self.work += units
+        if self.max_work is not None and self.work > self.max_work:
+            self.stopped = True
+            raise _Budget
 
     def _work(self, g: tuple[int, ...], c: int, c2: int) -> float:
         """A stage's least compute over its micro-batches, then its gradients' all-reduce (both grow
@@ -119,33 +171,63 @@ class _Run:
         cut = [(c, c2)]
         return group_bound(self.t, g, cut, self.b, self.m) + sync_bound(self.t, g, cut)
 
-    def _rest(self, s: int, c: int) -> float:
-        """The least, over every split of layers [c, L) over stages s.. of the current groups, of
-        their latest compute end counted from the first forward's arrival at stage s (each stage's
-        ``m`` micro-batches after the first forward has passed the stages before it)."""
-        groups, b = self.groups[s:], self.b
-        key = (groups, b, c)
+    def _rest(self, s: int) -> np.ndarray:
+        """Over the first layer c of stage s: the least, over every split of layers [c, L) over
+        stages s.. of the current groups, of their latest compute end counted from the first
+        forward's arrival at stage s (each stage's ``m`` micro-batches after the first forward has
+        passed the stages before it; a group's samples shared as a fluid, its all-reduce left out:
+        a weaker bound than a node's, computed for every c at once)."""
+        groups = self.groups[s:]
+        key = (groups, self.b)
         got = self.rest.get(key)
         if got is None:
             L = self.t.L
+            work, first = self._matrices(groups[0])
             if len(groups) == 1:
-                got = self._work(groups[0], c, L) if c < L else INF
+                got = work[:, L].copy()
             else:
-                got = INF
-                for c2 in range(c + 1, L - len(groups) + 2):
-                    here = self._work(groups[0], c, c2)
-                    if here >= got:
-                        break
-                    fill = first_forward(self.t, (c, c2), groups[0], b) + forward_hop(self.t, c2, groups[0], groups[1], b)
-                    got = min(got, max(here, fill + self._rest(s + 1, c2)))
+                after = self._hops(groups[0], groups[1]) + self._rest(s + 1)
+                got = np.maximum(work, first + after[None, :]).min(axis=1)
+            got[L] = INF
             self.rest[key] = got
+            self._spend(1)
         return got
 
-    def _leaf(self) -> None:
+    def _matrices(self, g: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """Over cuts (c, c2): the least compute of ``m`` micro-batches on group g, and the first
+        micro-batch's forward through it (as :func:`.prune.group_bound` and :func:`.prune.first_forward`,
+        a group's samples shared as a fluid)."""
+        key = ("mat", g, self.b)
+        got = self.rest.get(key)
+        if got is None:
+            t, b, m = self.t, self.b, self.m
+            if len(g) == 1:
+                h = g[0]
+                work = m * (b * t.tau[(h, 0)] + t.tau0[(h, 0)])
+                first = b * t.pass_time[h][0] + t.pass_time[h][1]
+            else:
+                with np.errstate(divide="ignore"):
+                    inv = sum(1.0 / t.tau[(h, 0)] for h in g)
+                    work = m * (b / inv + np.minimum.reduce([t.tau0[(h, 0)] for h in g]))
+                first = np.minimum.reduce([t.pass_time[h][0] + t.pass_time[h][1] for h in g])
+            got = self.rest[key] = (np.where(t.valid, work, INF), np.where(t.valid, first, INF))
+        return got
+
+    def _hops(self, g: tuple[int, ...], nxt: tuple[int, ...]) -> np.ndarray:
+        """Over the last layer c2 of a stage on g: the first activation's transfer to the next on ``nxt``."""
+        key = ("hop", g, nxt, self.b)
+        got = self.rest.get(key)
+        if got is None:
+            L = self.t.L
+            got = self.rest[key] = np.array([forward_hop(self.t, c2, g, nxt, self.b) if 0 < c2 < L else INF
+                                             for c2 in range(L + 1)])
+        return got
+
+    def _leaf(self, fit: tuple[str, ...]) -> None:
         t, groups, cuts = self.t, self.groups, self.cuts
         stages = [((cuts[s], cuts[s + 1]), groups[s]) for s in range(len(groups))]
         kinds = [k for split, ks in self.families if layout_bound(t, stages, self.b, self.m, split) < self.best
-                 for k in ks]
+                 for k in ks if k in fit]
         if not kinds:
             return
         order = [d for g in groups for d in g]
@@ -156,8 +238,9 @@ class _Run:
             pk = replace(self.pb, schedule=kind)
             plan = build_plan(pk, t, order, choices, self.b, "optimal")
             if plan is None:
-                continue  # its memory does not fit this kind's order
+                continue  # its memory does not fit this kind's order (checked stage by stage above)
             self.priced += 1
+            self._spend(PRICE_WORK)
             try:
                 step = price_plan(pk, plan, keep=False, above=self.best)
             except (ValueError, ScheduleError):  # the kind's order does not run this shape

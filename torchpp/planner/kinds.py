@@ -78,10 +78,10 @@ EXACT_DEVICES = 5
 """Up to this many devices the one-chunk kinds are also enumerated exactly (:mod:`.exact`) below the
 best step found, within :data:`EXACT_WORK`: the stage DP ranks splits by an estimate, and on the
 homelab's measured costs its candidates missed a ZB-H1 split 4.3% faster."""
-EXACT_WORK = 30_000
+EXACT_WORK = 10_000
 """The enumeration's budget: partial layouts visited, a priced layout counted as
-:data:`.exact.PRICE_WORK` of them (about 0.2 s of CPU in all; the homelab's 4 hosts x 16 layers
-take about a tenth of it)."""
+:data:`.exact.PRICE_WORK` of them (0.3-0.45 s of CPU at most; the homelab's 4 hosts x 16 layers
+complete in about 6,000)."""
 V_CLOSE = 1.25
 """The local search starts from the best of them where it is within this factor of the best step."""
 
