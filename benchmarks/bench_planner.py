@@ -35,7 +35,8 @@ three orders' alone. Target: <= 1.05.
 ``--certify N``: `plan --certify` on seed 000's 8-host instance and N random 8-host clusters, each
 plan's step over the bound proven for every plan of its space (planner/certify.py; target 5%).
 ``--certify-small N``: the same on N random 3-6-host clusters, where a large gap has pointed at
-plans the search missed.
+plans the search missed. ``--exact N``: N random 2-5-host clusters planned with and without the
+exact enumeration of the one-chunk kinds (planner/exact.py): the step ratio and the CPU it added.
 """
 from __future__ import annotations
 
@@ -284,6 +285,43 @@ def small_certificates(count: int, seed: int = 7) -> list[float]:
     return gaps
 
 
+def exact_gain(count: int, seed: int = 5) -> list[tuple[float, float]]:
+    """``plan --schedule auto`` on ``count`` random 2-5-host Qwen-like clusters (4-48 layers) with and
+    without the exact enumeration of the one-chunk kinds (planner/exact.py, ``kinds.EXACT_DEVICES``),
+    back to back on the same clusters: per cluster the step ratio (with / without) and the CPU it added."""
+    from torchpp.planner import kinds as K
+
+    keep = K.EXACT_DEVICES
+    rng = random.Random(seed)
+    out = []
+    try:
+        for i in range(count):
+            hosts, layers, G, at = rng.randint(2, 5), rng.randint(4, 48), rng.choice([8, 16, 32]), rng.random()
+            files, bw, mem = qwen_like(random.Random(at), hosts, layers)
+            got = {}
+            for exact in (0, keep):
+                K.EXACT_DEVICES = exact
+                pb = Problem(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files],
+                             budget=mem, memory=MemoryEstimator.analytic(), global_batch=G, schedule="auto")
+                c0 = time.process_time()
+                try:
+                    res = search(pb)
+                except InfeasibleError:
+                    break
+                got[exact] = (time.process_time() - c0, res.step_time_s, res.plan.schedule, res.mode.split("; ")[-1])
+            if len(got) < 2:
+                print(f"  cluster {i + 1}: {hosts} hosts x {layers:>2} layers, G={G:>2}: no plan fits", flush=True)
+                continue
+            (c_off, s_off, k_off, _), (c_on, s_on, k_on, how) = got[0], got[keep]
+            out.append((s_on / s_off, c_on - c_off))
+            print(f"  cluster {i + 1}: {hosts} hosts x {layers:>2} layers, G={G:>2}: without {k_off} {s_off:.4g} s "
+                  f"({c_off:.2f} s CPU), with {k_on} {s_on:.4g} s ({c_on:.2f} s CPU), ratio {s_on / s_off:.4f} [{how}]",
+                  flush=True)
+    finally:
+        K.EXACT_DEVICES = keep
+    return out
+
+
 def gantts(out: str, kinds: tuple[str, ...] | None = None) -> None:
     """The predicted Gantt of the best plan of each schedule kind on seed 000's instance (one renderer:
     planner/report.write_outputs), saved as ``out/<kind>.png``."""
@@ -319,6 +357,8 @@ def main() -> int:
                     help="certify seed 000's 8-host instance and N random 8-host clusters (planner/certify.py)")
     ap.add_argument("--certify-small", type=int, default=0, metavar="N",
                     help="certify N random 3-6-host clusters (the bound against the planner's plan)")
+    ap.add_argument("--exact", type=int, default=0, metavar="N",
+                    help="N random 2-5-host clusters planned with and without the one-chunk kinds' exact enumeration")
     ap.add_argument("--gantts", default=None, help="write each kind's predicted Gantt on seed 000's instance here")
     ap.add_argument("--quick", action="store_true", help="8 x 28 only, 1 random cluster, 1 gap instance (--gantts: "
                     "1f1b and zbv): checks that it runs, no measurement")
@@ -327,6 +367,14 @@ def main() -> int:
         a.skip_large, a.random, a.instances, a.orders = True, 1, 1, 1
     if a.gantts:
         gantts(a.gantts, ("1f1b", "zbv") if a.quick else None)
+        return 0
+    if a.exact:
+        print("the one-chunk kinds enumerated exactly (planner/exact.py): --schedule auto with it / without it")
+        g = exact_gain(a.exact)
+        if g:
+            print(f"  {len(g)} clusters: {sum(r < 1 - 1e-9 for r, _ in g)} plans faster (least ratio "
+                  f"{min(r for r, _ in g):.4f}), {sum(r > 1 + 1e-9 for r, _ in g)} slower; CPU added: mean "
+                  f"{statistics.mean(c for _, c in g):.3f} s, most {max(c for _, c in g):.3f} s")
         return 0
     if a.certify or a.certify_small:
         where, run = (("at 8 devices", lambda: certificates(a.certify)) if a.certify else

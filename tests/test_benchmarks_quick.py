@@ -127,6 +127,12 @@ QUICK = [
                  [rf"^  cluster 1: 5 hosts x\s+8 layers, G=\s*8: zbv, step {NUM} s, bound {NUM} s, within {NUM}% "
                   rf"\({NUM} s CPU\)$", r"^  worst [0-9.]+%, within 5%: 1/1, within 15%: 1/1$"],
                  id="bench_planner_certify_small"),
+    pytest.param("bench_planner.py", ["--exact", "2"],
+                 [rf"^  cluster 1: \d hosts x\s+\d+ layers, G=\s*\d+: without \S+ {NUM} s \({NUM} s CPU\), with \S+ "
+                  rf"{NUM} s \({NUM} s CPU\), ratio {NUM} \[one-chunk kinds (exact|enumerated in part) ",
+                  rf"^  \d clusters: \d plans faster \(least ratio {NUM}\), 0 slower; CPU added: mean -?{NUM} s, "
+                  rf"most -?{NUM} s$"],
+                 id="bench_planner_exact"),
     pytest.param("bench_planner.py", ["--quick", "--gantts", "{out}"],
                  [rf"^  {k}: {NUM} s -> .*{k}\.png$" for k in ("1f1b", "zbv")], id="bench_planner_gantts"),
     pytest.param("bench_loop.py", ["--quick", "--local", "--out", "{out}"],
