@@ -26,6 +26,7 @@ from ..schedules import REGISTRY, ScheduleError, peak_states
 from .build import build_plan
 from .chunks import group_sequences
 from .pricing import price_plan
+from .pathbound import PathBound
 from .prune import forward_hop, group_bound, layout_bound, sync_bound
 from .tables import Tables
 from .types import INF, Problem, StageChoice, max_stages_of, micro_batch_sizes
@@ -98,8 +99,10 @@ class _Run:
                 except ValueError:  # the kind's order does not run m micro-batches on this many stages
                     continue
         self.cuts: list[int] = [0]
+        self.leaves: list[tuple[tuple[int, ...], tuple[str, ...]]] = []
         if self.states and self._rest(0)[0] < self.best:
             self._extend(0, 0.0, tuple(self.states))
+        self._price_leaves()
 
     def _extend(self, c: int, head: float, kinds: tuple[str, ...]) -> None:
         """Stage ``len(cuts) - 1`` starts at layer ``c``; the first forward reaches it at ``head``;
@@ -224,26 +227,42 @@ class _Run:
         return got
 
     def _leaf(self, fit: tuple[str, ...]) -> None:
-        t, groups, cuts = self.t, self.groups, self.cuts
-        stages = [((cuts[s], cuts[s + 1]), groups[s]) for s in range(len(groups))]
-        kinds = [k for split, ks in self.families if layout_bound(t, stages, self.b, self.m, split) < self.best
-                 for k in ks if k in fit]
-        if not kinds:
-            return
+        self.leaves.append((tuple(self.cuts), fit))
+
+    def _price_leaves(self) -> None:
+        """The sequence's layouts that reached the last stage, per kind: their order's longest path
+        (:mod:`.pathbound`) for all at once, then priced from the lowest bound while it is below the
+        best step."""
+        t, groups, b = self.t, self.groups, self.b
         order = [d for g in groups for d in g]
         pos = list(itertools.accumulate([0] + [len(g) for g in groups]))
-        choices = [StageChoice(cut=stages[s][0], hosts=(pos[s], pos[s + 1]), recompute_all=False, cost=0.0)
-                   for s in range(len(groups))]
-        for kind in kinds:
-            pk = replace(self.pb, schedule=kind)
-            plan = build_plan(pk, t, order, choices, self.b, "optimal")
-            if plan is None:
-                continue  # its memory does not fit this kind's order (checked stage by stage above)
-            self.priced += 1
-            self._spend(PRICE_WORK)
-            try:
-                step = price_plan(pk, plan, keep=False, above=self.best)
-            except (ValueError, ScheduleError):  # the kind's order does not run this shape
-                continue
-            if step < self.best:
-                self.best, self.plan = step, plan
+        for split, ks in self.families:
+            for kind in ks:
+                rows = [cuts for cuts, fit in self.leaves if kind in fit]
+                if not rows:
+                    continue
+                bound = PathBound(self.pb, t, kind, groups, 1, b).bound(np.array(rows))
+                for i in np.argsort(bound, kind="stable"):
+                    if bound[i] >= self.best:
+                        break
+                    cuts = rows[i]
+                    stages = [((cuts[x], cuts[x + 1]), groups[x]) for x in range(len(groups))]
+                    if layout_bound(t, stages, b, self.m, split) >= self.best:
+                        continue
+                    choices = [StageChoice(cut=stages[x][0], hosts=(pos[x], pos[x + 1]), recompute_all=False,
+                                           cost=0.0) for x in range(len(groups))]
+                    self._price(kind, order, choices)
+
+    def _price(self, kind: str, order: list[int], choices: list[StageChoice]) -> None:
+        pk = replace(self.pb, schedule=kind)
+        plan = build_plan(pk, self.t, order, choices, self.b, "optimal")
+        if plan is None:
+            return  # its memory does not fit this kind's order (checked stage by stage before)
+        self.priced += 1
+        self._spend(PRICE_WORK)
+        try:
+            step = price_plan(pk, plan, keep=False, above=self.best)
+        except (ValueError, ScheduleError):  # the kind's order does not run this shape
+            return
+        if step < self.best:
+            self.best, self.plan = step, plan

@@ -102,6 +102,18 @@ def _dag(kind: str, pl: Placement, m: int) -> tuple:
     return orders, topo, preds, succ
 
 
+def order_dag(kind: str, pl: Placement, m: int) -> tuple:
+    """(each position's order, the steps (position, index) in a topological order, each step's
+    cross-rank predecessors, each step's cross-rank successors): the kind's graph at placement
+    ``pl`` with ``m`` micro-batches (kept)."""
+    return _dag(kind, pl, m)
+
+
+def step_type(kind: Kind) -> str:
+    """"F", "B", "I" or "W" of a compute step."""
+    return _KEY[kind]
+
+
 def fill_drain(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[int, str, int], float],
                hop_s: Callable[[int, int], float]) -> tuple[list, np.ndarray, np.ndarray]:
     """(position q's order, ``C1``, ``C2``) with every other position's step priced by
