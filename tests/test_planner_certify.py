@@ -69,6 +69,18 @@ def test_bound_is_below_every_plan_of_the_space(seed):
         assert space_bound(pb1)[0] >= bound * (1 - 1e-9)
 
 
+@pytest.mark.parametrize("seed", [3, 4])
+def test_on_small_clusters_the_bound_is_the_optimum_of_the_space(seed):
+    """Up to 5 devices every family is enumerated exactly (planner/exact.py, planner/exactchunks.py):
+    the certificate's bound is the least priced step of every plan of every kind (brute force), so
+    a plan the search found at the optimum is certified within 0%."""
+    for pb, res in small_instances(3, seed):
+        cert = certify(pb, res.step_time_s)
+        floor = min(every_plan(pb).values())
+        assert "enumerated exactly" in cert.method
+        assert cert.bound_s == pytest.approx(floor, rel=1e-9), (cert.bound_s, floor, res.step_time_s)
+
+
 def test_certificate_of_seed000_eight_hosts():
     """Seed 000's 8 hosts under 1F1B at 8 micro-batches of 4 (the whole space, every kind and size, is
     `bench_planner.py --certify`'s: about a minute of CPU): a bound below the plan is proven."""

@@ -55,6 +55,9 @@ class PathBound:
         self.opt = [min(optimizer_rate(pb.optimizer_s_per_byte, pb.hosts[h]) if pb.optimizer_s_per_byte is not None
                         else p.optimizer_rate(pb.hosts[h])[0] for h in g) for g in groups]
         self.tied = float(p.tied_bytes) if p.model.tied_embeddings else 0.0
+        ends = set(groups[pl.position[0]]) | set(groups[pl.position[-1]])
+        self.tied_s = (pb.links.ring_allreduce([pb.hosts[h] for h in sorted(ends)], self.tied)
+                       if self.tied and pl.position[0] != pl.position[-1] else 0.0)
 
     def _durations(self, g: tuple[int, ...]) -> dict[str, np.ndarray]:
         """Per step type, its seconds over cuts (c, c2) nothing recomputed: on b samples for one
@@ -95,11 +98,39 @@ class PathBound:
         out = np.zeros(n)
         last = len(bounds[0]) - 2 if n else 0
         for pos, node in enumerate(self.last):
-            w = sum(self.t.W[bounds[:, c], bounds[:, c + 1]] for c in self.chunks[pos])
-            if self.tied and 0 in self.chunks[pos] and last in self.chunks[pos]:
+            cs = self.chunks[pos]
+            w = sum(self.t.W[bounds[:, c], bounds[:, c + 1]] for c in cs)
+            if self.tied and 0 in cs and last in cs:
                 w = w - self.tied
-            out = np.maximum(out, finish[node] + self.opt[pos] * w)
+            # after its last step a rank all-reduces its group's gradients (and the tied weight, where
+            # it holds one end and not the other), then steps its optimizer
+            sync = sum(self._syncs(self.groups[pos])[bounds[:, c], bounds[:, c + 1]] for c in cs)
+            if (0 in cs) != (last in cs):
+                sync = sync + self.tied_s
+            out = np.maximum(out, finish[node] + sync + self.opt[pos] * w)
+        # each link carries its sends one after another
+        busy: dict[tuple[int, int], np.ndarray] = {}
+        for pos, _, _, _, cross in self.nodes:
+            for _, at, src in cross:
+                busy[(src, pos)] = busy.get((src, pos), 0.0) + self.hop[(src, pos)][bounds[:, at]]
+        for x in busy.values():
+            out = np.maximum(out, x)
         return out
+
+    def _syncs(self, g: tuple[int, ...]) -> np.ndarray:
+        """Over cuts: the ring all-reduce of a chunk's gradients over group g (0 for one device)."""
+        key = ("path syncs", g)
+        got = self.t.memo.get(key)
+        if got is None:
+            L, t = self.t.L, self.t
+            got = np.zeros((L + 1, L + 1))
+            if len(g) > 1:
+                names = [self.pb.hosts[h] for h in g]
+                for c in range(L):
+                    for c2 in range(c + 1, L + 1):
+                        got[c, c2] = self.pb.links.ring_allreduce(names, float(t.W[c, c2]))
+            self.t.memo[key] = got
+        return got
 
 
 def _step_matrices(pb: Problem, t: Tables, h: int, n: int) -> dict[str, np.ndarray]:
