@@ -890,10 +890,15 @@ def summary_lines(cfg: DemoConfig, mode: str, hosts: Sequence[str], results: Seq
     wire = wire_comparison(results)
     out = lines + (wire_lines(cfg, wire) if wire is not None else []) + ["", "why: " + why_line(plan, baselines)]
     if certificate:
-        out.append(f"certificate: the plan's predicted {certificate['step_s']:.3f} s is within "
-                   f"{100 * certificate['gap']:.1f}% of the best plan of the space it searched (every split, device "
-                   "group, order, micro-batching and schedule kind under each host's memory), whose step is proven "
-                   f"at least {certificate['bound_s']:.3f} s (`torchpp plan --certify`)")
+        space = ("the space it searched (every split, device group, order, micro-batching and schedule kind under "
+                 "each host's memory)")
+        if certificate["gap"] <= 0:
+            out.append(f"certificate: the plan's predicted {certificate['step_s']:.3f} s is the best of {space}: "
+                       f"every other plan was priced or proven no faster (`torchpp plan --certify`)")
+        else:
+            out.append(f"certificate: the plan's predicted {certificate['step_s']:.3f} s is within "
+                       f"{100 * certificate['gap']:.1f}% of the best plan of {space}, whose step is proven at least "
+                       f"{certificate['bound_s']:.3f} s (`torchpp plan --certify`)")
     verdict = replan_line(results)
     if verdict:
         out.append(verdict)
