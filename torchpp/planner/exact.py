@@ -13,6 +13,7 @@ priced step of the whole one-chunk space, or a proof that none beats the step gi
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -62,7 +63,7 @@ def one_chunk(pb: Problem, t: Tables, kinds: Sequence[str], step_s: float = INF,
     families = [(s, ks) for s in (False, True) if (ks := [k for k in kinds if REGISTRY[k].split_backward == s])]
     try:
         for b in micro_batch_sizes(pb):
-            for groups in group_sequences(len(pb.hosts), min(b, pb.max_group)):
+            for groups in sequences(len(pb.hosts), min(b, pb.max_group)):
                 if len(groups) <= min(max_stages_of(pb), t.L):
                     run.sequence(groups, b, families)
     except _Budget:
@@ -71,6 +72,16 @@ def one_chunk(pb: Problem, t: Tables, kinds: Sequence[str], step_s: float = INF,
                  work=run.work, time_s=time.perf_counter() - t0)
 
 
+@functools.lru_cache(maxsize=64)
+def sequences(n_hosts: int, max_group: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """:func:`.chunks.group_sequences`, kept (every micro-batch size and family asks again)."""
+    if max_group < n_hosts:
+        return tuple(g for g in sequences(n_hosts, n_hosts) if max(len(x) for x in g) <= max_group)
+    return tuple(group_sequences(n_hosts, n_hosts))
+
+
+PATH_WORK = 30
+"""An order's longest path over a sequence's layouts (:mod:`.pathbound`), about a millisecond."""
 PRICE_WORK = 15
 """A priced layout (built, replayed until it reaches the best step) costs about as much as this many
 partial layouts (a unit is 30-45 us of CPU on the development machine)."""
@@ -90,6 +101,7 @@ class _Run:
                  ) -> None:
         """Every split of the layers over ``groups`` (pipeline order) at micro-batch size ``b``, priced
         under each family's kinds (full backward or split: (split, kinds)) where its bound allows."""
+        self._spend(1)
         self.groups, self.b, self.m, self.families = groups, b, self.pb.global_batch // b, families
         self.states: dict[str, list] = {}
         for _, ks in families:
@@ -236,21 +248,27 @@ class _Run:
         t, groups, b = self.t, self.groups, self.b
         order = [d for g in groups for d in g]
         pos = list(itertools.accumulate([0] + [len(g) for g in groups]))
+        below: dict[tuple[int, ...], list[bool]] = {}  # the stage bound (planner/prune.py) first, per split
         for split, ks in self.families:
             for kind in ks:
-                rows = [cuts for cuts, fit in self.leaves if kind in fit]
+                rows = []
+                for cuts, fit in self.leaves:
+                    if kind not in fit:
+                        continue
+                    if (cuts, split) not in below:
+                        stages = [((cuts[x], cuts[x + 1]), groups[x]) for x in range(len(groups))]
+                        below[(cuts, split)] = layout_bound(t, stages, b, self.m, split) < self.best
+                    if below[(cuts, split)]:
+                        rows.append(cuts)
                 if not rows:
                     continue
+                self._spend(PATH_WORK)
                 bound = PathBound(self.pb, t, kind, groups, 1, b).bound(np.array(rows))
                 for i in np.argsort(bound, kind="stable"):
                     if bound[i] >= self.best:
                         break
-                    cuts = rows[i]
-                    stages = [((cuts[x], cuts[x + 1]), groups[x]) for x in range(len(groups))]
-                    if layout_bound(t, stages, b, self.m, split) >= self.best:
-                        continue
-                    choices = [StageChoice(cut=stages[x][0], hosts=(pos[x], pos[x + 1]), recompute_all=False,
-                                           cost=0.0) for x in range(len(groups))]
+                    choices = [StageChoice(cut=(rows[i][x], rows[i][x + 1]), hosts=(pos[x], pos[x + 1]),
+                                           recompute_all=False, cost=0.0) for x in range(len(groups))]
                     self._price(kind, order, choices)
 
     def _price(self, kind: str, order: list[int], choices: list[StageChoice]) -> None:

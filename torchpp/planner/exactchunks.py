@@ -19,8 +19,8 @@ import numpy as np
 
 from ..cost import stage_time
 from ..schedules import REGISTRY
-from .chunks import ChunkLayout, beaten, chunk_counts, fits_weights, group_sequences, placement, price_layout
-from .exact import PRICE_WORK, Exact, _Budget
+from .chunks import ChunkLayout, beaten, chunk_counts, fits_weights, placement, price_layout
+from .exact import PATH_WORK, PRICE_WORK, Exact, _Budget, sequences
 from .pathbound import PathBound
 from .tables import Tables
 from .types import INF, Problem, micro_batch_sizes
@@ -37,7 +37,7 @@ def chunked(pb: Problem, t: Tables, kinds: Sequence[str], step_s: float = INF, m
     run = _Chunks(pb, t, step_s, max_work)
     try:
         for b in micro_batch_sizes(pb):
-            for groups in group_sequences(len(pb.hosts), min(b, pb.max_group)):
+            for groups in sequences(len(pb.hosts), min(b, pb.max_group)):
                 for kind in kinds:
                     for v in chunk_counts(kind, len(groups), t.L):
                         run.shape(kind, groups, v, b)
@@ -68,6 +68,7 @@ class _Chunks:
         if not len(rows):
             return
         m = self.pb.global_batch // b
+        self._spend(PATH_WORK + len(rows) // ROWS_PER_UNIT)
         paths = bound.bound(rows)
         for i in np.argsort(paths, kind="stable"):
             if paths[i] >= self.best:
