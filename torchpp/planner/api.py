@@ -296,6 +296,10 @@ def plan(inputs: PlanInputs | Costs, options: PlanOptions, *, progress: Progress
         say(cert.line())
         extra_meta = {**(extra_meta or {}), "certificate": cert.as_dict()}
     replayed = (res.step_time_s, res.timeline) if res.timeline is not None else None
+    if options.certify and cert.plan is not None:  # the enumeration found a faster plan of the same space
+        from .search import validated
+
+        chosen, replayed = validated(cert.plan), None
     ranks = [d.rank for s in chosen.stages for d in s.devices]
     if costs.devices is not None and apply_fixed_ranks(chosen, costs.devices) and \
             ranks != [d.rank for s in chosen.stages for d in s.devices]:

@@ -34,11 +34,11 @@ def search(pb: Problem, progress=None) -> SearchResult:
     if won.plan is not None and won.step_time_s <= res.step_time_s:
         res.plan, res.step_time_s, res.timeline = won.plan, won.step_time_s, won.timeline
     if res.plan is not None:
-        _validated(res.plan)
+        validated(res.plan)
     return res
 
 
-def _validated(plan) -> None:
+def validated(plan):
     """The returned plan's lists pass ``schedules.validate`` (the search prices unvalidated lists:
     a kind's order is proven by its tests, and each list is still checked for matching messages and
     deadlock as it is flattened and priced); a failure here is a bug in that kind's order."""
@@ -47,3 +47,4 @@ def _validated(plan) -> None:
     except ScheduleError as e:
         raise RuntimeError(f"the planner chose a {plan.schedule} plan whose action lists do not validate (a bug in "
                            f"the kind's order): {e}") from e
+    return plan
