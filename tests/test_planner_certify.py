@@ -81,13 +81,20 @@ def test_on_small_clusters_the_bound_is_the_optimum_of_the_space(seed):
         assert cert.bound_s == pytest.approx(floor, rel=1e-9), (cert.bound_s, floor, res.step_time_s)
 
 
-def test_plan_certify_takes_a_faster_plan_the_enumeration_found():
+def test_plan_certify_takes_a_faster_plan_the_enumeration_found(monkeypatch):
     """A 4-host Qwen-like cluster whose best plan is a ZBV headed by a group of three devices (88.9 s):
-    the search's V seeds never put a group at a V's head and it chose 1F1B at 105.2 s; `plan --certify`
-    enumerates every family, finds the ZBV, and returns it, certified the best of the space."""
+    the search's V seeds never put a group at a V's head, and without its own enumeration (as past
+    its budget) it chose 1F1B at 105.2 s; `plan --certify` enumerates every family, finds the ZBV and
+    returns it, certified the best of the space. With its enumeration the search finds it itself."""
+    from torchpp.planner import kinds
     from torchpp.planner.synthetic import qwen_like
 
     files, bw, mem = qwen_like(random.Random(0.8584684590486795), 4, 5)
+    pb = Problem(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files], budget=mem,
+                 memory=MemoryEstimator.analytic(), global_batch=16, schedule="auto")
+    found = search(pb)
+    assert found.plan.schedule == "zbv" and found.step_time_s == pytest.approx(88.896, abs=0.01)
+    monkeypatch.setattr(kinds, "EXACT_DEVICES", 0)
     costs = api.Costs(profiles=Profiles.from_layers(files), links=Links(bw), hosts=[f.host for f in files],
                       budget=mem, memory=MemoryEstimator.analytic())
     plain = api.plan(costs, api.PlanOptions(global_batch=16))

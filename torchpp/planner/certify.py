@@ -57,7 +57,7 @@ from .types import INF, Problem, micro_batch_sizes
 
 EXACT_DEVICES = 5
 """Up to this many devices every family is enumerated exactly where that fits :data:`EXACT_WORK`."""
-EXACT_WORK = 300_000
+EXACT_WORK = 500_000
 """Each family's enumeration budget (:func:`.exact.one_chunk`, :func:`.exactchunks.chunked`): about
 10-15 s of CPU at most; the homelab's four hosts take 5,500 (one-chunk), 67,000 (V) and 228,000
 (interleaved)."""

@@ -20,7 +20,7 @@ import numpy as np
 from ..cost import stage_time
 from ..schedules import REGISTRY
 from .chunks import ChunkLayout, beaten, chunk_counts, fits_weights, placement, price_layout
-from .exact import PATH_WORK, PRICE_WORK, Exact, _Budget, sequences
+from .exact import PATH_WORK, Exact, _Budget, sequences
 from .pathbound import PathBound
 from .tables import Tables
 from .types import INF, Problem, micro_batch_sizes
@@ -31,8 +31,12 @@ ROWS_PER_UNIT = 64
 
 def chunked(pb: Problem, t: Tables, kinds: Sequence[str], step_s: float = INF, max_work: int | None = None
             ) -> Exact:
-    """The least priced step of the chunked ``kinds`` over the whole space below ``step_s``
-    (``max_work``: as :func:`.exact.one_chunk`'s)."""
+    """The least priced step of the chunked ``kinds`` over the whole space below ``step_s``.
+
+    Every shape's surviving layouts are bounded first; then they are priced best first, over all
+    shapes at once, while the lowest bound left is below the best step: the first priced are those
+    most likely to win, so few are priced. ``max_work`` (as :func:`.exact.one_chunk`'s) holds for
+    each of the two passes; a plan found is a plan of the space, priced, complete or not."""
     t0 = time.perf_counter()
     run = _Chunks(pb, t, step_s, max_work)
     try:
@@ -43,14 +47,21 @@ def chunked(pb: Problem, t: Tables, kinds: Sequence[str], step_s: float = INF, m
                         run.shape(kind, groups, v, b)
     except _Budget:
         pass
+    run.price()
     return Exact(step_s=run.best, plan=run.plan, complete=not run.stopped, nodes=run.rows, priced=run.priced,
                  work=run.work, time_s=time.perf_counter() - t0)
+
+
+PRICE_CHUNKED = 100
+"""A chunked layout priced (built with its memory, replayed) in units of the budget: a few milliseconds."""
 
 
 class _Chunks:
     def __init__(self, pb: Problem, t: Tables, step_s: float, max_work: int | None):
         self.pb, self.t, self.best, self.plan = pb, t, step_s, None
         self.max_work, self.rows, self.priced, self.work, self.stopped = max_work, 0, 0, 0, False
+        self.found: list[tuple[np.ndarray, np.ndarray, tuple]] = []
+        """Per shape: its layouts' bounds, their cuts, and the shape (kind, groups, v, b)."""
 
     def _spend(self, units: int) -> None:
         self.work += units
@@ -59,7 +70,8 @@ class _Chunks:
             raise _Budget
 
     def shape(self, kind: str, groups: tuple[tuple[int, ...], ...], v: int, b: int) -> None:
-        """Every cut of ``kind`` with ``v`` chunks per position on ``groups`` at ``b`` samples."""
+        """Every cut of ``kind`` with ``v`` chunks per position on ``groups`` at ``b`` samples, bounded."""
+        self._spend(1)
         try:
             bound = PathBound(self.pb, self.t, kind, groups, v, b)
         except ValueError:  # the order does not run this many micro-batches at this depth
@@ -67,20 +79,37 @@ class _Chunks:
         rows = self._grow(bound, kind, v, b)
         if not len(rows):
             return
-        m = self.pb.global_batch // b
         self._spend(PATH_WORK + len(rows) // ROWS_PER_UNIT)
         paths = bound.bound(rows)
-        for i in np.argsort(paths, kind="stable"):
-            if paths[i] >= self.best:
-                break
-            lay = ChunkLayout(kind=kind, v=v, b=b, groups=groups, bounds=tuple(int(x) for x in rows[i]))
-            if not fits_weights(self.pb, self.t, lay) or beaten(self.t, lay, m, self.best):
-                continue
-            self.priced += 1
-            self._spend(PRICE_WORK)
-            got = price_layout(self.pb, self.t, lay, above=self.best)
-            if got is not None and got[1] is not None and got[0] < self.best:
-                self.best, self.plan = got[0], got[1]
+        keep = paths < self.best
+        if keep.any():
+            self.found.append((paths[keep], rows[keep], (kind, groups, v, b)))
+
+    def price(self) -> None:
+        """The bounded layouts priced from the lowest bound over every shape, while it is below the
+        best step (a budget of its own)."""
+        if not self.found:
+            return
+        paths = np.concatenate([p for p, _, _ in self.found])
+        which = np.concatenate([np.full(len(p), k) for k, (p, _, _) in enumerate(self.found)])
+        index = np.concatenate([np.arange(len(p)) for p, _, _ in self.found])
+        spent, self.work = self.work, 0
+        try:
+            for i in np.argsort(paths, kind="stable"):
+                if paths[i] >= self.best:
+                    break
+                _, rows, (kind, groups, v, b) = self.found[which[i]]
+                lay = ChunkLayout(kind=kind, v=v, b=b, groups=groups, bounds=tuple(int(x) for x in rows[index[i]]))
+                if not fits_weights(self.pb, self.t, lay) or beaten(self.t, lay, self.pb.global_batch // b, self.best):
+                    continue
+                self.priced += 1
+                self._spend(PRICE_CHUNKED)
+                got = price_layout(self.pb, self.t, lay, above=self.best)
+                if got is not None and got[1] is not None and got[0] < self.best:
+                    self.best, self.plan = got[0], got[1]
+        except _Budget:
+            pass
+        self.work += spent
 
     def _parts(self, h: int, split: bool) -> tuple[np.ndarray, np.ndarray]:
         """Over cuts (c, c2): the seconds per call and per sample of one forward and one backward

@@ -20,6 +20,7 @@ from ..formats import MULTI_CHUNK, ONE_CHUNK, Plan
 from ..schedules import REGISTRY
 from .build import build_plan
 from .exact import one_chunk
+from .exactchunks import chunked
 from .pricing import keep_priced, price_plan
 from .prune import layout_bound
 from .chunks import ChunkLayout, beaten, descend, fits_weights, layout_bound_of, every_cut, group_sequences, layouts, price_layout
@@ -82,6 +83,9 @@ EXACT_WORK = 10_000
 """The enumeration's budget: partial layouts visited, a priced layout counted as
 :data:`.exact.PRICE_WORK` of them (0.3-0.45 s of CPU at most; the homelab's 4 hosts x 16 layers
 complete in about 6,000)."""
+EXACT_CHUNK_WORK = 5_000
+"""The same for the chunked kinds (:mod:`.exactchunks`), after the one-chunk kinds: a V headed by a
+group of devices, which no seed starts from, is found this way on small clusters."""
 V_CLOSE = 1.25
 """The local search starts from the best of them where it is within this factor of the best step."""
 
@@ -125,6 +129,13 @@ def search_kinds(pb: Problem, kinds: Sequence[str], progress=None) -> SearchResu
             priced.append((got.step_s, got.plan))
         mode += f"; one-chunk kinds {'exact' if got.complete else 'enumerated in part'} ({got.nodes} partial layouts, " \
                 f"{got.priced} priced{', a faster plan found' if got.plan is not None else ''})"
+    if multi and len(pb.hosts) <= EXACT_DEVICES and pb.ledger.step_time_s < float("inf"):
+        got = chunked(pb, t, multi, pb.ledger.step_time_s, max_work=EXACT_CHUNK_WORK)
+        if got.plan is not None:
+            keep_priced(pb, got.plan, got.step_s)
+            priced.append((got.step_s, got.plan))
+        mode += f"; chunked kinds {'exact' if got.complete else 'enumerated in part'} ({got.priced} priced" \
+                f"{', a faster plan found' if got.plan is not None else ''})"
     if not priced:
         if multi and not one and base.priced:  # the one-chunk DP found plans: only the chunked kinds do not fit
             best = min(base.priced, key=lambda x: x[0])
