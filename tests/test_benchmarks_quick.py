@@ -129,7 +129,7 @@ QUICK = [
                  id="bench_planner_certify_small"),
     pytest.param("bench_planner.py", ["--exact", "2"],
                  [rf"^  cluster 1: \d hosts x\s+\d+ layers, G=\s*\d+: without \S+ {NUM} s \({NUM} s CPU\), with \S+ "
-                  rf"{NUM} s \({NUM} s CPU\), ratio {NUM} \[one-chunk kinds (exact|enumerated in part) ",
+                  rf"{NUM} s \({NUM} s CPU\), ratio {NUM} \[(one-chunk|chunked) kinds (exact|enumerated in part) ",
                   rf"^  \d clusters: \d plans faster \(least ratio {NUM}\), 0 slower; CPU added: mean -?{NUM} s, "
                   rf"most -?{NUM} s$"],
                  id="bench_planner_exact"),

@@ -122,20 +122,16 @@ def search_kinds(pb: Problem, kinds: Sequence[str], progress=None) -> SearchResu
             progress(f"  chunked kinds: {len(found)} plan(s) priced, best step {min(s for s, _ in found):.4g} s")
         priced += found
     mode = f"{base.mode}; kinds {', '.join(kinds)}"
-    if one and len(pb.hosts) <= EXACT_DEVICES and pb.ledger.step_time_s < float("inf"):
-        got = one_chunk(pb, t, one, pb.ledger.step_time_s, max_work=EXACT_WORK)
-        if got.plan is not None:
-            keep_priced(pb, got.plan, got.step_s)
-            priced.append((got.step_s, got.plan))
-        mode += f"; one-chunk kinds {'exact' if got.complete else 'enumerated in part'} ({got.nodes} partial layouts, " \
-                f"{got.priced} priced{', a faster plan found' if got.plan is not None else ''})"
-    if multi and len(pb.hosts) <= EXACT_DEVICES and pb.ledger.step_time_s < float("inf"):
-        got = chunked(pb, t, multi, pb.ledger.step_time_s, max_work=EXACT_CHUNK_WORK)
-        if got.plan is not None:
-            keep_priced(pb, got.plan, got.step_s)
-            priced.append((got.step_s, got.plan))
-        mode += f"; chunked kinds {'exact' if got.complete else 'enumerated in part'} ({got.priced} priced" \
-                f"{', a faster plan found' if got.plan is not None else ''})"
+    if len(pb.hosts) <= EXACT_DEVICES:
+        for name, ks, enumerate_, budget in (("one-chunk", one, one_chunk, EXACT_WORK),
+                                             ("chunked", multi, chunked, EXACT_CHUNK_WORK)):
+            if ks and pb.ledger.step_time_s < float("inf"):
+                got = enumerate_(pb, t, ks, pb.ledger.step_time_s, max_work=budget)
+                if got.plan is not None:
+                    keep_priced(pb, got.plan, got.step_s)
+                    priced.append((got.step_s, got.plan))
+                mode += f"; {name} kinds {'exact' if got.complete else 'enumerated in part'} ({got.priced} priced" \
+                        f"{', a faster plan found' if got.plan is not None else ''})"
     if not priced:
         if multi and not one and base.priced:  # the one-chunk DP found plans: only the chunked kinds do not fit
             best = min(base.priced, key=lambda x: x[0])
