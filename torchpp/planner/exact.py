@@ -5,10 +5,12 @@ The stage DP ranks splits by an estimate and prices the best few, so on a small 
 miss the best split of a device order whose estimate ranked it low (on the homelab's measured
 costs ZB-H1 with the laptop first, 4.3% faster than the plan the DP's candidates led to). Here a
 stage is extended layer by layer; the first micro-batch's forward reaches it after the stages
-before it (their passes and hops), and from then on it computes its ``m`` micro-batches: when
-that alone reaches the best step found, no longer stage can help (its compute only grows), so
-the extension stops. A whole layout is priced (built, its memory fitted, replayed) only where its
-full bound (:func:`.prune.layout_bound`) is below the best step, so the answer is the least
+before it (their passes and hops), and from then on it computes its ``m`` micro-batches and
+all-reduces its gradients: when that reaches the best step found, no longer stage can help (both
+only grow), so the extension stops; nor where the stages after it cannot share the rest of the
+layers soon enough, or where no kind's order fits the stage's memory. A whole layout is priced
+(built, its memory fitted, replayed) only where the stage bound (:func:`.prune.layout_bound`) and
+its order's longest path (:mod:`.pathbound`) are below the best step, so the answer is the least
 priced step of the whole one-chunk space, or a proof that none beats the step given.
 """
 from __future__ import annotations
@@ -27,8 +29,8 @@ from ..schedules import REGISTRY, ScheduleError, peak_states
 from .build import build_plan
 from .chunks import group_sequences
 from .pricing import price_plan
-from .pathbound import PathBound
-from .prune import forward_hop, group_bound, layout_bound, sync_bound
+from .pathbound import PathBound, hop_times
+from .prune import group_bound, layout_bound, sync_bound
 from .tables import Tables
 from .types import INF, Problem, StageChoice, max_stages_of, micro_batch_sizes
 
@@ -88,14 +90,14 @@ partial layouts (a unit is 30-45 us of CPU on the development machine)."""
 
 
 class _Budget(Exception):
-    """The node budget is spent."""
+    """The work budget is spent."""
 
 
 class _Run:
     def __init__(self, pb: Problem, t: Tables, step_s: float, max_work: int | None):
         self.pb, self.t, self.best, self.plan = pb, t, step_s, None
         self.max_work, self.nodes, self.priced, self.work, self.stopped = max_work, 0, 0, 0, False
-        self.rest: dict[tuple, float] = {}
+        self.memo: dict[tuple, float] = {}
 
     def sequence(self, groups: tuple[tuple[int, ...], ...], b: int, families: Sequence[tuple[bool, Sequence[str]]]
                  ) -> None:
@@ -131,7 +133,7 @@ class _Run:
         nxt = np.zeros(len(ends))
         after = nxt
         if not last:
-            nxt = head + first[c, ends] + self._hops(g, groups[s + 1])[ends]
+            nxt = head + first[c, ends] + hop_times(self.pb, self.t, g, groups[s + 1], self.b)[ends]
             after = nxt + self._rest(s + 1)[ends]
         for i in np.flatnonzero((done < self.best) & (after < self.best)):
             if done[i] >= self.best or after[i] >= self.best:
@@ -168,10 +170,10 @@ class _Run:
     def _peak(self, states: tuple, v: int) -> np.ndarray:
         """Peak bytes per sample of every cut over ``states``, no layer (0) or every layer (1) recomputed."""
         key = ("peak", states, v)
-        got = self.rest.get(key)
+        got = self.memo.get(key)
         if got is None:
             t = self.t
-            got = self.rest[key] = np.maximum(np.where(t.valid, t.mem.peak_per_sample(t.span[v], states), INF), 1e-30)
+            got = self.memo[key] = np.maximum(np.where(t.valid, t.mem.peak_per_sample(t.span[v], states), INF), 1e-30)
         return got
 
     def _spend(self, units: int) -> None:
@@ -194,26 +196,26 @@ class _Run:
         a weaker bound than a node's, computed for every c at once)."""
         groups = self.groups[s:]
         key = (groups, self.b)
-        got = self.rest.get(key)
+        got = self.memo.get(key)
         if got is None:
             L = self.t.L
             work, first = self._matrices(groups[0])
             if len(groups) == 1:
                 got = work[:, L].copy()
             else:
-                after = self._hops(groups[0], groups[1]) + self._rest(s + 1)
+                after = hop_times(self.pb, self.t, groups[0], groups[1], self.b) + self._rest(s + 1)
                 got = np.maximum(work, first + after[None, :]).min(axis=1)
             got[L] = INF
-            self.rest[key] = got
+            self.memo[key] = got
             self._spend(1)
         return got
 
     def _matrices(self, g: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         """Over cuts (c, c2): the least compute of ``m`` micro-batches on group g, and the first
-        micro-batch's forward through it (as :func:`.prune.group_bound` and :func:`.prune.first_forward`,
+        micro-batch's forward through it (as :func:`.prune.group_bound` and the first pass of :func:`.prune.pipeline_bound`,
         a group's samples shared as a fluid)."""
         key = ("mat", g, self.b)
-        got = self.rest.get(key)
+        got = self.memo.get(key)
         if got is None:
             t, b, m = self.t, self.b, self.m
             if len(g) == 1:
@@ -225,17 +227,7 @@ class _Run:
                     inv = sum(1.0 / t.tau[(h, 0)] for h in g)
                     work = m * (b / inv + np.minimum.reduce([t.tau0[(h, 0)] for h in g]))
                 first = np.minimum.reduce([t.pass_time[h][0] + t.pass_time[h][1] for h in g])
-            got = self.rest[key] = (np.where(t.valid, work, INF), np.where(t.valid, first, INF))
-        return got
-
-    def _hops(self, g: tuple[int, ...], nxt: tuple[int, ...]) -> np.ndarray:
-        """Over the last layer c2 of a stage on g: the first activation's transfer to the next on ``nxt``."""
-        key = ("hop", g, nxt, self.b)
-        got = self.rest.get(key)
-        if got is None:
-            L = self.t.L
-            got = self.rest[key] = np.array([forward_hop(self.t, c2, g, nxt, self.b) if 0 < c2 < L else INF
-                                             for c2 in range(L + 1)])
+            got = self.memo[key] = (np.where(t.valid, work, INF), np.where(t.valid, first, INF))
         return got
 
     def _leaf(self, fit: tuple[str, ...]) -> None:

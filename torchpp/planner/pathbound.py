@@ -50,7 +50,8 @@ class PathBound:
         self.last = [index[(pos, len(orders[pos]) - 1)] for pos in range(pl.p)]
         self.groups = groups
         self.dur = [self._durations(g) for g in groups]
-        self.hop = {(a, c): self._hops(groups[a], groups[c]) for a in range(pl.p) for c in range(pl.p) if a != c}
+        self.hop = {(a, c): hop_times(pb, t, groups[a], groups[c], b) for a in range(pl.p) for c in range(pl.p)
+                    if a != c}
         p = pb.profiles
         self.opt = [min(optimizer_rate(pb.optimizer_s_per_byte, pb.hosts[h]) if pb.optimizer_s_per_byte is not None
                         else p.optimizer_rate(pb.hosts[h])[0] for h in g) for g in groups]
@@ -68,19 +69,6 @@ class PathBound:
             n = self.b if len(g) == 1 else 1
             per = [_step_matrices(self.pb, self.t, h, n) for h in g]
             got = self.t.memo[key] = {typ: np.minimum.reduce([x[typ] for x in per]) for typ in per[0]}
-        return got
-
-    def _hops(self, g: tuple[int, ...], g2: tuple[int, ...]) -> np.ndarray:
-        """Over the boundary layer x, the least seconds of one transfer from group g to g2 of the
-        activations (or gradients) crossing it, on a rested link."""
-        key = ("path hops", g, g2, self.b)
-        got = self.t.memo.get(key)
-        if got is None:
-            n = self.b if len(g) == 1 and len(g2) == 1 else 1
-            links, hosts, out = self.pb.links, self.pb.hosts, self.t.out_bytes
-            got = self.t.memo[key] = np.array([
-                min(links.rested_time(hosts[x], hosts[y], n * float(out[c])) for x in g for y in g2)
-                for c in range(self.t.L + 1)])
         return got
 
     def bound(self, bounds: np.ndarray) -> np.ndarray:
@@ -131,6 +119,20 @@ class PathBound:
                         got[c, c2] = self.pb.links.ring_allreduce(names, float(t.W[c, c2]))
             self.t.memo[key] = got
         return got
+
+
+def hop_times(pb: Problem, t: Tables, g: tuple[int, ...], g2: tuple[int, ...], b: int) -> np.ndarray:
+    """Over the boundary layer x, the least seconds of one transfer from group g to g2 of the
+    activations (or gradients) crossing it, on a rested link: all b samples between two single
+    devices, one sample otherwise (the hops of :func:`.prune.pipeline_bound`, for every boundary at once)."""
+    key = ("hop times", g, g2, b)
+    got = t.memo.get(key)
+    if got is None:
+        n = b if len(g) == 1 and len(g2) == 1 else 1
+        links, hosts, out = pb.links, pb.hosts, t.out_bytes
+        got = t.memo[key] = np.array([min(links.rested_time(hosts[x], hosts[y], n * float(out[c]))
+                                          for x in g for y in g2) for c in range(t.L + 1)])
+    return got
 
 
 def _step_matrices(pb: Problem, t: Tables, h: int, n: int) -> dict[str, np.ndarray]:

@@ -114,17 +114,6 @@ def _hops(t: Tables, chunks: Sequence[tuple[tuple[int, int], Sequence[int]]], b:
     return xa, xg
 
 
-def first_forward(t: Tables, cut: tuple[int, int], group: Sequence[int], b: int) -> float:
-    """The least seconds of the first micro-batch's forward through one stage (:func:`_passes`)."""
-    return _passes(t, [(cut, group)], b)[0][0]
-
-
-def forward_hop(t: Tables, end: int, group: Sequence[int], nxt: Sequence[int], b: int) -> float:
-    """The least seconds of an activation's transfer from a stage ending at layer ``end`` on
-    ``group`` to the next on ``nxt`` (:func:`_hops`)."""
-    return _hops(t, [((end, end), group), ((end, end), nxt)], b)[0][0]
-
-
 def _rested(t: Tables, src: int, dst: int, nbytes: float) -> float:
     a, b = t.hosts[src], t.hosts[dst]
     return t.pb.links.time(a, b, nbytes) - t.pb.links.burst_s(a, b, nbytes)[1]
