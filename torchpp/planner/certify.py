@@ -34,6 +34,11 @@ back) and the drain after. It is run once over the plans without a group of seve
 ``b``); a family's bound is the larger of the two programmes' (each is a bound on every plan).
 
 With at most :data:`MAX_DEVICES` devices the programme's ``3^N`` (device set, group) pairs stay small.
+
+Up to :data:`EXACT_DEVICES` devices each family is first enumerated exactly (:mod:`.exact`,
+:mod:`.exactchunks`): every layout priced or proven no faster than the plan. Where that completes
+the family's value is its optimum, not a bound; where it finds a faster plan, that plan is the one
+certified (:attr:`Certificate.plan`).
 """
 from __future__ import annotations
 

@@ -5,10 +5,11 @@ A chunked layout cuts the layers into ``v`` chunks per position, placed by its k
 position holds a chunk on the way down and one on the way back). The cuts are grown chunk by
 chunk for all prefixes at once (arrays of prefixes): each position's compute so far, ``m``
 forwards and backwards of each of its chunks, only grows, so a prefix whose busiest position
-already reaches the best step found is dropped with everything after it. What is left whole is
-bounded by its order's longest path (:mod:`.pathbound`) and priced from the lowest bound while
-that is below the best step. The answer is the least priced step of the chunked space, or a proof
-that none beats the step given.
+already reaches the best step found is dropped with everything after it; so is one whose weights
+no longer fit a device of a position, or whose layers still to place cannot be shared out soon
+enough. What is left whole is bounded by its order's longest path (:mod:`.pathbound`) and priced
+best first over every shape while the lowest bound left is below the best step. The answer is the
+least priced step of the chunked space, or a proof that none beats the step given.
 """
 from __future__ import annotations
 
@@ -162,7 +163,7 @@ class _Chunks:
 
     def _grow(self, bound: PathBound, kind: str, v: int, b: int) -> np.ndarray:
         """Every whole cut (rows of chunk boundaries) whose busiest position's compute is below the
-        best step, grown chunk by chunk."""
+        best step and whose weights fit, grown chunk by chunk (module docstring)."""
         L, p = self.t.L, len(bound.groups)
         S = p * v
         split = REGISTRY[kind].split_backward
