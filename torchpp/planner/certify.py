@@ -141,7 +141,8 @@ def space_bound(pb: Problem, cap: float = INF, enumerated: list[str] | None = No
     the same least as solving every pair in full. The chunked families come first, whose bound is
     usually the lowest, so the one-chunk families' programmes run under a tight cap.
 
-    On clusters of at most :data:`EXACT_DEVICES` devices each family is first enumerated
+    Given a plan's step (``cap``), on clusters of at most :data:`EXACT_DEVICES` devices each family
+    is first enumerated
     (:mod:`.exact`, :mod:`.exactchunks`: every layout priced or bounded, within :data:`EXACT_WORK`):
     where that completes, its value is the family's least priced step (``cap`` where none is below
     it), and its name is added to ``enumerated``; a plan it priced below ``cap`` is added to ``found``
@@ -157,7 +158,7 @@ def space_bound(pb: Problem, cap: float = INF, enumerated: list[str] | None = No
             if not ks:
                 continue
             mine = best
-            if len(pb.hosts) <= EXACT_DEVICES:  # its own least, up to the plan's step
+            if len(pb.hosts) <= EXACT_DEVICES and cap < INF:  # its own least, up to the plan's step
                 got = (one_chunk if placement == "single" else chunked)(pb, t, ks, cap, max_work=EXACT_WORK)
                 if got.plan is not None and found is not None:
                     found.append((got.step_s, got.plan))
