@@ -5,9 +5,11 @@ placements or ``auto``: :mod:`.kinds`.
 Modules of planner/ from the bottom up: ``types`` (the shared records), ``allocate``, ``tables``
 (the stage-cost matrices), ``recompute``, ``build`` (layout -> plan), ``pricing`` (the one replay
 of a candidate, the best kept with its timeline), ``prune`` (bounds that skip layouts which cannot
-win before they are built), ``dp`` and ``fastdp`` (the stage DPs), ``refine`` (local search),
-``single`` (one one-chunk kind), ``chunks`` (multi-chunk kinds), ``kinds`` (every kind), this
-dispatcher; ``report`` and ``api`` on top.
+win before they are built), ``orderbound`` and ``pathbound`` (what a kind's order forces: on one
+rank, and along a layout's longest path), ``dp`` and ``fastdp`` (the stage DPs), ``refine`` (local
+search), ``single`` (one one-chunk kind), ``chunks`` (multi-chunk kinds), ``exact`` and
+``exactchunks`` (every layout of small clusters, by branch and bound), ``kinds`` (every kind), this
+dispatcher; ``certify`` (how far a plan can be from the best), ``report`` and ``api`` on top.
 
 The search returns the winner's replay (``SearchResult.timeline``): the prediction and the gap to
 the bound reuse it, so a chosen plan is replayed on its own costs once per `plan` call.
