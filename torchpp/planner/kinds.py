@@ -76,13 +76,14 @@ and one and two fewer (the slowest left out); and the shortest, two and three po
 V_PRICED = 3
 """Of those seeds' layouts, this many (best estimates) priced."""
 EXACT_DEVICES = 5
-"""Up to this many devices the one-chunk kinds are also enumerated exactly (:mod:`.exact`) below the
-best step found, within :data:`EXACT_WORK`: the stage DP ranks splits by an estimate, and on the
-homelab's measured costs its candidates missed a ZB-H1 split 4.3% faster."""
+"""Up to this many devices every kind is also enumerated (:mod:`.exact`, :mod:`.exactchunks`) below the
+best step found, within :data:`EXACT_WORK` and :data:`EXACT_CHUNK_WORK`: the stage DP ranks splits by
+an estimate (on the homelab's measured costs its candidates missed a ZB-H1 split 4.3% faster), and
+the chunked kinds start from seeds (none headed a V by a group of devices)."""
 EXACT_WORK = 10_000
-"""The enumeration's budget: partial layouts visited, a priced layout counted as
-:data:`.exact.PRICE_WORK` of them (0.3-0.45 s of CPU at most; the homelab's 4 hosts x 16 layers
-complete in about 6,000)."""
+"""The one-chunk enumeration's budget: partial layouts visited, a priced layout counted as
+:data:`.exact.PRICE_WORK` of them (about 0.3 s of CPU at most; the homelab's 4 hosts x 16 layers
+complete in about 8,000)."""
 EXACT_CHUNK_WORK = 5_000
 """The same for the chunked kinds (:mod:`.exactchunks`), after the one-chunk kinds: a V headed by a
 group of devices, which no seed starts from, is found this way on small clusters."""

@@ -58,9 +58,10 @@ class RankPath:
 
 
 @functools.lru_cache(maxsize=512)
-def _dag(kind: str, pl: Placement, m: int) -> tuple:
-    """The kind's steps at every position and their cross-rank predecessors, in an order where
-    every step comes after its predecessors (kept: a pure function of the order)."""
+def order_dag(kind: str, pl: Placement, m: int) -> tuple:
+    """(each position's order, its steps (position, index) in an order where every step comes after
+    its predecessors, each step's cross-rank predecessors, each step's cross-rank successors): the
+    kind's graph at placement ``pl`` with ``m`` micro-batches (kept: a pure function of the order)."""
     orders = [position_order(kind, pl, pos, m) for pos in range(pl.p)]
     last = len(pl.position) - 1
     where = {}
@@ -102,13 +103,6 @@ def _dag(kind: str, pl: Placement, m: int) -> tuple:
     return orders, topo, preds, succ
 
 
-def order_dag(kind: str, pl: Placement, m: int) -> tuple:
-    """(each position's order, the steps (position, index) in a topological order, each step's
-    cross-rank predecessors, each step's cross-rank successors): the kind's graph at placement
-    ``pl`` with ``m`` micro-batches (kept)."""
-    return _dag(kind, pl, m)
-
-
 def step_type(kind: Kind) -> str:
     """"F", "B", "I" or "W" of a compute step."""
     return _KEY[kind]
@@ -118,7 +112,7 @@ def fill_drain(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[int, 
                hop_s: Callable[[int, int], float]) -> tuple[list, np.ndarray, np.ndarray]:
     """(position q's order, ``C1``, ``C2``) with every other position's step priced by
     ``step_s(position, type, chunk)`` and position q's steps free."""
-    orders, topo, preds, succ = _dag(kind, pl, m)
+    orders, topo, preds, succ = order_dag(kind, pl, m)
     dur = {}
     for pos, order in enumerate(orders):
         for i, (k, c, _) in enumerate(order):
@@ -148,7 +142,7 @@ def critical_path(kind: str, pl: Placement, q: int, m: int, step_s: Callable[[in
     the rank and come back (a forward's round trip through the ranks after it, say), as the counts
     of the rank's steps on it and the other ranks' seconds and hops (``before``). Any path is a
     bound at every duration; this one is the longest at ``own_s``."""
-    orders, topo, preds, succ = _dag(kind, pl, m)
+    orders, topo, preds, succ = order_dag(kind, pl, m)
     dur = {}
     for pos, order in enumerate(orders):
         for i, (k, c, _) in enumerate(order):
