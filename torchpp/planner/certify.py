@@ -142,11 +142,10 @@ def space_bound(pb: Problem, cap: float = INF, enumerated: list[str] | None = No
     usually the lowest, so the one-chunk families' programmes run under a tight cap.
 
     Given a plan's step (``cap``), on clusters of at most :data:`EXACT_DEVICES` devices each family
-    is first enumerated
-    (:mod:`.exact`, :mod:`.exactchunks`: every layout priced or bounded, within :data:`EXACT_WORK`):
-    where that completes, its value is the family's least priced step (``cap`` where none is below
-    it), and its name is added to ``enumerated``; a plan it priced below ``cap`` is added to ``found``
-    (as (step, plan)), complete or not."""
+    is first enumerated (:mod:`.exact`, :mod:`.exactchunks`: every layout priced or bounded, within
+    :data:`EXACT_WORK`): where that completes, its value is the family's least priced step (``cap``
+    where none is below it), and its name is added to ``enumerated``; a plan it priced below ``cap``
+    is added to ``found`` (as (step, plan)), complete or not."""
     pb.profiles.ensure(pb.hosts)
     kinds = schedule_kinds(pb.schedule)
     t = Tables(pb)
