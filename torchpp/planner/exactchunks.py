@@ -20,7 +20,7 @@ import numpy as np
 
 from ..cost import stage_time
 from ..schedules import REGISTRY
-from .chunks import ChunkLayout, beaten, chunk_counts, fits_weights, placement, price_layout
+from .chunks import ChunkLayout, beaten, chunk_counts, fits_weights, price_layout
 from .exact import PATH_WORK, Exact, _Budget, sequences
 from .pathbound import PathBound
 from .tables import Tables
@@ -77,7 +77,7 @@ class _Chunks:
             bound = PathBound(self.pb, self.t, kind, groups, v, b)
         except ValueError:  # the order does not run this many micro-batches at this depth
             return
-        rows = self._grow(bound, kind, v, b)
+        rows = self._grow(bound, kind)
         if not len(rows):
             return
         self._spend(PATH_WORK + len(rows) // ROWS_PER_UNIT)
@@ -147,29 +147,29 @@ class _Chunks:
             got = self.t.memo[key] = (np.where(self.t.valid, chunk, INF), layer)
         return got
 
-    def _room(self, bound: PathBound, kind: str, v: int) -> np.ndarray:
+    def _room(self, bound: PathBound) -> np.ndarray:
         """Per position, the parameter bytes of its chunks its devices have room for
         (:func:`.chunks.weights_fit`: the base and ``alpha`` times them, the tied weight once)."""
         pb, mem = self.pb, self.pb.memory
-        chunks = placement(kind, len(bound.groups), v).chunks
+        last = len(bound.position) - 1
         out = []
         for pos, g in enumerate(bound.groups):
             spare = min(pb.budget[pb.hosts[h]] for h in g) - mem.base
             room = spare / mem.alpha if mem.alpha > 0 else (INF if spare >= 0 else -INF)
-            if 0 in chunks[pos] and len(placement(kind, len(bound.groups), v).position) - 1 in chunks[pos]:
+            if 0 in bound.chunks[pos] and last in bound.chunks[pos]:
                 room += float(pb.profiles.tied_bytes)
             out.append(room)
         return np.array(out)
 
-    def _grow(self, bound: PathBound, kind: str, v: int, b: int) -> np.ndarray:
+    def _grow(self, bound: PathBound, kind: str) -> np.ndarray:
         """Every whole cut (rows of chunk boundaries) whose busiest position's compute is below the
         best step and whose weights fit, grown chunk by chunk (module docstring)."""
         L, p = self.t.L, len(bound.groups)
-        S = p * v
+        where = bound.position
+        S = len(where)
         split = REGISTRY[kind].split_backward
-        loads_of = [self._loads(g, b, split) for g in bound.groups]
+        loads_of = [self._loads(g, bound.b, split) for g in bound.groups]
         load = [x for x, _ in loads_of]
-        where = placement(kind, p, v).position
         # the layers still to place add at least their per-sample work to the positions they go to:
         # with w[x] the least work of layer x anywhere and s[pos] the most w a second of pos holds,
         # the busiest position ends no sooner than (w of the rest + sum of s * loads) / sum of s
@@ -178,7 +178,7 @@ class _Chunks:
         with np.errstate(divide="ignore", invalid="ignore"):
             s = np.nan_to_num((w[None, :] / per).max(axis=1), nan=0.0, posinf=0.0)
         rest = np.concatenate([np.cumsum(w[::-1])[::-1], [0.0]])
-        room = self._room(bound, kind, v)
+        room = self._room(bound)
         rows = np.zeros((1, 1), dtype=np.intp)
         loads = np.zeros((1, p))
         held = np.zeros((1, p))
